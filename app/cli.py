@@ -1,0 +1,116 @@
+"""The lightrl command line: Lightning's CLI with the agents, data modules and RL defaults registered.
+
+Commands::
+
+    python -m app fit --config configs/snake_dqn.yaml                      # train
+    python -m app fit --config configs/snake_ppo.yaml --config configs/bench/throughput.yaml   # benchmark
+    python -m app fit --config configs/snake_dqn.yaml --trainer.max_steps 2000 --model.init_args.lr 3e-4
+    python -m app fit --config configs/snake_dqn.yaml --ckpt_path last     # resume the latest run of that config
+    python -m app validate --config configs/snake_dqn.yaml --ckpt_path runs/snake_dqn/.../last.ckpt
+    python -m app fit --config configs/snake_dqn.yaml --print_config       # the fully resolved config
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+import warnings
+
+import torch
+from jsonargparse import _parameter_resolvers
+from lightning.fabric.utilities.exceptions import MisconfigurationException
+from lightning.pytorch.cli import LightningCLI
+from torchrl.envs import EnvBase
+
+from datamodules.base import RLDataModule
+from modules.base import RLModule
+
+# Infinite data streams have no length; Lightning's reminders about it carry no information here.
+warnings.filterwarnings("ignore", message=".*does not have many workers.*")
+warnings.filterwarnings("ignore", message=".*`IterableDataset` has `__len__` defined.*")
+warnings.filterwarnings(
+    "ignore", message=".*Total length of `DataLoader` across ranks is zero.*"
+)
+
+
+_has_dunder_new_method = _parameter_resolvers.has_dunder_new_method
+
+
+def _env_aware_has_dunder_new_method(cls, attr_name: str) -> bool:
+    # TorchRL's EnvBase defines __new__ as a classmethod; jsonargparse compares bound methods by identity, concludes
+    # that every env subclass overrides __new__, and reads its (*args, **kwargs) instead of the env's __init__.
+    # Env options (`--data.init_args.env.init_args.size`) are then neither documented nor checked.
+    if inspect.isclass(cls) and issubclass(cls, EnvBase):
+        return False
+    return _has_dunder_new_method(cls, attr_name)
+
+
+_parameter_resolvers.has_dunder_new_method = _env_aware_has_dunder_new_method
+
+
+class RLCLI(LightningCLI):
+    """LightningCLI whose model is an :class:`RLModule` and whose data is an :class:`RLDataModule`."""
+
+    def add_arguments_to_parser(self, parser) -> None:
+        parser.add_argument(
+            "--threads",
+            type=int,
+            default=1,
+            help="torch intra-op threads per process. 1 is fastest for small batched envs on a shared CPU; "
+            "raise it on an idle many-core machine.",
+        )
+        # The model is sized by the environment: specs flow one way, from the data module's throw-away env.
+        parser.link_arguments(
+            "data.observation_spec",
+            "model.init_args.observation_spec",
+            apply_on="instantiate",
+        )
+        parser.link_arguments(
+            "data.action_spec", "model.init_args.action_spec", apply_on="instantiate"
+        )
+
+    def before_instantiate_classes(self) -> None:
+        config = (
+            self.config.get(self.subcommand, self.config)
+            if self.subcommand
+            else self.config
+        )
+        threads = config.get("threads", 1)
+        if threads < 1:
+            self.parser.error(f"--threads must be >= 1, got {threads}")
+        torch.set_num_threads(threads)
+
+    def instantiate_classes(self) -> None:
+        # Impossible values are caught by the constructors; report them like parse errors (one line, exit 2)
+        # instead of a traceback, before the trainer has created any output folder.
+        try:
+            super().instantiate_classes()
+        except (ValueError, MisconfigurationException) as error:
+            self.parser.error(str(error))
+
+
+def trainer_defaults() -> dict:
+    return {
+        "max_epochs": -1,  # an RL stream has no epochs: max_steps (updates) ends training
+        "num_sanity_val_steps": 0,
+        "limit_val_batches": 0,  # `fit` evaluates with the PeriodicEvaluation callback; `validate` overrides this
+        "plugins": [{"class_path": "callbacks.schedule.AtomicCheckpointIO"}],
+        "enable_checkpointing": True,
+    }
+
+
+def main(args: list[str] | None = None) -> RLCLI:
+    argv = sys.argv[1:] if args is None else args
+    defaults = trainer_defaults()
+    if argv and argv[0] == "validate":
+        defaults["limit_val_batches"] = 1
+    return RLCLI(
+        RLModule,
+        RLDataModule,
+        subclass_mode_model=True,
+        subclass_mode_data=True,
+        trainer_defaults=defaults,
+        save_config_kwargs={"overwrite": True},
+        args=args,
+        auto_configure_optimizers=False,
+    )

@@ -1,0 +1,210 @@
+"""Frame-based schedules: checkpoint every N frames, evaluate every M frames, and atomic checkpoint writes.
+
+The seeds made checkpoints and evaluations rare to save time; here both are knobs counted in environment frames,
+which mean the same thing whatever the number of environments, the replay ratio or the batch size.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.plugins.io import TorchCheckpointIO
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Writes each checkpoint to a temporary file in the same folder, then renames it into place.
+
+    A rename within one filesystem is atomic, so a run killed mid-write leaves the previous ``last.ckpt`` intact
+    rather than a truncated one.
+    """
+
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any = None
+    ) -> None:
+        if not _is_local_file_protocol(path):
+            super().save_checkpoint(
+                checkpoint, path, storage_options
+            )  # remote stores have their own semantics
+            return
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        try:
+            with open(temporary, "wb") as file:
+                torch.save(checkpoint, file)
+                file.flush()
+                os.fsync(file.fileno())
+            os.replace(temporary, path)
+        finally:
+            temporary.unlink(missing_ok=True)
+
+
+class FrameCheckpoint(ModelCheckpoint):
+    """Saves ``last.ckpt`` (and the latest ``frames=….ckpt``) every ``every_n_frames`` environment frames.
+
+    Args:
+        every_n_frames: frames between checkpoints (counted on rank 0's data module; all ranks collect alike).
+        dirpath: folder for the checkpoints; default ``<log_dir>/checkpoints``.
+        save_top_k: numbered checkpoints kept besides ``last.ckpt`` (the most recent ones, by frames).
+    """
+
+    def __init__(
+        self,
+        every_n_frames: int = 100_000,
+        dirpath: str | None = None,
+        save_top_k: int = 1,
+    ) -> None:
+        if every_n_frames < 1:
+            raise ValueError(
+                f"FrameCheckpoint every_n_frames must be >= 1, got {every_n_frames}"
+            )
+        super().__init__(
+            dirpath=dirpath,
+            filename="frames={frames}",
+            monitor="frames",
+            mode="max",
+            save_top_k=save_top_k,
+            save_last=True,
+            auto_insert_metric_name=False,
+        )
+        self.every_n_frames = every_n_frames
+        self._saved_slot = 0
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any
+    ) -> None:
+        frames = trainer.datamodule.frames
+        slot = frames // self.every_n_frames
+        if slot > self._saved_slot:
+            self._saved_slot = slot
+            self._save_now(trainer)
+
+    def on_train_epoch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule
+    ) -> None:
+        self._save_now(
+            trainer
+        )  # the end of fit: the final weights are always checkpointed
+
+    def on_validation_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule
+    ) -> None:
+        pass  # checkpoints follow frames, not validation runs
+
+    def _save_now(self, trainer: pl.Trainer) -> None:
+        if self._last_global_step_saved == trainer.global_step:
+            return
+        candidates = self._monitor_candidates(trainer)
+        candidates["frames"] = torch.tensor(trainer.datamodule.frames)
+        self._save_topk_checkpoint(trainer, candidates)
+        self._save_last_checkpoint(trainer, candidates)
+
+    def state_dict(self) -> dict[str, Any]:
+        state = super().state_dict()
+        state["saved_slot"] = self._saved_slot
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)
+        self._saved_slot = state_dict.get("saved_slot", 0)
+
+
+class PeriodicEvaluation(Callback):
+    """Plays greedy episodes in separate evaluation environments every ``every_n_frames`` frames and at the end.
+
+    Logs ``eval/return_mean``, ``eval/length_mean`` and the env's episode metrics (Snake: ``eval/food_mean``), and
+    keeps the whole curve in :attr:`history` (the throughput report plots it).
+
+    Args:
+        every_n_frames: frames between evaluations.
+        episodes: episodes per evaluation; default the data module's ``eval_episodes``.
+        at_start: also evaluate before the first update (frame 0 of the learning curve).
+    """
+
+    def __init__(
+        self,
+        every_n_frames: int = 50_000,
+        episodes: int | None = None,
+        at_start: bool = True,
+    ) -> None:
+        if every_n_frames < 1:
+            raise ValueError(
+                f"PeriodicEvaluation every_n_frames must be >= 1, got {every_n_frames}"
+            )
+        if episodes is not None and episodes < 1:
+            raise ValueError(
+                f"PeriodicEvaluation episodes must be >= 1, got {episodes}"
+            )
+        self.every_n_frames = every_n_frames
+        self.episodes = episodes
+        self.at_start = at_start
+        self.history: list[dict[str, float]] = []
+        self._done_slot = -1
+        self._start_time = 0.0
+
+    def on_train_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule
+    ) -> None:
+        self._start_time = time.perf_counter() - (
+            self.history[-1]["time_s"] if self.history else 0.0
+        )
+        if self._done_slot < 0:
+            self._done_slot = 0
+            if self.at_start:
+                self._evaluate(trainer, pl_module)
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any
+    ) -> None:
+        slot = trainer.datamodule.frames // self.every_n_frames
+        if slot > self._done_slot:
+            self._done_slot = slot
+            self._evaluate(trainer, pl_module)
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not self.history or self.history[-1]["frames"] != trainer.datamodule.frames:
+            self._evaluate(trainer, pl_module)
+
+    def _evaluate(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        was_training = pl_module.training
+        pl_module.eval()
+        metrics = trainer.datamodule.evaluate(pl_module.greedy_policy(), self.episodes)
+        pl_module.train(was_training)
+        metrics = {f"eval/{key}": value for key, value in metrics.items()}
+        if (
+            trainer.world_size > 1
+        ):  # each rank evaluated its own episodes: report the mean over ranks
+            values = torch.tensor(
+                list(metrics.values()), dtype=torch.float64, device=pl_module.device
+            )
+            values = trainer.strategy.reduce(values, reduce_op="mean")
+            metrics = dict(zip(metrics, values.tolist()))
+        frames = trainer.datamodule.frames * trainer.world_size
+        row = {
+            "frames": frames,
+            "updates": trainer.global_step,
+            "time_s": time.perf_counter() - self._start_time,
+        }
+        self.history.append({**row, **metrics})
+        trainer.callback_metrics.update(
+            {key: torch.tensor(value) for key, value in metrics.items()}
+        )
+        if trainer.is_global_zero:
+            for logger in trainer.loggers:
+                logger.log_metrics(
+                    {**metrics, "eval/frames": frames}, step=trainer.global_step
+                )
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"history": self.history, "done_slot": self._done_slot}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.history = list(state_dict["history"])
+        self._done_slot = state_dict["done_slot"]

@@ -1,0 +1,348 @@
+"""RLDataModule: where experience comes from.
+
+The data module owns the environments, the TorchRL collector and whatever store sits between collection and the
+update (a replay buffer, a rollout). The model never steps an environment: it hands its acting policy over once
+(:meth:`RLDataModule.connect`) and receives whole TensorDict batches from ``train_dataloader``.
+
+Loops count frames, not epochs: :attr:`RLDataModule.frames` is the number of environment frames this rank has
+collected, and everything that must survive an interruption (frame counter, environment state, store contents, RNG
+states, the position inside the current batch schedule) is in :meth:`state_dict`, which Lightning saves in every
+checkpoint.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import lightning.pytorch as pl
+import numpy as np
+import torch
+from tensordict import TensorDict, TensorDictBase
+from tensordict.nn import TensorDictModuleBase
+from torch.utils.data import DataLoader, IterableDataset
+from torchrl.collectors import Collector
+from torchrl.data import Composite, TensorSpec
+from torchrl.envs import EnvBase
+from torchrl.envs.utils import ExplorationType, set_exploration_type, step_mdp
+
+from datamodules.timing import PhaseTimer
+
+# Seeds of the evaluation environments are offset so they never replay a training episode.
+EVAL_SEED_OFFSET = 1_000_003
+
+
+def check_positive(name: str, value: float, *, allow_zero: bool = False) -> None:
+    """Raise a ValueError naming the command-line flag when ``value`` is out of range."""
+    if value < 0 or (value == 0 and not allow_zero):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ValueError(f"--data.init_args.{name} must be {bound}, got {value}")
+
+
+def resolve_device(
+    device: str | None, trainer: pl.Trainer | None = None
+) -> torch.device:
+    """``"auto"``/None follows the trainer (each DDP rank its own GPU); anything else must exist on this machine."""
+    if device in (None, "auto"):
+        return (
+            trainer.strategy.root_device if trainer is not None else torch.device("cpu")
+        )
+    resolved = torch.device(device)
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(
+            f"--data.init_args.device {device!r} is not available on this machine (no CUDA device)"
+        )
+    return resolved
+
+
+def _rng_state() -> dict[str, Any]:
+    """All global RNG states as plain tensors and tuples, so checkpoints load with ``weights_only=True``."""
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    state = {
+        "torch": torch.get_rng_state(),
+        "numpy": (
+            kind,
+            torch.from_numpy(keys.astype(np.int64)),
+            pos,
+            has_gauss,
+            cached,
+        ),
+        "python": random.getstate(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _identity(batch: Any) -> Any:
+    # Batches are already whole TensorDicts: the default collate would try to split them into rows.
+    return batch
+
+
+class _BatchStream(IterableDataset):
+    """Infinite stream of training batches produced by a data module's ``_batches`` generator."""
+
+    def __init__(self, make_iterator: Callable[[], Iterator[TensorDictBase]]) -> None:
+        self.make_iterator = make_iterator
+
+    def __iter__(self) -> Iterator[TensorDictBase]:
+        return self.make_iterator()
+
+
+class RLDataModule(pl.LightningDataModule):
+    """Base data module: builds environments, exposes their specs, runs the collector, counts frames.
+
+    Args:
+        env: environment factory, ``class_path`` + ``init_args`` in YAML; called as
+            ``env(num_envs=..., seed=..., device=...)``, so those three are set here, not in ``init_args``.
+        num_envs: environments stepped together in one batch (per rank).
+        collect_steps: environment steps per collector call; one call yields ``num_envs * collect_steps`` frames.
+        device: where environments, collector output and stored experience live: ``auto`` (the trainer's device),
+            ``cpu`` or ``cuda[:i]``.
+        seed: base seed; rank ``r`` seeds its environments with ``seed + r * num_envs``.
+        eval_episodes: greedy episodes per evaluation (one evaluation environment each).
+        weight_sync_interval: updates between pushes of the latest weights to the collector's policy. The policy is
+            shared in memory when collector and model are on the same device, so this only matters across devices.
+    """
+
+    def __init__(
+        self,
+        env: Callable[..., EnvBase],
+        num_envs: int = 16,
+        collect_steps: int = 1,
+        device: str = "auto",
+        seed: int = 0,
+        eval_episodes: int = 32,
+        weight_sync_interval: int = 1,
+    ) -> None:
+        super().__init__()
+        check_positive("num_envs", num_envs)
+        check_positive("collect_steps", collect_steps)
+        check_positive("eval_episodes", eval_episodes)
+        check_positive("weight_sync_interval", weight_sync_interval)
+        resolve_device(
+            device
+        )  # fail now, before any output folder exists, if the device is missing
+        self.env_factory = env
+        self.num_envs = num_envs
+        self.collect_steps = collect_steps
+        self.device_name = device
+        self.seed = seed
+        self.eval_episodes = eval_episodes
+        self.weight_sync_interval = weight_sync_interval
+        # A throw-away environment: its specs size the model's networks, and building it validates the env options.
+        probe = env(num_envs=1, seed=seed, device="cpu")
+        self._observation_spec: Composite = probe.observation_spec[0].clone()
+        self._action_spec: TensorSpec = probe.action_spec[0].clone()
+        self.episode_metric_keys: tuple[str, ...] = tuple(
+            getattr(probe, "episode_metric_keys", ())
+        )
+        probe.close()
+
+        self.timer = PhaseTimer()
+        self.frames = 0  # environment frames collected by this rank
+        self.samples = 0  # transitions handed to the model by this rank
+        self.device = torch.device("cpu")
+        self.policy: TensorDictModuleBase | None = None
+        self.postprocess: Callable[[TensorDictBase], Any] | None = None
+        self.collector: Collector | None = None
+        self._collector_iter: Iterator[TensorDictBase] | None = None
+        self._eval_env: EnvBase | None = None
+        self._pending_state: dict[str, Any] | None = None
+        self._updates_since_sync = 0
+
+    # ----------------------------------------------------------------------------------------------------- specs
+    @property
+    def observation_spec(self) -> Composite:
+        """Observation spec of one environment (no batch dimension); linked into the model by the CLI."""
+        return self._observation_spec
+
+    @property
+    def action_spec(self) -> TensorSpec:
+        """Action spec of one environment (no batch dimension); linked into the model by the CLI."""
+        return self._action_spec
+
+    # ------------------------------------------------------------------------------------------------ lifecycle
+    @property
+    def rank_seed(self) -> int:
+        rank = self.trainer.global_rank if self.trainer is not None else 0
+        return self.seed + rank * self.num_envs
+
+    def setup(self, stage: str) -> None:
+        self.device = resolve_device(self.device_name, self.trainer)
+
+    def connect(
+        self,
+        policy: TensorDictModuleBase,
+        postprocess: Callable[[TensorDictBase], Any] | None = None,
+    ) -> None:
+        """Receive the model's acting policy (and an optional in-place transform of each collected batch, e.g. GAE).
+
+        Called once by the model in its ``setup``; the collector itself is built lazily in ``train_dataloader``.
+        """
+        self.policy = policy
+        self.postprocess = postprocess
+
+    def make_env(self, num_envs: int, seed: int) -> EnvBase:
+        return self.env_factory(num_envs=num_envs, seed=seed, device=self.device)
+
+    def _build_collector(self) -> None:
+        if self.policy is None:
+            raise RuntimeError(
+                "the model must call datamodule.connect(policy) in its setup before training starts"
+            )
+        env = self.make_env(self.num_envs, self.rank_seed)
+        self.collector = Collector(
+            env,
+            self.policy,
+            frames_per_batch=self.num_envs * self.collect_steps,
+            total_frames=-1,
+            device=self.device,
+            trust_policy=True,
+            track_traj_ids=False,
+            auto_register_policy_transforms=False,
+        )
+        self._collector_iter = iter(self.collector)
+        if self._pending_state is not None:
+            self._restore_collection_state(self._pending_state)
+            self._pending_state = None
+
+    def train_dataloader(self) -> DataLoader:
+        self._build_collector()
+        return DataLoader(
+            _BatchStream(self._batches), batch_size=None, collate_fn=_identity
+        )
+
+    def val_dataloader(self) -> DataLoader:
+        # `validate` plays greedy evaluation episodes; the single item only makes Lightning call validation_step once.
+        return DataLoader([0], batch_size=None, collate_fn=_identity)
+
+    def teardown(self, stage: str) -> None:
+        if self.collector is not None:
+            self.collector.shutdown()
+            self.collector = None
+        if self._eval_env is not None:
+            self._eval_env.close()
+            self._eval_env = None
+
+    # ------------------------------------------------------------------------------------------- collection
+    def collect(self) -> TensorDictBase:
+        """One collector call: ``num_envs * collect_steps`` frames, shaped ``[num_envs, collect_steps]``."""
+        if self._collector_iter is None:
+            self._build_collector()
+        with self.timer.phase("collect"):
+            batch = next(self._collector_iter)
+        self.frames += batch.numel()
+        if self.postprocess is not None:
+            with self.timer.phase("advantage"):
+                self.postprocess(batch)
+        return batch
+
+    def after_update(self) -> None:
+        """Called by the model after each optimizer step: push weights to the collector when they live elsewhere."""
+        self._updates_since_sync += 1
+        if (
+            self._updates_since_sync >= self.weight_sync_interval
+            and self.collector is not None
+        ):
+            self._updates_since_sync = 0
+            if self.collector.policy_device != self.device:
+                self.collector.update_policy_weights_()
+
+    def _batches(self) -> Iterator[TensorDictBase]:
+        """Yield training batches forever; subclasses decide how collected frames turn into batches."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------------------------------- evaluation
+    @torch.no_grad()
+    def evaluate(
+        self, policy: TensorDictModuleBase, episodes: int | None = None
+    ) -> dict[str, float]:
+        """Play one greedy episode in each of ``episodes`` evaluation environments, always from the same seeds.
+
+        Returns ``return_mean``, ``length_mean`` and ``<key>_mean`` for each of the env's ``episode_metric_keys``
+        (for Snake, ``food_mean``: food eaten per game).
+        """
+        episodes = episodes or self.eval_episodes
+        if self._eval_env is None or self._eval_env.batch_size[0] != episodes:
+            self._eval_env = self.make_env(episodes, self.seed + EVAL_SEED_OFFSET)
+        env = self._eval_env
+        env.set_seed(
+            self.seed + EVAL_SEED_OFFSET
+        )  # identical start states at every evaluation
+        sums = {
+            key: torch.zeros(episodes, device=env.device)
+            for key in ("reward", *self.episode_metric_keys)
+        }
+        length = torch.zeros(episodes, device=env.device)
+        running = torch.ones(episodes, dtype=torch.bool, device=env.device)
+        td = env.reset()
+        with set_exploration_type(ExplorationType.DETERMINISTIC):
+            while bool(running.any()):
+                td = env.step(policy(td))
+                for key, total in sums.items():
+                    total += td["next", key].reshape(episodes) * running
+                length += running
+                running &= ~td["next", "done"].reshape(episodes)
+                td = step_mdp(td)
+        metrics = {
+            "return_mean": sums.pop("reward").mean().item(),
+            "length_mean": length.mean().item(),
+        }
+        metrics.update(
+            {f"{key}_mean": total.mean().item() for key, total in sums.items()}
+        )
+        return metrics
+
+    # ------------------------------------------------------------------------------------------- checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        state = {"frames": self.frames, "samples": self.samples, "rng": _rng_state()}
+        if self.collector is not None:
+            state["env"] = dict(self.collector.env.state_dict())
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        # Lightning restores the data module before `train_dataloader` builds the collector, whose construction
+        # resets the environments (and draws random numbers): keep the state until then, and apply it last.
+        self.frames = state_dict["frames"]
+        self.samples = state_dict["samples"]
+        self._pending_state = state_dict
+        if self.collector is not None:
+            self._restore_collection_state(state_dict)
+            self._pending_state = None
+
+    def _restore_collection_state(self, state: dict[str, Any]) -> None:
+        env = self.collector.env
+        if "env" in state:
+            env.load_state_dict(state["env"])
+            # A reset with an all-false mask leaves every environment as restored and hands the collector their
+            # current observations, so collection continues exactly where the checkpointed run stood.
+            self.collector.reset(
+                index=torch.zeros(env.batch_size, dtype=torch.bool, device=env.device)
+            )
+        _set_rng_state(state["rng"])
+
+
+def to_plain(td: TensorDictBase | None) -> dict | None:
+    """A TensorDict as nested dicts of tensors, so checkpoints stay loadable with ``weights_only=True``."""
+    return None if td is None else td.to_dict()
+
+
+def from_plain(
+    data: dict | None, batch_dims: int, device: torch.device
+) -> TensorDictBase | None:
+    return (
+        None
+        if data is None
+        else TensorDict.from_dict(data, batch_dims=batch_dims, device=device)
+    )

@@ -1,0 +1,109 @@
+"""Off-policy data path: collector → TensorDict replay buffer → sampled batches."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from tensordict import TensorDictBase
+from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
+from torchrl.envs import EnvBase
+
+from datamodules.base import RLDataModule, check_positive
+
+
+class ReplayDataModule(RLDataModule):
+    """Collects into a replay buffer on the training device and samples fixed-size batches from it.
+
+    The replay ratio is ``frames_per_update``: the seed's "train every 4 steps" is ``frames_per_update: 4``. With
+    ``num_envs * collect_steps`` frames per collector call, each call earns ``frames / frames_per_update`` updates;
+    fractional credit carries over, so any ratio is honoured exactly on average.
+
+    Args:
+        env: environment factory (see :class:`RLDataModule`).
+        buffer_size: transitions kept; the oldest are overwritten first.
+        batch_size: transitions per update.
+        warmup_frames: frames collected (with the exploring policy) before the first update.
+        frames_per_update: environment frames collected per gradient update (the replay ratio's inverse).
+        **kwargs: the base options (``num_envs``, ``collect_steps``, ``device``, ``seed``, ...).
+    """
+
+    def __init__(
+        self,
+        env: Callable[..., EnvBase],
+        buffer_size: int = 100_000,
+        batch_size: int = 128,
+        warmup_frames: int = 1_000,
+        frames_per_update: float = 4.0,
+        num_envs: int = 16,
+        collect_steps: int = 1,
+        device: str = "auto",
+        seed: int = 0,
+        eval_episodes: int = 32,
+        weight_sync_interval: int = 1,
+    ) -> None:
+        super().__init__(
+            env,
+            num_envs,
+            collect_steps,
+            device,
+            seed,
+            eval_episodes,
+            weight_sync_interval,
+        )
+        check_positive("buffer_size", buffer_size)
+        check_positive("batch_size", batch_size)
+        check_positive("warmup_frames", warmup_frames, allow_zero=True)
+        check_positive("frames_per_update", frames_per_update)
+        if batch_size > buffer_size:
+            raise ValueError(
+                f"--data.init_args.batch_size ({batch_size}) must be <= buffer_size ({buffer_size})"
+            )
+        self.buffer_size = buffer_size
+        self.batch_size = batch_size
+        # Sampling needs at least one batch in the buffer, whatever warmup the user asked for.
+        self.warmup_frames = max(warmup_frames, batch_size)
+        self.frames_per_update = frames_per_update
+        self.buffer: TensorDictReplayBuffer | None = None
+        self.update_credit = 0.0  # updates earned by collected frames and not yet taken
+
+    def setup(self, stage: str) -> None:
+        super().setup(stage)
+        if self.buffer is None:
+            self.buffer = TensorDictReplayBuffer(
+                storage=LazyTensorStorage(self.buffer_size, device=self.device),
+                batch_size=self.batch_size,
+            )
+
+    def _batches(self) -> Iterator[TensorDictBase]:
+        while True:
+            while self.update_credit < 1.0:
+                batch = self.collect()
+                with self.timer.phase("buffer_write"):
+                    # Collector metadata is not experience; everything else (obs, action, next obs, reward, done)
+                    # is what the loss reads.
+                    self.buffer.extend(batch.exclude("collector").reshape(-1))
+                if self.frames >= self.warmup_frames:
+                    self.update_credit += batch.numel() / self.frames_per_update
+            self.update_credit -= 1.0
+            with self.timer.phase("sample"):
+                sample = self.buffer.sample()
+            self.samples += sample.numel()
+            yield sample
+
+    def state_dict(self) -> dict[str, Any]:
+        state = super().state_dict()
+        state["update_credit"] = self.update_credit
+        if self.buffer is not None and len(self.buffer) > 0:
+            state["buffer"] = self.buffer.state_dict()
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.update_credit = state_dict["update_credit"]
+        if "buffer" in state_dict:
+            if self.buffer is None:
+                raise RuntimeError(
+                    "the replay buffer is created in setup(); load the data module state after it"
+                )
+            self.buffer.load_state_dict(state_dict["buffer"])
+        super().load_state_dict(state_dict)

@@ -1,0 +1,146 @@
+"""Deep Q-Network on TorchRL's ``DQNLoss``.
+
+Mnih et al., "Human-level control through deep reinforcement learning", Nature 2015; Double DQN: van Hasselt et al.,
+"Deep Reinforcement Learning with Double Q-learning", AAAI 2016.
+
+Usage::
+
+    python -m app fit --config configs/snake_dqn.yaml
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import torch
+from tensordict.nn import TensorDictModuleBase, TensorDictSequential
+from torch import nn
+from torchrl.data import TensorSpec
+from torchrl.modules import EGreedyModule, QValueActor
+from torchrl.objectives import DQNLoss, HardUpdate, SoftUpdate
+
+from modules.base import RLModule
+from modules.networks import observation_mlp
+
+
+class DQN(RLModule):
+    """DQN with a target network, optional Double-DQN targets, and ε-greedy exploration annealed over frames.
+
+    Args:
+        observation_spec: linked from the data module.
+        action_spec: linked from the data module (a discrete ``Categorical`` spec).
+        hidden_sizes: widths of the Q-network's hidden layers.
+        lr: Adam learning rate.
+        gamma: discount.
+        double_dqn: pick the next action with the online network and evaluate it with the target network.
+        loss_function: ``l2`` (the seed's MSE) or ``smooth_l1`` (Huber).
+        target_update: ``hard`` (copy every ``target_update_interval`` updates) or ``soft`` (Polyak, ``tau``).
+        target_update_interval: updates between hard copies.
+        tau: soft-update rate.
+        eps_start: ε at frame 0.
+        eps_end: ε after ``eps_frames`` frames, and from then on.
+        eps_frames: frames over which ε falls linearly.
+        compile: see :class:`~modules.base.RLModule`.
+        check_finite_every: see :class:`~modules.base.RLModule`.
+    """
+
+    def __init__(
+        self,
+        observation_spec: Any,
+        action_spec: TensorSpec,
+        hidden_sizes: Sequence[int] = (256, 256),
+        lr: float = 1e-3,
+        gamma: float = 0.99,
+        double_dqn: bool = False,
+        loss_function: Literal["l2", "smooth_l1"] = "l2",
+        target_update: Literal["hard", "soft"] = "hard",
+        target_update_interval: int = 1_000,
+        tau: float = 0.005,
+        eps_start: float = 1.0,
+        eps_end: float = 0.05,
+        eps_frames: int = 100_000,
+        compile: bool | str = False,
+        check_finite_every: int = 1,
+    ) -> None:
+        super().__init__(observation_spec, action_spec, lr, compile, check_finite_every)
+        self.save_hyperparameters(ignore=["observation_spec", "action_spec"])
+        if not 0 <= gamma <= 1:
+            raise ValueError(f"--model.init_args.gamma must be in [0, 1], got {gamma}")
+        if target_update_interval < 1:
+            raise ValueError(
+                f"--model.init_args.target_update_interval must be >= 1, got {target_update_interval}"
+            )
+        if not 0 < tau <= 1:
+            raise ValueError(f"--model.init_args.tau must be in (0, 1], got {tau}")
+        if not (0 <= eps_end <= 1 and 0 <= eps_start <= 1):
+            raise ValueError(
+                f"--model.init_args.eps_start/eps_end must be in [0, 1], got {eps_start}/{eps_end}"
+            )
+        if eps_frames < 1:
+            raise ValueError(
+                f"--model.init_args.eps_frames must be >= 1, got {eps_frames}"
+            )
+        self.eps_start, self.eps_end, self.eps_frames = eps_start, eps_end, eps_frames
+        self.target_update = target_update
+        self.target_update_interval = target_update_interval
+
+        # env → model → exploration → loss → target updater, in the order TorchRL's sota-implementations use.
+        observation_shape = observation_spec["observation"].shape
+        self.q_network = observation_mlp(
+            observation_shape, hidden_sizes, action_spec.space.n
+        )
+        self.actor = QValueActor(
+            self.q_network, in_keys=["observation"], spec=action_spec
+        )
+        self.egreedy = EGreedyModule(
+            action_spec,
+            eps_init=eps_start,
+            eps_end=eps_end,
+            annealing_num_steps=eps_frames,
+        )
+        self.loss_module = DQNLoss(
+            self.actor,
+            loss_function=loss_function,
+            delay_value=True,
+            double_dqn=double_dqn,
+            action_space=action_spec,
+        )
+        self.loss_module.make_value_estimator(gamma=gamma)
+        if target_update == "soft":
+            self.target_updater = SoftUpdate(self.loss_module, tau=tau)
+        else:
+            # Stepped only every `target_update_interval` updates (see on_update), so the interval is a function of
+            # the restored global step rather than of a counter that checkpoints would have to carry.
+            self.target_updater = HardUpdate(
+                self.loss_module, value_network_update_interval=1
+            )
+        self._exploring_policy = TensorDictSequential(self.actor, self.egreedy)
+
+    def policy(self) -> TensorDictModuleBase:
+        return self._exploring_policy
+
+    def greedy_policy(self) -> TensorDictModuleBase:
+        return self.actor
+
+    def compiled_networks(self) -> list[nn.Module]:
+        return [self.q_network]
+
+    def epsilon(self, frames: int) -> float:
+        """Linear annealing from ``eps_start`` to ``eps_end`` over ``eps_frames`` frames."""
+        progress = min(frames / self.eps_frames, 1.0)
+        return self.eps_start + progress * (self.eps_end - self.eps_start)
+
+    def on_train_batch_start(self, batch: object, batch_idx: int) -> None:
+        # ε follows the frame counter (restored on resume), set before this step's collection happens.
+        self.egreedy.eps.fill_(self.epsilon(self.datamodule.frames))
+
+    def on_update(self) -> None:
+        if (
+            self.target_update == "soft"
+            or self.global_step % self.target_update_interval == 0
+        ):
+            self.target_updater.step()
+
+    def extra_metrics(self) -> dict[str, torch.Tensor | float]:
+        return {"train/epsilon": self.egreedy.eps}

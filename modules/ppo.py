@@ -1,0 +1,115 @@
+"""Proximal Policy Optimization on TorchRL's ``ClipPPOLoss`` and ``GAE``.
+
+Schulman et al., "Proximal Policy Optimization Algorithms", arXiv 1707.06347, 2017; GAE: Schulman et al.,
+"High-Dimensional Continuous Control Using Generalized Advantage Estimation", ICLR 2016.
+
+Usage::
+
+    python -m app fit --config configs/snake_ppo.yaml
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from tensordict import TensorDictBase
+from tensordict.nn import TensorDictModule, TensorDictModuleBase
+from torch import nn
+from torchrl.data import TensorSpec
+from torchrl.modules import ProbabilisticActor, ValueOperator
+from torchrl.objectives import ClipPPOLoss
+from torchrl.objectives.value import GAE
+
+from modules.base import RLModule
+from modules.networks import observation_mlp
+
+
+class PPO(RLModule):
+    """Clipped-objective PPO with a separate actor and critic, advantages from GAE on each fresh rollout.
+
+    Args:
+        observation_spec: linked from the data module.
+        action_spec: linked from the data module (a discrete ``Categorical`` spec).
+        hidden_sizes: hidden widths of both the actor and the critic.
+        lr: Adam learning rate.
+        gamma: discount.
+        gae_lambda: GAE's λ.
+        clip_epsilon: PPO's ratio clip.
+        entropy_coef: weight of the entropy bonus.
+        critic_coef: weight of the value loss.
+        normalize_advantage: standardise advantages within each minibatch.
+        compile: see :class:`~modules.base.RLModule`.
+        check_finite_every: see :class:`~modules.base.RLModule`.
+    """
+
+    def __init__(
+        self,
+        observation_spec: Any,
+        action_spec: TensorSpec,
+        hidden_sizes: Sequence[int] = (256, 256),
+        lr: float = 3e-4,
+        gamma: float = 0.99,
+        gae_lambda: float = 0.95,
+        clip_epsilon: float = 0.2,
+        entropy_coef: float = 0.01,
+        critic_coef: float = 0.5,
+        normalize_advantage: bool = True,
+        compile: bool | str = False,
+        check_finite_every: int = 1,
+    ) -> None:
+        super().__init__(observation_spec, action_spec, lr, compile, check_finite_every)
+        self.save_hyperparameters(ignore=["observation_spec", "action_spec"])
+        for name, value in (("gamma", gamma), ("gae_lambda", gae_lambda)):
+            if not 0 <= value <= 1:
+                raise ValueError(
+                    f"--model.init_args.{name} must be in [0, 1], got {value}"
+                )
+        if clip_epsilon <= 0:
+            raise ValueError(
+                f"--model.init_args.clip_epsilon must be > 0, got {clip_epsilon}"
+            )
+
+        observation_shape = observation_spec["observation"].shape
+        self.actor_network = observation_mlp(
+            observation_shape, hidden_sizes, action_spec.space.n
+        )
+        self.critic_network = observation_mlp(observation_shape, hidden_sizes, 1)
+        self.actor = ProbabilisticActor(
+            TensorDictModule(
+                self.actor_network, in_keys=["observation"], out_keys=["logits"]
+            ),
+            in_keys=["logits"],
+            spec=action_spec,
+            distribution_class=torch.distributions.Categorical,
+            return_log_prob=True,
+        )
+        self.critic = ValueOperator(self.critic_network, in_keys=["observation"])
+        self.loss_module = ClipPPOLoss(
+            self.actor,
+            self.critic,
+            clip_epsilon=clip_epsilon,
+            entropy_coeff=entropy_coef,
+            critic_coeff=critic_coef,
+            loss_critic_type="smooth_l1",
+            normalize_advantage=normalize_advantage,
+        )
+        self.advantage = GAE(
+            gamma=gamma, lmbda=gae_lambda, value_network=self.critic, average_gae=False
+        )
+
+    def policy(self) -> TensorDictModuleBase:
+        return self.actor
+
+    def greedy_policy(self) -> TensorDictModuleBase:
+        # Under ExplorationType.DETERMINISTIC (set by evaluation and export) the actor takes the distribution's mode.
+        return self.actor
+
+    def compiled_networks(self) -> list[nn.Module]:
+        return [self.actor_network, self.critic_network]
+
+    @torch.no_grad()
+    def postprocess(self, rollout: TensorDictBase) -> None:
+        """GAE over the ``[num_envs, steps]`` rollout, writing ``advantage`` and ``value_target`` in place."""
+        self.advantage(rollout)
