@@ -28,9 +28,7 @@ from modules.base import RLModule
 # Infinite data streams have no length; Lightning's reminders about it carry no information here.
 warnings.filterwarnings("ignore", message=".*does not have many workers.*")
 warnings.filterwarnings("ignore", message=".*`IterableDataset` has `__len__` defined.*")
-warnings.filterwarnings(
-    "ignore", message=".*Total length of `DataLoader` across ranks is zero.*"
-)
+warnings.filterwarnings("ignore", message=".*Total length of `DataLoader` across ranks is zero.*")
 
 
 _has_dunder_new_method = _parameter_resolvers.has_dunder_new_method
@@ -65,16 +63,10 @@ class RLCLI(LightningCLI):
             "model.init_args.observation_spec",
             apply_on="instantiate",
         )
-        parser.link_arguments(
-            "data.action_spec", "model.init_args.action_spec", apply_on="instantiate"
-        )
+        parser.link_arguments("data.action_spec", "model.init_args.action_spec", apply_on="instantiate")
 
     def before_instantiate_classes(self) -> None:
-        config = (
-            self.config.get(self.subcommand, self.config)
-            if self.subcommand
-            else self.config
-        )
+        config = self.config.get(self.subcommand, self.config) if self.subcommand else self.config
         threads = config.get("threads", 1)
         if threads < 1:
             self.parser.error(f"--threads must be >= 1, got {threads}")

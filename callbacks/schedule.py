@@ -25,13 +25,9 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     rather than a truncated one.
     """
 
-    def save_checkpoint(
-        self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any = None
-    ) -> None:
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any = None) -> None:
         if not _is_local_file_protocol(path):
-            super().save_checkpoint(
-                checkpoint, path, storage_options
-            )  # remote stores have their own semantics
+            super().save_checkpoint(checkpoint, path, storage_options)  # remote stores have their own semantics
             return
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -62,9 +58,7 @@ class FrameCheckpoint(ModelCheckpoint):
         save_top_k: int = 1,
     ) -> None:
         if every_n_frames < 1:
-            raise ValueError(
-                f"FrameCheckpoint every_n_frames must be >= 1, got {every_n_frames}"
-            )
+            raise ValueError(f"FrameCheckpoint every_n_frames must be >= 1, got {every_n_frames}")
         super().__init__(
             dirpath=dirpath,
             filename="frames={frames}",
@@ -77,25 +71,17 @@ class FrameCheckpoint(ModelCheckpoint):
         self.every_n_frames = every_n_frames
         self._saved_slot = 0
 
-    def on_train_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any
-    ) -> None:
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any) -> None:
         frames = trainer.datamodule.frames
         slot = frames // self.every_n_frames
         if slot > self._saved_slot:
             self._saved_slot = slot
             self._save_now(trainer)
 
-    def on_train_epoch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule
-    ) -> None:
-        self._save_now(
-            trainer
-        )  # the end of fit: the final weights are always checkpointed
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._save_now(trainer)  # the end of fit: the final weights are always checkpointed
 
-    def on_validation_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule
-    ) -> None:
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         pass  # checkpoints follow frames, not validation runs
 
     def _save_now(self, trainer: pl.Trainer) -> None:
@@ -135,13 +121,9 @@ class PeriodicEvaluation(Callback):
         at_start: bool = True,
     ) -> None:
         if every_n_frames < 1:
-            raise ValueError(
-                f"PeriodicEvaluation every_n_frames must be >= 1, got {every_n_frames}"
-            )
+            raise ValueError(f"PeriodicEvaluation every_n_frames must be >= 1, got {every_n_frames}")
         if episodes is not None and episodes < 1:
-            raise ValueError(
-                f"PeriodicEvaluation episodes must be >= 1, got {episodes}"
-            )
+            raise ValueError(f"PeriodicEvaluation episodes must be >= 1, got {episodes}")
         self.every_n_frames = every_n_frames
         self.episodes = episodes
         self.at_start = at_start
@@ -149,20 +131,14 @@ class PeriodicEvaluation(Callback):
         self._done_slot = -1
         self._start_time = 0.0
 
-    def on_train_start(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule
-    ) -> None:
-        self._start_time = time.perf_counter() - (
-            self.history[-1]["time_s"] if self.history else 0.0
-        )
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._start_time = time.perf_counter() - (self.history[-1]["time_s"] if self.history else 0.0)
         if self._done_slot < 0:
             self._done_slot = 0
             if self.at_start:
                 self._evaluate(trainer, pl_module)
 
-    def on_train_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any
-    ) -> None:
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any) -> None:
         slot = trainer.datamodule.frames // self.every_n_frames
         if slot > self._done_slot:
             self._done_slot = slot
@@ -178,12 +154,8 @@ class PeriodicEvaluation(Callback):
         metrics = trainer.datamodule.evaluate(pl_module.greedy_policy(), self.episodes)
         pl_module.train(was_training)
         metrics = {f"eval/{key}": value for key, value in metrics.items()}
-        if (
-            trainer.world_size > 1
-        ):  # each rank evaluated its own episodes: report the mean over ranks
-            values = torch.tensor(
-                list(metrics.values()), dtype=torch.float64, device=pl_module.device
-            )
+        if trainer.world_size > 1:  # each rank evaluated its own episodes: report the mean over ranks
+            values = torch.tensor(list(metrics.values()), dtype=torch.float64, device=pl_module.device)
             values = trainer.strategy.reduce(values, reduce_op="mean")
             metrics = dict(zip(metrics, values.tolist()))
         frames = trainer.datamodule.frames * trainer.world_size
@@ -193,14 +165,10 @@ class PeriodicEvaluation(Callback):
             "time_s": time.perf_counter() - self._start_time,
         }
         self.history.append({**row, **metrics})
-        trainer.callback_metrics.update(
-            {key: torch.tensor(value) for key, value in metrics.items()}
-        )
+        trainer.callback_metrics.update({key: torch.tensor(value) for key, value in metrics.items()})
         if trainer.is_global_zero:
             for logger in trainer.loggers:
-                logger.log_metrics(
-                    {**metrics, "eval/frames": frames}, step=trainer.global_step
-                )
+                logger.log_metrics({**metrics, "eval/frames": frames}, step=trainer.global_step)
 
     def state_dict(self) -> dict[str, Any]:
         return {"history": self.history, "done_slot": self._done_slot}

@@ -40,19 +40,13 @@ def check_positive(name: str, value: float, *, allow_zero: bool = False) -> None
         raise ValueError(f"--data.init_args.{name} must be {bound}, got {value}")
 
 
-def resolve_device(
-    device: str | None, trainer: pl.Trainer | None = None
-) -> torch.device:
+def resolve_device(device: str | None, trainer: pl.Trainer | None = None) -> torch.device:
     """``"auto"``/None follows the trainer (each DDP rank its own GPU); anything else must exist on this machine."""
     if device in (None, "auto"):
-        return (
-            trainer.strategy.root_device if trainer is not None else torch.device("cpu")
-        )
+        return trainer.strategy.root_device if trainer is not None else torch.device("cpu")
     resolved = torch.device(device)
     if resolved.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(
-            f"--data.init_args.device {device!r} is not available on this machine (no CUDA device)"
-        )
+        raise ValueError(f"--data.init_args.device {device!r} is not available on this machine (no CUDA device)")
     return resolved
 
 
@@ -130,9 +124,7 @@ class RLDataModule(pl.LightningDataModule):
         check_positive("collect_steps", collect_steps)
         check_positive("eval_episodes", eval_episodes)
         check_positive("weight_sync_interval", weight_sync_interval)
-        resolve_device(
-            device
-        )  # fail now, before any output folder exists, if the device is missing
+        resolve_device(device)  # fail now, before any output folder exists, if the device is missing
         self.env_factory = env
         self.num_envs = num_envs
         self.collect_steps = collect_steps
@@ -144,9 +136,7 @@ class RLDataModule(pl.LightningDataModule):
         probe = env(num_envs=1, seed=seed, device="cpu")
         self._observation_spec: Composite = probe.observation_spec[0].clone()
         self._action_spec: TensorSpec = probe.action_spec[0].clone()
-        self.episode_metric_keys: tuple[str, ...] = tuple(
-            getattr(probe, "episode_metric_keys", ())
-        )
+        self.episode_metric_keys: tuple[str, ...] = tuple(getattr(probe, "episode_metric_keys", ()))
         probe.close()
 
         self.timer = PhaseTimer()
@@ -198,9 +188,7 @@ class RLDataModule(pl.LightningDataModule):
 
     def _build_collector(self) -> None:
         if self.policy is None:
-            raise RuntimeError(
-                "the model must call datamodule.connect(policy) in its setup before training starts"
-            )
+            raise RuntimeError("the model must call datamodule.connect(policy) in its setup before training starts")
         env = self.make_env(self.num_envs, self.rank_seed)
         self.collector = Collector(
             env,
@@ -213,15 +201,20 @@ class RLDataModule(pl.LightningDataModule):
             auto_register_policy_transforms=False,
         )
         self._collector_iter = iter(self.collector)
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(_BatchStream(self._stream), batch_size=None, collate_fn=_identity)
+
+    def _stream(self) -> Iterator[TensorDictBase]:
+        # Built here, when the first batch is asked for, rather than in train_dataloader: building the collector
+        # resets the environments and DataLoader.__iter__ draws a seed, and both consume random numbers that a
+        # restored checkpoint's RNG state must come after.
+        if self.collector is None:
+            self._build_collector()
         if self._pending_state is not None:
             self._restore_collection_state(self._pending_state)
             self._pending_state = None
-
-    def train_dataloader(self) -> DataLoader:
-        self._build_collector()
-        return DataLoader(
-            _BatchStream(self._batches), batch_size=None, collate_fn=_identity
-        )
+        yield from self._batches()
 
     def val_dataloader(self) -> DataLoader:
         # `validate` plays greedy evaluation episodes; the single item only makes Lightning call validation_step once.
@@ -238,8 +231,6 @@ class RLDataModule(pl.LightningDataModule):
     # ------------------------------------------------------------------------------------------- collection
     def collect(self) -> TensorDictBase:
         """One collector call: ``num_envs * collect_steps`` frames, shaped ``[num_envs, collect_steps]``."""
-        if self._collector_iter is None:
-            self._build_collector()
         with self.timer.phase("collect"):
             batch = next(self._collector_iter)
         self.frames += batch.numel()
@@ -251,10 +242,7 @@ class RLDataModule(pl.LightningDataModule):
     def after_update(self) -> None:
         """Called by the model after each optimizer step: push weights to the collector when they live elsewhere."""
         self._updates_since_sync += 1
-        if (
-            self._updates_since_sync >= self.weight_sync_interval
-            and self.collector is not None
-        ):
+        if self._updates_since_sync >= self.weight_sync_interval and self.collector is not None:
             self._updates_since_sync = 0
             if self.collector.policy_device != self.device:
                 self.collector.update_policy_weights_()
@@ -265,9 +253,7 @@ class RLDataModule(pl.LightningDataModule):
 
     # ------------------------------------------------------------------------------------------- evaluation
     @torch.no_grad()
-    def evaluate(
-        self, policy: TensorDictModuleBase, episodes: int | None = None
-    ) -> dict[str, float]:
+    def evaluate(self, policy: TensorDictModuleBase, episodes: int | None = None) -> dict[str, float]:
         """Play one greedy episode in each of ``episodes`` evaluation environments, always from the same seeds.
 
         Returns ``return_mean``, ``length_mean`` and ``<key>_mean`` for each of the env's ``episode_metric_keys``
@@ -277,13 +263,8 @@ class RLDataModule(pl.LightningDataModule):
         if self._eval_env is None or self._eval_env.batch_size[0] != episodes:
             self._eval_env = self.make_env(episodes, self.seed + EVAL_SEED_OFFSET)
         env = self._eval_env
-        env.set_seed(
-            self.seed + EVAL_SEED_OFFSET
-        )  # identical start states at every evaluation
-        sums = {
-            key: torch.zeros(episodes, device=env.device)
-            for key in ("reward", *self.episode_metric_keys)
-        }
+        env.set_seed(self.seed + EVAL_SEED_OFFSET)  # identical start states at every evaluation
+        sums = {key: torch.zeros(episodes, device=env.device) for key in ("reward", *self.episode_metric_keys)}
         length = torch.zeros(episodes, device=env.device)
         running = torch.ones(episodes, dtype=torch.bool, device=env.device)
         td = env.reset()
@@ -299,9 +280,7 @@ class RLDataModule(pl.LightningDataModule):
             "return_mean": sums.pop("reward").mean().item(),
             "length_mean": length.mean().item(),
         }
-        metrics.update(
-            {f"{key}_mean": total.mean().item() for key, total in sums.items()}
-        )
+        metrics.update({f"{key}_mean": total.mean().item() for key, total in sums.items()})
         return metrics
 
     # ------------------------------------------------------------------------------------------- checkpoints
@@ -309,28 +288,31 @@ class RLDataModule(pl.LightningDataModule):
         state = {"frames": self.frames, "samples": self.samples, "rng": _rng_state()}
         if self.collector is not None:
             state["env"] = dict(self.collector.env.state_dict())
+            state["carrier"] = to_plain(self._carrier().exclude("collector"))
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        # Lightning restores the data module before `train_dataloader` builds the collector, whose construction
-        # resets the environments (and draws random numbers): keep the state until then, and apply it last.
+        # Lightning restores the data module before training starts; environment, carrier and RNG states are applied
+        # when the batch stream starts (see _stream), after everything else that draws random numbers.
         self.frames = state_dict["frames"]
         self.samples = state_dict["samples"]
         self._pending_state = state_dict
-        if self.collector is not None:
-            self._restore_collection_state(state_dict)
-            self._pending_state = None
 
     def _restore_collection_state(self, state: dict[str, Any]) -> None:
-        env = self.collector.env
         if "env" in state:
-            env.load_state_dict(state["env"])
-            # A reset with an all-false mask leaves every environment as restored and hands the collector their
-            # current observations, so collection continues exactly where the checkpointed run stood.
-            self.collector.reset(
-                index=torch.zeros(env.batch_size, dtype=torch.bool, device=env.device)
-            )
+            self.collector.env.load_state_dict(state["env"])
+            # The collector carries the last observations (and recurrent states) between calls; with them restored
+            # too, collection continues exactly where the checkpointed run stood.
+            self._carrier().update(from_plain(state["carrier"], batch_dims=1, device=self.collector.env.device))
         _set_rng_state(state["rng"])
+
+    def _carrier(self) -> TensorDictBase:
+        # TorchRL's Collector keeps its between-calls tensordict in a private attribute and offers no public accessor;
+        # torchrl is pinned below 0.15 in pyproject.toml, and the resume tests fail loudly if this ever moves.
+        carrier = getattr(self.collector, "_carrier", None)
+        if carrier is None:
+            raise RuntimeError("this torchrl version's Collector has no `_carrier`: exact resume is not supported")
+        return carrier
 
 
 def to_plain(td: TensorDictBase | None) -> dict | None:
@@ -338,11 +320,5 @@ def to_plain(td: TensorDictBase | None) -> dict | None:
     return None if td is None else td.to_dict()
 
 
-def from_plain(
-    data: dict | None, batch_dims: int, device: torch.device
-) -> TensorDictBase | None:
-    return (
-        None
-        if data is None
-        else TensorDict.from_dict(data, batch_dims=batch_dims, device=device)
-    )
+def from_plain(data: dict | None, batch_dims: int, device: torch.device) -> TensorDictBase | None:
+    return None if data is None else TensorDict.from_dict(data, batch_dims=batch_dims, device=device)

@@ -56,9 +56,7 @@ class ReplayDataModule(RLDataModule):
         check_positive("warmup_frames", warmup_frames, allow_zero=True)
         check_positive("frames_per_update", frames_per_update)
         if batch_size > buffer_size:
-            raise ValueError(
-                f"--data.init_args.batch_size ({batch_size}) must be <= buffer_size ({buffer_size})"
-            )
+            raise ValueError(f"--data.init_args.batch_size ({batch_size}) must be <= buffer_size ({buffer_size})")
         self.buffer_size = buffer_size
         self.batch_size = batch_size
         # Sampling needs at least one batch in the buffer, whatever warmup the user asked for.
@@ -102,8 +100,6 @@ class ReplayDataModule(RLDataModule):
         self.update_credit = state_dict["update_credit"]
         if "buffer" in state_dict:
             if self.buffer is None:
-                raise RuntimeError(
-                    "the replay buffer is created in setup(); load the data module state after it"
-                )
+                raise RuntimeError("the replay buffer is created in setup(); load the data module state after it")
             self.buffer.load_state_dict(state_dict["buffer"])
         super().load_state_dict(state_dict)

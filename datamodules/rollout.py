@@ -57,12 +57,8 @@ class RolloutDataModule(RLDataModule):
         self.minibatch_size = minibatch_size
         self.update_epochs = update_epochs
         self.minibatches_per_rollout = update_epochs * frames // minibatch_size
-        self.rollout: TensorDictBase | None = (
-            None  # the current rollout, flattened to [frames]
-        )
-        self.order: torch.Tensor | None = (
-            None  # row order for this rollout's minibatches, all epochs concatenated
-        )
+        self.rollout: TensorDictBase | None = None  # the current rollout, flattened to [frames]
+        self.order: torch.Tensor | None = None  # row order for this rollout's minibatches, all epochs concatenated
         self.cursor = 0  # minibatches already served from this rollout
 
     def _batches(self) -> Iterator[TensorDictBase]:
@@ -72,33 +68,22 @@ class RolloutDataModule(RLDataModule):
                 with self.timer.phase("sample"):
                     n = self.rollout.numel()
                     device = self.rollout.device
-                    self.order = torch.cat(
-                        [
-                            torch.randperm(n, device=device)
-                            for _ in range(self.update_epochs)
-                        ]
-                    )
+                    self.order = torch.cat([torch.randperm(n, device=device) for _ in range(self.update_epochs)])
                 self.cursor = 0
             with self.timer.phase("sample"):
                 start = self.cursor * self.minibatch_size
-                minibatch = self.rollout[
-                    self.order[start : start + self.minibatch_size]
-                ]
+                minibatch = self.rollout[self.order[start : start + self.minibatch_size]]
             self.cursor += 1
             self.samples += minibatch.numel()
             yield minibatch
 
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()
-        state.update(
-            rollout=to_plain(self.rollout), order=self.order, cursor=self.cursor
-        )
+        state.update(rollout=to_plain(self.rollout), order=self.order, cursor=self.cursor)
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.rollout = from_plain(
-            state_dict["rollout"], batch_dims=1, device=self.device
-        )
+        self.rollout = from_plain(state_dict["rollout"], batch_dims=1, device=self.device)
         self.order = state_dict["order"]
         self.cursor = state_dict["cursor"]
         super().load_state_dict(state_dict)

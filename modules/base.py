@@ -15,9 +15,7 @@ from torchrl.data import TensorSpec
 
 # training_step takes the dataloader iterator on purpose (see RLModule.training_step); Lightning flags that
 # signature as experimental on every run.
-warnings.filterwarnings(
-    "ignore", message=".*`dataloader_iter` argument in the `training_step`.*"
-)
+warnings.filterwarnings("ignore", message=".*`dataloader_iter` argument in the `training_step`.*")
 
 
 class RLModule(pl.LightningModule):
@@ -48,9 +46,7 @@ class RLModule(pl.LightningModule):
         if lr <= 0:
             raise ValueError(f"--model.init_args.lr must be > 0, got {lr}")
         if check_finite_every < 1:
-            raise ValueError(
-                f"--model.init_args.check_finite_every must be >= 1, got {check_finite_every}"
-            )
+            raise ValueError(f"--model.init_args.check_finite_every must be >= 1, got {check_finite_every}")
         if not isinstance(compile, bool) and compile not in (
             "default",
             "reduce-overhead",
@@ -97,9 +93,7 @@ class RLModule(pl.LightningModule):
         if self.compile_mode:
             mode = None if self.compile_mode is True else self.compile_mode
             for network in self.compiled_networks():
-                network.compile(
-                    mode=mode
-                )  # in place: parameter names and checkpoints stay those of eager
+                network.compile(mode=mode)  # in place: parameter names and checkpoints stay those of eager
         if stage == "fit":
             self.datamodule.connect(self.policy(), self.postprocess)
 
@@ -121,9 +115,7 @@ class RLModule(pl.LightningModule):
                 "so the last checkpoint holds the last good weights"
             )
         metrics = {
-            f"train/{key}": value.detach()
-            for key, value in losses.items()
-            if value.numel() == 1 and key != "loss"
+            f"train/{key}": value.detach() for key, value in losses.items() if value.numel() == 1 and key != "loss"
         }
         metrics.update(self.extra_metrics())
         self.log("train/loss", loss.detach(), prog_bar=True, batch_size=batch.numel())
@@ -142,9 +134,7 @@ class RLModule(pl.LightningModule):
     def validation_step(self, batch: Any, batch_idx: int) -> None:
         """``python -m app validate``: greedy episodes in the evaluation environments."""
         metrics = self.datamodule.evaluate(self.greedy_policy())
-        self.log_dict(
-            {f"eval/{key}": value for key, value in metrics.items()}, batch_size=1
-        )
+        self.log_dict({f"eval/{key}": value for key, value in metrics.items()}, batch_size=1)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # The specs are rebuilt from the config on load; pickled spec objects would not load with weights_only.

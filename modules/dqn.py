@@ -68,31 +68,21 @@ class DQN(RLModule):
         if not 0 <= gamma <= 1:
             raise ValueError(f"--model.init_args.gamma must be in [0, 1], got {gamma}")
         if target_update_interval < 1:
-            raise ValueError(
-                f"--model.init_args.target_update_interval must be >= 1, got {target_update_interval}"
-            )
+            raise ValueError(f"--model.init_args.target_update_interval must be >= 1, got {target_update_interval}")
         if not 0 < tau <= 1:
             raise ValueError(f"--model.init_args.tau must be in (0, 1], got {tau}")
         if not (0 <= eps_end <= 1 and 0 <= eps_start <= 1):
-            raise ValueError(
-                f"--model.init_args.eps_start/eps_end must be in [0, 1], got {eps_start}/{eps_end}"
-            )
+            raise ValueError(f"--model.init_args.eps_start/eps_end must be in [0, 1], got {eps_start}/{eps_end}")
         if eps_frames < 1:
-            raise ValueError(
-                f"--model.init_args.eps_frames must be >= 1, got {eps_frames}"
-            )
+            raise ValueError(f"--model.init_args.eps_frames must be >= 1, got {eps_frames}")
         self.eps_start, self.eps_end, self.eps_frames = eps_start, eps_end, eps_frames
         self.target_update = target_update
         self.target_update_interval = target_update_interval
 
         # env → model → exploration → loss → target updater, in the order TorchRL's sota-implementations use.
         observation_shape = observation_spec["observation"].shape
-        self.q_network = observation_mlp(
-            observation_shape, hidden_sizes, action_spec.space.n
-        )
-        self.actor = QValueActor(
-            self.q_network, in_keys=["observation"], spec=action_spec
-        )
+        self.q_network = observation_mlp(observation_shape, hidden_sizes, action_spec.space.n)
+        self.actor = QValueActor(self.q_network, in_keys=["observation"], spec=action_spec)
         self.egreedy = EGreedyModule(
             action_spec,
             eps_init=eps_start,
@@ -112,9 +102,7 @@ class DQN(RLModule):
         else:
             # Stepped only every `target_update_interval` updates (see on_update), so the interval is a function of
             # the restored global step rather than of a counter that checkpoints would have to carry.
-            self.target_updater = HardUpdate(
-                self.loss_module, value_network_update_interval=1
-            )
+            self.target_updater = HardUpdate(self.loss_module, value_network_update_interval=1)
         self._exploring_policy = TensorDictSequential(self.actor, self.egreedy)
 
     def policy(self) -> TensorDictModuleBase:
@@ -136,10 +124,7 @@ class DQN(RLModule):
         self.egreedy.eps.fill_(self.epsilon(self.datamodule.frames))
 
     def on_update(self) -> None:
-        if (
-            self.target_update == "soft"
-            or self.global_step % self.target_update_interval == 0
-        ):
+        if self.target_update == "soft" or self.global_step % self.target_update_interval == 0:
             self.target_updater.step()
 
     def extra_metrics(self) -> dict[str, torch.Tensor | float]:

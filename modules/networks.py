@@ -35,9 +35,7 @@ def mlp(
     return nn.Sequential(*layers)
 
 
-def observation_mlp(
-    observation_shape: Sequence[int], hidden_sizes: Sequence[int], out_features: int
-) -> nn.Sequential:
+def observation_mlp(observation_shape: Sequence[int], hidden_sizes: Sequence[int], out_features: int) -> nn.Sequential:
     """An MLP reading a whole observation of any shape (e.g. Snake's ``(3, H, W)`` planes, flattened)."""
     return nn.Sequential(
         FlattenObservation(observation_shape),

@@ -63,23 +63,15 @@ class PPO(RLModule):
         self.save_hyperparameters(ignore=["observation_spec", "action_spec"])
         for name, value in (("gamma", gamma), ("gae_lambda", gae_lambda)):
             if not 0 <= value <= 1:
-                raise ValueError(
-                    f"--model.init_args.{name} must be in [0, 1], got {value}"
-                )
+                raise ValueError(f"--model.init_args.{name} must be in [0, 1], got {value}")
         if clip_epsilon <= 0:
-            raise ValueError(
-                f"--model.init_args.clip_epsilon must be > 0, got {clip_epsilon}"
-            )
+            raise ValueError(f"--model.init_args.clip_epsilon must be > 0, got {clip_epsilon}")
 
         observation_shape = observation_spec["observation"].shape
-        self.actor_network = observation_mlp(
-            observation_shape, hidden_sizes, action_spec.space.n
-        )
+        self.actor_network = observation_mlp(observation_shape, hidden_sizes, action_spec.space.n)
         self.critic_network = observation_mlp(observation_shape, hidden_sizes, 1)
         self.actor = ProbabilisticActor(
-            TensorDictModule(
-                self.actor_network, in_keys=["observation"], out_keys=["logits"]
-            ),
+            TensorDictModule(self.actor_network, in_keys=["observation"], out_keys=["logits"]),
             in_keys=["logits"],
             spec=action_spec,
             distribution_class=torch.distributions.Categorical,
@@ -95,9 +87,7 @@ class PPO(RLModule):
             loss_critic_type="smooth_l1",
             normalize_advantage=normalize_advantage,
         )
-        self.advantage = GAE(
-            gamma=gamma, lmbda=gae_lambda, value_network=self.critic, average_gae=False
-        )
+        self.advantage = GAE(gamma=gamma, lmbda=gae_lambda, value_network=self.critic, average_gae=False)
 
     def policy(self) -> TensorDictModuleBase:
         return self.actor

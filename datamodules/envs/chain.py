@@ -41,17 +41,11 @@ class ChainEnv(EnvBase):
             raise ValueError(f"max_steps must be > 0, got {max_steps}")
         super().__init__(batch_size=torch.Size([num_envs]), device=device)
         self.length, self.max_steps = length, max_steps
-        self.register_buffer(
-            "position", torch.zeros(num_envs, dtype=torch.long, device=self.device)
-        )
-        self.register_buffer(
-            "steps", torch.zeros(num_envs, dtype=torch.long, device=self.device)
-        )
+        self.register_buffer("position", torch.zeros(num_envs, dtype=torch.long, device=self.device))
+        self.register_buffer("steps", torch.zeros(num_envs, dtype=torch.long, device=self.device))
         batch = (num_envs,)
         self.observation_spec = Composite(
-            observation=Binary(
-                n=length, shape=(*batch, length), dtype=torch.uint8, device=self.device
-            ),
+            observation=Binary(n=length, shape=(*batch, length), dtype=torch.uint8, device=self.device),
             shape=batch,
             device=self.device,
         )
@@ -61,15 +55,9 @@ class ChainEnv(EnvBase):
     def _observation(self) -> torch.Tensor:
         return torch.nn.functional.one_hot(self.position, self.length).to(torch.uint8)
 
-    def _reset(
-        self, tensordict: TensorDictBase | None = None, **kwargs
-    ) -> TensorDictBase:
+    def _reset(self, tensordict: TensorDictBase | None = None, **kwargs) -> TensorDictBase:
         mask = None if tensordict is None else tensordict.get("_reset", None)
-        mask = (
-            torch.ones_like(self.position, dtype=torch.bool)
-            if mask is None
-            else mask.reshape(-1)
-        )
+        mask = torch.ones_like(self.position, dtype=torch.bool) if mask is None else mask.reshape(-1)
         self.position.masked_fill_(mask, 0)
         self.steps.masked_fill_(mask, 0)
         false = torch.zeros(*self.batch_size, 1, dtype=torch.bool, device=self.device)
