@@ -1,0 +1,54 @@
+"""Shared helpers for the tests: tiny configs on the chain env, and running the real CLI in-process."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+from app.cli import main
+
+CHAIN = {"class_path": "datamodules.envs.chain.ChainEnv", "init_args": {"length": 6, "max_steps": 30}}
+
+
+def chain_config(agent: str, root: Path, **data: Any) -> dict:
+    """A tiny DQN or PPO run on the chain env, writing under ``root``; ``data`` overrides data init_args."""
+    if agent == "dqn":
+        model = {"class_path": "modules.dqn.DQN", "init_args": {"hidden_sizes": [32], "eps_frames": 400}}
+        data_cfg = {"class_path": "datamodules.replay.ReplayDataModule", "init_args": {
+            "env": CHAIN, "num_envs": 8, "batch_size": 32, "warmup_frames": 64, "frames_per_update": 2}}
+    else:
+        model = {"class_path": "modules.ppo.PPO", "init_args": {"hidden_sizes": [32], "lr": 0.003}}
+        data_cfg = {"class_path": "datamodules.rollout.RolloutDataModule", "init_args": {
+            "env": CHAIN, "num_envs": 8, "collect_steps": 16, "minibatch_size": 32, "update_epochs": 2}}
+    data_cfg["init_args"].update(data)
+    return {
+        "threads": 1,
+        "seed_everything": 0,
+        "trainer": {
+            "max_steps": 100,
+            "default_root_dir": str(root),
+            "logger": False,
+            "enable_progress_bar": False,
+            "enable_model_summary": False,
+            "callbacks": [{"class_path": "callbacks.schedule.FrameCheckpoint", "init_args": {"every_n_frames": 10**9}}],
+        },
+        "model": model,
+        "data": data_cfg,
+    }
+
+
+def write_config(config: dict, path: Path) -> Path:
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def fit(config_path: Path, *overrides: str):
+    """``python -m app fit --config config_path overrides...`` in-process; returns the CLI (trainer, model, data)."""
+    return main(["fit", "--config", str(config_path), *overrides])
+
+
+def weights(checkpoint: Path) -> dict[str, torch.Tensor]:
+    return torch.load(checkpoint, weights_only=True)["state_dict"]
