@@ -100,9 +100,9 @@ class DQN(RLModule):
         if target_update == "soft":
             self.target_updater = SoftUpdate(self.loss_module, tau=tau)
         else:
-            # Stepped only every `target_update_interval` updates (see on_update), so the interval is a function of
-            # the restored global step rather than of a counter that checkpoints would have to carry.
-            self.target_updater = HardUpdate(self.loss_module, value_network_update_interval=1)
+            # HardUpdate(interval=0) copies on every step() call; on_update calls it every `target_update_interval`
+            # updates, a function of the restored global step rather than of a counter checkpoints would have to carry.
+            self.target_updater = HardUpdate(self.loss_module, value_network_update_interval=0)
         self._exploring_policy = TensorDictSequential(self.actor, self.egreedy)
 
     def policy(self) -> TensorDictModuleBase:
@@ -124,7 +124,9 @@ class DQN(RLModule):
         self.egreedy.eps.fill_(self.epsilon(self.datamodule.frames))
 
     def on_update(self) -> None:
-        if self.target_update == "soft" or self.global_step % self.target_update_interval == 0:
+        # Lightning counts this optimizer step in global_step only after optimizer_step returns.
+        updates = self.global_step + 1
+        if self.target_update == "soft" or updates % self.target_update_interval == 0:
             self.target_updater.step()
 
     def extra_metrics(self) -> dict[str, torch.Tensor | float]:

@@ -1,0 +1,107 @@
+"""DQN: the loss against hand-computed targets, ε annealing over frames, target-network sync at its interval."""
+
+from __future__ import annotations
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from tensordict import TensorDict
+from torchrl.data import Binary, Categorical, Composite
+
+from modules.dqn import DQN
+from tests.helpers import chain_config, fit, write_config
+
+SPECS = {"observation_spec": Composite(observation=Binary(n=2, shape=(2,), dtype=torch.uint8)), "action_spec": Categorical(2)}
+
+
+def make_dqn(**kwargs) -> DQN:
+    torch.manual_seed(0)
+    return DQN(**SPECS, hidden_sizes=[], **kwargs)  # no hidden layer: Q(s) = W s + b, easy to compute by hand
+
+
+def linear_q(dqn: DQN, weight: list[list[float]], bias: list[float]) -> None:
+    layer = dqn.q_network[1][0]
+    with torch.no_grad():
+        layer.weight.copy_(torch.tensor(weight))
+        layer.bias.copy_(torch.tensor(bias))
+    dqn.target_updater.init_()  # target network = online network
+
+
+def transition(obs, action, next_obs, reward, terminated) -> TensorDict:
+    done = torch.tensor([[terminated]])
+    return TensorDict(
+        {
+            "observation": torch.tensor([obs], dtype=torch.uint8),
+            "action": torch.tensor([action]),
+            "next": {
+                "observation": torch.tensor([next_obs], dtype=torch.uint8),
+                "reward": torch.tensor([[reward]]),
+                "done": done,
+                "terminated": done.clone(),
+            },
+        },
+        batch_size=[1],
+    )
+
+
+def test_dqn_loss_matches_hand_computed_td_error():
+    dqn = make_dqn(gamma=0.5, loss_function="l2", target_update="hard")
+    # Q(s) = W s + b with W = [[1, 2], [3, 4]], b = [0.5, -0.5]
+    linear_q(dqn, [[1.0, 2.0], [3.0, 4.0]], [0.5, -0.5])
+    batch = transition(obs=[1, 0], action=1, next_obs=[0, 1], reward=1.0, terminated=False)
+    # Q(s, a=1) = 3 + (-0.5) = 2.5; Q(s') = [2 + 0.5, 4 - 0.5] = [2.5, 3.5] → target = 1 + 0.5 * 3.5 = 2.75
+    loss = dqn.loss(batch)["loss"]
+    assert loss.item() == pytest.approx((2.75 - 2.5) ** 2)
+
+    terminal = transition(obs=[1, 0], action=1, next_obs=[0, 1], reward=-1.0, terminated=True)
+    assert dqn.loss(terminal)["loss"].item() == pytest.approx((-1.0 - 2.5) ** 2)  # no bootstrap past a terminal
+
+
+def test_double_dqn_evaluates_online_argmax_with_target_network():
+    dqn = make_dqn(gamma=1.0, double_dqn=True)
+    linear_q(dqn, [[0.0, 0.0], [1.0, 5.0]], [0.0, 0.0])  # online Q(s'=[0,1]) = [0, 5] → argmax a' = 1
+    target = dqn.loss_module.target_value_network_params
+    target["module", "0", "module", "1", "0", "weight"].data.copy_(torch.tensor([[0.0, 7.0], [0.0, 2.0]]))
+    batch = transition(obs=[1, 0], action=0, next_obs=[0, 1], reward=0.0, terminated=False)
+    # Q(s, 0) = 0; target = 0 + 1 * Q_target(s', argmax_online) = Q_target(s', 1) = 2 (not max_target = 7)
+    assert dqn.loss(batch)["loss"].item() == pytest.approx(2.0**2)
+
+
+def test_epsilon_anneals_linearly_over_frames():
+    dqn = make_dqn(eps_start=1.0, eps_end=0.1, eps_frames=1000)
+    assert dqn.epsilon(0) == 1.0
+    assert dqn.epsilon(500) == pytest.approx(0.55)
+    assert dqn.epsilon(1000) == pytest.approx(0.1)
+    assert dqn.epsilon(10**6) == pytest.approx(0.1)
+
+
+def test_epsilon_follows_collected_frames_during_training(tmp_path):
+    config = chain_config("dqn", tmp_path)
+    config["model"]["init_args"].update(eps_start=1.0, eps_end=0.0, eps_frames=200)
+    cli = fit(write_config(config, tmp_path / "c.yaml"), "--trainer.max_steps", "20")
+    frames = cli.datamodule.frames
+    assert 0 < frames < 200
+    assert cli.model.egreedy.eps.item() == pytest.approx(1 - frames / 200, abs=1e-6)
+
+
+@pytest.mark.parametrize("interval", [5, 7])
+def test_hard_target_sync_happens_exactly_at_the_interval(tmp_path, interval):
+    config = chain_config("dqn", tmp_path)
+    config["model"]["init_args"].update(target_update="hard", target_update_interval=interval)
+    config["trainer"]["callbacks"].append({"class_path": "tests.test_dqn.RecordTargetSyncs"})
+    cli = fit(write_config(config, tmp_path / "c.yaml"), "--trainer.max_steps", "30")
+    recorder = next(cb for cb in cli.trainer.callbacks if isinstance(cb, RecordTargetSyncs))
+    assert recorder.synced_at == [step for step in range(1, 31) if step % interval == 0]
+
+
+class RecordTargetSyncs(pl.Callback):
+    """Records the updates after which the target network equals the online network (i.e. was just copied)."""
+
+    def __init__(self):
+        self.synced_at = []
+
+    def on_train_batch_end(self, trainer, pl_module, *args):
+        online = pl_module.loss_module.value_network_params.flatten_keys()
+        target = pl_module.loss_module.target_value_network_params.flatten_keys()
+        if all(torch.equal(online[key], target[key]) for key in online.keys()):
+            self.synced_at.append(trainer.global_step)
