@@ -80,6 +80,17 @@ class RLCLI(LightningCLI):
         except (ValueError, MisconfigurationException) as error:
             self.parser.error(str(error))
 
+    def instantiate_trainer(self, **kwargs):
+        try:
+            return super().instantiate_trainer(**kwargs)
+        except (ValueError, MisconfigurationException) as error:
+            trainer = self._get(self.config_init, "trainer")
+            if any(word in str(error).lower() for word in ("gpu", "cuda", "device", "accelerator", "backend")):
+                flags = f"--trainer.accelerator {trainer.accelerator} --trainer.devices {trainer.devices}"
+            else:
+                flags = "--trainer"
+            raise ValueError(f"{flags}: {error}") from error
+
 
 def trainer_defaults() -> dict:
     return {
