@@ -1,0 +1,80 @@
+"""PPO: GAE and the clipped objective against hand-computed values; the rollout path serves each frame once per epoch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tensordict import TensorDict
+from torchrl.data import Binary, Categorical, Composite
+
+from modules.ppo import PPO
+from tests.helpers import chain_config, fit, write_config
+
+SPECS = {"observation_spec": Composite(observation=Binary(n=2, shape=(2,), dtype=torch.uint8)), "action_spec": Categorical(2)}
+
+
+def constant_critic(ppo: PPO, value: float) -> None:
+    last = ppo.critic_network[1][-1]
+    with torch.no_grad():
+        for parameter in ppo.critic_network.parameters():
+            parameter.zero_()
+        last.bias.fill_(value)
+
+
+def test_gae_matches_hand_computation():
+    ppo = PPO(**SPECS, hidden_sizes=[4], gamma=0.5, gae_lambda=0.5)
+    constant_critic(ppo, 1.0)  # V(s) = 1 everywhere
+    rewards = torch.tensor([1.0, 0.0, 2.0])
+    done = torch.tensor([False, False, True])
+    obs = torch.zeros(1, 3, 2, dtype=torch.uint8)
+    rollout = TensorDict(
+        {
+            "observation": obs,
+            "next": {
+                "observation": obs.clone(),
+                "reward": rewards.view(1, 3, 1),
+                "done": done.view(1, 3, 1),
+                "terminated": done.view(1, 3, 1),
+            },
+        },
+        batch_size=[1, 3],
+    )
+    ppo.postprocess(rollout)
+    # δ_t = r_t + γ V(s_{t+1}) (1 - done_t) − V(s_t): δ = [1 + 0.5 − 1, 0 + 0.5 − 1, 2 − 1] = [0.5, −0.5, 1]
+    # A_2 = 1; A_1 = −0.5 + 0.25 * 1 = −0.25; A_0 = 0.5 + 0.25 * (−0.25) = 0.4375
+    expected = torch.tensor([0.4375, -0.25, 1.0])
+    assert torch.allclose(rollout["advantage"].view(3), expected)
+    assert torch.allclose(rollout["value_target"].view(3), expected + 1.0)
+
+
+def test_clipped_objective_matches_hand_computation():
+    ppo = PPO(**SPECS, hidden_sizes=[4], clip_epsilon=0.2, entropy_coef=0.0, critic_coef=0.0, normalize_advantage=False)
+    obs = torch.tensor([[1, 0], [0, 1]], dtype=torch.uint8)
+    batch = TensorDict({"observation": obs, "action": torch.tensor([0, 1])}, batch_size=[2])
+    with torch.no_grad():
+        log_prob = ppo.actor.get_dist(batch.clone()).log_prob(batch["action"])
+    ratio = torch.tensor([1.5, 0.5])  # both outside [0.8, 1.2]: the clip binds in opposite directions
+    batch["action_log_prob"] = log_prob - ratio.log()
+    batch["advantage"] = torch.tensor([[2.0], [-1.0]])
+    loss = ppo.loss(batch)["loss_objective"]
+    # −mean(min(r A, clip(r) A)): sample 0: min(3.0, 2.4) = 2.4; sample 1: min(−0.5, −0.8) = −0.8
+    assert loss.item() == pytest.approx(-(2.4 - 0.8) / 2, abs=1e-5)
+
+
+def test_rollout_minibatches_cover_each_frame_once_per_epoch(tmp_path):
+    config = chain_config("ppo", tmp_path, num_envs=4, collect_steps=8, minibatch_size=8, update_epochs=3)
+    cli = fit(write_config(config, tmp_path / "c.yaml"), "--trainer.max_steps", "1")
+    data = cli.datamodule
+    assert data.minibatches_per_rollout == 3 * 32 // 8
+    order = data.order.view(3, 32)
+    for epoch in order:  # each epoch is a permutation of the 32 frames
+        assert torch.equal(epoch.sort().values, torch.arange(32))
+    assert data.cursor == 1 and data.frames == 32
+
+
+def test_next_rollout_is_collected_only_after_the_last_minibatch(tmp_path):
+    config = chain_config("ppo", tmp_path, num_envs=4, collect_steps=8, minibatch_size=16, update_epochs=2)
+    cli = fit(write_config(config, tmp_path / "c.yaml"), "--trainer.max_steps", "4")  # exactly one rollout
+    assert cli.datamodule.frames == 32
+    cli = fit(write_config(config, tmp_path / "c.yaml"), "--trainer.max_steps", "5")
+    assert cli.datamodule.frames == 64
