@@ -201,6 +201,10 @@ class RLDataModule(pl.LightningDataModule):
             auto_register_policy_transforms=False,
         )
         self._collector_iter = iter(self.collector)
+        if self.trainer is not None and self.trainer.world_size > 1:
+            # seed_everything gives every rank the same global RNG; exploration noise (ε-greedy draws, sampled
+            # actions, buffer sampling) must differ per rank like the environments' seeds do.
+            torch.manual_seed(self.rank_seed)
 
     def train_dataloader(self) -> DataLoader:
         return DataLoader(_BatchStream(self._stream), batch_size=None, collate_fn=_identity)

@@ -89,11 +89,15 @@ class RLModule(pl.LightningModule):
     def datamodule(self) -> Any:
         return self.trainer.datamodule
 
-    def setup(self, stage: str) -> None:
+    def compile_networks(self) -> None:
+        """Apply ``compile`` in place: parameter names, and so checkpoints, stay those of the eager networks."""
         if self.compile_mode:
             mode = None if self.compile_mode is True else self.compile_mode
             for network in self.compiled_networks():
-                network.compile(mode=mode)  # in place: parameter names and checkpoints stay those of eager
+                network.compile(mode=mode)
+
+    def setup(self, stage: str) -> None:
+        self.compile_networks()
         if stage == "fit":
             self.datamodule.connect(self.policy(), self.postprocess)
 

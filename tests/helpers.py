@@ -16,7 +16,7 @@ CHAIN = {"class_path": "datamodules.envs.chain.ChainEnv", "init_args": {"length"
 def chain_config(agent: str, root: Path, **data: Any) -> dict:
     """A tiny DQN or PPO run on the chain env, writing under ``root``; ``data`` overrides data init_args."""
     if agent == "dqn":
-        model = {"class_path": "modules.dqn.DQN", "init_args": {"hidden_sizes": [32], "eps_frames": 400}}
+        model = {"class_path": "modules.dqn.DQN", "init_args": {"hidden_sizes": [32], "eps_frames": 400, "target_update_interval": 20}}
         data_cfg = {"class_path": "datamodules.replay.ReplayDataModule", "init_args": {
             "env": CHAIN, "num_envs": 8, "batch_size": 32, "warmup_frames": 64, "frames_per_update": 2}}
     else:

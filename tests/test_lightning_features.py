@@ -1,0 +1,106 @@
+"""What Lightning supplies, working through our loop: mixed precision, compile, DDP on CPU, and `validate`."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from tensordict import TensorDict
+
+from app.cli import main
+from modules.dqn import DQN
+from modules.ppo import PPO
+from tests.helpers import chain_config, fit, write_config
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("agent", ["dqn", "ppo"])
+def test_bf16_mixed_precision_trains_with_finite_loss(tmp_path, agent):
+    config = write_config(chain_config(agent, tmp_path), tmp_path / "c.yaml")
+    cli = fit(config, "--trainer.precision", "bf16-mixed", "--trainer.max_steps", "20")
+    assert cli.trainer.precision == "bf16-mixed"
+    assert torch.isfinite(cli.trainer.callback_metrics["train/loss"])
+    assert cli.trainer.global_step == 20 and cli.datamodule.frames > 0
+
+
+@pytest.mark.parametrize("cls", [DQN, PPO])
+def test_compiled_and_eager_losses_agree_on_the_same_batch(cls):
+    from tests.test_dqn import SPECS
+
+    torch.manual_seed(0)
+    eager = cls(**SPECS, hidden_sizes=[16])
+    compiled = cls(**SPECS, hidden_sizes=[16], compile=True)
+    compiled.load_state_dict(eager.state_dict())
+    compiled.compile_networks()
+    obs = torch.randint(0, 2, (8, 2), dtype=torch.uint8)
+    done = torch.zeros(8, 1, dtype=torch.bool)
+    batch = TensorDict(
+        {
+            "observation": obs,
+            "action": torch.randint(0, 2, (8,)),
+            "action_log_prob": torch.full((8,), -0.7),
+            "advantage": torch.randn(8, 1),
+            "value_target": torch.randn(8, 1),
+            "next": {"observation": obs.flip(-1), "reward": torch.randn(8, 1), "done": done, "terminated": done},
+        },
+        batch_size=[8],
+    )
+    eager_losses, compiled_losses = eager.loss(batch.clone()), compiled.loss(batch.clone())
+    for key in eager_losses.keys():
+        if key.startswith("loss"):
+            torch.testing.assert_close(compiled_losses[key], eager_losses[key], rtol=1e-5, atol=1e-6)
+
+
+class DumpRankState(pl.Callback):
+    """Saves each rank's weights, seed and collected experience at the end of fit (for the DDP test)."""
+
+    def __init__(self, dirpath: str) -> None:
+        self.dirpath = Path(dirpath)
+
+    def on_train_end(self, trainer, pl_module):
+        data = trainer.datamodule
+        torch.save(
+            {
+                "state_dict": pl_module.state_dict(),
+                "rank_seed": data.rank_seed,
+                "actions": data.buffer.storage[: len(data.buffer)]["action"].clone(),
+                "frames": data.frames,
+            },
+            self.dirpath / f"rank{trainer.global_rank}.pt",
+        )
+
+
+def test_ddp_on_cpu_keeps_weights_identical_while_ranks_collect_differently(tmp_path):
+    config = chain_config("dqn", tmp_path)
+    config["trainer"]["callbacks"].append(
+        {"class_path": "tests.test_lightning_features.DumpRankState", "init_args": {"dirpath": str(tmp_path)}}
+    )
+    path = write_config(config, tmp_path / "c.yaml")
+    result = subprocess.run(
+        [sys.executable, "-m", "app", "fit", "--config", str(path), "--trainer.strategy", "ddp",
+         "--trainer.devices", "2", "--trainer.accelerator", "cpu", "--trainer.max_steps", "30"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    rank0, rank1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in (0, 1))
+    assert rank0["rank_seed"] != rank1["rank_seed"]
+    assert rank0["frames"] == rank1["frames"] > 0
+    assert not torch.equal(rank0["actions"], rank1["actions"])  # each rank explored on its own
+    for key, value in rank0["state_dict"].items():
+        assert torch.equal(value, rank1["state_dict"][key]), key  # gradients all-reduced: one set of weights
+
+
+def test_validate_plays_greedy_episodes_from_a_checkpoint(tmp_path):
+    config = write_config(chain_config("dqn", tmp_path), tmp_path / "c.yaml")
+    fit(config, "--trainer.max_steps", "200")
+    cli = main(["validate", "--config", str(config), "--ckpt_path", str(tmp_path / "checkpoints/last.ckpt")])
+    metrics = cli.trainer.callback_metrics
+    assert {"eval/return_mean", "eval/length_mean"} <= set(metrics)
+    # The chain's optimum is +1 in 5 steps; 200 updates are plenty to learn it.
+    assert metrics["eval/return_mean"] == pytest.approx(1.0)
+    assert metrics["eval/length_mean"] == pytest.approx(5.0)
