@@ -1,0 +1,244 @@
+"""Snake as a batched TorchRL environment: thousands of boards stepped by a few tensor ops, on CPU or CUDA.
+
+Rules (SPEC §1):
+
+- a ``size``×``size`` board; the snake starts with 3 blocks in a straight line, at least ``spawn_margin`` cells
+  from the border, at a random position and heading;
+- 4 absolute actions: 0 up, 1 right, 2 down, 3 left; an action that reverses the heading keeps going straight;
+- reward +1 for eating (the snake grows by one block), −1 for dying (wall or own body), 0 otherwise; moving into
+  the cell the tail leaves on this step is legal;
+- food appears uniformly on an empty cell, never on the body; a full board ends the episode (terminated);
+- episodes are truncated after ``max_steps`` steps; each environment resets on its own.
+
+Observation: ``uint8`` planes ``(3, size, size)`` — body (every snake cell, head included), head, food. An MLP
+flattens them and a CNN reads them as channels; uint8 keeps replay buffers 4× smaller than float32.
+
+Speed: every step is O(1) work per environment. The observation planes *are* the state and are edited in place
+(head, tail and food cells only) through flat indices; writes an environment must skip go to a scratch byte at the
+end of its row, so no old value is read back. A ring buffer of body cells gives the tail in O(1). Only the boards
+that ate or reset draw random numbers (they are picked with ``nonzero``, one host sync per step on a GPU).
+
+Randomness is counter-based: environment ``i`` of a batch seeded with ``seed`` draws from a hash of
+``(seed + i, its own draw counter, slot)``. A batch of N environments therefore replays exactly the games of N
+single environments seeded ``seed … seed + N − 1`` under the same actions, and the whole random state is two
+integer buffers that ``state_dict`` saves with the rest.
+"""
+
+from __future__ import annotations
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+from torchrl.data import Bounded, Categorical, Composite, Unbounded
+from torchrl.envs import EnvBase
+
+# Row and column offsets of the 4 absolute actions: up, right, down, left.
+_DROW = (-1, 0, 1, 0)
+_DCOL = (0, 1, 0, -1)
+_MASK32 = 0xFFFFFFFF
+# Candidate cells drawn per food placement before falling back to an exhaustive draw; with the board half full,
+# all 16 candidates miss with probability 2^-16.
+_FOOD_CANDIDATES = 16
+
+
+def _hash32(x: torch.Tensor) -> torch.Tensor:
+    """Chris Wellons' ``lowbias32`` integer hash on int64 tensors holding 32-bit values."""
+    x = x ^ (x >> 16)
+    x = (x * 0x7FEB352D) & _MASK32  # the product may wrap int64; its low 32 bits are still right
+    x = x ^ (x >> 15)
+    x = (x * 0x846CA68B) & _MASK32
+    return x ^ (x >> 16)
+
+
+class SnakeEnv(EnvBase):
+    """Batched Snake. All state lives in registered buffers, so ``state_dict`` captures a game exactly.
+
+    Args:
+        num_envs: boards stepped together.
+        size: board side.
+        max_steps: truncation limit per episode.
+        spawn_margin: minimum distance of the initial snake from the border.
+        seed: base seed; board ``i`` draws from stream ``seed + i``.
+        device: where the boards live.
+    """
+
+    episode_metric_keys = ("food",)
+
+    def __init__(
+        self,
+        num_envs: int = 1,
+        size: int = 10,
+        max_steps: int = 500,
+        spawn_margin: int = 3,
+        seed: int = 0,
+        device: str | torch.device = "cpu",
+    ) -> None:
+        if num_envs < 1:
+            raise ValueError(f"num_envs must be > 0, got {num_envs}")
+        if spawn_margin < 0:
+            raise ValueError(f"spawn_margin must be >= 0, got {spawn_margin}")
+        if size < 2 * spawn_margin + 3:
+            raise ValueError(
+                f"size must be >= 2 * spawn_margin + 3 (={2 * spawn_margin + 3}) to fit the 3-block snake, got {size}"
+            )
+        if max_steps < 1:
+            raise ValueError(f"max_steps must be > 0, got {max_steps}")
+        super().__init__(batch_size=torch.Size([num_envs]), device=device)
+        self.size, self.cells, self.max_steps, self.spawn_margin = size, size * size, max_steps, spawn_margin
+        n, dev, cells = num_envs, self.device, size * size
+        # Row layout: body plane, head plane, food plane (cells each), then one scratch byte.
+        self.scratch = 3 * cells
+        self.register_buffer("board", torch.zeros(n, 3 * cells + 1, dtype=torch.uint8, device=dev))
+        self.register_buffer("trail", torch.zeros(n, cells + 1, dtype=torch.long, device=dev))  # body ring + scratch
+        self.register_buffer("tail_slot", torch.zeros(n, dtype=torch.long, device=dev))  # ring index of the tail
+        self.register_buffer("length", torch.zeros(n, dtype=torch.long, device=dev))
+        self.register_buffer("heading", torch.zeros(n, dtype=torch.long, device=dev))
+        self.register_buffer("head_row", torch.zeros(n, dtype=torch.long, device=dev))
+        self.register_buffer("head_col", torch.zeros(n, dtype=torch.long, device=dev))
+        self.register_buffer("food", torch.zeros(n, dtype=torch.long, device=dev))  # flat cell index, -1: none
+        self.register_buffer("steps", torch.zeros(n, dtype=torch.long, device=dev))
+        self.register_buffer("stream", torch.arange(n, dtype=torch.long, device=dev) + seed)
+        self.register_buffer("draws", torch.zeros(n, dtype=torch.long, device=dev))
+        self.register_buffer("drow", torch.tensor(_DROW, device=dev), persistent=False)
+        self.register_buffer("dcol", torch.tensor(_DCOL, device=dev), persistent=False)
+        self.register_buffer("board_base", torch.arange(n, device=dev) * (3 * cells + 1), persistent=False)
+        self.register_buffer("trail_base", torch.arange(n, device=dev) * (cells + 1), persistent=False)
+
+        batch = (n,)
+        self.observation_spec = Composite(
+            observation=Bounded(0, 1, shape=(*batch, 3, size, size), dtype=torch.uint8, device=dev),
+            food=Unbounded(shape=(*batch, 1), device=dev),
+            shape=batch,
+            device=dev,
+        )
+        self.action_spec = Categorical(4, shape=batch, device=dev)
+        self.reward_spec = Unbounded(shape=(*batch, 1), device=dev)
+        flag = Categorical(2, shape=(*batch, 1), dtype=torch.bool, device=dev)
+        self.done_spec = Composite(done=flag, terminated=flag.clone(), truncated=flag.clone(), shape=batch, device=dev)
+
+    # ------------------------------------------------------------------------------------------ randomness
+    def _random(self, envs: torch.Tensor, slots: int, first_slot: int = 0) -> torch.Tensor:
+        """32-bit random values ``[len(envs), slots]`` from the boards' streams at their current draw counts."""
+        key = _hash32((self.stream[envs] * 0x9E3779B1 + self.draws[envs]) & _MASK32)
+        slot = torch.arange(first_slot, first_slot + slots, device=self.device)
+        return _hash32(key.unsqueeze(1) ^ ((slot * 0x85EBCA77) & _MASK32))
+
+    def _set_seed(self, seed: int | None) -> None:
+        seed = 0 if seed is None else seed
+        self.stream.copy_(torch.arange(self.batch_size[0], device=self.device) + seed)
+        self.draws.zero_()
+
+    # ---------------------------------------------------------------------------------------------- helpers
+    def _set(self, plane: int, cells: torch.Tensor, value: int, where: torch.Tensor) -> None:
+        """``plane[cells] = value`` on the boards where ``where`` holds; the others write their scratch byte."""
+        offset = torch.where(where, cells + plane * self.cells, self.scratch)
+        self.board.view(-1)[self.board_base + offset] = value
+
+    def _observation(self) -> torch.Tensor:
+        return self.board[:, : self.scratch].reshape(-1, 3, self.size, self.size)  # a copy: the board moves on
+
+    def _place_food(self, envs: torch.Tensor) -> None:
+        """Put food on a uniformly drawn empty cell of each board in ``envs`` (none left: food = −1)."""
+        if envs.numel() == 0:
+            return
+        body = self.board[envs, : self.cells]
+        candidates = self._random(envs, _FOOD_CANDIDATES) % self.cells
+        free = body.gather(1, candidates) == 0
+        # The first free candidate is uniform over the free cells, as every candidate is.
+        choice = candidates.gather(1, free.to(torch.uint8).argmax(1, keepdim=True)).squeeze(1)
+        missed = ~free.any(1)
+        if bool(missed.any()):  # rare (a crowded board): one exhaustive draw over all cells
+            keys = torch.where(body == 0, self._random(envs, self.cells, _FOOD_CANDIDATES), -1)
+            best = keys.max(1)
+            choice = torch.where(missed, torch.where(best.values >= 0, best.indices, -1), choice)
+        self.food[envs] = choice
+        placed = envs[choice >= 0]
+        self.board[placed, 2 * self.cells + choice[choice >= 0]] = 1
+        self.draws[envs] += 1
+
+    # ----------------------------------------------------------------------------------------------- reset
+    def _reset(self, tensordict: TensorDictBase | None = None, **kwargs) -> TensorDictBase:
+        mask = None if tensordict is None else tensordict.get("_reset", None)
+        envs = torch.arange(self.batch_size[0], device=self.device)
+        if mask is not None:
+            envs = envs[mask.view(-1)]
+        self.board[envs] = 0
+        # Heading, then the head's position: along the heading the snake needs 3 cells inside the margins.
+        r = self._random(envs, 3)
+        self.draws[envs] += 1
+        inner = self.size - 2 * self.spawn_margin
+        heading = r[:, 0] % 4
+        along = self.spawn_margin + r[:, 1] % (inner - 2) + 2 * ((heading == 1) | (heading == 2))
+        across = self.spawn_margin + r[:, 2] % inner
+        vertical = heading % 2 == 0
+        row, col = torch.where(vertical, along, across), torch.where(vertical, across, along)
+        for k in range(3):  # ring slots 0, 1, 2 hold tail → head: the head minus 2, 1, 0 steps along the heading
+            back = 2 - k
+            cell = (row - back * self.drow[heading]) * self.size + (col - back * self.dcol[heading])
+            self.trail[envs, k] = cell
+            self.board[envs, cell] = 1
+        self.board[envs, self.cells + row * self.size + col] = 1
+        self.heading[envs], self.head_row[envs], self.head_col[envs] = heading, row, col
+        self.tail_slot[envs], self.length[envs], self.steps[envs] = 0, 3, 0
+        self._place_food(envs)
+        false = torch.zeros(*self.batch_size, 1, dtype=torch.bool, device=self.device)
+        return TensorDict(
+            {
+                "observation": self._observation(),
+                "food": torch.zeros(*self.batch_size, 1, device=self.device),
+                "done": false,
+                "terminated": false.clone(),
+                "truncated": false.clone(),
+            },
+            batch_size=self.batch_size,
+            device=self.device,
+        )
+
+    # ------------------------------------------------------------------------------------------------ step
+    def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
+        action = tensordict["action"].view(-1)
+        reverse = (action ^ self.heading) == 2  # 0↔2 and 1↔3 are opposite
+        heading = torch.where(reverse, self.heading, action)
+        row, col = self.head_row + self.drow[heading], self.head_col + self.dcol[heading]
+        inside_row, inside_col = row.clamp(0, self.size - 1), col.clamp(0, self.size - 1)
+        wall = (inside_row != row) | (inside_col != col)
+        new_head = inside_row * self.size + inside_col
+        ate = (new_head == self.food) & ~wall
+        tail = self.trail.view(-1)[self.trail_base + self.tail_slot]
+        occupied = self.board.view(-1)[self.board_base + new_head] == 1
+        # The tail leaves its cell this step unless the snake eats, so following the tail is safe.
+        dead = wall | (occupied & ((new_head != tail) | ate))
+        alive = ~dead
+        leaves = alive & ~ate
+        self._set(0, tail, 0, leaves)  # before the head enters: it may enter this very cell
+        self._set(1, self.head_row * self.size + self.head_col, 0, alive)
+        self._set(0, new_head, 1, alive)
+        self._set(1, new_head, 1, alive)
+        self._set(2, self.food, 0, ate)
+        head_slot = self.tail_slot + self.length
+        head_slot = torch.where(head_slot >= self.cells, head_slot - self.cells, head_slot)
+        self.trail.view(-1)[self.trail_base + torch.where(alive, head_slot, self.cells)] = new_head
+        tail_slot = self.tail_slot + leaves
+        self.tail_slot.copy_(torch.where(tail_slot >= self.cells, tail_slot - self.cells, tail_slot))
+        self.length.add_(ate)
+        self.heading.copy_(heading)
+        self.head_row.copy_(torch.where(alive, inside_row, self.head_row))
+        self.head_col.copy_(torch.where(alive, inside_col, self.head_col))
+        self.steps.add_(1)
+        full = self.length == self.cells
+        self.food.masked_fill_(full, -1)
+        self._place_food((ate & ~full).nonzero().squeeze(1))
+
+        terminated = (dead | full).unsqueeze(1)
+        truncated = (self.steps >= self.max_steps).unsqueeze(1) & ~terminated
+        return TensorDict(
+            {
+                "observation": self._observation(),
+                "food": ate.float().unsqueeze(1),
+                "reward": (ate.float() - dead.float()).unsqueeze(1),
+                "done": terminated | truncated,
+                "terminated": terminated,
+                "truncated": truncated,
+            },
+            batch_size=self.batch_size,
+            device=self.device,
+        )
