@@ -157,7 +157,7 @@ class PeriodicEvaluation(Callback):
         if trainer.world_size > 1:  # each rank evaluated its own episodes: report the mean over ranks
             values = torch.tensor(list(metrics.values()), dtype=torch.float64, device=pl_module.device)
             values = trainer.strategy.reduce(values, reduce_op="mean")
-            metrics = dict(zip(metrics, values.tolist()))
+            metrics = dict(zip(metrics, values.tolist(), strict=False))
         frames = trainer.datamodule.frames * trainer.world_size
         row = {
             "frames": frames,

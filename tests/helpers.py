@@ -16,13 +16,20 @@ CHAIN = {"class_path": "datamodules.envs.chain.ChainEnv", "init_args": {"length"
 def chain_config(agent: str, root: Path, **data: Any) -> dict:
     """A tiny DQN or PPO run on the chain env, writing under ``root``; ``data`` overrides data init_args."""
     if agent == "dqn":
-        model = {"class_path": "modules.dqn.DQN", "init_args": {"hidden_sizes": [32], "eps_frames": 400, "target_update_interval": 20}}
-        data_cfg = {"class_path": "datamodules.replay.ReplayDataModule", "init_args": {
-            "env": CHAIN, "num_envs": 8, "batch_size": 32, "warmup_frames": 64, "frames_per_update": 2}}
+        model = {
+            "class_path": "modules.dqn.DQN",
+            "init_args": {"hidden_sizes": [32], "eps_frames": 400, "target_update_interval": 20},
+        }
+        data_cfg = {
+            "class_path": "datamodules.replay.ReplayDataModule",
+            "init_args": {"env": CHAIN, "num_envs": 8, "batch_size": 32, "warmup_frames": 64, "frames_per_update": 2},
+        }
     else:
         model = {"class_path": "modules.ppo.PPO", "init_args": {"hidden_sizes": [32], "lr": 0.003}}
-        data_cfg = {"class_path": "datamodules.rollout.RolloutDataModule", "init_args": {
-            "env": CHAIN, "num_envs": 8, "collect_steps": 16, "minibatch_size": 32, "update_epochs": 2}}
+        data_cfg = {
+            "class_path": "datamodules.rollout.RolloutDataModule",
+            "init_args": {"env": CHAIN, "num_envs": 8, "collect_steps": 16, "minibatch_size": 32, "update_epochs": 2},
+        }
     data_cfg["init_args"].update(data)
     return {
         "threads": 1,

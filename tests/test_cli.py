@@ -30,8 +30,17 @@ def test_print_config_resolves_composed_configs_and_overrides(tmp_path):
     preset = tmp_path / "preset.yaml"
     preset.write_text(yaml.safe_dump({"data": {"init_args": {"num_envs": 4}}, "trainer": {"max_steps": 7}}))
     result = run_app(
-        "fit", "--config", str(base), "--config", str(preset), "--model.init_args.lr", "3e-4",
-        "--data.init_args.env.init_args.length", "9", "--print_config", cwd=tmp_path,
+        "fit",
+        "--config",
+        str(base),
+        "--config",
+        str(preset),
+        "--model.init_args.lr",
+        "3e-4",
+        "--data.init_args.env.init_args.length",
+        "9",
+        "--print_config",
+        cwd=tmp_path,
     )
     assert result.returncode == 0, result.stderr
     config = yaml.safe_load(result.stdout)
@@ -52,7 +61,10 @@ def test_print_config_resolves_composed_configs_and_overrides(tmp_path):
         (["--model.init_args.lr", "-1"], "--model.init_args.lr must be > 0, got -1"),
         (["--data.init_args.env.init_args.length", "1"], "length must be >= 2, got 1"),
         (["--data.init_args.device", "cuda"], "--data.init_args.device 'cuda' is not available"),
-        (["--trainer.accelerator", "gpu"], "--trainer.accelerator gpu --trainer.devices auto: No supported gpu backend"),
+        (
+            ["--trainer.accelerator", "gpu"],
+            "--trainer.accelerator gpu --trainer.devices auto: No supported gpu backend",
+        ),
         (["--data.init_args.num_envs", "many"], "num_envs"),
         (["--data.init_args.batch_sise", "8"], "batch_sise"),
         (["--threads", "0"], "--threads must be >= 1, got 0"),
@@ -76,8 +88,14 @@ def test_missing_config_file_is_named(tmp_path):
 
 def test_board_too_small_for_the_snake_is_rejected(tmp_path):
     result = run_app(
-        "fit", "--config", str(ROOT / "configs/snake_dqn.yaml"), "--data.init_args.env.init_args.size", "4",
-        "--trainer.logger.init_args.save_dir", str(tmp_path / "runs"), cwd=tmp_path,
+        "fit",
+        "--config",
+        str(ROOT / "configs/snake_dqn.yaml"),
+        "--data.init_args.env.init_args.size",
+        "4",
+        "--trainer.logger.init_args.save_dir",
+        str(tmp_path / "runs"),
+        cwd=tmp_path,
     )
     assert result.returncode != 0
     assert "size" in result.stderr and "Traceback" not in result.stderr

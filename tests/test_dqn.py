@@ -11,7 +11,10 @@ from torchrl.data import Binary, Categorical, Composite
 from modules.dqn import DQN
 from tests.helpers import chain_config, fit, write_config
 
-SPECS = {"observation_spec": Composite(observation=Binary(n=2, shape=(2,), dtype=torch.uint8)), "action_spec": Categorical(2)}
+SPECS = {
+    "observation_spec": Composite(observation=Binary(n=2, shape=(2,), dtype=torch.uint8)),
+    "action_spec": Categorical(2),
+}
 
 
 def make_dqn(**kwargs) -> DQN:
@@ -103,5 +106,5 @@ class RecordTargetSyncs(pl.Callback):
     def on_train_batch_end(self, trainer, pl_module, *args):
         online = pl_module.loss_module.value_network_params.flatten_keys()
         target = pl_module.loss_module.target_value_network_params.flatten_keys()
-        if all(torch.equal(online[key], target[key]) for key in online.keys()):
+        if all(torch.equal(online[key], target[key]) for key in online):
             self.synced_at.append(trainer.global_step)

@@ -22,7 +22,9 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.mark.parametrize("agent", ["dqn", "ppo"])
 def test_bf16_mixed_precision_trains_with_finite_loss(tmp_path, agent):
     config = write_config(chain_config(agent, tmp_path), tmp_path / "c.yaml")
-    cli = fit(config, "--trainer.precision", "bf16-mixed", "--trainer.max_steps", "20")
+    cli = fit(
+        config, "--trainer.precision", "bf16-mixed", "--trainer.max_steps", "20", "--trainer.log_every_n_steps", "5"
+    )
     assert cli.trainer.precision == "bf16-mixed"
     assert torch.isfinite(cli.trainer.callback_metrics["train/loss"])
     assert cli.trainer.global_step == 20 and cli.datamodule.frames > 0
@@ -51,7 +53,7 @@ def test_compiled_and_eager_losses_agree_on_the_same_batch(cls):
         batch_size=[8],
     )
     eager_losses, compiled_losses = eager.loss(batch.clone()), compiled.loss(batch.clone())
-    for key in eager_losses.keys():
+    for key in eager_losses:
         if key.startswith("loss"):
             torch.testing.assert_close(compiled_losses[key], eager_losses[key], rtol=1e-5, atol=1e-6)
 
@@ -82,9 +84,26 @@ def test_ddp_on_cpu_keeps_weights_identical_while_ranks_collect_differently(tmp_
     )
     path = write_config(config, tmp_path / "c.yaml")
     result = subprocess.run(
-        [sys.executable, "-m", "app", "fit", "--config", str(path), "--trainer.strategy", "ddp",
-         "--trainer.devices", "2", "--trainer.accelerator", "cpu", "--trainer.max_steps", "30"],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "app",
+            "fit",
+            "--config",
+            str(path),
+            "--trainer.strategy",
+            "ddp",
+            "--trainer.devices",
+            "2",
+            "--trainer.accelerator",
+            "cpu",
+            "--trainer.max_steps",
+            "30",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     rank0, rank1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in (0, 1))

@@ -10,7 +10,10 @@ from torchrl.data import Binary, Categorical, Composite
 from modules.ppo import PPO
 from tests.helpers import chain_config, fit, write_config
 
-SPECS = {"observation_spec": Composite(observation=Binary(n=2, shape=(2,), dtype=torch.uint8)), "action_spec": Categorical(2)}
+SPECS = {
+    "observation_spec": Composite(observation=Binary(n=2, shape=(2,), dtype=torch.uint8)),
+    "action_spec": Categorical(2),
+}
 
 
 def constant_critic(ppo: PPO, value: float) -> None:

@@ -7,7 +7,9 @@ import pytest
 from tests.helpers import chain_config, fit, write_config
 
 
-@pytest.mark.parametrize(("frames_per_update", "updates", "expected_frames"), [(4, 20, 136), (0.5, 40, 80), (3, 10, 88)])
+@pytest.mark.parametrize(
+    ("frames_per_update", "updates", "expected_frames"), [(4, 20, 136), (0.5, 40, 80), (3, 10, 88)]
+)
 def test_frames_per_update_sets_the_replay_ratio(tmp_path, frames_per_update, updates, expected_frames):
     # 8 envs → 8 frames per collect; warm-up 64 frames; the collect that reaches frame 64 earns credit already.
     # Each collect earns 8 / frames_per_update updates, so U updates take ceil(U * frames_per_update / 8) collects
@@ -27,5 +29,5 @@ def test_batches_are_whole_tensordicts_from_the_buffer_device(tmp_path):
     batch = cli.datamodule.buffer.sample()
     assert batch.batch_size == (32,)
     assert {"observation", "action", ("next", "reward"), ("next", "observation")} <= set(batch.keys(True))
-    assert "collector" not in batch.keys()
+    assert "collector" not in batch
     assert batch.device == cli.datamodule.device

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from tensordict import TensorDict
-from torchrl.envs.utils import check_env_specs, step_mdp
+from torchrl.envs.utils import check_env_specs
 
 from datamodules.envs.snake import SnakeEnv
 
@@ -195,8 +195,12 @@ def test_state_dict_round_trip_continues_identically():
 
 @pytest.mark.parametrize(
     ("kwargs", "message"),
-    [({"size": 8}, "size must be >= 2 \\* spawn_margin \\+ 3 \\(=9\\)"), ({"num_envs": 0}, "num_envs"),
-     ({"max_steps": 0}, "max_steps"), ({"spawn_margin": -1}, "spawn_margin")],
+    [
+        ({"size": 8}, "size must be >= 2 \\* spawn_margin \\+ 3 \\(=9\\)"),
+        ({"num_envs": 0}, "num_envs"),
+        ({"max_steps": 0}, "max_steps"),
+        ({"spawn_margin": -1}, "spawn_margin"),
+    ],
 )
 def test_invalid_arguments_name_the_argument(kwargs, message):
     with pytest.raises(ValueError, match=message):
