@@ -1,4 +1,4 @@
-"""PPO: GAE and the clipped objective against hand-computed values; the rollout path serves each frame once per epoch."""
+"""PPO: GAE and the clipped objective by hand; the rollout path serves each frame once per epoch."""
 
 from __future__ import annotations
 

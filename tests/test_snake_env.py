@@ -58,6 +58,15 @@ def test_moving_shifts_the_body_and_keeps_the_length(env):
     assert out["reward"].item() == 0 and not out["done"].item()
 
 
+def test_observations_are_snapshots_not_views_of_the_live_board(env):
+    place(env, [(2, 1), (2, 2), (2, 3)], RIGHT, food=(5, 5))
+    first = step(env, RIGHT)["observation"]
+    kept = first.clone()
+    step(env, DOWN)
+    step(env, LEFT)
+    assert torch.equal(first, kept)
+
+
 def test_eating_grows_the_snake_and_respawns_food_off_the_body(env):
     place(env, [(2, 1), (2, 2), (2, 3)], RIGHT, food=(2, 4))
     out = step(env, RIGHT)

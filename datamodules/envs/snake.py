@@ -134,7 +134,8 @@ class SnakeEnv(EnvBase):
         self.board.view(-1)[self.board_base + offset] = value
 
     def _observation(self) -> torch.Tensor:
-        return self.board[:, : self.scratch].reshape(-1, 3, self.size, self.size)  # a copy: the board moves on
+        # clone(): the slice reshapes into a *view* of the live board, and an observation must not move on with it.
+        return self.board[:, : self.scratch].reshape(-1, 3, self.size, self.size).clone()
 
     def _place_food(self, envs: torch.Tensor) -> None:
         """Put food on a uniformly drawn empty cell of each board in ``envs`` (none left: food = −1)."""
