@@ -35,22 +35,9 @@ class ReplayDataModule(RLDataModule):
         batch_size: int = 128,
         warmup_frames: int = 1_000,
         frames_per_update: float = 4.0,
-        num_envs: int = 16,
-        collect_steps: int = 1,
-        device: str = "auto",
-        seed: int = 0,
-        eval_episodes: int = 32,
-        weight_sync_interval: int = 1,
+        **kwargs: Any,
     ) -> None:
-        super().__init__(
-            env,
-            num_envs,
-            collect_steps,
-            device,
-            seed,
-            eval_episodes,
-            weight_sync_interval,
-        )
+        super().__init__(env, **kwargs)
         check_positive("buffer_size", buffer_size)
         check_positive("batch_size", batch_size)
         check_positive("warmup_frames", warmup_frames, allow_zero=True)

@@ -33,20 +33,9 @@ class RolloutDataModule(RLDataModule):
         update_epochs: int = 4,
         num_envs: int = 256,
         collect_steps: int = 32,
-        device: str = "auto",
-        seed: int = 0,
-        eval_episodes: int = 32,
-        weight_sync_interval: int = 1,
+        **kwargs: Any,
     ) -> None:
-        super().__init__(
-            env,
-            num_envs,
-            collect_steps,
-            device,
-            seed,
-            eval_episodes,
-            weight_sync_interval,
-        )
+        super().__init__(env, num_envs=num_envs, collect_steps=collect_steps, **kwargs)
         check_positive("minibatch_size", minibatch_size)
         check_positive("update_epochs", update_epochs)
         frames = num_envs * collect_steps

@@ -1,0 +1,113 @@
+"""Environment speed alone: random actions through TorchRL's ``step_and_maybe_reset`` (what collectors call).
+
+    python benchmarks/env_speed.py --env snake --num-envs 4096 --steps 2000 --threads 1
+    python benchmarks/env_speed.py --env snake --num-envs 4096 --steps 2000 --threads 1 --compile
+    python benchmarks/env_speed.py --env snake --num-envs 65536 --device cuda --json runs/bench/snake_env_gpu.json
+
+Reports env steps per second (boards × steps / seconds) for two paths: ``torchrl`` (``env.step_and_maybe_reset``,
+auto-reset included) and ``core`` (the environment's own ``_step`` + ``maybe_reset``, without TorchRL's per-step
+spec checks and bookkeeping). Actions are drawn before timing, so the figure is the environment's alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import torch
+from tensordict import TensorDict
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from datamodules.envs.snake import SnakeEnv  # noqa: E402
+
+ENVS = {"snake": SnakeEnv}
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_loop(step, actions: torch.Tensor, device: torch.device, repeats: int) -> float:
+    """Best of ``repeats`` timings of one pass over ``actions`` (the least disturbed by other work)."""
+    best = float("inf")
+    for _ in range(repeats):
+        synchronize(device)
+        start = time.perf_counter()
+        for action in actions:
+            step(action)
+        synchronize(device)
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--env", choices=sorted(ENVS), default="snake")
+    parser.add_argument("--num-envs", type=int, default=4096)
+    parser.add_argument("--steps", type=int, default=1000, help="steps per timed pass")
+    parser.add_argument("--repeats", type=int, default=3, help="timed passes; the best is reported")
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--compile", action="store_true", help="torch.compile the environment's move (SnakeEnv)")
+    parser.add_argument("--json", type=Path, help="also write the result here")
+    args = parser.parse_args(argv)
+    if args.num_envs < 1 or args.steps < 1 or args.repeats < 1 or args.threads < 1:
+        parser.error("--num-envs, --steps, --repeats and --threads must be >= 1")
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        parser.error(f"--device {args.device}: no CUDA device on this machine")
+    torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+
+    env = ENVS[args.env](num_envs=args.num_envs, device=device, compile=args.compile)
+    n = env.action_spec.space.n
+    actions = torch.randint(0, n, (args.steps, args.num_envs), device=device)
+    td = env.reset()
+
+    def torchrl_step(action: torch.Tensor) -> None:
+        nonlocal td
+        td["action"] = action
+        _, td = env.step_and_maybe_reset(td)
+
+    def core_step(action: torch.Tensor) -> None:
+        nonlocal td
+        out = env._step(TensorDict({"action": action}, batch_size=env.batch_size))
+        td = env.maybe_reset(out)
+
+    results = {}
+    for name, step in (("torchrl", torchrl_step), ("core", core_step)):
+        time_loop(step, actions[: min(50, args.steps)], device, 1)  # warm-up
+        seconds = time_loop(step, actions, device, args.repeats)
+        results[name] = {"seconds": seconds, "steps_per_s": args.num_envs * args.steps / seconds}
+    report = {
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "command": " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]),
+        "env": args.env,
+        "num_envs": args.num_envs,
+        "steps": args.steps,
+        "threads": args.threads,
+        "compile": args.compile,
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
+        "torch": torch.__version__,
+        "results": results,
+    }
+    for name, result in results.items():
+        print(
+            f"{args.env} {name:8s} {args.num_envs} envs, {args.threads} thread(s), {args.device}, "
+            f"compile={args.compile}: "
+            f"{result['steps_per_s'] / 1e6:.2f}M steps/s ({result['seconds'] / args.steps * 1e3:.3f} ms per step)"
+        )
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=2))
+    return report
+
+
+if __name__ == "__main__":
+    main()
