@@ -106,5 +106,5 @@ class RecordTargetSyncs(pl.Callback):
     def on_train_batch_end(self, trainer, pl_module, *args):
         online = pl_module.loss_module.value_network_params.flatten_keys()
         target = pl_module.loss_module.target_value_network_params.flatten_keys()
-        if all(torch.equal(online[key], target[key]) for key in online):
+        if all(torch.equal(online[key], target[key]) for key in online.keys()):  # noqa: SIM118 (iterating a TensorDict walks its batch)
             self.synced_at.append(trainer.global_step)

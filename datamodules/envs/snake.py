@@ -59,7 +59,6 @@ class SnakeEnv(EnvBase):
         spawn_margin: minimum distance of the initial snake from the border.
         seed: base seed; board ``i`` draws from stream ``seed + i``.
         device: where the boards live.
-        compile: ``torch.compile`` the move of all snakes (the bulk of a step) into fused code.
     """
 
     episode_metric_keys = ("food",)
@@ -72,7 +71,6 @@ class SnakeEnv(EnvBase):
         spawn_margin: int = 3,
         seed: int = 0,
         device: str | torch.device = "cpu",
-        compile: bool = False,
     ) -> None:
         if num_envs < 1:
             raise ValueError(f"num_envs must be > 0, got {num_envs}")
@@ -86,9 +84,6 @@ class SnakeEnv(EnvBase):
             raise ValueError(f"max_steps must be > 0, got {max_steps}")
         super().__init__(batch_size=torch.Size([num_envs]), device=device)
         self.size, self.cells, self.max_steps, self.spawn_margin = size, size * size, max_steps, spawn_margin
-        if compile:
-            # Fixed shapes: one specialisation per batch size; the first step pays the compilation (~30 s on CPU).
-            self._advance = torch.compile(self._advance, dynamic=False)
         n, dev, cells = num_envs, self.device, size * size
         # Row layout: body plane, head plane, food plane (cells each), then one scratch byte.
         self.scratch = 3 * cells
@@ -235,7 +230,7 @@ class SnakeEnv(EnvBase):
     def _advance(self, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Move every snake one cell; returns the boards that ate, died, and are now full.
 
-        Branch-free and fixed-shape, so ``compile=True`` fuses its ~40 small ops into one loop over the boards.
+        Branch-free and fixed-shape: no host sync, whatever the device.
         """
         reverse = (action ^ self.heading) == 2  # 0↔2 and 1↔3 are opposite
         heading = torch.where(reverse, self.heading, action)
