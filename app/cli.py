@@ -13,6 +13,7 @@ Commands::
 from __future__ import annotations
 
 import inspect
+import logging
 import sys
 import warnings
 
@@ -25,6 +26,8 @@ from torchrl.envs import EnvBase
 from datamodules.base import RLDataModule
 from modules.base import RLModule
 
+# TorchRL announces every storage it allocates at INFO level; keep the console for what the user asked for.
+logging.getLogger("torchrl").setLevel(logging.WARNING)
 # Infinite data streams have no length; Lightning's reminders about it carry no information here.
 warnings.filterwarnings("ignore", message=".*does not have many workers.*")
 warnings.filterwarnings("ignore", message=".*`IterableDataset` has `__len__` defined.*")
