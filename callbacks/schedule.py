@@ -43,19 +43,20 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
 
 class FrameCheckpoint(ModelCheckpoint):
-    """Saves ``last.ckpt`` (and the latest ``frames=….ckpt``) every ``every_n_frames`` environment frames.
+    """Saves ``last.ckpt`` (and, with ``save_top_k``, numbered ones) every ``every_n_frames`` environment frames.
 
     Args:
         every_n_frames: frames between checkpoints (counted on rank 0's data module; all ranks collect alike).
         dirpath: folder for the checkpoints; default ``<log_dir>/checkpoints``.
-        save_top_k: numbered checkpoints kept besides ``last.ckpt`` (the most recent ones, by frames).
+        save_top_k: numbered ``frames=N.ckpt`` checkpoints kept besides ``last.ckpt`` (the most recent ones). 0 by
+            default: an off-policy checkpoint holds the whole replay buffer (130 MB for Snake-DQN).
     """
 
     def __init__(
         self,
         every_n_frames: int = 100_000,
         dirpath: str | None = None,
-        save_top_k: int = 1,
+        save_top_k: int = 0,
     ) -> None:
         if every_n_frames < 1:
             raise ValueError(f"FrameCheckpoint every_n_frames must be >= 1, got {every_n_frames}")
