@@ -101,6 +101,8 @@ class SnakeEnv(EnvBase):
         self.register_buffer("drow", torch.tensor(_DROW, device=dev), persistent=False)
         self.register_buffer("dcol", torch.tensor(_DCOL, device=dev), persistent=False)
         self.register_buffer("board_base", torch.arange(n, device=dev) * (3 * cells + 1), persistent=False)
+        for name, table in zip(("layout_cells", "layout_heading", "layout_board"), self._start_layouts(), strict=True):
+            self.register_buffer(name, table.to(dev), persistent=False)
         self.register_buffer("trail_base", torch.arange(n, device=dev) * (cells + 1), persistent=False)
 
         batch = (n,)
@@ -114,6 +116,28 @@ class SnakeEnv(EnvBase):
         self.reward_spec = Unbounded(shape=(*batch, 1), device=dev)
         flag = Categorical(2, shape=(*batch, 1), dtype=torch.bool, device=dev)
         self.done_spec = Composite(done=flag, terminated=flag.clone(), truncated=flag.clone(), shape=batch, device=dev)
+
+    def _start_layouts(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Every legal initial snake: 3 cells in a line, inside the margins, for each heading.
+
+        Returns the cells (tail → head, ``[L, 3]``), the headings ``[L]`` and the board rows ``[L, 3 * cells + 1]``
+        (body and head planes set, no food). Each heading has the same number of layouts, so a uniform draw over
+        layouts is a uniform heading and then a uniform position.
+        """
+        lo, hi = self.spawn_margin, self.size - 1 - self.spawn_margin
+        cells, headings = [], []
+        for heading, (drow, dcol) in enumerate(zip(_DROW, _DCOL, strict=True)):
+            for row in range(lo, hi + 1):
+                for col in range(lo, hi + 1):
+                    body = [(row - back * drow, col - back * dcol) for back in (2, 1, 0)]
+                    if all(lo <= r <= hi and lo <= c <= hi for r, c in body):
+                        cells.append([r * self.size + c for r, c in body])
+                        headings.append(heading)
+        cells_t = torch.tensor(cells)
+        board = torch.zeros(len(cells), 3 * self.cells + 1, dtype=torch.uint8)
+        board.scatter_(1, cells_t, 1)
+        board[torch.arange(len(cells)), self.cells + cells_t[:, 2]] = 1
+        return cells_t, torch.tensor(headings), board
 
     # ------------------------------------------------------------------------------------------ randomness
     def _random(self, envs: torch.Tensor, slots: int, first_slot: int = 0) -> torch.Tensor:
@@ -162,23 +186,14 @@ class SnakeEnv(EnvBase):
         envs = torch.arange(self.batch_size[0], device=self.device)
         if mask is not None:
             envs = envs[mask.view(-1)]
-        self.board[envs] = 0
-        # Heading, then the head's position: along the heading the snake needs 3 cells inside the margins.
-        r = self._random(envs, 3)
+        # Every legal start is precomputed (see _start_layouts): a reset copies one, drawn uniformly, per board.
+        layout = self._random(envs, 1)[:, 0] % self.layout_cells.shape[0]
         self.draws[envs] += 1
-        inner = self.size - 2 * self.spawn_margin
-        heading = r[:, 0] % 4
-        along = self.spawn_margin + r[:, 1] % (inner - 2) + 2 * ((heading == 1) | (heading == 2))
-        across = self.spawn_margin + r[:, 2] % inner
-        vertical = heading % 2 == 0
-        row, col = torch.where(vertical, along, across), torch.where(vertical, across, along)
-        for k in range(3):  # ring slots 0, 1, 2 hold tail → head: the head minus 2, 1, 0 steps along the heading
-            back = 2 - k
-            cell = (row - back * self.drow[heading]) * self.size + (col - back * self.dcol[heading])
-            self.trail[envs, k] = cell
-            self.board[envs, cell] = 1
-        self.board[envs, self.cells + row * self.size + col] = 1
-        self.heading[envs], self.head_row[envs], self.head_col[envs] = heading, row, col
+        self.board[envs] = self.layout_board[layout]
+        self.trail[envs, :3] = self.layout_cells[layout]
+        self.heading[envs] = self.layout_heading[layout]
+        head = self.layout_cells[layout, 2]
+        self.head_row[envs], self.head_col[envs] = head // self.size, head % self.size
         self.tail_slot[envs], self.length[envs], self.steps[envs] = 0, 3, 0
         self._place_food(envs)
         false = torch.zeros(*self.batch_size, 1, dtype=torch.bool, device=self.device)
