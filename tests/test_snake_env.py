@@ -41,9 +41,10 @@ def cells_of(plane: torch.Tensor) -> set[tuple[int, int]]:
     return {tuple(cell) for cell in plane.nonzero().tolist()}
 
 
-@pytest.fixture
-def env() -> SnakeEnv:
-    env = SnakeEnv(num_envs=1, size=6, spawn_margin=0, seed=3)
+@pytest.fixture(params=["torch", "cpp"])
+def env(request) -> SnakeEnv:
+    """Every rule test runs on both implementations: torch ops and the compiled CPU loop."""
+    env = SnakeEnv(num_envs=1, size=6, spawn_margin=0, seed=3, backend=request.param)
     env.reset()
     return env
 
@@ -104,8 +105,9 @@ def test_reversing_keeps_going_straight(env):
     assert cells_of(planes(out)[1]) == {(2, 4)} and not out["done"].item()
 
 
-def test_a_full_board_ends_the_episode():
-    env = SnakeEnv(num_envs=1, size=3, spawn_margin=0)
+@pytest.mark.parametrize("backend", ["torch", "cpp"])
+def test_a_full_board_ends_the_episode(backend):
+    env = SnakeEnv(num_envs=1, size=3, spawn_margin=0, backend=backend)
     env.reset()
     # A snake filling 8 of 9 cells in a serpentine, the food on the last cell, next to the head.
     place(env, [(0, 0), (0, 1), (0, 2), (1, 2), (1, 1), (1, 0), (2, 0), (2, 1)], RIGHT, food=(2, 2))
@@ -114,8 +116,9 @@ def test_a_full_board_ends_the_episode():
     assert env.food[0] == -1 and planes(out)[2].sum() == 0
 
 
-def test_episodes_are_truncated_at_max_steps():
-    env = SnakeEnv(num_envs=1, size=6, max_steps=3, spawn_margin=0)
+@pytest.mark.parametrize("backend", ["torch", "cpp"])
+def test_episodes_are_truncated_at_max_steps(backend):
+    env = SnakeEnv(num_envs=1, size=6, max_steps=3, spawn_margin=0, backend=backend)
     env.reset()
     place(env, [(2, 0), (2, 1), (2, 2)], RIGHT, food=(5, 5))
     outs = [step(env, action) for action in (RIGHT, DOWN, LEFT)]
@@ -133,8 +136,9 @@ def test_initial_snakes_have_three_blocks_inside_the_margin():
     assert len(set(env.heading.tolist())) == 4  # all headings occur
 
 
-def test_reset_with_a_mask_reinitialises_only_the_masked_boards():
-    env = SnakeEnv(num_envs=4, size=8, spawn_margin=1, seed=1)
+@pytest.mark.parametrize("backend", ["torch", "cpp"])
+def test_reset_with_a_mask_reinitialises_only_the_masked_boards(backend):
+    env = SnakeEnv(num_envs=4, size=8, spawn_margin=1, seed=1, backend=backend)
     env.reset()
     before = env.board.clone()
     mask = torch.tensor([[True], [False], [True], [False]])
@@ -143,15 +147,32 @@ def test_reset_with_a_mask_reinitialises_only_the_masked_boards():
     assert not torch.equal(env.board[0], before[0]) or not torch.equal(env.board[2], before[2])
 
 
-def random_play(num_envs: int, seed: int, actions: torch.Tensor) -> list[TensorDict]:
-    env = SnakeEnv(num_envs=num_envs, size=6, spawn_margin=1, seed=seed, max_steps=50)
+def random_play(num_envs: int, seed: int, actions: torch.Tensor, backend: str = "auto") -> list[TensorDict]:
+    env = SnakeEnv(num_envs=num_envs, size=6, spawn_margin=1, seed=seed, max_steps=50, backend=backend)
     td = env.reset()
     out = []
     for action in actions:
         td["action"] = action[:num_envs] if num_envs > 1 else action
         result, td = env.step_and_maybe_reset(td)
-        out.append(result["next"].select("observation", "reward", "done").clone())
+        out.append(result["next"].select("observation", "reward", "done", "terminated", "truncated", "food").clone())
     return out
+
+
+@pytest.mark.parametrize("size", [4, 6])
+def test_the_compiled_cpu_loop_plays_exactly_the_torch_games(size):
+    torch.manual_seed(3)
+    actions = torch.randint(0, 4, (400, 32))
+    games = {}
+    for backend in ("torch", "cpp"):
+        env = SnakeEnv(num_envs=32, size=size, spawn_margin=0, seed=11, max_steps=60, backend=backend)
+        td, steps = env.reset(), []
+        for action in actions:
+            td["action"] = action
+            result, td = env.step_and_maybe_reset(td)
+            steps.append(result["next"].clone())
+        games[backend] = torch.stack(steps)
+    assert (games["torch"]["food"].sum() > 20) and (games["torch"]["done"].sum() > 32)  # eating and dying happened
+    assert (games["torch"] == games["cpp"]).all()
 
 
 def test_batched_boards_match_separate_runs_under_the_same_actions_and_seed():
@@ -166,9 +187,10 @@ def test_batched_boards_match_separate_runs_under_the_same_actions_and_seed():
     assert sum(b["done"].sum().item() for b in batched) > 8  # episodes really ended and restarted
 
 
-def test_food_never_spawns_on_the_body_during_long_random_play():
+@pytest.mark.parametrize("backend", ["torch", "cpp"])
+def test_food_never_spawns_on_the_body_during_long_random_play(backend):
     torch.manual_seed(1)
-    env = SnakeEnv(num_envs=256, size=5, spawn_margin=1, seed=5, max_steps=200)
+    env = SnakeEnv(num_envs=256, size=5, spawn_margin=1, seed=5, max_steps=200, backend=backend)
     td = env.reset()
     eaten = 0
     for _ in range(400):

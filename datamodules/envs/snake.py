@@ -26,10 +26,14 @@ integer buffers that ``state_dict`` saves with the rest.
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 from tensordict import TensorDict, TensorDictBase
 from torchrl.data import Bounded, Categorical, Composite, Unbounded
 from torchrl.envs import EnvBase
+
+from datamodules.envs import snake_cpu
 
 # Row and column offsets of the 4 absolute actions: up, right, down, left.
 _DROW = (-1, 0, 1, 0)
@@ -59,6 +63,8 @@ class SnakeEnv(EnvBase):
         spawn_margin: minimum distance of the initial snake from the border.
         seed: base seed; board ``i`` draws from stream ``seed + i``.
         device: where the boards live.
+        backend: ``torch`` (tensor ops, any device), ``cpp`` (one compiled loop over the boards, CPU only, the same
+            games draw for draw) or ``auto`` (``cpp`` on CPU when it builds, else ``torch``).
     """
 
     episode_metric_keys = ("food",)
@@ -71,6 +77,7 @@ class SnakeEnv(EnvBase):
         spawn_margin: int = 3,
         seed: int = 0,
         device: str | torch.device = "cpu",
+        backend: Literal["auto", "torch", "cpp"] = "auto",
     ) -> None:
         if num_envs < 1:
             raise ValueError(f"num_envs must be > 0, got {num_envs}")
@@ -82,8 +89,15 @@ class SnakeEnv(EnvBase):
             )
         if max_steps < 1:
             raise ValueError(f"max_steps must be > 0, got {max_steps}")
+        if backend not in ("auto", "torch", "cpp"):
+            raise ValueError(f"backend must be auto, torch or cpp, got {backend!r}")
         super().__init__(batch_size=torch.Size([num_envs]), device=device)
         self.size, self.cells, self.max_steps, self.spawn_margin = size, size * size, max_steps, spawn_margin
+        if backend == "cpp" and self.device.type != "cpu":
+            raise ValueError(f"backend 'cpp' runs on the CPU only, got device {self.device}")
+        self._kernel = snake_cpu.load() if backend != "torch" and self.device.type == "cpu" else None
+        if backend == "cpp" and self._kernel is None:
+            raise RuntimeError("backend 'cpp': the C++ kernel could not be built (see the warning above)")
         n, dev, cells = num_envs, self.device, size * size
         # Row layout: body plane, head plane, food plane (cells each), then one scratch byte.
         self.scratch = 3 * cells
@@ -183,6 +197,10 @@ class SnakeEnv(EnvBase):
     # ----------------------------------------------------------------------------------------------- reset
     def _reset(self, tensordict: TensorDictBase | None = None, **kwargs) -> TensorDictBase:
         mask = None if tensordict is None else tensordict.get("_reset", None)
+        if self._kernel is not None:
+            mask = torch.ones(self.batch_size, dtype=torch.bool) if mask is None else mask.reshape(-1).contiguous()
+            self._kernel.reset(*self._state(), mask, self.layout_cells, self.layout_heading, self.layout_board)
+            return self._reset_output()
         envs = torch.arange(self.batch_size[0], device=self.device)
         if mask is not None:
             envs = envs[mask.view(-1)]
@@ -196,6 +214,9 @@ class SnakeEnv(EnvBase):
         self.head_row[envs], self.head_col[envs] = head // self.size, head % self.size
         self.tail_slot[envs], self.length[envs], self.steps[envs] = 0, 3, 0
         self._place_food(envs)
+        return self._reset_output()
+
+    def _reset_output(self) -> TensorDictBase:
         false = torch.zeros(*self.batch_size, 1, dtype=torch.bool, device=self.device)
         return TensorDict(
             {
@@ -223,10 +244,31 @@ class SnakeEnv(EnvBase):
         return tensordict
 
     # ------------------------------------------------------------------------------------------------ step
+    def _state(self) -> tuple:
+        return (
+            self.board,
+            self.trail,
+            self.tail_slot,
+            self.length,
+            self.heading,
+            self.head_row,
+            self.head_col,
+            self.food,
+            self.steps,
+            self.stream,
+            self.draws,
+            self.size,
+        )
+
     def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
-        ate, dead, full = self._advance(tensordict["action"].view(-1))
-        self.food.masked_fill_(full, -1)
-        self._place_food((ate & ~full).nonzero().squeeze(1))
+        action = tensordict["action"].view(-1)
+        if self._kernel is not None:
+            ate, dead, full = (torch.empty(self.batch_size, dtype=torch.bool) for _ in range(3))
+            self._kernel.step(*self._state(), action.contiguous(), ate, dead, full)
+        else:
+            ate, dead, full = self._advance(action)
+            self.food.masked_fill_(full, -1)
+            self._place_food((ate & ~full).nonzero().squeeze(1))
         terminated = (dead | full).unsqueeze(1)
         truncated = (self.steps >= self.max_steps).unsqueeze(1) & ~terminated
         return TensorDict(
