@@ -1,6 +1,7 @@
 """Environment speed alone: random actions through TorchRL's ``step_and_maybe_reset`` (what collectors call).
 
     python benchmarks/env_speed.py --env snake --num-envs 4096 --steps 2000 --threads 1
+    python benchmarks/env_speed.py --env snake --num-envs 4096 --steps 2000 --threads 1 --backend torch
     python benchmarks/env_speed.py --env snake --num-envs 65536 --device cuda --json runs/bench/snake_env_gpu.json
 
 Reports env steps per second (boards × steps / seconds) for two paths: ``torchrl`` (``env.step_and_maybe_reset``,
@@ -54,6 +55,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--repeats", type=int, default=3, help="timed passes; the best is reported")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--backend", choices=["auto", "torch", "cpp"], default="auto", help="SnakeEnv backend")
     parser.add_argument("--json", type=Path, help="also write the result here")
     args = parser.parse_args(argv)
     if args.num_envs < 1 or args.steps < 1 or args.repeats < 1 or args.threads < 1:
@@ -63,7 +65,7 @@ def main(argv: list[str] | None = None) -> dict:
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
 
-    env = ENVS[args.env](num_envs=args.num_envs, device=device)
+    env = ENVS[args.env](num_envs=args.num_envs, device=device, backend=args.backend)
     n = env.action_spec.space.n
     actions = torch.randint(0, n, (args.steps, args.num_envs), device=device)
     td = env.reset()
@@ -90,6 +92,7 @@ def main(argv: list[str] | None = None) -> dict:
         "num_envs": args.num_envs,
         "steps": args.steps,
         "threads": args.threads,
+        "backend": args.backend,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
         "torch": torch.__version__,
         "results": results,
@@ -97,7 +100,7 @@ def main(argv: list[str] | None = None) -> dict:
     for name, result in results.items():
         print(
             f"{args.env} {name:8s} {args.num_envs} envs, {args.threads} thread(s), {args.device}, "
-            ": "
+            f"backend {args.backend}: "
             f"{result['steps_per_s'] / 1e6:.2f}M steps/s ({result['seconds'] / args.steps * 1e3:.3f} ms per step)"
         )
     if args.json:

@@ -16,7 +16,7 @@ flattens them and a CNN reads them as channels; uint8 keeps replay buffers 4× s
 Speed: every step is O(1) work per environment. The observation planes *are* the state and are edited in place
 (head, tail and food cells only) through flat indices; writes an environment must skip go to a scratch byte at the
 end of its row, so no old value is read back. A ring buffer of body cells gives the tail in O(1). Only the boards
-that ate or reset draw random numbers (they are picked with ``nonzero``, one host sync per step on a GPU).
+that ate or reset keep their draws, and nothing in a step synchronises with the host.
 
 Randomness is counter-based: environment ``i`` of a batch seeded with ``seed`` draws from a hash of
 ``(seed + i, its own draw counter, slot)``. A batch of N environments therefore replays exactly the games of N
@@ -154,9 +154,9 @@ class SnakeEnv(EnvBase):
         return cells_t, torch.tensor(headings), board
 
     # ------------------------------------------------------------------------------------------ randomness
-    def _random(self, envs: torch.Tensor, slots: int, first_slot: int = 0) -> torch.Tensor:
-        """32-bit random values ``[len(envs), slots]`` from the boards' streams at their current draw counts."""
-        key = _hash32((self.stream[envs] * 0x9E3779B1 + self.draws[envs]) & _MASK32)
+    def _random(self, slots: int, first_slot: int = 0) -> torch.Tensor:
+        """32-bit random values ``[num_envs, slots]`` from the boards' streams at their current draw counts."""
+        key = _hash32((self.stream * 0x9E3779B1 + self.draws) & _MASK32)
         slot = torch.arange(first_slot, first_slot + slots, device=self.device)
         return _hash32(key.unsqueeze(1) ^ ((slot * 0x85EBCA77) & _MASK32))
 
@@ -175,24 +175,23 @@ class SnakeEnv(EnvBase):
         # clone(): the slice reshapes into a *view* of the live board, and an observation must not move on with it.
         return self.board[:, : self.scratch].reshape(-1, 3, self.size, self.size).clone()
 
-    def _place_food(self, envs: torch.Tensor) -> None:
-        """Put food on a uniformly drawn empty cell of each board in ``envs`` (none left: food = −1)."""
-        if envs.numel() == 0:
-            return
-        body = self.board[envs, : self.cells]
-        candidates = self._random(envs, _FOOD_CANDIDATES) % self.cells
+    def _place_food(self, where: torch.Tensor) -> None:
+        """Put food on a uniformly drawn empty cell of each board where ``where`` holds (none left: food = −1).
+
+        Computed for every board and kept where ``where`` holds: no data-dependent shapes, so no host sync on a GPU.
+        """
+        body = self.board[:, : self.cells]
+        candidates = self._random(_FOOD_CANDIDATES) % self.cells
         free = body.gather(1, candidates) == 0
         # The first free candidate is uniform over the free cells, as every candidate is.
         choice = candidates.gather(1, free.to(torch.uint8).argmax(1, keepdim=True)).squeeze(1)
-        missed = ~free.any(1)
-        if bool(missed.any()):  # rare (a crowded board): one exhaustive draw over all cells
-            keys = torch.where(body == 0, self._random(envs, self.cells, _FOOD_CANDIDATES), -1)
-            best = keys.max(1)
-            choice = torch.where(missed, torch.where(best.values >= 0, best.indices, -1), choice)
-        self.food[envs] = choice
-        placed = envs[choice >= 0]
-        self.board[placed, 2 * self.cells + choice[choice >= 0]] = 1
-        self.draws[envs] += 1
+        # A crowded board whose 16 candidates all missed: one exhaustive draw over its free cells.
+        keys = torch.where(body == 0, self._random(self.cells, _FOOD_CANDIDATES), -1).max(1)
+        exhaustive = torch.where(keys.values >= 0, keys.indices, -1)
+        choice = torch.where(free.any(1), choice, exhaustive)
+        self.food.copy_(torch.where(where, choice, self.food))
+        self._set(2, self.food, 1, where & (self.food >= 0))
+        self.draws.add_(where)
 
     # ----------------------------------------------------------------------------------------------- reset
     def _reset(self, tensordict: TensorDictBase | None = None, **kwargs) -> TensorDictBase:
@@ -201,19 +200,25 @@ class SnakeEnv(EnvBase):
             mask = torch.ones(self.batch_size, dtype=torch.bool) if mask is None else mask.reshape(-1).contiguous()
             self._kernel.reset(*self._state(), mask, self.layout_cells, self.layout_heading, self.layout_board)
             return self._reset_output()
-        envs = torch.arange(self.batch_size[0], device=self.device)
-        if mask is not None:
-            envs = envs[mask.view(-1)]
+        mask = torch.ones(self.batch_size, dtype=torch.bool, device=self.device) if mask is None else mask.view(-1)
         # Every legal start is precomputed (see _start_layouts): a reset copies one, drawn uniformly, per board.
-        layout = self._random(envs, 1)[:, 0] % self.layout_cells.shape[0]
-        self.draws[envs] += 1
-        self.board[envs] = self.layout_board[layout]
-        self.trail[envs, :3] = self.layout_cells[layout]
-        self.heading[envs] = self.layout_heading[layout]
+        # Drawn for every board and kept where the mask holds: fixed shapes, no host sync on a GPU.
+        layout = self._random(1)[:, 0] % self.layout_cells.shape[0]
+        self.draws.add_(mask)
+        column = mask.unsqueeze(1)
+        self.board.copy_(torch.where(column, self.layout_board[layout], self.board))
+        self.trail[:, :3] = torch.where(column, self.layout_cells[layout], self.trail[:, :3])
         head = self.layout_cells[layout, 2]
-        self.head_row[envs], self.head_col[envs] = head // self.size, head % self.size
-        self.tail_slot[envs], self.length[envs], self.steps[envs] = 0, 3, 0
-        self._place_food(envs)
+        for buffer, value in (
+            (self.heading, self.layout_heading[layout]),
+            (self.head_row, head // self.size),
+            (self.head_col, head % self.size),
+            (self.tail_slot, 0),
+            (self.length, 3),
+            (self.steps, 0),
+        ):
+            buffer.copy_(torch.where(mask, value, buffer))
+        self._place_food(mask)
         return self._reset_output()
 
     def _reset_output(self) -> TensorDictBase:
@@ -238,7 +243,9 @@ class SnakeEnv(EnvBase):
         three times the cost of a step at 4,096 boards).
         """
         done = tensordict.get("done")
-        if not bool(done.any()):  # the same host check TorchRL's own maybe_reset makes
+        # On the CPU the check is free and skips most of a reset; on a GPU it would be a host sync, and the
+        # masked reset is a no-op for boards that are not done.
+        if self.device.type == "cpu" and not bool(done.any()):
             return tensordict
         tensordict.update(self._reset(TensorDict({"_reset": done}, batch_size=self.batch_size, device=self.device)))
         return tensordict
@@ -268,7 +275,7 @@ class SnakeEnv(EnvBase):
         else:
             ate, dead, full = self._advance(action)
             self.food.masked_fill_(full, -1)
-            self._place_food((ate & ~full).nonzero().squeeze(1))
+            self._place_food(ate & ~full)
         terminated = (dead | full).unsqueeze(1)
         truncated = (self.steps >= self.max_steps).unsqueeze(1) & ~terminated
         return TensorDict(
