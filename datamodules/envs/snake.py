@@ -179,16 +179,20 @@ class SnakeEnv(EnvBase):
         """Put food on a uniformly drawn empty cell of each board where ``where`` holds (none left: food = −1).
 
         Computed for every board and kept where ``where`` holds: no data-dependent shapes, so no host sync on a GPU.
+        On the CPU the two ``any`` checks are free and skip work that is rarely needed.
         """
+        on_cpu = self.device.type == "cpu"
+        if on_cpu and not bool(where.any()):
+            return
         body = self.board[:, : self.cells]
         candidates = self._random(_FOOD_CANDIDATES) % self.cells
         free = body.gather(1, candidates) == 0
         # The first free candidate is uniform over the free cells, as every candidate is.
         choice = candidates.gather(1, free.to(torch.uint8).argmax(1, keepdim=True)).squeeze(1)
-        # A crowded board whose 16 candidates all missed: one exhaustive draw over its free cells.
-        keys = torch.where(body == 0, self._random(self.cells, _FOOD_CANDIDATES), -1).max(1)
-        exhaustive = torch.where(keys.values >= 0, keys.indices, -1)
-        choice = torch.where(free.any(1), choice, exhaustive)
+        missed = where & ~free.any(1)
+        if not on_cpu or bool(missed.any()):  # a crowded board whose 16 candidates all missed: draw exhaustively
+            keys = torch.where(body == 0, self._random(self.cells, _FOOD_CANDIDATES), -1).max(1)
+            choice = torch.where(missed, torch.where(keys.values >= 0, keys.indices, -1), choice)
         self.food.copy_(torch.where(where, choice, self.food))
         self._set(2, self.food, 1, where & (self.food >= 0))
         self.draws.add_(where)
