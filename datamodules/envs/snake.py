@@ -15,8 +15,9 @@ flattens them and a CNN reads them as channels; uint8 keeps replay buffers 4× s
 
 Speed: every step is O(1) work per environment. The observation planes *are* the state and are edited in place
 (head, tail and food cells only) through flat indices; writes an environment must skip go to a scratch byte at the
-end of its row, so no old value is read back. A ring buffer of body cells gives the tail in O(1). Only the boards
-that ate or reset keep their draws, and nothing in a step synchronises with the host.
+end of its row, so no old value is read back. A ring buffer of body cells gives the tail in O(1). Two backends
+play identical games: ``torch`` updates every board under masks (fixed shapes, no host sync: the CUDA path), and
+``cpp`` (``snake_cpu.py``, the CPU default) runs the same rules as one compiled loop over the boards.
 
 Randomness is counter-based: environment ``i`` of a batch seeded with ``seed`` draws from a hash of
 ``(seed + i, its own draw counter, slot)``. A batch of N environments therefore replays exactly the games of N
