@@ -196,6 +196,7 @@ class RLDataModule(pl.LightningDataModule):
             frames_per_batch=self.num_envs * self.collect_steps,
             total_frames=-1,
             device=self.device,
+            policy_device=self.device,  # the model's own device: the collector then runs the policy in place
             trust_policy=True,
             track_traj_ids=False,
             auto_register_policy_transforms=False,
