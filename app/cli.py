@@ -120,3 +120,39 @@ def main(args: list[str] | None = None) -> RLCLI:
         args=args,
         auto_configure_optimizers=False,
     )
+
+
+def build(config_paths: list[str], overrides: list[str] | tuple[str, ...] = ()) -> tuple[RLModule, RLDataModule]:
+    """The model and data module a config describes, built as ``main`` builds them but without running anything.
+
+    For tools that need a trained run's networks outside ``fit`` (``python -m callbacks.export``): load a
+    checkpoint's ``state_dict`` into the returned model.
+
+    Args:
+        config_paths: config files, composed in order like repeated ``--config`` flags (e.g. a run's ``config.yaml``).
+        overrides: further flags, e.g. ``["--data.init_args.num_envs", "4"]``.
+    """
+
+    class _BuildCLI(RLCLI):
+        def add_arguments_to_parser(self, parser) -> None:
+            super().add_arguments_to_parser(parser)
+            # A run's saved config also holds its subcommand's arguments (`ckpt_path`, ...), which a parser without
+            # subcommands would reject; accept them (`validate` takes all of `fit`'s), though nothing runs to use them.
+            parser.add_method_arguments(self.trainer_class, "validate", skip=self.subcommands()["validate"])
+
+    args = [arg for path in config_paths for arg in ("--config", str(path))]
+    with warnings.catch_warnings():
+        # The calling tool's own sys.argv is not meant for this parser; Lightning warns when both are present.
+        warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
+        cli = _BuildCLI(
+            RLModule,
+            RLDataModule,
+            subclass_mode_model=True,
+            subclass_mode_data=True,
+            trainer_defaults=trainer_defaults(),
+            save_config_callback=None,  # nothing runs, so nothing to record
+            args=[*args, *overrides],
+            auto_configure_optimizers=False,
+            run=False,
+        )
+    return cli.model, cli.datamodule

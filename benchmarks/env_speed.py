@@ -3,6 +3,7 @@
     python benchmarks/env_speed.py --env snake --num-envs 4096 --steps 2000 --threads 1
     python benchmarks/env_speed.py --env snake --num-envs 4096 --steps 2000 --threads 1 --backend torch
     python benchmarks/env_speed.py --env snake --num-envs 65536 --device cuda --json runs/bench/snake_env_gpu.json
+    python benchmarks/env_speed.py --env vehicle --num-envs 4096 --steps 1000 --threads 1
 
 Reports env steps per second (boards × steps / seconds) for two paths: ``torchrl`` (``env.step_and_maybe_reset``,
 auto-reset included) and ``core`` (the environment's own ``_step`` + ``maybe_reset``, without TorchRL's per-step
@@ -25,8 +26,10 @@ from tensordict import TensorDict
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from datamodules.envs.snake import SnakeEnv  # noqa: E402
+from datamodules.envs.toy import ToyEnv  # noqa: E402
+from datamodules.envs.vehicle import VehicleEnv  # noqa: E402
 
-ENVS = {"snake": SnakeEnv}
+ENVS = {"snake": SnakeEnv, "vehicle": VehicleEnv, "toy": ToyEnv}
 
 
 def synchronize(device: torch.device) -> None:
@@ -65,7 +68,8 @@ def main(argv: list[str] | None = None) -> dict:
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
 
-    env = ENVS[args.env](num_envs=args.num_envs, device=device, backend=args.backend)
+    options = {"backend": args.backend} if args.env == "snake" else {}
+    env = ENVS[args.env](num_envs=args.num_envs, device=device, **options)
     n = env.action_spec.space.n
     actions = torch.randint(0, n, (args.steps, args.num_envs), device=device)
     td = env.reset()
@@ -92,15 +96,15 @@ def main(argv: list[str] | None = None) -> dict:
         "num_envs": args.num_envs,
         "steps": args.steps,
         "threads": args.threads,
-        "backend": args.backend,
+        "backend": args.backend if args.env == "snake" else None,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
         "torch": torch.__version__,
         "results": results,
     }
     for name, result in results.items():
         print(
-            f"{args.env} {name:8s} {args.num_envs} envs, {args.threads} thread(s), {args.device}, "
-            f"backend {args.backend}: "
+            f"{args.env} {name:8s} {args.num_envs} envs, {args.threads} thread(s), {args.device}"
+            f"{', backend ' + args.backend if args.env == 'snake' else ''}: "
             f"{result['steps_per_s'] / 1e6:.2f}M steps/s ({result['seconds'] / args.steps * 1e3:.3f} ms per step)"
         )
     if args.json:

@@ -149,10 +149,14 @@ class PeriodicEvaluation(Callback):
         if not self.history or self.history[-1]["frames"] != trainer.datamodule.frames:
             self._evaluate(trainer, pl_module)
 
+    def measure(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, float]:
+        """The evaluation itself (the model is in eval mode): metrics without the ``eval/`` prefix."""
+        return trainer.datamodule.evaluate(pl_module.greedy_policy(), self.episodes)
+
     def _evaluate(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         was_training = pl_module.training
         pl_module.eval()
-        metrics = trainer.datamodule.evaluate(pl_module.greedy_policy(), self.episodes)
+        metrics = self.measure(trainer, pl_module)
         pl_module.train(was_training)
         metrics = {f"eval/{key}": value for key, value in metrics.items()}
         if trainer.world_size > 1:  # each rank evaluated its own episodes: report the mean over ranks

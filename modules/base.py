@@ -75,6 +75,14 @@ class RLModule(pl.LightningModule):
         """The networks ``compile`` applies to."""
         return []
 
+    def export_network(self) -> nn.Module:
+        """The policy's network as a plain module, ``observation [batch, *obs_shape] -> [batch, num_actions]``.
+
+        This is what :class:`~callbacks.export.PolicyExport` traces: tensors in and out, no TensorDict, so that
+        TorchScript, ``torch.export`` and ``torch_neuronx.trace`` all accept it.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not define export_network()")
+
     #: In-place work on each collected batch before it is used (PPO: advantages), or None.
     postprocess: Callable[[TensorDictBase], None] | None = None
 

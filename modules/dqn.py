@@ -80,8 +80,7 @@ class DQN(RLModule):
         self.target_update_interval = target_update_interval
 
         # env → model → exploration → loss → target updater, in the order TorchRL's sota-implementations use.
-        observation_shape = observation_spec["observation"].shape
-        self.q_network = observation_mlp(observation_shape, hidden_sizes, action_spec.space.n)
+        self.q_network = self.make_q_network(observation_spec["observation"].shape, hidden_sizes, action_spec.space.n)
         self.actor = QValueActor(self.q_network, in_keys=["observation"], spec=action_spec)
         self.egreedy = EGreedyModule(
             action_spec,
@@ -105,6 +104,10 @@ class DQN(RLModule):
             self.target_updater = HardUpdate(self.loss_module, value_network_update_interval=0)
         self._exploring_policy = TensorDictSequential(self.actor, self.egreedy)
 
+    def make_q_network(self, observation_shape: torch.Size, hidden_sizes: Sequence[int], num_actions: int) -> nn.Module:
+        """The Q-network: an MLP over the flattened observation (subclasses change the architecture here)."""
+        return observation_mlp(observation_shape, hidden_sizes, num_actions)
+
     def policy(self) -> TensorDictModuleBase:
         return self._exploring_policy
 
@@ -113,6 +116,9 @@ class DQN(RLModule):
 
     def compiled_networks(self) -> list[nn.Module]:
         return [self.q_network]
+
+    def export_network(self) -> nn.Module:
+        return self.q_network  # Q-values; the greedy action is their argmax
 
     def epsilon(self, frames: int) -> float:
         """Linear annealing from ``eps_start`` to ``eps_end`` over ``eps_frames`` frames."""

@@ -23,7 +23,8 @@ def test_resumed_run_ends_with_identical_weights(tmp_path, agent):
     interrupted = write_config(chain_config(agent, tmp_path / "half"), tmp_path / "half.yaml")
     fit(interrupted, "--trainer.max_steps", str(half))
     first_half = weights(tmp_path / "half/checkpoints/last.ckpt")
-    cli = fit(interrupted, "--trainer.max_steps", str(2 * half), "--ckpt_path", "last")
+    # Another global seed: only a complete restore (weights, RNG states, envs, store) can still match the full run.
+    cli = fit(interrupted, "--trainer.max_steps", str(2 * half), "--ckpt_path", "last", "--seed_everything", "123")
 
     assert cli.trainer.global_step == 2 * half
     full, resumed = weights(tmp_path / "full/checkpoints/last.ckpt"), weights(tmp_path / "half/checkpoints/last.ckpt")

@@ -35,23 +35,14 @@ from torchrl.data import Bounded, Categorical, Composite, Unbounded
 from torchrl.envs import EnvBase
 
 from datamodules.envs import snake_cpu
+from datamodules.envs.counter_rng import random_bits
 
 # Row and column offsets of the 4 absolute actions: up, right, down, left.
 _DROW = (-1, 0, 1, 0)
 _DCOL = (0, 1, 0, -1)
-_MASK32 = 0xFFFFFFFF
 # Candidate cells drawn per food placement before falling back to an exhaustive draw; with the board half full,
 # all 16 candidates miss with probability 2^-16.
 _FOOD_CANDIDATES = 16
-
-
-def _hash32(x: torch.Tensor) -> torch.Tensor:
-    """Chris Wellons' ``lowbias32`` integer hash on int64 tensors holding 32-bit values."""
-    x = x ^ (x >> 16)
-    x = (x * 0x7FEB352D) & _MASK32  # the product may wrap int64; its low 32 bits are still right
-    x = x ^ (x >> 15)
-    x = (x * 0x846CA68B) & _MASK32
-    return x ^ (x >> 16)
 
 
 class SnakeEnv(EnvBase):
@@ -157,9 +148,7 @@ class SnakeEnv(EnvBase):
     # ------------------------------------------------------------------------------------------ randomness
     def _random(self, slots: int, first_slot: int = 0) -> torch.Tensor:
         """32-bit random values ``[num_envs, slots]`` from the boards' streams at their current draw counts."""
-        key = _hash32((self.stream * 0x9E3779B1 + self.draws) & _MASK32)
-        slot = torch.arange(first_slot, first_slot + slots, device=self.device)
-        return _hash32(key.unsqueeze(1) ^ ((slot * 0x85EBCA77) & _MASK32))
+        return random_bits(self.stream, self.draws, slots, first_slot)
 
     def _set_seed(self, seed: int | None) -> None:
         seed = 0 if seed is None else seed

@@ -1,0 +1,139 @@
+"""The physics-informed DQN: the seed's network, its loss terms, and short real fits on the toy and the vehicle."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from datamodules.envs.vehicle import VehicleEnv
+from modules.pirl import PhysicsInformedDQN
+from tests.helpers import fit, weights, write_config
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def small_run(config_name: str, root: Path, **model: object) -> dict:
+    """The shipped config, shortened to a few hundred updates, writing under ``root``."""
+    config = yaml.safe_load((ROOT / "configs" / config_name).read_text())
+    config["trainer"].update(
+        {"max_steps": 150, "max_time": None, "default_root_dir": str(root), "enable_progress_bar": False}
+    )
+    config["trainer"]["logger"]["init_args"]["save_dir"] = str(root)
+    config["trainer"]["callbacks"] = [
+        {"class_path": "callbacks.schedule.FrameCheckpoint", "init_args": {"every_n_frames": 10**9}},
+        {
+            "class_path": "callbacks.safety.SafetyEvaluation",
+            "init_args": {"every_n_frames": 10**9, "states": 16, "rollouts": 8},
+        },
+    ]
+    config["trainer"]["log_every_n_steps"] = 50
+    config["data"]["init_args"].update({"num_envs": 8, "warmup_frames": 256, "batch_size": 64, "buffer_size": 2000})
+    config["model"]["init_args"].update(model)
+    return config
+
+
+def test_the_seed_network_has_exactly_3481_parameters():
+    env = VehicleEnv()
+    model = PhysicsInformedDQN(env.observation_spec[0], env.action_spec[0])
+    assert sum(p.numel() for p in model.q_network.parameters()) == 3481
+    layers = [type(m).__name__ for m in model.q_network.modules() if not isinstance(m, torch.nn.Sequential)]
+    assert layers == ["Linear", "Tanh", "Linear", "Tanh", "Linear", "Tanh", "Linear", "Sigmoid"]
+    q = model.q_network(torch.randn(5, 16))
+    assert q.shape == (5, 25) and (q > 0).all() and (q < 1).all()  # probabilities
+
+
+@pytest.mark.parametrize("config_name", ["pirl_toy.yaml", "pirl_vehicle.yaml"])
+def test_short_fit_logs_every_loss_term_and_writes_the_safety_report(tmp_path, config_name):
+    config = write_config(small_run(config_name, tmp_path), tmp_path / "c.yaml")
+    cli = fit(config)
+    assert cli.trainer.global_step == 150
+    metrics = cli.trainer.logged_metrics
+    for key in ("train/loss", "train/loss_pde", "train/loss_boundary"):
+        assert torch.isfinite(metrics[key]), key
+    assert metrics["train/loss_pde"] > 0 and metrics["train/loss_boundary"] > 0
+    report = json.loads(next(tmp_path.rglob("safety.json")).read_text())
+    assert len(report["value"]) == len(report["success"]) == 16 and report["rollouts"] == 8
+    values, success = torch.tensor(report["value"]), torch.tensor(report["success"])
+    assert report["metrics"]["safety_mae"] == pytest.approx((values - success).abs().mean().item(), rel=1e-5)
+    assert 0 <= report["metrics"]["random_return_mean"] <= 1
+    assert next(tmp_path.rglob("safety.png")).stat().st_size > 0
+    assert cli.datamodule.frames >= 150 * cli.datamodule.frames_per_update
+
+
+def test_pde_weight_zero_drops_the_physics_term(tmp_path):
+    config = write_config(small_run("pirl_toy.yaml", tmp_path, pde_weight=0.0), tmp_path / "c.yaml")
+    cli = fit(config)
+    assert "train/loss_pde" not in cli.trainer.logged_metrics
+    assert "train/loss_boundary" in cli.trainer.logged_metrics
+
+
+@pytest.mark.parametrize("double_dqn", [False, True])
+def test_written_out_dqn_error_equals_torchrl_dqn_loss(double_dqn):
+    torch.manual_seed(0)
+    env = VehicleEnv(num_envs=16)
+    model = PhysicsInformedDQN(
+        env.observation_spec[0], env.action_spec[0], double_dqn=double_dqn, pde_weight=0.0, boundary_weight=0.0
+    )
+    model.physics = env.physics
+    td = env.reset()
+    rows = []
+    for _ in range(8):
+        td["action"] = torch.randint(25, (16,))
+        out, td = env.step_and_maybe_reset(td)
+        rows.append(out.clone())
+    batch = torch.cat(rows)
+    assert batch["next", "terminated"].any()  # terminal transitions are in the batch
+    with torch.no_grad():  # make the target network differ from the online one
+        for weight in model.loss_module.target_value_network_params.values(True, True):
+            weight.add_(0.1 * torch.randn_like(weight))
+    torch.testing.assert_close(model.loss(batch)["loss"], model.loss_module(batch)["loss"])
+
+
+def test_boundary_loss_pulls_v_to_one_at_the_horizon_and_to_zero_when_unsafe():
+    torch.manual_seed(0)
+    env = VehicleEnv()
+    model = PhysicsInformedDQN(env.observation_spec[0], env.action_spec[0], pde_weight=0.0)
+    model.physics = env.physics
+    optimizer = torch.optim.Adam(model.q_network.parameters(), lr=1e-2)
+    replay = env.reset()["observation"].expand(32, 16)
+    for _ in range(300):
+        points = env.physics.collocation(64, replay)
+        loss = (model.value(points["terminal"]) - 1).pow(2).mean() + model.value(points["unsafe"]).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    points = env.physics.collocation(256, replay)
+    assert model.value(points["terminal"]).mean() > 0.9
+    assert model.value(points["unsafe"]).mean() < 0.1
+
+
+def test_physics_free_environment_is_refused(tmp_path):
+    config = small_run("pirl_toy.yaml", tmp_path)
+    config["data"]["init_args"]["env"] = {"class_path": "datamodules.envs.chain.ChainEnv"}
+    with pytest.raises(ValueError, match="needs an environment that exposes its dynamics"):
+        fit(write_config(config, tmp_path / "c.yaml"))
+
+
+def test_resumed_vehicle_run_ends_with_identical_weights(tmp_path):
+    """The vehicle's state (cars, arc positions, noise counters), the replay buffer and the collocation RNG resume."""
+
+    def config(root: Path, steps: int) -> Path:
+        run = small_run("pirl_vehicle.yaml", root)
+        run["trainer"]["callbacks"] = run["trainer"]["callbacks"][:1]  # the checkpoint only
+        run["trainer"]["max_steps"] = steps
+        run["trainer"]["logger"] = False
+        return write_config(run, root.parent / f"{root.name}.yaml")
+
+    fit(config(tmp_path / "full", 80))
+    fit(config(tmp_path / "half", 40))
+    # Another global seed: only a complete restore (weights, RNG states, envs, buffer) can still match the full run.
+    cli = fit(config(tmp_path / "half", 80), "--ckpt_path", "last", "--seed_everything", "123")
+    assert cli.trainer.global_step == 80
+    full = weights(next((tmp_path / "full").rglob("last.ckpt")))
+    resumed = weights(next((tmp_path / "half").rglob("last.ckpt")))
+    for key in full:
+        assert torch.equal(full[key], resumed[key]), key
