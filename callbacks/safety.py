@@ -53,7 +53,7 @@ class SafetyEvaluation(PeriodicEvaluation):
     """Every ``every_n_frames`` frames and at the end of ``fit``: ``V(x)`` against Monte-Carlo success rates.
 
     Logs ``eval/safety_mae`` (mean |V − success rate| over the held-out states), ``eval/safety_mae_constant`` (the
-    same for the best constant guess, the mean success rate: what a V that learned nothing would score),
+    same for a constant guess at the mean success rate: roughly what a V that learned nothing would score),
     ``eval/return_mean`` (the greedy policy's success rate), ``eval/random_return_mean`` (a random policy's) and
     ``eval/value_mean``. At the end of ``fit`` it writes ``safety.json`` (with every state's V and success rate) and
     ``safety.png`` (V against the Monte-Carlo estimate) into the log folder.
