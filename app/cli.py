@@ -74,6 +74,28 @@ class RLCLI(LightningCLI):
         if threads < 1:
             self.parser.error(f"--threads must be >= 1, got {threads}")
         torch.set_num_threads(threads)
+        self._move_gradient_clipping(config)
+
+    def _move_gradient_clipping(self, config) -> None:
+        # The agents run their own update (loss, backward, clip, step as one compiled unit), and Lightning clips only
+        # in automatic optimization: its flag is honoured by handing the value to the model.
+        trainer, model = config["trainer"], config["model"]["init_args"]
+        if trainer.get("accumulate_grad_batches", 1) != 1:
+            self.parser.error(
+                f"--trainer.accumulate_grad_batches {trainer['accumulate_grad_batches']}: gradient accumulation is "
+                "not supported by the agents' own update step yet"
+            )
+        clip = trainer.get("gradient_clip_val")
+        if clip is None:
+            return
+        if trainer.get("gradient_clip_algorithm") not in (None, "norm"):
+            self.parser.error("--trainer.gradient_clip_algorithm: only norm clipping is supported (the default)")
+        if model.get("max_grad_norm") not in (None, clip):
+            self.parser.error(
+                f"--trainer.gradient_clip_val {clip} and --model.init_args.max_grad_norm {model['max_grad_norm']} "
+                "disagree; set one of them"
+            )
+        model["max_grad_norm"], trainer["gradient_clip_val"] = clip, None
 
     def instantiate_classes(self) -> None:
         # Impossible values are caught by the constructors; report them like parse errors (one line, exit 2)

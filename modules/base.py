@@ -1,4 +1,11 @@
-"""RLModule: what every agent shares — the acting policies, the update step, loss assembly and logging."""
+"""RLModule: what every agent shares — the acting policies, the update step, loss assembly and logging.
+
+The update is one unit: loss, backward, gradient clip, optimizer step (and the agent's target-network update), run
+by ``training_step`` under Lightning's manual optimization. With ``compile`` it is compiled the way TorchRL's
+sota-implementations compile theirs (``torch.compile`` of the loss with its backward graph, and of the clip + step),
+which removes the Python cost of TorchRL's loss modules and of the optimizer: on the Snake DQN it is what brings
+a framework update down to the cost of the bare arithmetic (BENCHMARKS.md, ``benchmarks/update_cost.py``).
+"""
 
 from __future__ import annotations
 
@@ -10,6 +17,7 @@ import lightning.pytorch as pl
 import torch
 from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModuleBase
+from lightning.pytorch.plugins.precision import MixedPrecision
 from torch import nn
 from torchrl.data import TensorSpec
 
@@ -30,7 +38,11 @@ class RLModule(pl.LightningModule):
         action_spec: action spec of one environment (linked from ``data.action_spec``).
         lr: learning rate of the Adam optimizer.
         compile: ``False``, ``True`` or a ``torch.compile`` mode (``"default"``, ``"reduce-overhead"``,
-            ``"max-autotune"``) applied in place to the networks listed by :meth:`compiled_networks`.
+            ``"max-autotune"``): compile the update (the loss with its backward, and the clip + optimizer step).
+            The first updates then take seconds each while they compile.
+        max_grad_norm: clip the gradients' global L2 norm to this before each step; None: no clipping.
+            (``--trainer.gradient_clip_val`` is turned into this by the CLI: Lightning clips only in its automatic
+            optimization, and the update here is the model's own.)
         check_finite_every: updates between checks that the loss is finite. Each check is one host sync on GPU.
     """
 
@@ -40,11 +52,18 @@ class RLModule(pl.LightningModule):
         action_spec: TensorSpec,
         lr: float = 1e-3,
         compile: bool | str = False,
+        max_grad_norm: float | None = None,
         check_finite_every: int = 1,
     ) -> None:
         super().__init__()
+        # The update is the model's own unit (see the module docstring), so Lightning does not drive the optimizer.
+        self.automatic_optimization = False
         if lr <= 0:
             raise ValueError(f"--model.init_args.lr must be > 0, got {lr}")
+        if max_grad_norm is not None and not max_grad_norm > 0:
+            raise ValueError(
+                f"--model.init_args.max_grad_norm must be > 0 (or null for no clipping), got {max_grad_norm}"
+            )
         if check_finite_every < 1:
             raise ValueError(f"--model.init_args.check_finite_every must be >= 1, got {check_finite_every}")
         if not isinstance(compile, bool) and compile not in (
@@ -60,7 +79,12 @@ class RLModule(pl.LightningModule):
         self.action_spec = action_spec
         self.lr = lr
         self.compile_mode = compile
+        self.max_grad_norm = max_grad_norm
         self.check_finite_every = check_finite_every
+        self._compiled_loss: Callable[[TensorDictBase], TensorDictBase] | None = None  # set in on_fit_start
+        self._compiled_step: Callable[[], None] | None = None
+        self._lightning_optimizer: Any = None
+        self._optimizer: torch.optim.Optimizer | None = None
 
     # ------------------------------------------------------------------------------------------ agent interface
     def policy(self) -> TensorDictModuleBase:
@@ -70,10 +94,6 @@ class RLModule(pl.LightningModule):
     def greedy_policy(self) -> TensorDictModuleBase:
         """The policy without exploration: evaluation and export."""
         raise NotImplementedError
-
-    def compiled_networks(self) -> list[nn.Module]:
-        """The networks ``compile`` applies to."""
-        return []
 
     def export_network(self) -> nn.Module:
         """The policy's network as a plain module, ``observation [batch, *obs_shape] -> [batch, num_actions]``.
@@ -98,21 +118,44 @@ class RLModule(pl.LightningModule):
     def datamodule(self) -> Any:
         return self.trainer.datamodule
 
-    def compile_networks(self) -> None:
-        """Apply ``compile`` in place: parameter names, and so checkpoints, stay those of the eager networks."""
-        if self.compile_mode:
-            mode = None if self.compile_mode is True else self.compile_mode
-            for network in self.compiled_networks():
-                network.compile(mode=mode)
+    def compiled(self, function: Callable) -> Callable:
+        """``function`` compiled with the ``compile`` option's mode, or ``function`` itself when compile is off.
+
+        Compiling a function rather than the networks in place keeps parameter names, and so checkpoints, those of
+        the eager networks, and leaves the acting and evaluation policies (other batch sizes) eager.
+        """
+        if not self.compile_mode:
+            return function
+        # Random ops inside the update (PIRL's collocation points) draw from the global generator as in eager, so a
+        # compiled run takes the same random numbers as an eager one and checkpoints' RNG states mean the same.
+        torch._inductor.config.fallback_random = True
+        mode = None if self.compile_mode is True else self.compile_mode
+        # dynamic=False: every update sees the same batch shape; a dynamic-shape graph would only be slower.
+        return torch.compile(function, mode=mode, dynamic=False)
 
     def setup(self, stage: str) -> None:
-        self.compile_networks()
         if stage == "fit":
             self.datamodule.connect(self.policy(), self.postprocess)
 
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        """What the optimizer updates (target networks are buffers of the loss module, not parameters)."""
+        return [parameter for parameter in self.loss_module.parameters() if parameter.requires_grad]
+
     def configure_optimizers(self) -> torch.optim.Optimizer:
         # The fused kernel updates every parameter in one op: on a small MLP it is 2-3x faster than the default.
-        return torch.optim.Adam(self.loss_module.parameters(), lr=self.lr, fused=True)
+        return torch.optim.Adam(self.trainable_parameters(), lr=self.lr, fused=True)
+
+    def on_fit_start(self) -> None:
+        if isinstance(self.trainer.precision_plugin, MixedPrecision) and self.trainer.precision_plugin.scaler:
+            raise ValueError(
+                f"--trainer.precision {self.trainer.precision}: a gradient scaler is not supported by the model's "
+                "own update step; use bf16-mixed (same speed on GPUs with bf16 tensor cores, no scaler needed)"
+            )
+        # Lightning's wrapper keeps the step bookkeeping; the plain optimizer is what the compiled step calls.
+        self._lightning_optimizer = self.optimizers()
+        self._optimizer = self._lightning_optimizer.optimizer
+        self._compiled_loss = self.compiled(self.loss)
+        self._compiled_step = self.compiled(self._clip_and_step)
 
     def training_step(self, dataloader_iter: Iterator) -> torch.Tensor:
         """One update. The batch is fetched here, not by Lightning, so that nothing is collected ahead of the
@@ -120,32 +163,51 @@ class RLModule(pl.LightningModule):
         policy one update stale and put that extra collection inside the checkpoint a resumed run starts from.
         """
         batch, _, _ = next(dataloader_iter)
-        losses = self.loss(batch)
-        loss = sum(value for key, value in losses.items() if key.startswith("loss"))
-        if self.global_step % self.check_finite_every == 0 and not torch.isfinite(loss):
+        update = self.global_step  # the index of this update; global_step counts it once the step is taken
+        with self.datamodule.timer.phase("update"):
+            loss, losses = self.update(batch)
+        if update % self.check_finite_every == 0 and not torch.isfinite(loss):
             raise FloatingPointError(
-                f"the training loss is {loss.item()} at update {self.global_step} "
-                f"({self.datamodule.frames} frames): training stopped before the optimizer step, "
-                "so the last checkpoint holds the last good weights"
+                f"the training loss is {loss.item()} at update {update} ({self.datamodule.frames} frames): training "
+                "stopped, and no checkpoint was written since, so the last checkpoint holds the last good weights"
             )
         # Lightning writes metrics every `log_every_n_steps` steps, but each self.log call costs about 0.2 ms on
         # CPU whether written or not: on a loop of thousands of small updates a second, log only what is written.
-        if (self.global_step + 1) % self.trainer.log_every_n_steps == 0:
-            metrics = {f"train/{key}": value.detach() for key, value in losses.items() if value.numel() == 1}
+        if (update + 1) % self.trainer.log_every_n_steps == 0:
+            metrics = {f"train/{key}": value for key, value in losses.items() if value.numel() == 1}
             metrics.pop("train/loss", None)
             metrics.update(self.extra_metrics())
-            self.log("train/loss", loss.detach(), prog_bar=True, batch_size=batch.numel())
+            self.log("train/loss", loss, prog_bar=True, batch_size=batch.numel())
             self.log_dict(metrics, batch_size=batch.numel())
         return loss
+
+    def update(self, batch: TensorDictBase) -> tuple[torch.Tensor, TensorDictBase]:
+        """Loss, backward, gradient clip, optimizer step, then :meth:`on_update`. Returns the detached total loss
+        and loss terms."""
+        losses = self._compiled_loss(batch)
+        loss = sum(value for key, value in losses.items() if key.startswith("loss"))
+        # Through Lightning, which prepares DDP's gradient all-reduce and runs the backward hooks of callbacks.
+        self.manual_backward(loss)
+        # Lightning's own bookkeeping around a step (global_step, the profiler), the calls LightningOptimizer.step
+        # makes, without its closure machinery, so that the step itself can be a compiled function.
+        self._lightning_optimizer._on_before_step()
+        self._compiled_step()
+        self._lightning_optimizer._on_after_step()
+        self.on_update()
+        self.datamodule.after_update()
+        return loss.detach(), losses.detach()
+
+    def _clip_and_step(self) -> None:
+        parameters = self._optimizer.param_groups[0]["params"]
+        if self.max_grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_(parameters, self.max_grad_norm, foreach=True)
+        self._optimizer.step()
+        for parameter in parameters:  # zero_grad(set_to_none=True), which torch.compile does not trace
+            parameter.grad = None
 
     def extra_metrics(self) -> dict[str, torch.Tensor | float]:
         """Agent-specific training metrics beyond the loss terms (ε, ...). Default: none."""
         return {}
-
-    def optimizer_step(self, *args: Any, **kwargs: Any) -> None:
-        super().optimizer_step(*args, **kwargs)
-        self.on_update()
-        self.datamodule.after_update()
 
     def validation_step(self, batch: Any, batch_idx: int) -> None:
         """``python -m app validate``: greedy episodes in the evaluation environments."""

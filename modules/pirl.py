@@ -50,6 +50,7 @@ class PhysicsInformedDQN(DQN):
         collocation_points: interior points per update, and as many terminal and unsafe boundary points.
         gradient: how ``∇ₓV`` is computed: ``autograd`` (``create_graph=True``) or ``func`` (``torch.func``).
         compile: see :class:`~modules.base.RLModule`.
+        max_grad_norm: see :class:`~modules.base.RLModule`.
         check_finite_every: see :class:`~modules.base.RLModule`.
     """
 
@@ -71,6 +72,7 @@ class PhysicsInformedDQN(DQN):
         collocation_points: int = 32,
         gradient: Literal["autograd", "func"] = "autograd",
         compile: bool | str = False,
+        max_grad_norm: float | None = None,
         check_finite_every: int = 1,
     ) -> None:
         if pde_weight < 0:
@@ -97,6 +99,7 @@ class PhysicsInformedDQN(DQN):
             eps_end=eps_end,
             eps_frames=eps_frames,
             compile=compile,
+            max_grad_norm=max_grad_norm,
             check_finite_every=check_finite_every,
         )
         self.double_dqn = double_dqn

@@ -41,6 +41,7 @@ class PPO(RLModule):
         critic_coef: weight of the value loss.
         normalize_advantage: standardise advantages within each minibatch.
         compile: see :class:`~modules.base.RLModule`.
+        max_grad_norm: see :class:`~modules.base.RLModule` (PPO's usual 0.5).
         check_finite_every: see :class:`~modules.base.RLModule`.
     """
 
@@ -57,9 +58,10 @@ class PPO(RLModule):
         critic_coef: float = 0.5,
         normalize_advantage: bool = True,
         compile: bool | str = False,
+        max_grad_norm: float | None = None,
         check_finite_every: int = 1,
     ) -> None:
-        super().__init__(observation_spec, action_spec, lr, compile, check_finite_every)
+        super().__init__(observation_spec, action_spec, lr, compile, max_grad_norm, check_finite_every)
         self.save_hyperparameters(ignore=["observation_spec", "action_spec"])
         for name, value in (("gamma", gamma), ("gae_lambda", gae_lambda)):
             if not 0 <= value <= 1:
@@ -95,9 +97,6 @@ class PPO(RLModule):
     def greedy_policy(self) -> TensorDictModuleBase:
         # Under ExplorationType.DETERMINISTIC (set by evaluation and export) the actor takes the distribution's mode.
         return self.actor
-
-    def compiled_networks(self) -> list[nn.Module]:
-        return [self.actor_network, self.critic_network]
 
     @torch.no_grad()
     def postprocess(self, rollout: TensorDictBase) -> None:
