@@ -24,7 +24,7 @@ from torchrl.data import TensorSpec
 
 from modules.dqn import DQN
 from modules.networks import mlp
-from modules.physics import pde_residual
+from modules.pde import pde_residual
 
 
 class PhysicsInformedDQN(DQN):

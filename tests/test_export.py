@@ -1,52 +1,43 @@
-"""PolicyExport: traced modules from a real fit, their metadata and benchmark, the loader and its fallbacks, the Neuron
-path (with a stand-in ``torch_neuronx``), AOTInductor, and the export from a checkpoint alone."""
+"""PolicyExport and the export package: traced modules from real fits (the chain, and the shipped pirl_toy config),
+their metadata and benchmark, the equality check on the environment's own states (the vehicle's start states and
+collocation box), the Neuron path (with a stand-in ``torch_neuronx``), AOTInductor, and ``python -m export`` from a
+checkpoint alone. The loader's own tests are in test_export_loader.py."""
 
 from __future__ import annotations
 
-import hashlib
 import json
-import logging
+import os
 import shutil
+import subprocess
 import sys
-import types
 from pathlib import Path
 
 import pytest
 import torch
-from torch import nn
 
-import callbacks.export as export
-from callbacks.export import ExportMismatchError, PolicyExport, export_policy
-from callbacks.traced_policy import TracedPolicy
+import export.tracing as tracing
+from app.cli import build
+from callbacks.export import PolicyExport
+from datamodules.envs.physics import TAU
+from export.cli import main as export_main
+from export.inputs import environment_check_inputs
+from export.loader import TracedPolicy
+from export.tracing import ExportMismatchError, export_network_of, export_policy
 from modules.networks import observation_mlp
+from tests.export_helpers import (
+    CHAIN_SHAPE,
+    Shift,
+    assert_close_to_eager,
+    assert_each_damaged_file_is_refused,
+    fake_neuronx,
+    file_sha256,
+    seed_mlp,
+)
 from tests.helpers import chain_config, fit, write_config
 
+ROOT = Path(__file__).resolve().parents[1]
 FIT_SIZES = [8, 32]
 SEED_SIZES = [512, 1024, 2048]
-CHAIN_SHAPE = (6,)  # the chain env's one-hot observation (length 6 in chain_config), uint8
-
-
-def file_sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def seed_mlp() -> nn.Sequential:
-    """The PIRL seed's policy network: 16 → 32 → 32 → 32 → 25, Tanh hidden layers, Sigmoid output."""
-    torch.manual_seed(0)
-    widths = [16, 32, 32, 32]
-    layers: list[nn.Module] = []
-    for n_in, n_out in zip(widths, widths[1:], strict=False):
-        layers += [nn.Linear(n_in, n_out), nn.Tanh()]
-    return nn.Sequential(*layers, nn.Linear(32, 25), nn.Sigmoid()).eval()
-
-
-def assert_close_to_eager(policy, network: nn.Module, observation: torch.Tensor) -> None:
-    # Not bit-equal: a padded batch runs other matrix-multiply kernels than the eager one (about 3e-8 apart).
-    with torch.inference_mode():
-        expected = network(observation)
-    actual = policy(observation)
-    assert actual.shape == expected.shape
-    assert (actual - expected).abs().max().item() <= 1e-6
 
 
 @pytest.fixture(scope="module")
@@ -94,6 +85,18 @@ def test_fit_writes_checked_artifacts_with_matching_metadata(trained):
     assert metadata["eager"]["sha256"] == file_sha256(folder / "eager.pt2")
     assert metadata["torch"] == torch.__version__ and metadata["machine"]["torch_threads"] == 1
     assert metadata["parameters"] == sum(p.numel() for p in cli.model.q_network.parameters())
+    assert metadata["checkpoint"] == str(Path(cli.trainer.default_root_dir) / "checkpoints" / "last.ckpt")
+    # Checked on the chain's own start states too (it has no physics, so no collocation set): every chain starts in
+    # cell 0, so the recorded range is exactly that one-hot row, unlike the random 0/1 rows.
+    checks = metadata["checks"]
+    assert list(checks) == ["random", "env_start"]
+    assert checks["env_start"]["min"] == checks["env_start"]["max"] == [1, 0, 0, 0, 0, 0]
+    assert checks["random"]["min"] == [0] * 6 and checks["random"]["max"] == [1] * 6
+    rows = 3 * sum(FIT_SIZES) + 1 + 3 + 67  # 3 batches per traced size, and the eager fallback at 1, 3 and 67
+    assert checks["env_start"]["rows"] == checks["random"]["rows"] == rows
+    for artifact in [*metadata["artifacts"], metadata["eager"]]:
+        assert set(artifact["max_abs_diff_by_inputs"]) == {"random", "env_start"}
+        assert artifact["max_abs_diff"] == max(artifact["max_abs_diff_by_inputs"].values())
 
     # The files hold the trained weights, and load with plain torch: no lightrl code needed.
     q_network = cli.model.q_network.eval()
@@ -143,122 +146,77 @@ def test_seed_mlp_matches_eager_at_its_batch_sizes_and_the_report_shows_the_seed
     assert "this network is that size" in markdown
 
 
-def test_loader_pads_and_splits_any_batch_size(seed_export, caplog):
-    network, folder, _ = seed_export
-    with caplog.at_level(logging.INFO, logger="lightrl.export"):
-        policy = TracedPolicy.load(folder)
-    assert policy.backend_in_use == "torchscript" and policy.batch_sizes == tuple(SEED_SIZES)
-    calls: list[int] = []
-    for size, module in list(policy.modules.items()):
-        policy.modules[size] = lambda x, module=module, size=size: calls.append(size) or module(x)
-    routes = {1: [512], 511: [512], 512: [512], 700: [1024], 5000: [2048, 2048, 1024]}
-    generator = torch.Generator().manual_seed(1)
-    for n, expected_route in routes.items():
-        calls.clear()
-        observation = torch.rand(n, 16, generator=generator) * 2 - 1
-        assert_close_to_eager(policy, network, observation)
-        assert calls == expected_route, n
-    assert policy.act(observation).equal(network(observation).argmax(-1))
-    assert policy(observation[0]).shape == (25,)  # one observation, no batch dim
-    records = [r for r in caplog.records if r.name == "lightrl.export"]
-    assert len(records) == 1 and "running torchscript modules for batch sizes [512, 1024, 2048]" in records[0].message
-    with pytest.raises(TypeError, match="dtype torch.float64"):
-        policy(observation.double())
+# ------------------------------------------------------------------------------------------- the environment's states
+@pytest.fixture(scope="module")
+def vehicle():
+    """The model and data module of the shipped PIRL vehicle config, as ``python -m export`` builds them."""
+    return build([str(ROOT / "configs" / "pirl_vehicle.yaml")])
 
 
-@pytest.mark.parametrize("damage", ["missing", "corrupt"])
-def test_loader_falls_back_to_eager_when_an_artifact_is_missing_or_corrupt(trained, tmp_path, caplog, damage):
-    cli, source = trained
-    folder = shutil.copytree(source, tmp_path / "export")
-    if damage == "missing":
-        (folder / "policy_b32.pt").unlink()
-    else:
-        data = bytearray((folder / "policy_b32.pt").read_bytes())
-        data[len(data) // 2] ^= 0xFF
-        (folder / "policy_b32.pt").write_bytes(bytes(data))
-    with caplog.at_level(logging.INFO, logger="lightrl.export"):
-        policy = TracedPolicy.load(folder)
-        for n in (1, 8, 100):
-            assert_close_to_eager(policy, cli.model.q_network.eval(), torch.randint(0, 2, (n, 6), dtype=torch.uint8))
-    assert policy.backend_in_use == "eager" and policy.batch_sizes == ()
-    records = [r for r in caplog.records if r.name == "lightrl.export"]
-    assert len(records) == 1 and records[0].levelno == logging.WARNING  # logged once, not per call
-    assert "running the eager fallback eager.pt2 on CPU" in records[0].message
-    assert ("is missing" if damage == "missing" else "does not match its sha256") in records[0].message
+def test_vehicle_export_is_checked_on_its_start_states_and_collocation_box(vehicle, tmp_path):
+    model, datamodule = vehicle
+    network, shape, dtype = export_network_of(model)
+    sets = environment_check_inputs(datamodule)
+    metadata = export_policy(network, shape, dtype, [64], tmp_path, "torchscript", 2, benchmark=False, input_sets=sets)
+    checks = metadata["checks"]
+    assert json.loads((tmp_path / "export.json").read_text())["checks"] == checks
+    assert list(checks) == ["random", "env_start", "collocation"]
+    assert all(check["rows"] == 2 * 64 + 1 + 3 + 67 and check["max_abs_diff"] <= 1e-6 for check in checks.values())
+    assert set(metadata["artifacts"][0]["max_abs_diff_by_inputs"]) == set(checks)
+    # What each set fed, feature by feature: (vx, β, ω, e, ψ, waypoints…, τ).
+    random_low, random_high = torch.tensor(checks["random"]["min"]), torch.tensor(checks["random"]["max"])
+    assert random_low.min() >= -1 and random_high.max() <= 1
+    bounds = torch.tensor([20.0, 10.0, 30.0, 0.95, 30.0])
+    for name in ("env_start", "collocation"):
+        low, high = torch.tensor(checks[name]["min"]), torch.tensor(checks[name]["max"])
+        assert low.shape == (16,), name
+        assert low[0] >= 5 and high[0] <= 20 and high[0] - low[0] > 10, name  # real speeds, spread over the box
+        assert (low[1:5] >= -bounds[1:]).all() and (high[1:5] <= bounds[1:]).all(), name
+        assert high[2] > 20 and low[2] < -20, name  # yaw rates up to ±30 °/s, far outside [-1, 1]
+        assert low[TAU] >= 0 and high[TAU] <= 5 and high[TAU] > 4, name
+        assert high[5] > 1.5, name  # waypoints ahead of the car, metres away: taken from the environment
 
 
-def test_loader_says_so_when_neither_path_loads(trained, tmp_path):
-    folder = shutil.copytree(trained[1], tmp_path / "export")
-    (folder / "policy_b8.pt").unlink()
-    (folder / "eager.pt2").write_bytes(b"truncated")
-    with pytest.raises(RuntimeError, match=r"neither the traced modules \(.*policy_b8.pt is missing\) nor the eager"):
-        TracedPolicy.load(folder)
+def test_a_difference_only_on_real_vehicle_states_fails_the_export(vehicle, tmp_path, monkeypatch):
+    model, datamodule = vehicle
+    network, shape, dtype = export_network_of(model)
+    # A device that errs only at large inputs (vx > 2 m/s): uniform [-1, 1] inputs never see it.
+    fake, _ = fake_neuronx(lambda traced: Shift(traced, 1e-3, beyond=2.0))
+    monkeypatch.setitem(sys.modules, "torch_neuronx", fake)
+    blind = export_policy(network, shape, dtype, [32], tmp_path / "random", "neuron", benchmark=False)
+    assert blind["artifacts"][0]["max_abs_diff"] <= 1e-6  # what the check alone used to pass
+    sets = environment_check_inputs(datamodule)
+    with pytest.raises(
+        ExportMismatchError, match=r"at batch 32 .*neuron by up to 0\.001 on (env_start|collocation) inp"
+    ):
+        export_policy(network, shape, dtype, [32], tmp_path / "real", "neuron", benchmark=False, input_sets=sets)
+    assert not (tmp_path / "real" / "export.json").exists()
 
 
-def test_eager_fallback_is_torchscript_when_torch_export_fails(tmp_path, monkeypatch):
-    network = observation_mlp(CHAIN_SHAPE, [16], 3).eval()
-
-    def refuse(*args, **kwargs):
-        raise RuntimeError("data-dependent control flow")
-
-    monkeypatch.setattr(torch.export, "export", refuse)
-    for stale in ("policy_b999.pt", "eager.pt2"):  # an earlier export into the same folder
-        (tmp_path / stale).write_bytes(b"old")
-    metadata = export_policy(network, CHAIN_SHAPE, torch.uint8, [4], tmp_path, "torchscript", benchmark=False)
-    assert metadata["eager"]["format"] == "torchscript" and metadata["eager"]["file"] == "eager.pt"
-    assert sorted(p.name for p in tmp_path.glob("*.pt*")) == ["eager.pt", "policy_b4.pt"]
-    assert "data-dependent control flow" in metadata["eager"]["export_error"]
-    (tmp_path / "policy_b4.pt").unlink()
-    policy = TracedPolicy.load(tmp_path)
-    assert policy.backend_in_use == "eager"
-    assert_close_to_eager(policy, network, torch.randint(0, 2, (9, 6), dtype=torch.uint8))
+def test_pirl_toy_config_exports_after_fit_checked_on_its_own_states(tmp_path):
+    """The shipped config as README runs it (CSV logger on), shortened by flags; PolicyExport is its last callback."""
+    short = ["--trainer.max_steps", "50", "--trainer.logger.init_args.save_dir", str(tmp_path)]
+    short += ["--trainer.enable_progress_bar", "false", "--trainer.callbacks.init_args.backend", "torchscript"]
+    short += ["--trainer.callbacks.init_args.batch_sizes", "[64, 128]"]
+    cli = fit(ROOT / "configs" / "pirl_toy.yaml", *short, "--trainer.callbacks.init_args.benchmark_seconds", "0.05")
+    run = tmp_path / "pirl_toy" / "version_0"
+    metadata = json.loads((run / "export" / "export.json").read_text())
+    assert [a["batch_size"] for a in metadata["artifacts"]] == [64, 128]
+    assert metadata["checkpoint"] == str(run / "checkpoints" / "last.ckpt")
+    start, box = metadata["checks"]["env_start"], metadata["checks"]["collocation"]
+    # The toy starts at |x₁| <= 1.5, |x₂| <= 0.9; its collocation box is |x₁| <= 2, |x₂| <= 1; τ in [0, 1] for both.
+    assert max(-start["min"][0], start["max"][0]) <= 1.5 and max(-start["min"][1], start["max"][1]) <= 0.9
+    assert max(-box["min"][0], box["max"][0]) > 1.5 and max(-box["min"][0], box["max"][0]) <= 2
+    assert min(start["min"][2], box["min"][2]) >= 0 and max(start["max"][2], box["max"][2]) <= 1
+    policy = TracedPolicy.load(run / "export")
+    assert policy.backend_in_use == "torchscript"
+    assert_close_to_eager(policy, cli.model.export_network().eval(), torch.rand(100, 3) * 2 - 1)
+    assert_each_damaged_file_is_refused(run / "export", tmp_path / "damaged", str(run / "checkpoints" / "last.ckpt"))
 
 
 # ------------------------------------------------------------------------------------------- Neuron, stand-in
-def fake_neuronx(offset: float = 0.0) -> tuple[types.ModuleType, list[dict]]:
-    """A ``torch_neuronx`` whose ``trace`` records its calls and returns a TorchScript trace (plus ``offset``)."""
-    calls: list[dict] = []
-
-    def trace(func, example_inputs, **kwargs):
-        calls.append({"shape": tuple(example_inputs.shape), "dtype": example_inputs.dtype, **kwargs})
-        target = func if offset == 0 else nn.Sequential(func, Shift(offset))
-        return torch.jit.trace(target, example_inputs)
-
-    module = types.ModuleType("torch_neuronx")
-    module.trace = trace
-    return module, calls
-
-
-class Shift(nn.Module):
-    def __init__(self, offset: float) -> None:
-        super().__init__()
-        self.offset = offset
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.offset
-
-
-def test_neuron_path_traces_each_batch_size_at_its_exact_shape(tmp_path, monkeypatch, caplog):
-    fake, calls = fake_neuronx()
-    monkeypatch.setitem(sys.modules, "torch_neuronx", fake)
-    network = observation_mlp(CHAIN_SHAPE, [16], 3).eval()
-    metadata = export_policy(network, CHAIN_SHAPE, torch.uint8, [16, 4], tmp_path, benchmark=False)  # auto
-    assert [(c["shape"], c["dtype"]) for c in calls] == [((4, 6), torch.uint8), ((16, 6), torch.uint8)]
-    assert all(c["compiler_args"] == ["--auto-cast", "none"] for c in calls)  # fp32 on the device, not bf16
-    assert [a["backend"] for a in metadata["artifacts"]] == ["neuron", "neuron"]
-    assert all(a["max_abs_diff"] <= 1e-6 for a in metadata["artifacts"])
-
-    assert TracedPolicy.load(tmp_path).backend_in_use == "neuron"
-    monkeypatch.setitem(sys.modules, "torch_neuronx", None)  # `import torch_neuronx` now fails
-    with caplog.at_level(logging.WARNING, logger="lightrl.export"):
-        policy = TracedPolicy.load(tmp_path)
-    assert policy.backend_in_use == "eager"
-    assert "torch_neuronx does not import" in caplog.text
-    assert_close_to_eager(policy, network, torch.randint(0, 2, (7, 6), dtype=torch.uint8))
-
-
 def test_neuron_output_off_by_more_than_the_tolerance_is_refused(tmp_path, monkeypatch):
-    fake, calls = fake_neuronx(offset=1e-3)  # what bf16 auto-casting would do to the outputs
+    fake, calls = fake_neuronx(lambda network: Shift(network, 1e-3))  # what bf16 auto-casting would do to the outputs
     monkeypatch.setitem(sys.modules, "torch_neuronx", fake)
     network = observation_mlp(CHAIN_SHAPE, [16], 3).eval()
     with pytest.raises(ExportMismatchError, match=r"at batch 8 .*neuron by up to 0\.001.*tolerance 1e-06"):
@@ -272,7 +230,9 @@ def test_neuron_output_off_by_more_than_the_tolerance_is_refused(tmp_path, monke
 )
 def test_aot_backend_compiles_checks_and_loads_and_auto_keeps_the_faster(tmp_path):
     network = observation_mlp(CHAIN_SHAPE, [16], 3).eval()
-    metadata = export_policy(network, CHAIN_SHAPE, torch.uint8, [16], tmp_path, "aot", benchmark=False)
+    metadata = export_policy(
+        network, CHAIN_SHAPE, torch.uint8, [16], tmp_path, "aot", benchmark=False, checkpoint="a.ckpt"
+    )
     (artifact,) = metadata["artifacts"]
     assert artifact["backend"] == "aot" and artifact["file"] == "policy_b16.pt2"
     assert artifact["sha256"] == file_sha256(tmp_path / "policy_b16.pt2") and artifact["max_abs_diff"] <= 1e-6
@@ -280,6 +240,8 @@ def test_aot_backend_compiles_checks_and_loads_and_auto_keeps_the_faster(tmp_pat
     assert policy.backend_in_use == "aot"
     for n in (5, 16, 40):
         assert_close_to_eager(policy, network, torch.randint(0, 2, (n, 6), dtype=torch.uint8))
+    damaged = assert_each_damaged_file_is_refused(tmp_path, tmp_path.parent / "aot-damaged", "a.ckpt")
+    assert damaged == ["policy_b16.pt2", "eager.pt2"]
 
     # `auto` compiles and times both portable backends (at the same shape, so AOT now hits the compile cache).
     metadata = export_policy(network, CHAIN_SHAPE, torch.uint8, [16], tmp_path / "auto", "auto", benchmark_seconds=0.05)
@@ -294,14 +256,14 @@ def test_aot_backend_compiles_checks_and_loads_and_auto_keeps_the_faster(tmp_pat
 
 
 def test_auto_without_a_compiler_keeps_torchscript_and_says_why(tmp_path, monkeypatch):
-    compile_ = export._compile
+    compile_ = tracing._compile
 
     def no_compiler(network, example, backend, path):
         if backend == "aot":
             raise RuntimeError("Invalid cxx_compiler: g++ not found")
         compile_(network, example, backend, path)
 
-    monkeypatch.setattr(export, "_compile", no_compiler)
+    monkeypatch.setattr(tracing, "_compile", no_compiler)
     network = observation_mlp(CHAIN_SHAPE, [16], 3).eval()
     metadata = export_policy(network, CHAIN_SHAPE, torch.uint8, [4], tmp_path, "auto", benchmark=False)
     (artifact,) = metadata["artifacts"]
@@ -339,7 +301,7 @@ def test_export_from_a_checkpoint_alone(trained, tmp_path, capsys):
     shutil.copy(Path(cli.trainer.default_root_dir) / "checkpoints" / "last.ckpt", run / "checkpoints" / "last.ckpt")
     argv = ["--checkpoint", str(run / "checkpoints" / "last.ckpt"), "--batch-sizes", "4", "16"]
     argv += ["--backend", "torchscript", "--benchmark-seconds", "0.05", "--data.init_args.num_envs", "4"]
-    metadata = export.main(argv)
+    metadata = export_main(argv)
 
     out = capsys.readouterr().out
     assert "batch 4: traced (torchscript" in out and "batch 16: traced (torchscript" in out
@@ -349,7 +311,7 @@ def test_export_from_a_checkpoint_alone(trained, tmp_path, capsys):
     folder = run / "export"
     assert json.loads((folder / "export.json").read_text())["artifacts"] == metadata["artifacts"]
     report = json.loads((folder / "export_benchmark.json").read_text())
-    assert report["command"] == ["python -m callbacks.export", *argv]
+    assert report["command"] == ["python -m export", *argv]
     policy = TracedPolicy.load(folder)
     assert_close_to_eager(policy, cli.model.q_network.eval(), torch.randint(0, 2, (21, 6), dtype=torch.uint8))
 
@@ -376,7 +338,35 @@ def test_cli_bad_input_is_one_line_naming_the_flag(trained, tmp_path, capsys, ar
     (tmp_path / "junk.ckpt").write_bytes(b"not a checkpoint")
     (tmp_path / "c.yaml").write_text("{}\n")
     with pytest.raises(SystemExit) as exit_:
-        export.main([arg.format(tmp=tmp_path, ckpt=ckpt) for arg in args])
+        export_main([arg.format(tmp=tmp_path, ckpt=ckpt) for arg in args])
     assert exit_.value.code == 2
     error = capsys.readouterr().err.strip().splitlines()[-1]
-    assert error.startswith("python -m callbacks.export: error: " + message.format(tmp=tmp_path, ckpt=ckpt))
+    assert error.startswith("python -m export: error: " + message.format(tmp=tmp_path, ckpt=ckpt))
+
+
+def test_both_command_names_run_the_tool(trained, tmp_path):
+    """``python -m export`` and the name README used before, ``python -m callbacks.export``, as real processes."""
+    cli, _ = trained
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    shutil.copy(Path(cli.trainer.default_root_dir) / "config.yaml", run / "config.yaml")
+    shutil.copy(Path(cli.trainer.default_root_dir) / "checkpoints" / "last.ckpt", run / "checkpoints" / "last.ckpt")
+    environment = {**os.environ, "PYTHONPATH": str(ROOT)}
+
+    def command(module: str, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", module, *args], cwd=ROOT, env=environment, capture_output=True, text=True
+        )
+
+    missing = command("export", "--checkpoint", str(tmp_path / "nope.ckpt"))
+    assert missing.returncode == 2 and "Traceback" not in missing.stderr
+    assert (
+        missing.stderr.strip().splitlines()[-1]
+        == f"python -m export: error: --checkpoint {tmp_path}/nope.ckpt: no such file"
+    )
+    args = ["--checkpoint", str(run / "checkpoints" / "last.ckpt"), "--batch-sizes", "4", "--backend", "torchscript"]
+    args += ["--no-benchmark"]
+    done = command("callbacks.export", *args)
+    assert done.returncode == 0, done.stderr
+    assert f"Wrote {run / 'export' / 'export.json'}" in done.stdout
+    assert TracedPolicy.load(run / "export").batch_sizes == (4,)

@@ -8,17 +8,17 @@ import pytest
 import torch
 from torch import nn
 
-from modules.physics import (
+from datamodules.envs.physics import (
     DEG,
     TAU,
     ToyPhysics,
     VehicleParameters,
     VehiclePhysics,
-    pde_residual,
     vehicle_controls,
     vehicle_dynamics,
     waypoint_curvature,
 )
+from modules.pde import pde_residual
 
 
 def test_action_index_maps_to_throttle_and_steer():

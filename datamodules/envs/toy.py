@@ -1,9 +1,9 @@
 """The PIRL authors' 2-D toy system as a batched TorchRL environment: a tiny, fast safety task for tests.
 
 State ``(x₁, x₂, τ)``; the controlled diffusion ``dx = f(x, u) dt + σ dW`` with drift ``f = (−x₁³ − x₂, x₁ + x₂ + u)``
-(:class:`modules.physics.ToyPhysics`, which the PDE loss also uses), σ = 0.4 on both coordinates, integrated by
-Euler–Maruyama steps of ``dt``. Unsafe when ``|x₂| > 1``; reward 1 when the horizon τ ~ U(0, ``tau_max``) runs out
-in the safe set. Actions pick ``u`` from ``controls``.
+(:class:`datamodules.envs.physics.ToyPhysics`, which the PDE loss also uses), σ = 0.4 on both coordinates,
+integrated by Euler–Maruyama steps of ``dt``. Unsafe when ``|x₂| > 1``; reward 1 when the horizon
+τ ~ U(0, ``tau_max``) runs out in the safe set. Actions pick ``u`` from ``controls``.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from typing import Any
 
 import torch
 
+from datamodules.envs.physics import ToyPhysics
 from datamodules.envs.safety import SafetyEnv
-from modules.physics import ToyPhysics
 
 
 class ToyEnv(SafetyEnv):

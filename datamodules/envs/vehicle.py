@@ -1,10 +1,10 @@
 """The PIRL vehicle as a batched TorchRL environment: thousands of cars on a road, stepped by tensor ops (CPU or CUDA).
 
 The seed drove a CARLA car; CARLA cannot run here, so this environment integrates the same dynamic bicycle model
-with Pacejka tyres (:mod:`modules.physics`, which the PDE loss also calls) on a synthetic road and produces the same
-16-dimensional state: ``(vx, β, ω, e, ψ, Δx₁…₅, Δy₁…₅, τ)`` — speed (m/s), slip angle (deg), yaw rate (deg/s),
-lateral error (m) and heading error (deg) relative to the centre line, the 5 next waypoints in the car's frame (m),
-and the remaining horizon (s).
+with Pacejka tyres (:mod:`datamodules.envs.physics`, which the PDE loss also differentiates) on a synthetic road and
+produces the same 16-dimensional state: ``(vx, β, ω, e, ψ, Δx₁…₅, Δy₁…₅, τ)`` — speed (m/s), slip angle (deg), yaw
+rate (deg/s), lateral error (m) and heading error (deg) relative to the centre line, the 5 next waypoints in the car's
+frame (m), and the remaining horizon (s).
 
 The road is a **fixed course**, the same for every environment: a closed circuit of four identical quarters, each a
 30 m straight, a 120° left curve of radius 25 m, a 10 m straight and a 30° right curve of radius 30 m (432 m in
@@ -26,8 +26,7 @@ from typing import Any
 
 import torch
 
-from datamodules.envs.safety import SafetyEnv
-from modules.physics import (
+from datamodules.envs.physics import (
     BETA,
     DEG,
     HEADING,
@@ -40,6 +39,7 @@ from modules.physics import (
     vehicle_controls,
     vehicle_dynamics,
 )
+from datamodules.envs.safety import SafetyEnv
 
 # One quarter of the circuit: (length m, turn rad). Four quarters turn 4 × 90° and close the loop.
 _QUARTER = ((30.0, 0.0), (25.0 * 2 * math.pi / 3, 2 * math.pi / 3), (10.0, 0.0), (30.0 * math.pi / 6, -math.pi / 6))
@@ -70,8 +70,8 @@ class VehicleEnv(SafetyEnv):
         lateral_bound: |e| above it ends the episode (m).
         min_speed: vx below it ends the episode (m/s).
         start_spread: start states are drawn uniformly from the PDE's collocation box (vx 5–20 m/s, β ±10°,
-            ω ±30°/s, e ±0.95 × lateral_bound, ψ ±30°: :class:`~modules.physics.VehiclePhysics`) shrunk around its
-            centre by this factor; 1 is the whole box, where the learned V is checked against Monte Carlo.
+            ω ±30°/s, e ±0.95 × lateral_bound, ψ ±30°: :class:`~datamodules.envs.physics.VehiclePhysics`) shrunk
+            around its centre by this factor; 1 is the whole box, where the learned V is checked against Monte Carlo.
         noise_std: process noise on (vx, β, ω, e, ψ), per √s, in state units.
         dt: seconds per step.
         substeps: Euler steps per ``dt``.

@@ -1,14 +1,18 @@
 """TracedPolicy: an exported policy network served at any batch size, with the eager fallback of the seed's hybrid
-execution. The deployment side of :mod:`callbacks.export`, which writes the folder this reads.
+execution. The deployment side of :mod:`export.tracing`, which writes the folder this reads; it needs only torch.
 
 Usage::
 
-    from callbacks.traced_policy import TracedPolicy
+    from export.loader import TracedPolicy
 
     policy = TracedPolicy.load("runs/pirl_vehicle/version_0/export")
     q_values = policy(observations)         # any batch size: padded to or split over the traced sizes
     actions = policy.act(observations)      # argmax over the outputs
     print(policy.backend_in_use)            # neuron, torchscript, aot, or eager (the fallback)
+
+Every file ``export.json`` lists is checked against its sha256 before anything loads: a missing, corrupt or replaced
+file is refused with :class:`ExportIntegrityError`, never served. The eager fallback (``eager.pt2``) runs only when
+intact traced modules cannot load on this machine (Neuron modules without ``torch_neuronx``, say).
 """
 
 from __future__ import annotations
@@ -22,12 +26,17 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import torch
 
 log = logging.getLogger("lightrl.export")
 
 METADATA, EAGER = "export.json", "eager.pt2"
+
+
+class ExportIntegrityError(RuntimeError):
+    """A file of an export folder is missing, or its sha256 differs from the one ``export.json`` records."""
 
 
 def neuron() -> ModuleType | None:
@@ -56,6 +65,7 @@ def quiet() -> Iterator[None]:
 
 
 def load_artifact(backend: str, path: Path) -> Callable[[torch.Tensor], torch.Tensor]:
+    """Loads one traced module (``neuron``, ``torchscript`` or ``aot``) without checking it: see :func:`verify`."""
     if backend == "aot":
         return torch._inductor.aoti_load_package(str(path))
     if backend == "neuron":
@@ -64,6 +74,26 @@ def load_artifact(backend: str, path: Path) -> Callable[[torch.Tensor], torch.Te
         return torch.jit.load(str(path))
     with quiet():
         return torch.jit.load(str(path), map_location="cpu")
+
+
+def load_eager(path: Path, file_format: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    """Loads the eager fallback: a ``torch.export`` program (``eager.pt2``) or, when export failed, TorchScript."""
+    return load_artifact("torchscript", path) if file_format == "torchscript" else torch.export.load(str(path)).module()
+
+
+def verify(path: Path, expected: str, remedy: str) -> Path:
+    """``path`` when it exists and its sha256 is ``expected``; else :class:`ExportIntegrityError` naming it."""
+    if not path.is_file():
+        raise ExportIntegrityError(f"{path}: missing, though {METADATA} lists it; {remedy}")
+    if sha256(path) != expected:
+        raise ExportIntegrityError(f"{path}: sha256 does not match {METADATA} (corrupt or replaced); {remedy}")
+    return path
+
+
+def reexport_command(metadata: dict[str, Any]) -> str:
+    """How to rebuild the folder: from the checkpoint the export recorded, else the run's usual one."""
+    checkpoint = metadata.get("checkpoint") or "<run folder>/checkpoints/last.ckpt"
+    return f"re-export with python -m export --checkpoint {checkpoint}"
 
 
 class TracedPolicy:
@@ -101,28 +131,41 @@ class TracedPolicy:
 
     @classmethod
     def load(cls, dirpath: str | Path) -> TracedPolicy:
-        """Loads the export in ``dirpath`` (its ``export.json``), verifying each file's sha256 first."""
+        """Loads the export in ``dirpath`` (its ``export.json``).
+
+        Raises:
+            ExportIntegrityError: a listed file (traced module or eager fallback) is missing or fails its sha256;
+                the whole folder is refused, since whoever changed one file may have changed the others.
+        """
         dirpath = Path(dirpath)
+        if not (dirpath / METADATA).is_file():
+            raise FileNotFoundError(f"{dirpath / METADATA}: no such file (python -m export --checkpoint writes one)")
         metadata = json.loads((dirpath / METADATA).read_text())
         shape, dtype = metadata["input"]["shape"], getattr(torch, metadata["input"]["dtype"])
+        remedy = reexport_command(metadata)
+        # Every file first, the fallback included: a tampered file is an error, not a reason to serve another one.
+        paths = {
+            entry["file"]: verify(dirpath / entry["file"], entry["sha256"], remedy)
+            for entry in [*metadata["artifacts"], metadata["eager"]]
+        }
         try:
             modules, backends = {}, []
             for artifact in metadata["artifacts"]:
-                path = verified(dirpath / artifact["file"], artifact["sha256"])
-                modules[artifact["batch_size"]] = load_artifact(artifact["backend"], path)
+                modules[artifact["batch_size"]] = load_artifact(artifact["backend"], paths[artifact["file"]])
                 backends += [artifact["backend"]] if artifact["backend"] not in backends else []
-        except Exception as error:  # whatever stops the traced path, the eager one may still run
+        except Exception as error:
+            # The files verified above, so what fails here is this machine, not them: Neuron modules without
+            # torch_neuronx, an AOT package built for another CPU or torch. The verified eager program may still run.
             eager = metadata["eager"]
             try:
-                path = verified(dirpath / eager["file"], eager["sha256"])
-                torchscript = eager["format"] == "torchscript"
-                module = load_artifact("torchscript", path) if torchscript else torch.export.load(str(path)).module()
+                module = load_eager(paths[eager["file"]], eager["format"])
             except Exception as eager_error:
                 raise RuntimeError(
                     f"{dirpath}: neither the traced modules ({error}) nor the eager fallback ({eager_error}) load"
                 ) from eager_error
             log.warning(
-                "TracedPolicy: the traced modules in %s do not load (%s: %s); running the eager fallback %s on CPU",
+                "TracedPolicy: the traced modules in %s cannot load here (%s: %s); running the eager fallback %s on "
+                "CPU",
                 dirpath,
                 type(error).__name__,
                 error,
@@ -163,11 +206,3 @@ class TracedPolicy:
     def act(self, observation: torch.Tensor) -> torch.Tensor:
         """The greedy action: argmax over the outputs (Q-values or action scores)."""
         return self(observation).argmax(-1)
-
-
-def verified(path: Path, expected: str) -> Path:
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing")
-    if sha256(path) != expected:
-        raise ValueError(f"{path} does not match its sha256 in {METADATA} (corrupt or replaced)")
-    return path

@@ -1,0 +1,128 @@
+"""``python -m export``: trace a trained policy from a checkpoint alone, check it against eager, benchmark it.
+
+Commands::
+
+    python -m export --checkpoint runs/pirl_vehicle/version_0/checkpoints/last.ckpt --threads 1
+    python -m export --checkpoint last.ckpt --config configs/snake_dqn.yaml --batch-sizes 256 --out export
+
+The model and data module are rebuilt from the run's config (``config.yaml`` beside the checkpoint, or ``--config``),
+the checkpoint's weights loaded, and :func:`export.tracing.export_policy` run on ``export_network()``, checked on
+random inputs and on the environment's own states (:mod:`export.inputs`). Flags it does not know
+(``--data.init_args.env.init_args.size 12``) override the config. ``python -m callbacks.export`` is the same tool.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from export.inputs import environment_check_inputs
+from export.loader import METADATA
+from export.report import BENCHMARK
+from export.tracing import BACKENDS, check_options, export_network_of, export_policy
+
+
+def find_config(checkpoint: Path, levels: int = 3) -> Path | None:
+    """The ``config.yaml`` LightningCLI saved in the run folder: next to the checkpoint or up to ``levels - 1``
+    folders above it (``runs/x/version_0/checkpoints/last.ckpt`` → ``runs/x/version_0/config.yaml``). No further,
+    so that an unrelated config higher up is never picked."""
+    for folder in list(checkpoint.resolve().parents)[:levels]:
+        if (folder / "config.yaml").is_file():
+            return folder / "config.yaml"
+    return None
+
+
+def main(argv: Sequence[str] | None = None, prog: str = "python -m export") -> dict[str, Any]:
+    """Parses ``argv`` (default ``sys.argv[1:]``), exports, and returns the metadata written to ``export.json``.
+    Bad input exits with status 2 and one line ``<prog>: error: ...`` naming the flag."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description="Trace a trained policy from a checkpoint, check it against eager and benchmark it.",
+        allow_abbrev=False,  # the unknown flags go to the model's config: never guess which of ours they abbreviate
+    )
+    parser.add_argument("--checkpoint", required=True, help="a Lightning checkpoint (e.g. .../checkpoints/last.ckpt)")
+    parser.add_argument(
+        "--config",
+        action="append",
+        default=[],
+        help="the training config(s), composed in order; default the run's saved config.yaml near the checkpoint",
+    )
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[512, 1024, 2048], help="traced batch sizes")
+    parser.add_argument("--backend", choices=BACKENDS, default="auto", help="default auto: Neuron, else the fastest")
+    parser.add_argument("--out", default=None, help="output folder; default <run folder>/export")
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads for the checks and benchmark")
+    parser.add_argument("--check-batches", type=int, default=3, help="batches of each input set compared with eager")
+    parser.add_argument("--tolerance", type=float, default=1e-6, help="max |traced - eager| allowed")
+    parser.add_argument("--benchmark-seconds", type=float, default=1.0, help="time per benchmark figure")
+    parser.add_argument("--no-benchmark", action="store_true", help="skip the benchmark")
+    args, overrides = parser.parse_known_args(argv)
+
+    checkpoint = Path(args.checkpoint)
+    if not checkpoint.is_file():
+        parser.error(f"--checkpoint {checkpoint}: no such file")
+    try:
+        sizes = check_options(
+            args.batch_sizes,
+            args.backend,
+            args.check_batches,
+            args.tolerance,
+            args.benchmark_seconds,
+            flag=lambda name: "--" + name.replace("_", "-"),
+        )
+    except ValueError as error:
+        parser.error(str(error))
+    if args.threads < 1:
+        parser.error(f"--threads must be >= 1, got {args.threads}")
+    configs = args.config or [find_config(checkpoint)]
+    if configs[0] is None:
+        parser.error(f"--config: no config.yaml next to {checkpoint} or in the 2 folders above; pass the run's config")
+    for config in configs:
+        if not Path(config).is_file():
+            parser.error(f"--config {config}: no such file")
+    try:
+        state = torch.load(checkpoint, map_location="cpu", weights_only=True)
+    except Exception as error:  # truncated file, not a checkpoint, pickled objects: one line each
+        parser.error(f"--checkpoint {checkpoint} cannot be read: {str(error).splitlines()[0]}")
+    if not isinstance(state, dict) or "state_dict" not in state:
+        parser.error(f"--checkpoint {checkpoint} has no state_dict: not a Lightning checkpoint")
+
+    from app.cli import build  # lazy: the CLI's import registers every agent and data module
+
+    model, datamodule = build([str(config) for config in configs], overrides)
+    try:
+        model.load_state_dict(state["state_dict"])
+    except RuntimeError as error:
+        detail = " ".join(line.strip() for line in str(error).splitlines()[:2])  # the error and its first key list
+        parser.error(f"--checkpoint {checkpoint} does not fit the model built from --config {configs}: {detail}")
+    torch.set_num_threads(args.threads)  # after build, which sets the config's own `threads`
+    network, shape, dtype = export_network_of(model)
+    run_folder = checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else checkpoint.parent
+    out = Path(args.out) if args.out else run_folder / "export"
+    print(
+        f"Exporting {type(model).__name__}.export_network() from {checkpoint} (torch threads: {args.threads}) to {out}"
+    )
+    metadata = export_policy(
+        network,
+        shape,
+        dtype,
+        sizes,
+        out,
+        args.backend,
+        args.check_batches,
+        args.tolerance,
+        not args.no_benchmark,
+        args.benchmark_seconds,
+        command=[prog, *argv],
+        progress=print,
+        input_sets=environment_check_inputs(datamodule),  # the data module is built on the CPU: so are its envs
+        checkpoint=checkpoint,
+    )
+    report = f"; benchmark: {out / (BENCHMARK + '.md')}" if not args.no_benchmark else ""
+    print(f"Wrote {out / METADATA}{report}")
+    return metadata
