@@ -137,7 +137,7 @@ class RLDataModule(pl.LightningDataModule):
         self._observation_spec: Composite = probe.observation_spec[0].clone()
         self._action_spec: TensorSpec = probe.action_spec[0].clone()
         self.episode_metric_keys: tuple[str, ...] = tuple(getattr(probe, "episode_metric_keys", ()))
-        #: the environment's dynamics for physics-informed losses (``modules.physics``), when it has them.
+        #: the environment's dynamics for physics-informed losses (``datamodules.envs.physics``), when it has them.
         self.physics: Any = getattr(probe, "physics", None)
         probe.close()
 

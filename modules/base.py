@@ -15,9 +15,9 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
+from lightning.pytorch.plugins.precision import MixedPrecision
 from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModuleBase
-from lightning.pytorch.plugins.precision import MixedPrecision
 from torch import nn
 from torchrl.data import TensorSpec
 
