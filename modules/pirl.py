@@ -27,6 +27,11 @@ from modules.networks import mlp
 from modules.pde import pde_residual
 
 
+# ∇ₓV with its graph makes the loss's backward a double backward, which torch.compile's autograd cannot compile:
+# with `compile` on, the residual runs eagerly and the rest of the loss (the DQN error, the boundary terms) compiled.
+_eager_pde_residual = torch.compiler.disable(pde_residual)
+
+
 class PhysicsInformedDQN(DQN):
     """DQN on a sigmoid Q-network, plus ``pde_weight × PDE residual² + boundary_weight × boundary error²``.
 
@@ -142,7 +147,7 @@ class PhysicsInformedDQN(DQN):
         losses = TensorDict({"loss": (q - target).pow(2).mean()})
         points = self.physics.collocation(self.collocation_points, batch["observation"])
         if self.pde_weight > 0:
-            residual = pde_residual(self.q_network, points["interior"], self.physics.drift, self.gradient_method)
+            residual = _eager_pde_residual(self.q_network, points["interior"], self.physics.drift, self.gradient_method)
             losses["loss_pde"] = self.pde_weight * residual.pow(2).mean()
         if self.boundary_weight > 0:
             # V → 1 at τ = 0 in the safe set, V → 0 on the unsafe boundary; one forward for both.
