@@ -26,7 +26,6 @@ from modules.dqn import DQN
 from modules.networks import mlp
 from modules.pde import pde_residual
 
-
 # ∇ₓV with its graph makes the loss's backward a double backward, which torch.compile's autograd cannot compile:
 # with `compile` on, the residual runs eagerly and the rest of the loss (the DQN error, the boundary terms) compiled.
 _eager_pde_residual = torch.compiler.disable(pde_residual)
