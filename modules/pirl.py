@@ -3,8 +3,9 @@
 Hoshino et al., "Autonomous Drifting Based on Maximal Safety Probability Learning", ITSC 2024 (arXiv 2409.03160);
 the method: arXiv 2403.16391. With reward 1 for reaching the end of the horizon τ in the safe set, 0 for leaving it,
 and discount 1, ``Q(x, a)`` is the probability of staying safe, and ``V = maxₐ Q`` solves a PDE whose drift is the
-system's dynamics (:mod:`datamodules.envs.physics` (the loss maths: :mod:`modules.pde`)). The loss adds to the DQN error the PDE residual at random interior
-points and the boundary conditions (``V = 1`` when τ = 0, ``V = 0`` on the unsafe boundary).
+system's dynamics (the environment's, :mod:`datamodules.envs.physics`). The loss adds to the DQN error the PDE
+residual (:mod:`modules.pde`) at random interior points and the boundary conditions (``V = 1`` when τ = 0, ``V = 0``
+on the unsafe boundary).
 
 Usage::
 
