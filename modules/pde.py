@@ -14,7 +14,7 @@ This is the loss's maths; the drift ``f`` and the collocation box belong to the 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
@@ -52,3 +52,42 @@ def pde_residual(
     with torch.no_grad():
         rates = drift(states, best)
     return (gradient * rates).sum(-1)
+
+
+# ∇ₓV with its graph makes the loss's backward a double backward, which torch.compile's autograd cannot compile:
+# inside a compiled loss the residual runs eagerly, and the rest of the loss compiled (outside one, this is a no-op).
+_eager_pde_residual = torch.compiler.disable(pde_residual)
+
+
+def physics_losses(
+    q_network: Callable[[torch.Tensor], torch.Tensor],
+    physics: Any,
+    replay_states: torch.Tensor,
+    points: int,
+    pde_weight: float,
+    boundary_weight: float,
+    method: Literal["autograd", "func"] = "autograd",
+) -> dict[str, torch.Tensor]:
+    """The physics-informed terms of the PIRL loss, weighted: ``loss_pde`` and ``loss_boundary`` (a zero weight
+    leaves its term out).
+
+    Args:
+        q_network: ``states [n, d] -> Q [n, actions]`` (safety probabilities).
+        physics: the environment's dynamics and collocation domain (``datamodules.envs.physics``).
+        replay_states: a replay batch's states; collocation points copy their waypoint dimensions.
+        points: interior points, and as many terminal and unsafe boundary points.
+        pde_weight: weight of the mean squared residual ``∇ₓV · f(x, a*)`` at the interior points.
+        boundary_weight: weight of ``(V − 1)²`` at τ = 0 plus ``V²`` on the unsafe boundary.
+        method: how ``∇ₓV`` is computed (see :func:`pde_residual`).
+    """
+    collocation = physics.collocation(points, replay_states)
+    losses = {}
+    if pde_weight > 0:
+        residual = _eager_pde_residual(q_network, collocation["interior"], physics.drift, method)
+        losses["loss_pde"] = pde_weight * residual.pow(2).mean()
+    if boundary_weight > 0:
+        # V → 1 at τ = 0 in the safe set, V → 0 on the unsafe boundary; one forward for both.
+        value = q_network(torch.cat((collocation["terminal"], collocation["unsafe"]))).max(-1).values
+        terminal, unsafe = value.split([len(collocation["terminal"]), len(collocation["unsafe"])])
+        losses["loss_boundary"] = boundary_weight * ((terminal - 1).pow(2).mean() + unsafe.pow(2).mean())
+    return losses

@@ -25,11 +25,7 @@ from torchrl.data import TensorSpec
 
 from modules.dqn import DQN
 from modules.networks import mlp
-from modules.pde import pde_residual
-
-# ∇ₓV with its graph makes the loss's backward a double backward, which torch.compile's autograd cannot compile:
-# with `compile` on, the residual runs eagerly and the rest of the loss (the DQN error, the boundary terms) compiled.
-_eager_pde_residual = torch.compiler.disable(pde_residual)
+from modules.pde import physics_losses
 
 
 class PhysicsInformedDQN(DQN):
@@ -144,14 +140,15 @@ class PhysicsInformedDQN(DQN):
             next_value = next_q.max(-1).values if next_action is None else next_q.gather(-1, next_action).squeeze(-1)
         not_over = ~batch["next", "terminated"].view(-1)
         target = batch["next", "reward"].view(-1) + not_over * next_value
-        losses = TensorDict({"loss": (q - target).pow(2).mean()})
-        points = self.physics.collocation(self.collocation_points, batch["observation"])
-        if self.pde_weight > 0:
-            residual = _eager_pde_residual(self.q_network, points["interior"], self.physics.drift, self.gradient_method)
-            losses["loss_pde"] = self.pde_weight * residual.pow(2).mean()
-        if self.boundary_weight > 0:
-            # V → 1 at τ = 0 in the safe set, V → 0 on the unsafe boundary; one forward for both.
-            value = self.value(torch.cat((points["terminal"], points["unsafe"])))
-            terminal, unsafe = value.split([len(points["terminal"]), len(points["unsafe"])])
-            losses["loss_boundary"] = self.boundary_weight * ((terminal - 1).pow(2).mean() + unsafe.pow(2).mean())
+        dqn_error = (q - target).pow(2).mean()
+        physics = physics_losses(
+            self.q_network,
+            self.physics,
+            batch["observation"],
+            self.collocation_points,
+            self.pde_weight,
+            self.boundary_weight,
+            self.gradient_method,
+        )
+        losses = TensorDict({"loss": dqn_error, **physics})
         return losses
