@@ -9,7 +9,7 @@ from tensordict import TensorDictBase
 from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
 from torchrl.envs import EnvBase
 
-from datamodules.base import RLDataModule, check_positive
+from datamodules.base import RLDataModule, check_positive, from_plain, to_plain
 
 
 class ReplayDataModule(RLDataModule):
@@ -51,6 +51,8 @@ class ReplayDataModule(RLDataModule):
         self.frames_per_update = frames_per_update
         self.buffer: TensorDictReplayBuffer | None = None
         self.update_credit = 0.0  # updates earned by collected frames and not yet taken
+        self.pending: TensorDictBase | None = None  # batches drawn for the coming updates, served in order
+        self.cursor = 0  # batches of `pending` already served
 
     def setup(self, stage: str) -> None:
         super().setup(stage)
@@ -62,29 +64,43 @@ class ReplayDataModule(RLDataModule):
 
     def _batches(self) -> Iterator[TensorDictBase]:
         while True:
-            while self.update_credit < 1.0:
-                batch = self.collect()
-                with self.timer.phase("buffer_write"):
-                    # Collector metadata is not experience; everything else (obs, action, next obs, reward, done)
-                    # is what the loss reads.
-                    self.buffer.extend(batch.exclude("collector").reshape(-1))
-                if self.frames >= self.warmup_frames:
-                    self.update_credit += batch.numel() / self.frames_per_update
+            if self.pending is None:
+                while self.update_credit < 1.0:
+                    batch = self.collect()
+                    with self.timer.phase("buffer_write"):
+                        # Collector metadata is not experience; everything else (obs, action, next obs, reward, done)
+                        # is what the loss reads.
+                        self.buffer.extend(batch.exclude("collector").reshape(-1))
+                    if self.frames >= self.warmup_frames:
+                        self.update_credit += batch.numel() / self.frames_per_update
+                # The buffer does not change until the next collection, so the batches of every update this one
+                # earned are drawn in one call: the same uniform draws as one call per update, for a fraction of
+                # the replay buffer's per-call cost (0.3-0.9 ms, more than the Snake network's forward pass).
+                updates = int(self.update_credit)
+                with self.timer.phase("sample"):
+                    self.pending = self.buffer.sample(updates * self.batch_size)
+                self.cursor = 0
+            start = self.cursor * self.batch_size
+            sample = self.pending[start : start + self.batch_size]
+            self.cursor += 1
             self.update_credit -= 1.0
-            with self.timer.phase("sample"):
-                sample = self.buffer.sample()
+            if self.cursor * self.batch_size == self.pending.numel():
+                self.pending = None
             self.samples += sample.numel()
             yield sample
 
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()
         state["update_credit"] = self.update_credit
+        state.update(pending=to_plain(self.pending), cursor=self.cursor)
         if self.buffer is not None and len(self.buffer) > 0:
             state["buffer"] = self.buffer.state_dict()
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.update_credit = state_dict["update_credit"]
+        self.pending = from_plain(state_dict["pending"], batch_dims=1, device=self.device)
+        self.cursor = state_dict["cursor"]
         if "buffer" in state_dict:
             if self.buffer is None:
                 raise RuntimeError("the replay buffer is created in setup(); load the data module state after it")

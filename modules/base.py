@@ -154,6 +154,8 @@ class RLModule(pl.LightningModule):
         # Lightning's wrapper keeps the step bookkeeping; the plain optimizer is what the compiled step calls.
         self._lightning_optimizer = self.optimizers()
         self._optimizer = self._lightning_optimizer.optimizer
+        # TorchRL fills a loss's input keys on first use; doing it before compiling spares one recompilation.
+        _ = self.loss_module.in_keys
         self._compiled_loss = self.compiled(self.loss)
         self._compiled_step = self.compiled(self._clip_and_step)
 

@@ -1,0 +1,150 @@
+"""Bare reference updates: each agent's update arithmetic in plain eager PyTorch, with no framework around it.
+
+The yardstick for what the framework costs: ``ThroughputReport`` times it at the end of a run (so runs on machines
+of different speed, or on different days, can be compared), and ``benchmarks/update_cost.py`` divides the whole
+training loop's time per update by it. Each function copies the agent's networks and returns ``step(i)``, one update
+on the ``i``-th of a few batches of real transitions drawn from the agent's environment before timing: the loss
+maths written out (the same as the agent's TorchRL loss computes), backward, gradient clip and a fused Adam step.
+"""
+
+from __future__ import annotations
+
+import copy
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from modules.pde import physics_losses
+
+POOL = 16  # distinct pre-drawn batches the bare loop cycles through
+
+
+def transitions(data: Any, size: int, seed: int = 12_345) -> dict[str, torch.Tensor]:
+    """``size`` real transitions of random play in the agent's environment, as plain tensors."""
+    env = data.make_env(size, seed)
+    with torch.random.fork_rng(devices=[]):  # the same batch for the same seed, and the global RNG left alone
+        torch.manual_seed(seed)
+        td = env.reset()
+        td["action"] = env.action_spec.rand()
+        out = env.step(td)
+    return {
+        "observation": out["observation"],
+        "action": out["action"],
+        "next_observation": out["next", "observation"],
+        "reward": out["next", "reward"].view(-1),
+        "terminated": out["next", "terminated"].view(-1),
+    }
+
+
+def optimizer_step(parameters: list[nn.Parameter], optimizer: torch.optim.Optimizer, max_grad_norm: float | None):
+    if max_grad_norm is not None:
+        torch.nn.utils.clip_grad_norm_(parameters, max_grad_norm, foreach=True)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def bare_dqn(model: Any, data: Any) -> Callable[[int], torch.Tensor]:
+    """Double-DQN (or plain DQN) target, forward, MSE, backward, clip and fused Adam on pre-drawn batches; PIRL adds
+    its physics terms."""
+    online = copy.deepcopy(model.q_network)
+    target = copy.deepcopy(online).requires_grad_(False)
+    parameters = list(online.parameters())
+    optimizer = torch.optim.Adam(parameters, lr=model.lr, fused=True)
+    gamma = float(model.loss_module.value_estimator.gamma)  # PIRL's is 1: its Q-values are probabilities
+    pirl = hasattr(model, "pde_weight")
+    batches = [transitions(data, data.batch_size, seed) for seed in range(POOL)]
+
+    def step(i: int) -> torch.Tensor:
+        batch = batches[i % POOL]
+        with torch.no_grad():
+            next_q = target(batch["next_observation"])
+            if model.hparams.double_dqn:
+                best = online(batch["next_observation"]).argmax(-1, keepdim=True)
+                next_value = next_q.gather(-1, best).squeeze(-1)
+            else:
+                next_value = next_q.max(-1).values
+            y = batch["reward"] + gamma * (~batch["terminated"]) * next_value
+        q = online(batch["observation"]).gather(-1, batch["action"].unsqueeze(-1)).squeeze(-1)
+        loss = (q - y).pow(2).mean()
+        if pirl:
+            physics = physics_losses(
+                online,
+                data.physics,
+                batch["observation"],
+                model.collocation_points,
+                model.pde_weight,
+                model.boundary_weight,
+                model.gradient_method,
+            )
+            loss = loss + sum(physics.values())
+        loss.backward()
+        optimizer_step(parameters, optimizer, model.max_grad_norm)
+        return loss.detach()
+
+    return step
+
+
+def ppo_batch(data: Any, size: int, seed: int) -> dict[str, torch.Tensor]:
+    """Real transitions with stand-in rollout statistics (behaviour log-probability, advantages, value targets)."""
+    batch = transitions(data, size, seed)
+    generator = torch.Generator().manual_seed(seed)
+    batch["log_prob"] = torch.full_like(batch["reward"], -1.386)  # log(1/4): a uniform behaviour policy's
+    batch["advantage"] = torch.randn(size, generator=generator)
+    batch["value_target"] = torch.randn(size, generator=generator)
+    return batch
+
+
+def bare_ppo(model: Any, data: Any) -> Callable[[int], torch.Tensor]:
+    """Clipped surrogate + entropy bonus + smooth-L1 value loss on one minibatch, backward, clip, fused Adam."""
+    actor, critic = copy.deepcopy(model.actor_network), copy.deepcopy(model.critic_network)
+    parameters = [*actor.parameters(), *critic.parameters()]
+    optimizer = torch.optim.Adam(parameters, lr=model.lr, fused=True)
+    hp = model.hparams
+    batches = [ppo_batch(data, data.minibatch_size, seed) for seed in range(POOL)]
+
+    def step(i: int) -> torch.Tensor:
+        batch = batches[i % POOL]
+        log_probs = F.log_softmax(actor(batch["observation"]), -1)
+        log_prob = log_probs.gather(-1, batch["action"].unsqueeze(-1)).squeeze(-1)
+        advantage = batch["advantage"]
+        if hp.normalize_advantage:
+            advantage = (advantage - advantage.mean()) / advantage.std().clamp_min(1e-6)
+        ratio = (log_prob - batch["log_prob"]).exp()
+        clipped = ratio.clamp(1 - hp.clip_epsilon, 1 + hp.clip_epsilon)
+        objective = -torch.min(ratio * advantage, clipped * advantage).mean()
+        entropy = -(log_probs.exp() * log_probs).sum(-1).mean()
+        value_loss = F.smooth_l1_loss(critic(batch["observation"]).squeeze(-1), batch["value_target"])
+        loss = objective - hp.entropy_coef * entropy + hp.critic_coef * value_loss
+        loss.backward()
+        optimizer_step(parameters, optimizer, model.max_grad_norm)
+        return loss.detach()
+
+    return step
+
+
+def time_bare(step: Callable[[int], Any], seconds: float) -> float:
+    """Seconds per call of ``step``: the median of 5 runs sharing ``seconds``, after a warm-up."""
+    for i in range(20):
+        step(i)
+    runs = []
+    for _ in range(5):
+        calls, start = 0, time.perf_counter()
+        while (elapsed := time.perf_counter() - start) < seconds / 5:
+            step(calls)
+            calls += 1
+        runs.append(elapsed / calls)
+    return statistics.median(runs)
+
+
+def bare_update(model: Any, data: Any) -> Callable[[int], torch.Tensor]:
+    """The bare update of ``model``'s agent family (DQN and PIRL: :func:`bare_dqn`; PPO: :func:`bare_ppo`)."""
+    if hasattr(model, "q_network"):
+        return bare_dqn(model, data)
+    if hasattr(model, "actor_network") and hasattr(model, "critic_network"):
+        return bare_ppo(model, data)
+    raise NotImplementedError(f"no bare reference update for {type(model).__name__}")
