@@ -83,10 +83,10 @@ class ReplayDataModule(RLDataModule):
             state["buffer"] = self.buffer.state_dict()
         return state
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+    def _load_state(self, state_dict: dict[str, Any]) -> None:
         self.update_credit = state_dict["update_credit"]
         if "buffer" in state_dict:
             if self.buffer is None:
                 raise RuntimeError("the replay buffer is created in setup(); load the data module state after it")
             self.buffer.load_state_dict(state_dict["buffer"])
-        super().load_state_dict(state_dict)
+        super()._load_state(state_dict)
