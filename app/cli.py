@@ -5,7 +5,7 @@ Commands::
     python -m app fit --config configs/snake_dqn.yaml                      # train
     python -m app fit --config configs/snake_ppo.yaml --config configs/bench/throughput.yaml   # benchmark
     python -m app fit --config configs/snake_dqn.yaml --trainer.max_steps 2000 --model.init_args.lr 3e-4
-    python -m app fit --config configs/snake_dqn.yaml --ckpt_path last     # resume the latest run of that config
+    python -m app fit --config configs/snake_dqn.yaml --ckpt_path last     # continue its newest run, in its folder
     python -m app validate --config configs/snake_dqn.yaml --ckpt_path runs/snake_dqn/.../last.ckpt
     python -m app fit --config configs/snake_dqn.yaml --print_config       # the fully resolved config
 """
@@ -23,7 +23,8 @@ from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.cli import LightningCLI
 from torchrl.envs import EnvBase
 
-from datamodules.base import RLDataModule
+from app.run_folder import ResumableCSVLogger, SaveRunConfig, checkpoint_global_step, resolve_resume
+from datamodules.base import RLDataModule, rank_state_path
 from modules.base import RLModule
 
 # TorchRL announces every storage it allocates at INFO level; keep the console for what the user asked for.
@@ -75,6 +76,7 @@ class RLCLI(LightningCLI):
             self.parser.error(f"--threads must be >= 1, got {threads}")
         torch.set_num_threads(threads)
         self._move_gradient_clipping(config)
+        self._resume_checkpoint(config)
 
     def _move_gradient_clipping(self, config) -> None:
         # The agents run their own update (loss, backward, clip, step as one compiled unit), and Lightning clips only
@@ -96,6 +98,35 @@ class RLCLI(LightningCLI):
                 "disagree; set one of them"
             )
         model["max_grad_norm"], trainer["gradient_clip_val"] = clip, None
+
+    def _resume_checkpoint(self, config) -> None:
+        # `--ckpt_path` is resolved before the trainer exists: the logger must know the version of the run it
+        # continues before it creates a folder (app/run_folder.py).
+        self.resume_from = None
+        if self.subcommand in ("fit", "validate"):
+            try:
+                self.resume_from = resolve_resume(config, self.subcommand)
+            except ValueError as error:
+                self.parser.error(str(error))
+
+    def before_fit(self) -> None:
+        if self.resume_from is None:
+            return
+        try:
+            step = checkpoint_global_step(self.resume_from)
+        except ValueError as error:
+            self.parser.error(str(error))
+        if self.trainer.num_nodes == 1:  # on several nodes, other ranks' files are on other machines' disks
+            for rank in range(1, self.trainer.world_size):
+                path = rank_state_path(self.resume_from, rank, step)
+                if not path.is_file():
+                    self.parser.error(
+                        f"--ckpt_path {self.resume_from}: no state of rank {rank} beside it ({path.name}); "
+                        f"it was written by fewer ranks than this run has"
+                    )
+        for logger in self.trainer.loggers:
+            if isinstance(logger, ResumableCSVLogger):
+                logger.continue_after(step)  # drop the rows logged after the checkpoint, append after the rest
 
     def instantiate_classes(self) -> None:
         # Impossible values are caught by the constructors; report them like parse errors (one line, exit 2)
@@ -138,6 +169,7 @@ def main(args: list[str] | None = None) -> RLCLI:
         subclass_mode_model=True,
         subclass_mode_data=True,
         trainer_defaults=defaults,
+        save_config_callback=SaveRunConfig,
         save_config_kwargs={"overwrite": True},
         args=args,
         auto_configure_optimizers=False,

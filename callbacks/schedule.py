@@ -16,13 +16,17 @@ import torch
 from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
+
+from datamodules.base import RLDataModule
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Writes each checkpoint to a temporary file in the same folder, then renames it into place.
 
     A rename within one filesystem is atomic, so a run killed mid-write leaves the previous ``last.ckpt`` intact
-    rather than a truncated one.
+    rather than a truncated one. The temporary file (``.<name>.tmp-<pid>``) of a process killed outright (``kill -9``)
+    stays behind; :func:`remove_stale_temporaries` deletes those of dead processes when the next fit starts.
     """
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any = None) -> None:
@@ -31,7 +35,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             return
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        temporary = path.with_name(f".{path.name}{_TEMPORARY}{os.getpid()}")
         try:
             with open(temporary, "wb") as file:
                 torch.save(checkpoint, file)
@@ -42,8 +46,41 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             temporary.unlink(missing_ok=True)
 
 
+_TEMPORARY = ".tmp-"  # AtomicCheckpointIO's temporary files: .<name>.tmp-<pid of the writing process>
+
+
+def remove_stale_temporaries(folder: str | Path) -> list[Path]:
+    """Delete the temporary checkpoint files in ``folder`` whose writing process is gone; return what was deleted.
+
+    A file whose process is still alive (another run writing into the same folder) is left alone. The check is by
+    process id on this machine, which is where the writer of a local checkpoint folder ran.
+    """
+    removed = []
+    for path in Path(folder).glob(f".*{_TEMPORARY}*"):
+        pid = path.name.rpartition(_TEMPORARY)[2]
+        if pid.isdigit() and not _process_alive(int(pid)):
+            path.unlink(missing_ok=True)
+            removed.append(path)
+    return removed
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # signal 0: only checks that the process exists
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # it exists, owned by someone else
+    return True
+
+
 class FrameCheckpoint(ModelCheckpoint):
     """Saves ``last.ckpt`` (and, with ``save_top_k``, numbered ones) every ``every_n_frames`` environment frames.
+
+    At the start of ``fit`` it removes temporary files left in its folder by killed processes. With several ranks,
+    each rank > 0 writes its own data-module state beside each checkpoint (``last.ckpt.rank1-step<N>``; see
+    :meth:`RLDataModule.save_rank_state <datamodules.base.RLDataModule.save_rank_state>`), before rank 0 writes the
+    checkpoint itself, so a checkpoint never exists without the states it needs.
 
     Args:
         every_n_frames: frames between checkpoints (counted on rank 0's data module; all ranks collect alike).
@@ -72,6 +109,12 @@ class FrameCheckpoint(ModelCheckpoint):
         self.every_n_frames = every_n_frames
         self._saved_slot = 0
 
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
+        if stage == "fit" and trainer.is_global_zero and _is_local_file_protocol(self.dirpath):
+            for path in remove_stale_temporaries(self.dirpath):
+                rank_zero_info(f"Removed {path}, a checkpoint being written when its process was killed")
+
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any) -> None:
         frames = trainer.datamodule.frames
         slot = frames // self.every_n_frames
@@ -92,6 +135,21 @@ class FrameCheckpoint(ModelCheckpoint):
         candidates["frames"] = torch.tensor(trainer.datamodule.frames)
         self._save_topk_checkpoint(trainer, candidates)
         self._save_last_checkpoint(trainer, candidates)
+
+    def _save_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:
+        per_rank = trainer.world_size > 1 and isinstance(trainer.datamodule, RLDataModule)
+        if per_rank:
+            if trainer.global_rank > 0:
+                trainer.datamodule.save_rank_state(filepath)
+            trainer.strategy.barrier("FrameCheckpoint.rank_states")  # all ranks' states on disk before the checkpoint
+        super()._save_checkpoint(trainer, filepath)  # rank 0 writes the checkpoint; all ranks wait for it
+        if per_rank and trainer.global_rank > 0:
+            trainer.datamodule.remove_rank_states(filepath, keep_updates=trainer.global_step)  # older, now superseded
+
+    def _remove_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:
+        super()._remove_checkpoint(trainer, filepath)
+        if trainer.world_size > 1 and trainer.global_rank > 0 and isinstance(trainer.datamodule, RLDataModule):
+            trainer.datamodule.remove_rank_states(filepath)
 
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()

@@ -8,12 +8,19 @@ Loops count frames, not epochs: :attr:`RLDataModule.frames` is the number of env
 collected, and everything that must survive an interruption (frame counter, environment state, store contents, RNG
 states, the position inside the current batch schedule) is in :meth:`state_dict`, which Lightning saves in every
 checkpoint.
+
+That state is per rank: with DDP each rank explores with its own seed, environments and store. Lightning writes only
+rank 0's into the checkpoint, so every other rank writes its own file beside it (:meth:`save_rank_state`, called by
+``FrameCheckpoint``; named by :func:`rank_state_path`) and reads it back in :meth:`load_state_dict`.
 """
 
 from __future__ import annotations
 
+import glob
+import os
 import random
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
@@ -293,12 +300,42 @@ class RLDataModule(pl.LightningDataModule):
     # ------------------------------------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict[str, Any]:
         state = {"frames": self.frames, "samples": self.samples, "rng": _rng_state()}
+        if self.trainer is not None:
+            # The update this state belongs to names the other ranks' files (rank_state_path).
+            state.update(updates=self.trainer.global_step, world_size=self.trainer.world_size)
         if self.collector is not None:
             state["env"] = dict(self.collector.env.state_dict())
             state["carrier"] = to_plain(self._carrier().exclude("collector"))
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore this rank's own state: rank 0's is the checkpoint's, any other rank's is in its file beside it."""
+        trainer = self.trainer
+        if trainer is not None and trainer.global_rank > 0:
+            path = rank_state_path(trainer.ckpt_path, trainer.global_rank, state_dict.get("updates", -1))
+            if not os.path.exists(path):
+                raise FileNotFoundError(
+                    f"--ckpt_path {trainer.ckpt_path}: rank {trainer.global_rank} has no state beside it ({path.name});"
+                    f" the checkpoint was written by {state_dict.get('world_size', 1)} rank(s)"
+                )
+            state_dict = trainer.strategy.checkpoint_io.load_checkpoint(path, weights_only=True)
+        self._load_state(state_dict)
+
+    def save_rank_state(self, checkpoint_path: str | Path) -> None:
+        """Write this rank's state beside the checkpoint at ``checkpoint_path`` (ranks > 0; rank 0's is inside it)."""
+        path = rank_state_path(checkpoint_path, self.trainer.global_rank, self.trainer.global_step)
+        self.trainer.strategy.checkpoint_io.save_checkpoint(self.state_dict(), path)
+
+    def remove_rank_states(self, checkpoint_path: str | Path, keep_updates: int | None = None) -> None:
+        """Delete this rank's files beside ``checkpoint_path``, except the one written at update ``keep_updates``."""
+        checkpoint, rank = Path(checkpoint_path), self.trainer.global_rank
+        keep = rank_state_path(checkpoint, rank, keep_updates)
+        for path in checkpoint.parent.glob(f"{glob.escape(checkpoint.name)}.rank{rank}-step*"):
+            if path != keep:
+                path.unlink(missing_ok=True)
+
+    def _load_state(self, state_dict: dict[str, Any]) -> None:
+        """Subclasses restore their own parts here, then call this (the base parts)."""
         # Lightning restores the data module before training starts; environment, carrier and RNG states are applied
         # when the batch stream starts (see _stream), after everything else that draws random numbers.
         self.frames = state_dict["frames"]
@@ -320,6 +357,15 @@ class RLDataModule(pl.LightningDataModule):
         if carrier is None:
             raise RuntimeError("this torchrl version's Collector has no `_carrier`: exact resume is not supported")
         return carrier
+
+
+def rank_state_path(checkpoint_path: str | Path, rank: int, updates: int | None) -> Path:
+    """The file beside a checkpoint that holds rank ``rank``'s data-module state, written at update ``updates``.
+
+    The update is part of the name so that a run killed between writing the ranks' files and the checkpoint itself
+    never pairs a checkpoint with newer files: the older ones are deleted only once the newer checkpoint is in place.
+    """
+    return Path(f"{checkpoint_path}.rank{rank}-step{updates}")
 
 
 def to_plain(td: TensorDictBase | None) -> dict | None:

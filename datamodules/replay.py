@@ -97,7 +97,7 @@ class ReplayDataModule(RLDataModule):
             state["buffer"] = self.buffer.state_dict()
         return state
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+    def _load_state(self, state_dict: dict[str, Any]) -> None:
         self.update_credit = state_dict["update_credit"]
         self.pending = from_plain(state_dict["pending"], batch_dims=1, device=self.device)
         self.cursor = state_dict["cursor"]
@@ -105,4 +105,4 @@ class ReplayDataModule(RLDataModule):
             if self.buffer is None:
                 raise RuntimeError("the replay buffer is created in setup(); load the data module state after it")
             self.buffer.load_state_dict(state_dict["buffer"])
-        super().load_state_dict(state_dict)
+        super()._load_state(state_dict)

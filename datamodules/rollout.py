@@ -71,8 +71,8 @@ class RolloutDataModule(RLDataModule):
         state.update(rollout=to_plain(self.rollout), order=self.order, cursor=self.cursor)
         return state
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+    def _load_state(self, state_dict: dict[str, Any]) -> None:
         self.rollout = from_plain(state_dict["rollout"], batch_dims=1, device=self.device)
         self.order = state_dict["order"]
         self.cursor = state_dict["cursor"]
-        super().load_state_dict(state_dict)
+        super()._load_state(state_dict)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helpers import chain_config, write_config
+from tests.helpers import chain_config, fit, write_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -100,3 +100,42 @@ def test_board_too_small_for_the_snake_is_rejected(tmp_path):
     assert result.returncode != 0
     assert "size" in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize(
+    ("ckpt_path", "message"),
+    [
+        ("last", "error: --ckpt_path last: no checkpoints/last.ckpt in {runs}/snake_ppo/version_* — nothing to resume"),
+        ("{runs}/snake_ppo/version_3/checkpoints/last.ckpt", "error: --ckpt_path {ckpt_path}: no such checkpoint file"),
+    ],
+    ids=["last", "missing-file"],
+)
+def test_resume_with_nothing_to_resume_exits_naming_the_flag(tmp_path, ckpt_path, message):
+    # A run that was never started: asking to resume it must not start a fresh one.
+    runs = tmp_path / "runs"
+    ckpt_path = ckpt_path.format(runs=runs)
+    result = run_app(
+        "fit",
+        "--config",
+        str(ROOT / "configs/snake_ppo.yaml"),
+        "--trainer.logger.init_args.save_dir",
+        str(runs),
+        "--ckpt_path",
+        ckpt_path,
+        cwd=tmp_path,
+    )
+    assert result.returncode != 0
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [message.format(runs=runs, ckpt_path=ckpt_path)]
+    assert "Traceback" not in result.stderr
+    assert not runs.exists()
+
+
+def test_with_the_logger_off_the_config_goes_to_the_checkpoint_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    config = write_config(chain_config("dqn", tmp_path / "out"), tmp_path / "c.yaml")
+    fit(config, "--trainer.max_steps", "5")
+    saved = yaml.safe_load((tmp_path / "out/checkpoints/config.yaml").read_text())
+    assert saved["trainer"]["max_steps"] == 5 and saved["trainer"]["logger"] is False
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["c.yaml", "out"]  # nothing in the current folder
+    assert sorted(path.name for path in (tmp_path / "out").iterdir()) == ["checkpoints"]

@@ -297,7 +297,8 @@ def test_export_from_a_checkpoint_alone(trained, tmp_path, capsys):
     run = tmp_path / "runs" / "chain" / "version_0"
     (run / "checkpoints").mkdir(parents=True)
     # The run folder as LightningCLI leaves it: config.yaml beside checkpoints/, found from the checkpoint alone.
-    shutil.copy(Path(cli.trainer.default_root_dir) / "config.yaml", run / "config.yaml")
+    # (With the logger off, as in this fixture, the CLI saves config.yaml into the checkpoint folder.)
+    shutil.copy(Path(cli.trainer.default_root_dir) / "checkpoints" / "config.yaml", run / "config.yaml")
     shutil.copy(Path(cli.trainer.default_root_dir) / "checkpoints" / "last.ckpt", run / "checkpoints" / "last.ckpt")
     argv = ["--checkpoint", str(run / "checkpoints" / "last.ckpt"), "--batch-sizes", "4", "16"]
     argv += ["--backend", "torchscript", "--benchmark-seconds", "0.05", "--data.init_args.num_envs", "4"]

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import csv
 import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
 
 import lightning.pytorch as pl
 import pytest
@@ -84,3 +89,239 @@ def test_nan_loss_stops_with_clear_error_and_keeps_last_good_checkpoint(tmp_path
         fit(path)
     good = weights(tmp_path / "checkpoints/last.ckpt")
     assert all(torch.isfinite(value).all() for value in good.values() if value.is_floating_point())
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Resuming the shipped configs as README runs them: CSV logger on, `--ckpt_path last`, the run's own folder.
+
+ROOT = Path(__file__).resolve().parents[1]
+# Small enough to run in seconds; everything else (logger, callbacks, model) as shipped.
+SHORT = {
+    "snake_ppo": [
+        "--data.init_args.num_envs", "16", "--data.init_args.collect_steps", "8",
+        "--data.init_args.minibatch_size", "32", "--data.init_args.env.init_args.max_steps", "50",
+    ],
+    "snake_dqn": [
+        "--data.init_args.num_envs", "8", "--data.init_args.buffer_size", "2000", "--data.init_args.batch_size", "32",
+        "--data.init_args.warmup_frames", "64", "--data.init_args.env.init_args.max_steps", "50",
+    ],
+}  # fmt: skip
+
+
+class RecordStart(pl.Callback):
+    """Remembers the update a fit started from (the checkpoint's, when it resumed)."""
+
+    def on_train_start(self, trainer, pl_module):
+        self.start_step = trainer.global_step
+
+
+def fit_shipped(name: str, runs: Path, *overrides: str):
+    """``python -m app fit --config configs/<name>.yaml`` with its CSV logger writing under ``runs``, shortened."""
+    args = [*SHORT[name], "--threads", "1", "--trainer.logger.init_args.save_dir", str(runs)]
+    args += ["--trainer.log_every_n_steps", "5", "--trainer.enable_progress_bar", "false"]
+    # Appended after the overrides, which may replace the whole callback list (`--config preset.yaml`).
+    return fit(
+        ROOT / "configs" / f"{name}.yaml", *args, *overrides, "--trainer.callbacks+=tests.test_resume.RecordStart"
+    )
+
+
+def metrics_rows(run_dir: Path) -> list[dict[str, str]]:
+    with open(run_dir / "metrics.csv", newline="") as file:
+        return list(csv.DictReader(file))
+
+
+def start_step(cli) -> int:
+    return next(callback for callback in cli.trainer.callbacks if isinstance(callback, RecordStart)).start_step
+
+
+def test_ckpt_path_last_continues_the_newest_run_of_a_shipped_config_in_its_folder(tmp_path):
+    runs = tmp_path / "runs"
+    fit_shipped("snake_ppo", runs, "--trainer.max_steps", "20")
+    run_dir = runs / "snake_ppo/version_0"
+    first = metrics_rows(run_dir)
+
+    cli = fit_shipped("snake_ppo", runs, "--trainer.max_steps", "40", "--ckpt_path", "last")
+
+    assert start_step(cli) == 20 and cli.trainer.global_step == 40  # continued from update 20, not restarted
+    assert [path.name for path in (runs / "snake_ppo").iterdir()] == ["version_0"]  # no version_1
+    assert cli.trainer.log_dir == str(run_dir)
+    assert (run_dir / "config.yaml").is_file() and (run_dir / "throughput.json").is_file()
+    rows = metrics_rows(run_dir)
+    assert rows[: len(first)] == first  # the first part is kept as it was...
+    train_steps = [int(row["step"]) for row in rows if row["epoch"]]
+    assert train_steps == [4, 9, 14, 19, 24, 29, 34, 39]  # ...and the second appended: both parts, none twice
+    eval_steps = [int(row["step"]) for row in rows if row["eval/return_mean"]]
+    assert eval_steps == sorted(set(eval_steps)) and eval_steps[0] == 0 and eval_steps[-1] == 40
+    checkpoint = torch.load(run_dir / "checkpoints/last.ckpt", weights_only=True)
+    assert checkpoint["global_step"] == 40
+
+
+def test_resume_from_a_mid_run_checkpoint_rewrites_the_lost_rows_exactly(tmp_path):
+    # A run checkpointed every 256 frames, resumed from its checkpoint of update 49 as if killed after it: the rows
+    # it had logged after that checkpoint are dropped and logged again, and metrics.csv ends as one straight run's.
+    every_256 = tmp_path / "every_256.yaml"
+    every_256.write_text(
+        "trainer:\n  callbacks:\n"
+        "    - {class_path: callbacks.schedule.FrameCheckpoint, init_args: {every_n_frames: 256, save_top_k: -1}}\n"
+        "    - {class_path: callbacks.schedule.PeriodicEvaluation, init_args: {every_n_frames: 256, episodes: 8}}\n"
+    )
+    runs = tmp_path / "runs"
+    run_dir = runs / "snake_ppo/version_0"
+    fit_shipped("snake_ppo", runs, "--config", str(every_256), "--trainer.max_steps", "60")
+    straight = metrics_rows(run_dir)
+    middle = run_dir / "checkpoints/frames=512.ckpt"
+    assert torch.load(middle, weights_only=True)["global_step"] == 49
+
+    cli = fit_shipped(
+        "snake_ppo", runs, "--config", str(every_256), "--trainer.max_steps", "60", "--ckpt_path", str(middle)
+    )
+
+    assert start_step(cli) == 49 and cli.trainer.log_dir == str(run_dir)
+    resumed = metrics_rows(run_dir)
+    assert [row["step"] for row in resumed] == [row["step"] for row in straight]
+    for row, again in zip(straight, resumed, strict=True):
+        for key, value in row.items():
+            if not key.startswith(("time/", "throughput/")):  # wall-clock figures differ between runs
+                assert again[key] == value, (row["step"], key)
+
+
+# A checkpoint write that a SIGKILL interrupts: the real AtomicCheckpointIO, whose torch.save has written half of a real
+# checkpoint when the process is killed (the wrapper only holds it there long enough to be killed mid-write).
+WRITE_AND_HANG = """
+import io, sys, time, torch
+from callbacks.schedule import AtomicCheckpointIO
+
+save = torch.save
+def save_half_then_hang(obj, file, *args, **kwargs):
+    whole = io.BytesIO()
+    save(obj, whole, *args, **kwargs)
+    file.write(whole.getvalue()[: len(whole.getvalue()) // 2])
+    file.flush()
+    print("half written", flush=True)
+    time.sleep(600)
+torch.save = save_half_then_hang
+
+checkpoint = torch.load(sys.argv[1], weights_only=True)
+checkpoint["global_step"] = 10**6  # what a resume would report if it ever read this file
+AtomicCheckpointIO().save_checkpoint(checkpoint, sys.argv[1])
+"""
+
+
+def test_kill_9_during_a_checkpoint_write_resumes_from_the_previous_checkpoint(tmp_path):
+    runs = tmp_path / "runs"
+    fit_shipped("snake_dqn", runs, "--trainer.max_steps", "20")
+    folder = runs / "snake_dqn/version_0/checkpoints"
+    before = (folder / "last.ckpt").read_bytes()
+    writer = subprocess.Popen(
+        [sys.executable, "-c", WRITE_AND_HANG, str(folder / "last.ckpt")],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    try:
+        assert writer.stdout.readline() == "half written\n"
+    finally:
+        writer.send_signal(signal.SIGKILL)
+        writer.wait(timeout=30)
+    temporary = folder / f".last.ckpt.tmp-{writer.pid}"
+    assert temporary.stat().st_size > 0  # the kill left a partial file behind...
+    assert (folder / "last.ckpt").read_bytes() == before  # ...and the previous checkpoint untouched
+
+    cli = fit_shipped("snake_dqn", runs, "--trainer.max_steps", "40", "--ckpt_path", "last")
+
+    assert start_step(cli) == 20 and cli.trainer.global_step == 40
+    assert sorted(path.name for path in folder.iterdir()) == ["last.ckpt"]  # the dead writer's file is gone
+    assert [path.name for path in (runs / "snake_dqn").iterdir()] == ["version_0"]
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# DDP: every rank's data-module state is its own, saved beside the checkpoint and restored by that rank.
+
+
+class DumpRankWeights(pl.Callback):
+    """Saves each rank's weights at the end of fit, as ``rank<r>.pt`` in ``dirpath``."""
+
+    def __init__(self, dirpath: str) -> None:
+        self.dirpath = Path(dirpath)
+
+    def on_train_end(self, trainer, pl_module):
+        torch.save(pl_module.state_dict(), self.dirpath / f"rank{trainer.global_rank}.pt")
+
+
+def fit_ddp(config: Path, *overrides: str) -> None:
+    ddp = ["--trainer.strategy", "ddp", "--trainer.devices", "2", "--trainer.accelerator", "cpu"]
+    result = subprocess.run(
+        [sys.executable, "-m", "app", "fit", "--config", str(config), *ddp, *overrides],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+
+
+def assert_same(a, b, where: str = "") -> None:
+    """Nested checkpoint contents (dicts, sequences, tensors, numbers) are equal, leaf by leaf."""
+    assert type(a) is type(b), where
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for key in a:
+            assert_same(a[key], b[key], f"{where}/{key}")
+    elif isinstance(a, list | tuple):
+        assert len(a) == len(b), where
+        for index, (x, y) in enumerate(zip(a, b, strict=True)):
+            assert_same(x, y, f"{where}/{index}")
+    elif isinstance(a, torch.Tensor):
+        assert torch.equal(a, b), where
+    else:
+        assert a == b, where
+
+
+def test_ddp_resume_restores_each_ranks_own_state(tmp_path):
+    # One 2-rank run of 40 updates that checkpoints every 96 frames (rank 1 writes its own state beside each
+    # checkpoint); then a run resumed from its checkpoint of update 17, as if killed after it, for the rest.
+    config = chain_config("dqn", tmp_path / "full")
+    config["trainer"]["callbacks"] = [
+        {"class_path": "callbacks.schedule.FrameCheckpoint", "init_args": {"every_n_frames": 96, "save_top_k": -1}},
+        {"class_path": "tests.test_resume.DumpRankWeights", "init_args": {"dirpath": str(tmp_path / "full")}},
+    ]
+    full_config = write_config(config, tmp_path / "full.yaml")
+    fit_ddp(full_config, "--trainer.max_steps", "40")
+    full = tmp_path / "full/checkpoints"
+    middle = full / "frames=96.ckpt"
+    # 64 warm-up frames, then 8 frames per 4 updates: 96 frames after update 17, and the end of fit at 136 frames.
+    assert torch.load(middle, weights_only=True)["global_step"] == 17
+    # Rank 1's state beside each checkpoint, one per checkpoint: last.ckpt's of update 17 was deleted when superseded.
+    assert sorted(path.name for path in full.glob("*.rank*")) == [
+        "frames=136.ckpt.rank1-step40",
+        "frames=96.ckpt.rank1-step17",
+        "last.ckpt.rank1-step40",
+    ]
+    config["trainer"]["default_root_dir"] = str(tmp_path / "resumed")
+    config["trainer"]["callbacks"][1]["init_args"]["dirpath"] = str(tmp_path / "resumed")
+    resumed_config = write_config(config, tmp_path / "resumed.yaml")
+    fit_ddp(resumed_config, "--trainer.max_steps", "40", "--ckpt_path", str(middle), "--seed_everything", "123")
+    resumed = tmp_path / "resumed/checkpoints"
+
+    for rank in (0, 1):
+        assert_same(
+            torch.load(tmp_path / f"full/rank{rank}.pt", weights_only=True),
+            torch.load(tmp_path / f"resumed/rank{rank}.pt", weights_only=True),
+            f"rank {rank} weights",
+        )
+    full_last = torch.load(full / "last.ckpt", weights_only=True)
+    resumed_last = torch.load(resumed / "last.ckpt", weights_only=True)
+    assert full_last["global_step"] == resumed_last["global_step"] == 40
+    rank0 = {"full": full_last["ReplayDataModule"], "resumed": resumed_last["ReplayDataModule"]}
+    rank1 = {
+        run: torch.load(folder / "last.ckpt.rank1-step40", weights_only=True)
+        for run, folder in (("full", full), ("resumed", resumed))
+    }
+    # Rank by rank: frames, replay buffer, environments, carried observations, update credit, RNG states.
+    assert_same(rank0["full"], rank0["resumed"], "rank 0 data")
+    assert_same(rank1["full"], rank1["resumed"], "rank 1 data")
+    # ...and the ranks still explore on their own.
+    actions = [state["buffer"]["_storage"]["_storage"]["action"] for state in (rank0["resumed"], rank1["resumed"])]
+    assert not torch.equal(*actions)
+    assert not torch.equal(rank0["resumed"]["rng"]["torch"], rank1["resumed"]["rng"]["torch"])
