@@ -19,14 +19,14 @@ from __future__ import annotations
 import glob
 import os
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
 import numpy as np
 import torch
-from tensordict import TensorDict, TensorDictBase
+from tensordict import NestedKey, TensorDict, TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 from torch.utils.data import DataLoader, IterableDataset
 from torchrl.collectors import Collector
@@ -154,6 +154,7 @@ class RLDataModule(pl.LightningDataModule):
         self.device = torch.device("cpu")
         self.policy: TensorDictModuleBase | None = None
         self.postprocess: Callable[[TensorDictBase], Any] | None = None
+        self.batch_keys: list[NestedKey] | None = None
         self.collector: Collector | None = None
         self._collector_iter: Iterator[TensorDictBase] | None = None
         self._eval_env: EnvBase | None = None
@@ -184,13 +185,16 @@ class RLDataModule(pl.LightningDataModule):
         self,
         policy: TensorDictModuleBase,
         postprocess: Callable[[TensorDictBase], Any] | None = None,
+        batch_keys: Sequence[NestedKey] | None = None,
     ) -> None:
-        """Receive the model's acting policy (and an optional in-place transform of each collected batch, e.g. GAE).
+        """Receive the model's acting policy, an optional in-place transform of each collected batch (e.g. GAE), and
+        the keys its update reads (a store may keep only those; None: everything collected).
 
         Called once by the model in its ``setup``; the collector itself is built lazily in ``train_dataloader``.
         """
         self.policy = policy
         self.postprocess = postprocess
+        self.batch_keys = None if batch_keys is None else list(batch_keys)
 
     def make_env(self, num_envs: int, seed: int) -> EnvBase:
         return self.env_factory(num_envs=num_envs, seed=seed, device=self.device)

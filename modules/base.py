@@ -135,7 +135,7 @@ class RLModule(pl.LightningModule):
 
     def setup(self, stage: str) -> None:
         if stage == "fit":
-            self.datamodule.connect(self.policy(), self.postprocess)
+            self.datamodule.connect(self.policy(), self.postprocess, self.loss_module.in_keys)
 
     def trainable_parameters(self) -> list[nn.Parameter]:
         """What the optimizer updates (target networks are buffers of the loss module, not parameters)."""

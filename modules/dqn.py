@@ -78,7 +78,7 @@ class DQN(RLModule):
         if eps_frames < 1:
             raise ValueError(f"--model.init_args.eps_frames must be >= 1, got {eps_frames}")
         self.eps_start, self.eps_end, self.eps_frames = eps_start, eps_end, eps_frames
-        self.target_update = target_update
+        self.target_update, self.tau = target_update, tau
         self.target_update_interval = target_update_interval
 
         # env → model → exploration → loss → target updater, in the order TorchRL's sota-implementations use.
@@ -105,6 +105,7 @@ class DQN(RLModule):
             # updates, a function of the restored global step rather than of a counter checkpoints would have to carry.
             self.target_updater = HardUpdate(self.loss_module, value_network_update_interval=0)
         self._exploring_policy = TensorDictSequential(self.actor, self.egreedy)
+        self._soft_pairs: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
 
     def make_q_network(self, observation_shape: torch.Size, hidden_sizes: Sequence[int], num_actions: int) -> nn.Module:
         """The Q-network: an MLP over the flattened observation (subclasses change the architecture here)."""
@@ -128,18 +129,22 @@ class DQN(RLModule):
         # ε follows the frame counter (restored on resume), set before this step's collection happens.
         self.egreedy.eps.fill_(self.epsilon(self.datamodule.frames))
 
-    def on_fit_start(self) -> None:
-        super().on_fit_start()
-        # A soft update runs after every step: TorchRL's SoftUpdate walks the parameters in Python (0.35 ms on the
-        # Snake MLP), which compiles to one fused lerp. Hard copies are rare and stay eager.
-        self._target_step = self.compiled(self.target_updater.step) if self.target_update == "soft" else None
-
     def on_update(self) -> None:
         # global_step already counts the step just taken.
         if self.target_update == "soft":
-            self._target_step()
+            self.soft_update()
         elif self.global_step % self.target_update_interval == 0:
             self.target_updater.step()
+
+    def soft_update(self) -> None:
+        """Polyak averaging, ``target ← (1 − τ)·target + τ·online``: TorchRL's ``SoftUpdate`` arithmetic as one fused
+        op. Its Python loop of one lerp per parameter cost 0.35 ms per update on the Snake MLP, a tenth of the update.
+        """
+        if self._soft_pairs is None:  # built on first use, after the model has reached its device
+            online, target = self.loss_module.value_network_params, self.loss_module.target_value_network_params
+            keys = list(online.keys(include_nested=True, leaves_only=True))
+            self._soft_pairs = ([target.get(key).data for key in keys], [online.get(key).data for key in keys])
+        torch._foreach_lerp_(*self._soft_pairs, self.tau)
 
     def extra_metrics(self) -> dict[str, torch.Tensor | float]:
         return {"train/epsilon": self.egreedy.eps}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import lightning.pytorch as pl
 import pytest
 import torch
@@ -108,3 +110,19 @@ class RecordTargetSyncs(pl.Callback):
         target = pl_module.loss_module.target_value_network_params.flatten_keys()
         if all(torch.equal(online[key], target[key]) for key in online.keys()):  # noqa: SIM118 (iterating a TensorDict walks its batch)
             self.synced_at.append(trainer.global_step)
+
+
+def test_soft_update_is_torchrl_soft_update():
+    model = DQN(**SPECS, hidden_sizes=[8], target_update="soft", tau=0.1)
+    with torch.no_grad():
+        for parameter in model.loss_module.value_network_params.values(True, True):
+            parameter.add_(torch.randn_like(parameter))  # online and target now differ
+    ours = copy.deepcopy(model)  # soft_update finds its tensors through the copy's own loss module
+    before = copy.deepcopy(model.loss_module.target_value_network_params.flatten_keys())
+    model.target_updater.step()  # TorchRL's SoftUpdate (which keeps references to the original's tensors)
+    ours.soft_update()
+    expected = model.loss_module.target_value_network_params.flatten_keys()
+    actual = ours.loss_module.target_value_network_params.flatten_keys()
+    for key in expected.keys():  # noqa: SIM118 (iterating a TensorDict walks its batch)
+        torch.testing.assert_close(actual[key], expected[key], rtol=0, atol=1e-7)
+        assert not torch.equal(actual[key], before[key])  # an average, not a copy
