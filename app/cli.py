@@ -23,6 +23,7 @@ from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.cli import LightningCLI
 from torchrl.envs import EnvBase
 
+from app.errors import COMPONENT_KEYS, OneLineErrorParser, constructor_error_line, tag_constructor_errors
 from app.run_folder import ResumableCSVLogger, SaveRunConfig, checkpoint_global_step, resolve_resume
 from datamodules.base import RLDataModule, rank_state_path
 from modules.base import RLModule
@@ -52,6 +53,9 @@ _parameter_resolvers.has_dunder_new_method = _env_aware_has_dunder_new_method
 
 class RLCLI(LightningCLI):
     """LightningCLI whose model is an :class:`RLModule` and whose data is an :class:`RLDataModule`."""
+
+    def __init__(self, *args, parser_class=OneLineErrorParser, **kwargs) -> None:
+        super().__init__(*args, parser_class=parser_class, **kwargs)
 
     def add_arguments_to_parser(self, parser) -> None:
         parser.add_argument(
@@ -129,12 +133,16 @@ class RLCLI(LightningCLI):
                 logger.continue_after(step)  # drop the rows logged after the checkpoint, append after the rest
 
     def instantiate_classes(self) -> None:
-        # Impossible values are caught by the constructors; report them like parse errors (one line, exit 2)
-        # instead of a traceback, before the trainer has created any output folder.
+        # Impossible values are caught by the constructors; report them like parse errors (one line naming the flag,
+        # exit 2) instead of a traceback, before the trainer has created any output folder. Environments and
+        # callbacks are built inside other objects: their errors are tagged with their class on the way out.
+        for component in COMPONENT_KEYS:
+            self.parser.add_instantiator(tag_constructor_errors, component, subclasses=True)
         try:
             super().instantiate_classes()
         except (ValueError, MisconfigurationException) as error:
-            self.parser.error(str(error))
+            config = self.config.get(self.subcommand) if self.subcommand else self.config
+            self.parser.error(constructor_error_line(error, config, self.parser.args))
 
     def instantiate_trainer(self, **kwargs):
         try:

@@ -76,9 +76,9 @@ class SafetyEvaluation(PeriodicEvaluation):
     ) -> None:
         super().__init__(every_n_frames=every_n_frames, at_start=at_start)
         if states < 1:
-            raise ValueError(f"SafetyEvaluation states must be >= 1, got {states}")
+            raise ValueError(f"states must be >= 1, got {states}")
         if rollouts < 1:
-            raise ValueError(f"SafetyEvaluation rollouts must be >= 1, got {rollouts}")
+            raise ValueError(f"rollouts must be >= 1, got {rollouts}")
         self.states, self.rollouts, self.random_policy = states, rollouts, random_policy
         self.last: dict[str, Any] = {}
 

@@ -96,7 +96,7 @@ class FrameCheckpoint(ModelCheckpoint):
         save_top_k: int = 0,
     ) -> None:
         if every_n_frames < 1:
-            raise ValueError(f"FrameCheckpoint every_n_frames must be >= 1, got {every_n_frames}")
+            raise ValueError(f"every_n_frames must be >= 1, got {every_n_frames}")
         super().__init__(
             dirpath=dirpath,
             filename="frames={frames}",
@@ -180,9 +180,9 @@ class PeriodicEvaluation(Callback):
         at_start: bool = True,
     ) -> None:
         if every_n_frames < 1:
-            raise ValueError(f"PeriodicEvaluation every_n_frames must be >= 1, got {every_n_frames}")
+            raise ValueError(f"every_n_frames must be >= 1, got {every_n_frames}")
         if episodes is not None and episodes < 1:
-            raise ValueError(f"PeriodicEvaluation episodes must be >= 1, got {episodes}")
+            raise ValueError(f"episodes must be >= 1, got {episodes}")
         self.every_n_frames = every_n_frames
         self.episodes = episodes
         self.at_start = at_start

@@ -65,11 +65,11 @@ class ThroughputReport(Callback):
         cuda_sync: bool = False,
     ) -> None:
         if log_every_n_steps < 1:
-            raise ValueError(f"ThroughputReport log_every_n_steps must be >= 1, got {log_every_n_steps}")
+            raise ValueError(f"log_every_n_steps must be >= 1, got {log_every_n_steps}")
         if skip_first_steps < 0:
-            raise ValueError(f"ThroughputReport skip_first_steps must be >= 0, got {skip_first_steps}")
+            raise ValueError(f"skip_first_steps must be >= 0, got {skip_first_steps}")
         if not name or os.sep in name:
-            raise ValueError(f"ThroughputReport name must be a non-empty file name stem, got {name!r}")
+            raise ValueError(f"name must be a non-empty file name stem, got {name!r}")
         self.report_dir, self.name, self.plots, self.cuda_sync = report_dir, name, plots, cuda_sync
         self.log_every_n_steps, self.skip_first_steps = log_every_n_steps, skip_first_steps
         self.report: dict[str, Any] | None = None  # the last report written, for callers and tests

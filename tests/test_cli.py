@@ -7,8 +7,10 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
+from app.cli import main
 from tests.helpers import chain_config, fit, write_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,7 +61,7 @@ def test_print_config_resolves_composed_configs_and_overrides(tmp_path):
         (["--data.init_args.batch_size", "-3"], "--data.init_args.batch_size must be > 0, got -3"),
         (["--data.init_args.frames_per_update", "0"], "--data.init_args.frames_per_update must be > 0, got 0"),
         (["--model.init_args.lr", "-1"], "--model.init_args.lr must be > 0, got -1"),
-        (["--data.init_args.env.init_args.length", "1"], "length must be >= 2, got 1"),
+        (["--data.init_args.env.init_args.length", "1"], "--data.init_args.env.init_args.length must be >= 2, got 1"),
         (["--data.init_args.device", "cuda"], "--data.init_args.device 'cuda' is not available"),
         (
             ["--trainer.accelerator", "gpu"],
@@ -86,19 +88,56 @@ def test_missing_config_file_is_named(tmp_path):
     assert "Traceback" not in result.stderr
 
 
-def test_board_too_small_for_the_snake_is_rejected(tmp_path):
-    result = run_app(
-        "fit",
-        "--config",
-        str(ROOT / "configs/snake_dqn.yaml"),
-        "--data.init_args.env.init_args.size",
-        "4",
-        "--trainer.logger.init_args.save_dir",
-        str(tmp_path / "runs"),
-        cwd=tmp_path,
-    )
-    assert result.returncode != 0
-    assert "size" in result.stderr and "Traceback" not in result.stderr
+# ---------------------------------------------------------------------------------------- errors from nested options
+SNAKE_DQN = ROOT / "configs/snake_dqn.yaml"
+
+
+def assert_one_error_line(returncode: int, stderr: str, message: str) -> None:
+    """Exit status 2 and stderr of exactly one ``error:`` line (after Lightning's "Seed set to" note, if seeded)."""
+    assert returncode == 2, stderr
+    assert [line for line in stderr.splitlines() if not line.startswith("Seed set to ")] == [f"error: {message}"]
+
+
+def snake_dqn_args(tmp_path: Path, *args: str, config: Path = SNAKE_DQN) -> list[str]:
+    """The shipped Snake-DQN config as README runs it (CSV logger on), writing under ``tmp_path/runs``."""
+    save_dir = ("--trainer.logger.init_args.save_dir", str(tmp_path / "runs"))
+    return ["fit", "--config", str(config), "--threads", "1", *save_dir, *args]
+
+
+def with_evaluation_every(tmp_path: Path, every_n_frames: object) -> Path:
+    """The shipped Snake-DQN config with its evaluation callback's ``every_n_frames`` changed in the YAML list."""
+    config = yaml.safe_load(SNAKE_DQN.read_text())
+    evaluation = config["trainer"]["callbacks"][1]
+    assert evaluation["class_path"] == "callbacks.schedule.PeriodicEvaluation"
+    evaluation["init_args"]["every_n_frames"] = every_n_frames
+    return write_config(config, tmp_path / "snake.yaml")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (  # refused by the environment built inside the data module's constructor
+            ["--data.init_args.env.init_args.size", "4", "--data.init_args.env.init_args.spawn_margin", "3"],
+            "--data.init_args.env.init_args.spawn_margin 3 leaves no room for the 3-block snake on a 4x4 board "
+            "(size must be >= 2 * spawn_margin + 3 = 9); at most 0 fits, or leave it unset",
+        ),
+        (  # refused by the parser, three objects deep
+            ["--data.init_args.env.init_args.size", "ten"],
+            "--data.init_args.env.init_args.size must be an int, got 'ten'",
+        ),
+        (  # a callback added and configured on the command line, refused by its constructor
+            [
+                "--trainer.callbacks+=callbacks.schedule.PeriodicEvaluation",
+                "--trainer.callbacks.init_args.every_n_frames",
+                "0",
+            ],
+            "--trainer.callbacks.init_args.every_n_frames must be >= 1, got 0",
+        ),
+    ],
+)
+def test_nested_option_errors_are_one_line_naming_the_full_flag(tmp_path, args, message):
+    result = run_app(*snake_dqn_args(tmp_path, *args), cwd=tmp_path)
+    assert_one_error_line(result.returncode, result.stderr, message)  # no traceback, no usage dump
     assert not (tmp_path / "runs").exists()
 
 
@@ -139,3 +178,81 @@ def test_with_the_logger_off_the_config_goes_to_the_checkpoint_folder(tmp_path, 
     assert saved["trainer"]["max_steps"] == 5 and saved["trainer"]["logger"] is False
     assert sorted(path.name for path in tmp_path.iterdir()) == ["c.yaml", "out"]  # nothing in the current folder
     assert sorted(path.name for path in (tmp_path / "out").iterdir()) == ["checkpoints"]
+
+
+def test_a_bad_callback_in_a_config_list_is_named_by_position_and_class(tmp_path):
+    result = run_app(*snake_dqn_args(tmp_path, config=with_evaluation_every(tmp_path, 0)), cwd=tmp_path)
+    message = "trainer.callbacks[1] (callbacks.schedule.PeriodicEvaluation) every_n_frames must be >= 1, got 0"
+    assert_one_error_line(result.returncode, result.stderr, message)
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["--data.init_args.env.init_args.size", "2"],
+            "--data.init_args.env.init_args.size must be >= 3 to fit the 3-block snake, got 2",
+        ),
+        (
+            ["--data.init_args.env.init_args.backend", "gpu"],
+            "--data.init_args.env.init_args.backend must be one of 'auto', 'torch', 'cpp', got 'gpu'",
+        ),
+        (
+            ["--data.init_args.env.init_args.sise", "7"],
+            "--data.init_args.env.init_args.sise is not an option of datamodules.envs.snake.SnakeEnv; "
+            "did you mean size?",
+        ),
+        (  # the flag sets the last callback of the list, here the throughput report
+            ["--trainer.callbacks.init_args.log_every_n_steps", "0"],
+            "--trainer.callbacks.init_args.log_every_n_steps must be >= 1, got 0",
+        ),
+        (
+            ["--trainer.callbacks.init_args.every_n_frames", "0"],
+            "--trainer.callbacks.init_args.every_n_frames is not an option of callbacks.throughput.ThroughputReport, "
+            "the last of trainer.callbacks (the one this flag sets)",
+        ),
+    ],
+)
+def test_each_kind_of_nested_error_is_worded_for_its_flag(tmp_path, capsys, args, message):
+    # In-process, so that the wording of every kind is checked without a process start each (the subprocess tests
+    # above show that the same path prints nothing else).
+    with pytest.raises(SystemExit) as exited:
+        main(snake_dqn_args(tmp_path, *args))
+    assert_one_error_line(exited.value.code, capsys.readouterr().err, message)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_wrong_type_in_a_config_list_names_the_callback_by_class(tmp_path, capsys):
+    # The parser reports before the list is built, so the position is not known yet; the class finds it.
+    with pytest.raises(SystemExit) as exited:
+        main(snake_dqn_args(tmp_path, config=with_evaluation_every(tmp_path, "ten")))
+    message = "trainer.callbacks (callbacks.schedule.PeriodicEvaluation) every_n_frames must be an int, got 'ten'"
+    assert_one_error_line(exited.value.code, capsys.readouterr().err, message)
+
+
+def test_a_7x7_board_fits_the_shipped_snake_config_without_a_margin_override(tmp_path):
+    args = snake_dqn_args(
+        tmp_path,
+        "--data.init_args.env.init_args.size",
+        "7",
+        "--trainer.max_steps",
+        "5",
+        "--data.init_args.warmup_frames",
+        "32",
+        "--data.init_args.batch_size",
+        "32",
+        "--data.init_args.buffer_size",
+        "1000",
+        "--trainer.enable_progress_bar",
+        "false",
+    )
+    result = run_app(*args, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    run = tmp_path / "runs/snake_dqn/version_0"
+    env = yaml.safe_load((run / "config.yaml").read_text())["data"]["init_args"]["env"]["init_args"]
+    assert env["size"] == 7 and env["spawn_margin"] is None  # the margin adapted, not set by hand
+    checkpoint = torch.load(run / "checkpoints/last.ckpt", map_location="cpu", weights_only=False)
+    assert checkpoint["global_step"] == 5
+    assert checkpoint["state_dict"]["q_network.1.0.weight"].shape == (256, 3 * 7 * 7)  # sized by the 7x7 board
+    assert checkpoint["ReplayDataModule"]["env"]["board"].shape[1] == 3 * 7 * 7 + 1

@@ -136,6 +136,19 @@ def test_initial_snakes_have_three_blocks_inside_the_margin():
     assert len(set(env.heading.tolist())) == 4  # all headings occur
 
 
+@pytest.mark.parametrize(("size", "margin"), [(3, 0), (4, 0), (5, 1), (7, 2), (8, 2), (9, 3), (10, 3), (16, 3)])
+def test_the_default_spawn_margin_is_the_largest_up_to_3_that_fits(size, margin):
+    env = SnakeEnv(num_envs=256, size=size, seed=2)
+    assert env.spawn_margin == margin
+    body = env.reset()["observation"][:, 0]
+    rows, cols = body.any(2), body.any(1)  # [boards, size]: which rows / columns hold a body cell
+    inside = slice(margin, size - margin)
+    assert not rows[:, :margin].any() and not rows[:, size - margin :].any()
+    assert not cols[:, :margin].any() and not cols[:, size - margin :].any()
+    assert rows[:, margin].any() and cols[:, size - margin - 1].any()  # the margin itself is reached: no wider
+    assert (body[:, inside, inside].sum((1, 2)) == 3).all()
+
+
 @pytest.mark.parametrize("backend", ["torch", "cpp"])
 def test_reset_with_a_mask_reinitialises_only_the_masked_boards(backend):
     env = SnakeEnv(num_envs=4, size=8, spawn_margin=1, seed=1, backend=backend)
@@ -228,7 +241,8 @@ def test_state_dict_round_trip_continues_identically():
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"size": 8}, "size must be >= 2 \\* spawn_margin \\+ 3 \\(=9\\)"),
+        ({"size": 8, "spawn_margin": 3}, "spawn_margin 3 leaves no room for the 3-block snake on a 8x8 board"),
+        ({"size": 2}, "size must be >= 3 to fit the 3-block snake, got 2"),
         ({"num_envs": 0}, "num_envs"),
         ({"max_steps": 0}, "max_steps"),
         ({"spawn_margin": -1}, "spawn_margin"),

@@ -3,7 +3,7 @@
 Rules (SPEC §1):
 
 - a ``size``×``size`` board; the snake starts with 3 blocks in a straight line, at least ``spawn_margin`` cells
-  from the border, at a random position and heading;
+  from the border (by default 3, or the largest that fits on a small board), at a random position and heading;
 - 4 absolute actions: 0 up, 1 right, 2 down, 3 left; an action that reverses the heading keeps going straight;
 - reward +1 for eating (the snake grows by one block), −1 for dying (wall or own body), 0 otherwise; moving into
   the cell the tail leaves on this step is legal;
@@ -43,6 +43,8 @@ _DCOL = (0, 1, 0, -1)
 # Candidate cells drawn per food placement before falling back to an exhaustive draw; with the board half full,
 # all 16 candidates miss with probability 2^-16.
 _FOOD_CANDIDATES = 16
+# The seed's margin on its 10x10 board; smaller boards get the largest margin that fits.
+_DEFAULT_SPAWN_MARGIN = 3
 
 
 class SnakeEnv(EnvBase):
@@ -52,7 +54,9 @@ class SnakeEnv(EnvBase):
         num_envs: boards stepped together.
         size: board side.
         max_steps: truncation limit per episode.
-        spawn_margin: minimum distance of the initial snake from the border.
+        spawn_margin: minimum distance of the initial snake from the border. ``None`` (the default): the largest
+            margin up to 3 that fits, ``min(3, (size - 3) // 2)``, so a 10×10 board keeps 3 and any board from 3×3
+            up works. An explicit value must fit: ``size >= 2 * spawn_margin + 3``.
         seed: base seed; board ``i`` draws from stream ``seed + i``.
         device: where the boards live.
         backend: ``torch`` (tensor ops, any device), ``cpp`` (one compiled loop over the boards, CPU only, the same
@@ -66,18 +70,25 @@ class SnakeEnv(EnvBase):
         num_envs: int = 1,
         size: int = 10,
         max_steps: int = 500,
-        spawn_margin: int = 3,
+        spawn_margin: int | None = None,
         seed: int = 0,
         device: str | torch.device = "cpu",
         backend: Literal["auto", "torch", "cpp"] = "auto",
     ) -> None:
         if num_envs < 1:
             raise ValueError(f"num_envs must be > 0, got {num_envs}")
+        # Messages start with the argument's name: the command line prefixes the flag path it was given under.
+        if size < 3:
+            raise ValueError(f"size must be >= 3 to fit the 3-block snake, got {size}")
+        if spawn_margin is None:
+            spawn_margin = min(_DEFAULT_SPAWN_MARGIN, (size - 3) // 2)
         if spawn_margin < 0:
             raise ValueError(f"spawn_margin must be >= 0, got {spawn_margin}")
         if size < 2 * spawn_margin + 3:
             raise ValueError(
-                f"size must be >= 2 * spawn_margin + 3 (={2 * spawn_margin + 3}) to fit the 3-block snake, got {size}"
+                f"spawn_margin {spawn_margin} leaves no room for the 3-block snake on a {size}x{size} board (size must "
+                f"be >= 2 * spawn_margin + 3 = {2 * spawn_margin + 3}); at most {(size - 3) // 2} fits, or leave it "
+                "unset"
             )
         if max_steps < 1:
             raise ValueError(f"max_steps must be > 0, got {max_steps}")

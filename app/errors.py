@@ -1,0 +1,192 @@
+"""One line for bad input, however deep the option sits.
+
+jsonargparse reports a bad value inside a nested object (an environment's or a callback's ``init_args``) as a tree of
+Union alternatives many lines long. The command line prints one line naming the flag instead:
+
+- **while parsing** (a wrong type, an unknown key): :class:`OneLineErrorParser` walks the chain of exceptions that
+  jsonargparse wrapped around the real problem (``Parser key "data"`` → ``Parser key "env"`` → ``Parser key "size"``
+  → ``Expected a <class 'int'>``) and rebuilds the flag from the keys: ``--data.init_args.env.init_args.size``;
+- **while building** (a constructor's ``ValueError``): environments and callbacks are built deep inside other
+  objects, so their constructors raise messages that start with the bare argument name (``size must be >= 3``) and
+  :func:`tag_constructor_errors` (a jsonargparse instantiator) records which class refused;
+  :func:`constructor_error_line` then prefixes the path the class was configured under. The data module's and the
+  model's own constructors name their flags themselves (``--data.init_args.batch_size must be > 0``).
+
+Callbacks are a list, and ``--trainer.callbacks.init_args.X`` on the command line sets the *last* one; a callback
+from a config file is named by its position and class: ``trainer.callbacks[1] (callbacks.schedule.PeriodicEvaluation)
+every_n_frames must be >= 1, got 0``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+import os
+import pydoc
+import re
+import sys
+from collections.abc import Iterator, Sequence
+from typing import Any, NoReturn
+
+from lightning.fabric.utilities.exceptions import MisconfigurationException
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.cli import LightningArgumentParser
+from torchrl.envs import EnvBase
+
+#: Where each kind of nested object is configured, as config keys (each key after the first is inside ``init_args``).
+COMPONENT_KEYS: dict[type, tuple[str, ...]] = {EnvBase: ("data", "env"), Callback: ("trainer.callbacks",)}
+_LIST_KEY = "trainer.callbacks"
+
+# The wrappers jsonargparse puts around a problem; each names at most a key or a class on the way down.
+_PARSER_KEY = re.compile(r'Parser key "([^"]+)"')
+_CLASS_PATH = re.compile(r"class_path[ =]'([^']+)'")
+_UNION = "Does not validate against any of the Union subtypes"
+_UNKNOWN_OPTION = re.compile(r"Option '([^']+)' is not accepted")
+_EXPECTED = re.compile(r"Expected an? (.+?)\. Got value: (.*)", re.DOTALL)
+
+
+class ComponentError(ValueError):
+    """A nested object's constructor refused its arguments; remembers which class and arguments it was."""
+
+    def __init__(self, component: type, init_args: dict[str, Any], error: Exception) -> None:
+        super().__init__(str(error))
+        self.component, self.init_args = component, init_args
+
+    def __reduce__(self):
+        # Sent to another process (a worker's env factory failing), it travels as the plain error it wraps.
+        return ValueError, self.args
+
+
+def tag_constructor_errors(class_type: type, *args: Any, **kwargs: Any) -> Any:
+    """jsonargparse instantiator: build ``class_type``, turning its ``ValueError`` into a :class:`ComponentError`."""
+    try:
+        return class_type(*args, **kwargs)
+    except (ValueError, MisconfigurationException) as error:
+        raise ComponentError(class_type, kwargs, error) from error
+
+
+def _chain(error: BaseException | None) -> Iterator[BaseException]:
+    while error is not None:
+        yield error
+        error = error.__cause__ or error.__context__
+
+
+def _one_line(text: str) -> str:
+    return " ".join(line.strip() for line in text.strip().splitlines() if line.strip())
+
+
+def _typed(flag: str, argv: Sequence[str]) -> bool:
+    return any(arg == flag or arg.startswith(f"{flag}=") for arg in argv)
+
+
+def _name(
+    keys: Sequence[str], class_path: str | None, argv: Sequence[str], index: int | None = None, last: bool = True
+) -> str:
+    """How to point at an option: its flag, or for a callback from a config file its entry in the list.
+
+    ``index`` is the callback's position in ``trainer.callbacks`` when known; a flag typed on the command line
+    (``--trainer.callbacks.init_args.X``) only ever reaches the ``last`` one.
+    """
+    flag = "--" + ".init_args.".join(keys)
+    if keys[0] != _LIST_KEY or (_typed(flag, argv) and last):
+        return flag
+    position = "" if index is None else f"[{index}]"
+    return " ".join((f"{_LIST_KEY}{position} ({class_path})", *keys[1:]))
+
+
+def _import_path(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _parameters(class_path: str | None) -> list[str]:
+    cls = pydoc.locate(class_path) if class_path else None
+    if not inspect.isclass(cls):
+        return []
+    # The constructor's own signature: TorchRL environments define a __new__ that would hide it.
+    parameters = list(inspect.signature(cls.__init__).parameters.values())[1:]
+    return [
+        p.name for p in parameters if p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    ]
+
+
+def _expected(type_text: str, value: str) -> str:
+    literal = re.fullmatch(r"typing\.Literal\[(.*)\]", type_text)
+    if literal:
+        return f"must be one of {literal.group(1)}, got {value!r}"
+    type_text = re.sub(r"<class '(?:builtins\.)?([\w.]+)'>", r"\1", type_text)
+    return f"must be {'an' if type_text[:1] in 'aeiou' else 'a'} {type_text}, got {value!r}"
+
+
+def parse_error_line(message: str, error: BaseException | None, argv: Sequence[str]) -> str:
+    """One line for a parse failure: the full flag of the deepest key and the reason jsonargparse gave for it."""
+    keys: list[str] = []
+    class_path = None
+    leaf = None
+    for leaf in _chain(error):
+        text = str(leaf)
+        key = _PARSER_KEY.match(text)
+        if key and (not keys or keys[-1] != key.group(1)):
+            keys.append(key.group(1))
+        mentioned = None if text.startswith(_UNION) else _CLASS_PATH.search(text)
+        class_path = mentioned.group(1) if mentioned else class_path  # the deepest class mentioned is the owner
+    if leaf is None or not keys:
+        return _one_line(message)
+    reason = _one_line(str(leaf))
+    unknown = _UNKNOWN_OPTION.fullmatch(reason)
+    expected = _EXPECTED.fullmatch(reason)
+    if unknown:
+        keys.append(unknown.group(1))
+        name = _name(keys, class_path, argv)
+        close = difflib.get_close_matches(unknown.group(1), _parameters(class_path), n=1)
+        owner = "" if not class_path or class_path in name else f" of {class_path}"
+        if name.startswith(f"--{_LIST_KEY}."):
+            owner += f", the last of {_LIST_KEY} (the one this flag sets)"
+        return f"{name} is not an option{owner}" + (f"; did you mean {close[0]}?" if close else "")
+    name = _name(keys, class_path, argv)
+    if expected:
+        return f"{name} {_expected(expected.group(1), expected.group(2))}"
+    return f"{name}: {reason}"
+
+
+def _callback_index(component: type, init_args: dict[str, Any], config: Any) -> tuple[int | None, bool]:
+    """Position of the refused callback in ``trainer.callbacks`` (None if not found), and whether it is the last."""
+    entries = config["trainer"].get("callbacks") if config is not None else None
+    entries = entries if isinstance(entries, list) else [entries]
+    matches = [i for i, entry in enumerate(entries) if pydoc.locate(getattr(entry, "class_path", "")) is component]
+    # Two callbacks of one class: the one whose arguments were refused.
+    same_args = [i for i in matches if vars(entries[i].get("init_args") or {}).items() <= init_args.items()]
+    found = (same_args or matches or [None])[0]
+    return found, found == len(entries) - 1
+
+
+def constructor_error_line(error: BaseException, config: Any, argv: Sequence[str]) -> str:
+    """One line for a constructor that refused its arguments, named by the flag (or list entry) the user wrote."""
+    for cause in _chain(error):
+        if isinstance(cause, ComponentError):
+            break
+        if not str(cause).startswith(_UNION):
+            return _one_line(str(cause))  # names its flag itself (the data module, the model, the trainer)
+    else:
+        return _one_line(str(error))
+    base = next(base for base in COMPONENT_KEYS if issubclass(cause.component, base))
+    class_path = _import_path(cause.component)
+    index, last = _callback_index(cause.component, cause.init_args, config) if base is Callback else (None, True)
+    option, _, reason = str(cause).partition(" ")
+    if option in _parameters(class_path):
+        return f"{_name((*COMPONENT_KEYS[base], option), class_path, argv, index, last)} {_one_line(reason)}"
+    where = _name(COMPONENT_KEYS[base], class_path, argv, index, last)
+    where += "" if class_path in where else f" ({class_path})"
+    return f"{where}: {_one_line(str(cause))}"
+
+
+class OneLineErrorParser(LightningArgumentParser):
+    """Lightning's parser, printing any error as one ``error: ...`` line naming the flag (no usage dump)."""
+
+    def error(self, message: str, ex: Exception | None = None) -> NoReturn:
+        # A nested parser's error travels up, wrapped, to the top-level one. JSONARGPARSE_DEBUG=true keeps
+        # jsonargparse's own behaviour: the whole tree, raised with its traceback.
+        if not self.exit_on_error or os.environ.get("JSONARGPARSE_DEBUG", "").lower() == "true":
+            super().error(message, ex)
+        argv = getattr(self, "args", None) or sys.argv[1:]
+        sys.stderr.write(f"error: {parse_error_line(message, ex, argv)}\n")
+        self.exit(2)
