@@ -129,15 +129,22 @@ def bare_ppo(model: Any, data: Any) -> Callable[[int], torch.Tensor]:
 
 def time_bare(step: Callable[[int], Any], seconds: float) -> float:
     """Seconds per call of ``step``: the median of 5 runs sharing ``seconds``, after a warm-up."""
+
+    def sync() -> None:  # GPU work is asynchronous: a run ends when its kernels have
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+
     for i in range(20):
         step(i)
     runs = []
     for _ in range(5):
+        sync()
         calls, start = 0, time.perf_counter()
-        while (elapsed := time.perf_counter() - start) < seconds / 5:
+        while time.perf_counter() - start < seconds / 5:
             step(calls)
             calls += 1
-        runs.append(elapsed / calls)
+        sync()
+        runs.append((time.perf_counter() - start) / calls)
     return statistics.median(runs)
 
 
@@ -148,3 +155,16 @@ def bare_update(model: Any, data: Any) -> Callable[[int], torch.Tensor]:
     if hasattr(model, "actor_network") and hasattr(model, "critic_network"):
         return bare_ppo(model, data)
     raise NotImplementedError(f"no bare reference update for {type(model).__name__}")
+
+
+def bare_update_ms(model: Any, data: Any, seconds: float) -> float | None:
+    """Milliseconds per bare reference update of ``model`` on this machine now (None when its family has none).
+
+    Runs on copies of the networks, on the model's device, with the process's current thread count; the model is left
+    untouched.
+    """
+    try:
+        step = bare_update(model, data)
+    except NotImplementedError:
+        return None
+    return 1e3 * time_bare(step, seconds)
