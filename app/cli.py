@@ -23,6 +23,7 @@ from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.cli import LightningCLI
 from torchrl.envs import EnvBase
 
+from callbacks.progress import RLProgressBar
 from datamodules.base import RLDataModule
 from modules.base import RLModule
 
@@ -75,6 +76,8 @@ class RLCLI(LightningCLI):
             self.parser.error(f"--threads must be >= 1, got {threads}")
         torch.set_num_threads(threads)
         self._move_gradient_clipping(config)
+        if config["trainer"].get("enable_progress_bar") is False:  # the flag also turns off the default bar
+            self.trainer_defaults = {key: value for key, value in self.trainer_defaults.items() if key != "callbacks"}
 
     def _move_gradient_clipping(self, config) -> None:
         # The agents run their own update (loss, backward, clip, step as one compiled unit), and Lightning clips only
@@ -124,6 +127,7 @@ def trainer_defaults() -> dict:
         "limit_val_batches": 0,  # `fit` evaluates with the PeriodicEvaluation callback; `validate` overrides this
         "plugins": [{"class_path": "callbacks.schedule.AtomicCheckpointIO"}],
         "enable_checkpointing": True,
+        "callbacks": [RLProgressBar()],  # frames, rates and the latest evaluation on the bar, for every config
     }
 
 
