@@ -25,6 +25,7 @@ from torchrl.envs import EnvBase
 
 from app.errors import COMPONENT_KEYS, OneLineErrorParser, constructor_error_line, tag_constructor_errors
 from app.run_folder import ResumableCSVLogger, SaveRunConfig, checkpoint_global_step, resolve_resume
+from callbacks.progress import RLProgressBar
 from datamodules.base import RLDataModule, rank_state_path
 from modules.base import RLModule
 
@@ -81,6 +82,8 @@ class RLCLI(LightningCLI):
         torch.set_num_threads(threads)
         self._move_gradient_clipping(config)
         self._resume_checkpoint(config)
+        if config["trainer"].get("enable_progress_bar") is False:  # the flag also turns off the default bar
+            self.trainer_defaults = {key: value for key, value in self.trainer_defaults.items() if key != "callbacks"}
 
     def _move_gradient_clipping(self, config) -> None:
         # The agents run their own update (loss, backward, clip, step as one compiled unit), and Lightning clips only
@@ -163,6 +166,7 @@ def trainer_defaults() -> dict:
         "limit_val_batches": 0,  # `fit` evaluates with the PeriodicEvaluation callback; `validate` overrides this
         "plugins": [{"class_path": "callbacks.schedule.AtomicCheckpointIO"}],
         "enable_checkpointing": True,
+        "callbacks": [RLProgressBar()],  # frames, rates and the latest evaluation on the bar, for every config
     }
 
 

@@ -60,7 +60,7 @@ def run(agent: str, compile_: str, updates: int, threads: int, seconds: float, o
     cli = main(["fit", *(arg for path in configs for arg in ("--config", path)), *overrides])
     bare_after = time_bare(bare_step, seconds)
     report = next(cb.report for cb in cli.trainer.callbacks if type(cb).__name__ == "ThroughputReport")
-    steady = report["steady_state"] or report["overall"]
+    steady = report["steady_state"] or report["this_process"]
     fit_per_update = steady["wall_s"] / steady["updates"]
     bare = (bare_before + bare_after) / 2
     return {

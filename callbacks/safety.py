@@ -18,6 +18,7 @@ import torch
 from tensordict import TensorDict
 
 from callbacks.schedule import PeriodicEvaluation
+from datamodules.base import fixed_seed
 
 # Held-out states come from seeds no training or evaluation environment uses.
 SAFETY_SEED = 2_000_003
@@ -54,15 +55,16 @@ class SafetyEvaluation(PeriodicEvaluation):
 
     Logs ``eval/safety_mae`` (mean |V − success rate| over the held-out states), ``eval/safety_mae_constant`` (the
     same for a constant guess at the mean success rate: roughly what a V that learned nothing would score),
-    ``eval/return_mean`` (the greedy policy's success rate), ``eval/random_return_mean`` (a random policy's) and
-    ``eval/value_mean``. At the end of ``fit`` it writes ``safety.json`` (with every state's V and success rate) and
-    ``safety.png`` (V against the Monte-Carlo estimate) into the log folder.
+    ``eval/return_mean`` (the greedy policy's success rate) and ``eval/value_mean``; once per run, at its first
+    evaluation, ``eval/random_return_mean`` (a uniformly random policy's success rate from the same states). At the
+    end of ``fit`` it writes ``safety.json`` (with every state's V and success rate) and ``safety.png`` (V against
+    the Monte-Carlo estimate) into the log folder. Its time is the throughput report's ``eval`` phase.
 
     Args:
         every_n_frames: frames between evaluations.
         states: held-out start states (the issue asks for ≥ 256).
         rollouts: greedy rollouts per state (the binomial standard error is at most 0.5 / √rollouts).
-        random_policy: also measure a uniformly random policy from the same states.
+        random_policy: also measure a uniformly random policy from the same states (once per run).
         at_start: also evaluate before the first update.
     """
 
@@ -74,18 +76,21 @@ class SafetyEvaluation(PeriodicEvaluation):
         random_policy: bool = True,
         at_start: bool = False,
     ) -> None:
-        super().__init__(every_n_frames=every_n_frames, at_start=at_start)
+        super().__init__(every_n_frames=every_n_frames, at_start=at_start, random_policy=random_policy)
         if states < 1:
             raise ValueError(f"states must be >= 1, got {states}")
         if rollouts < 1:
             raise ValueError(f"rollouts must be >= 1, got {rollouts}")
-        self.states, self.rollouts, self.random_policy = states, rollouts, random_policy
+        self.states, self.rollouts = states, rollouts
         self.last: dict[str, Any] = {}
 
+    def _held_out_states(self, trainer: pl.Trainer) -> tuple[Any, torch.Tensor]:
+        """An environment of ``states`` cars at the held-out start states, and their observations."""
+        env = trainer.datamodule.make_env(self.states, SAFETY_SEED)
+        return env, env.reset()["observation"]
+
     def measure(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, float]:
-        data = trainer.datamodule
-        env = data.make_env(self.states, SAFETY_SEED)
-        start = env.reset()["observation"]
+        env, start = self._held_out_states(trainer)
         network = pl_module.export_network()
         value = network(start).max(-1).values
         greedy = success_rates(env, lambda obs: network(obs).argmax(-1), self.rollouts, SAFETY_SEED + self.states)
@@ -96,15 +101,19 @@ class SafetyEvaluation(PeriodicEvaluation):
             "return_mean": greedy.mean().item(),
             "value_mean": value.mean().item(),
         }
-        if self.random_policy:
-            num_actions = int(data.action_spec.space.n)
-
-            def random_actions(obs: torch.Tensor) -> torch.Tensor:
-                return torch.randint(num_actions, obs.shape[:1], device=obs.device)
-
-            metrics["random_return_mean"] = success_rates(env, random_actions, self.rollouts, SAFETY_SEED).mean().item()
         self.last = {"metrics": metrics, "states": start.tolist(), "value": value.tolist(), "success": greedy.tolist()}
         return metrics
+
+    def measure_random(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, float]:
+        env, _ = self._held_out_states(trainer)
+        num_actions = int(trainer.datamodule.action_spec.space.n)
+
+        def random_actions(obs: torch.Tensor) -> torch.Tensor:
+            return torch.randint(num_actions, obs.shape[:1], device=obs.device)
+
+        # Seeded apart from training: the figure repeats, and the training run's random stream does not move.
+        with fixed_seed(SAFETY_SEED, env.device):
+            return {"return_mean": success_rates(env, random_actions, self.rollouts, SAFETY_SEED).mean().item()}
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not trainer.is_global_zero or not self.last:
@@ -117,10 +126,12 @@ class SafetyEvaluation(PeriodicEvaluation):
             "states": self.states,
             "rollouts": self.rollouts,
             **self.last,
+            # The random policy's success rate, measured once per run, beside the latest greedy figures.
+            "metrics": {**self.last["metrics"], **{key.removeprefix("eval/"): v for key, v in self.random.items()}},
         }
         (folder / "safety.json").write_text(json.dumps(report))
         self._plot(folder / "safety.png")
-        metrics = self.last["metrics"]
+        metrics = report["metrics"]
         print(
             f"Safety probability: mean |V - Monte Carlo| = {metrics['safety_mae']:.4f} over {self.states} states x "
             f"{self.rollouts} rollouts (a constant guess: {metrics['safety_mae_constant']:.4f}); greedy success "

@@ -131,10 +131,11 @@ class FrameCheckpoint(ModelCheckpoint):
     def _save_now(self, trainer: pl.Trainer) -> None:
         if self._last_global_step_saved == trainer.global_step:
             return
-        candidates = self._monitor_candidates(trainer)
-        candidates["frames"] = torch.tensor(trainer.datamodule.frames)
-        self._save_topk_checkpoint(trainer, candidates)
-        self._save_last_checkpoint(trainer, candidates)
+        with trainer.datamodule.timer.phase("checkpoint"):  # its own phase in the throughput report
+            candidates = self._monitor_candidates(trainer)
+            candidates["frames"] = torch.tensor(trainer.datamodule.frames)
+            self._save_topk_checkpoint(trainer, candidates)
+            self._save_last_checkpoint(trainer, candidates)
 
     def _save_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:
         per_rank = trainer.world_size > 1 and isinstance(trainer.datamodule, RLDataModule)
@@ -165,12 +166,19 @@ class PeriodicEvaluation(Callback):
     """Plays greedy episodes in separate evaluation environments every ``every_n_frames`` frames and at the end.
 
     Logs ``eval/return_mean``, ``eval/length_mean`` and the env's episode metrics (Snake: ``eval/food_mean``), and
-    keeps the whole curve in :attr:`history` (the throughput report plots it).
+    keeps the whole curve in :attr:`history` (the throughput report plots it). Once per run, at its first evaluation,
+    it also plays a uniformly random policy on the same boards (``eval/random_return_mean``, ``eval/random_food_mean``
+    ...): the baseline the curve is read against, kept in :attr:`random`. Its time is the ``eval`` phase of the data
+    module's timer, so the throughput report charges it to evaluation wherever this callback sits in the list.
+
+    History and baseline are saved in checkpoints, so a resumed run continues the same curve, on the same clock
+    (``time_s``: seconds of training up to the last checkpoint, plus this process's).
 
     Args:
         every_n_frames: frames between evaluations.
         episodes: episodes per evaluation; default the data module's ``eval_episodes``.
         at_start: also evaluate before the first update (frame 0 of the learning curve).
+        random_policy: also measure the random policy once per run.
     """
 
     def __init__(
@@ -178,6 +186,7 @@ class PeriodicEvaluation(Callback):
         every_n_frames: int = 50_000,
         episodes: int | None = None,
         at_start: bool = True,
+        random_policy: bool = True,
     ) -> None:
         if every_n_frames < 1:
             raise ValueError(f"every_n_frames must be >= 1, got {every_n_frames}")
@@ -186,12 +195,17 @@ class PeriodicEvaluation(Callback):
         self.every_n_frames = every_n_frames
         self.episodes = episodes
         self.at_start = at_start
+        self.random_policy = random_policy
         self.history: list[dict[str, float]] = []
+        self.random: dict[str, float] = {}  # the random policy's eval/random_* metrics, once measured
         self._done_slot = -1
-        self._start_time = 0.0
+        self._elapsed_at_start = 0.0  # seconds of training before this process (restored from a checkpoint)
+        self._start_time = time.perf_counter()
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._start_time = time.perf_counter() - self._elapsed_at_start
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._start_time = time.perf_counter() - (self.history[-1]["time_s"] if self.history else 0.0)
         if self._done_slot < 0:
             self._done_slot = 0
             if self.at_start:
@@ -204,38 +218,56 @@ class PeriodicEvaluation(Callback):
             self._evaluate(trainer, pl_module)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if not self.history or self.history[-1]["frames"] != trainer.datamodule.frames:
+        if not self.history or self.history[-1]["frames"] != trainer.datamodule.frames * trainer.world_size:
             self._evaluate(trainer, pl_module)
 
     def measure(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, float]:
         """The evaluation itself (the model is in eval mode): metrics without the ``eval/`` prefix."""
         return trainer.datamodule.evaluate(pl_module.greedy_policy(), self.episodes)
 
+    def measure_random(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, float]:
+        """The same evaluation with uniformly random actions: metrics without prefix (logged as ``eval/random_*``)."""
+        return trainer.datamodule.evaluate_random(self.episodes)
+
     def _evaluate(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        was_training = pl_module.training
-        pl_module.eval()
-        metrics = self.measure(trainer, pl_module)
-        pl_module.train(was_training)
-        metrics = {f"eval/{key}": value for key, value in metrics.items()}
-        if trainer.world_size > 1:  # each rank evaluated its own episodes: report the mean over ranks
-            values = torch.tensor(list(metrics.values()), dtype=torch.float64, device=pl_module.device)
-            values = trainer.strategy.reduce(values, reduce_op="mean")
-            metrics = dict(zip(metrics, values.tolist(), strict=False))
-        frames = trainer.datamodule.frames * trainer.world_size
-        row = {
-            "frames": frames,
-            "updates": trainer.global_step,
-            "time_s": time.perf_counter() - self._start_time,
-        }
-        self.history.append({**row, **metrics})
-        trainer.callback_metrics.update({key: torch.tensor(value) for key, value in metrics.items()})
-        if trainer.is_global_zero:
-            for logger in trainer.loggers:
-                logger.log_metrics({**metrics, "eval/frames": frames}, step=trainer.global_step)
+        with trainer.datamodule.timer.phase("eval"):
+            was_training = pl_module.training
+            pl_module.eval()
+            metrics = {f"eval/{key}": value for key, value in self.measure(trainer, pl_module).items()}
+            if self.random_policy and not self.random:
+                metrics.update(
+                    {f"eval/random_{key}": value for key, value in self.measure_random(trainer, pl_module).items()}
+                )
+            pl_module.train(was_training)
+            if trainer.world_size > 1:  # each rank evaluated its own episodes: report the mean over ranks
+                values = torch.tensor(list(metrics.values()), dtype=torch.float64, device=pl_module.device)
+                values = trainer.strategy.reduce(values, reduce_op="mean")
+                metrics = dict(zip(metrics, values.tolist(), strict=False))
+            if not self.random:
+                self.random = {key: value for key, value in metrics.items() if key.startswith("eval/random_")}
+            frames = trainer.datamodule.frames * trainer.world_size
+            row = {
+                "frames": frames,
+                "updates": trainer.global_step,
+                "time_s": time.perf_counter() - self._start_time,
+            }
+            self.history.append({**row, **metrics})
+            trainer.callback_metrics.update({key: torch.tensor(value) for key, value in metrics.items()})
+            if trainer.is_global_zero:
+                for logger in trainer.loggers:
+                    logger.log_metrics({**metrics, "eval/frames": frames}, step=trainer.global_step)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"history": self.history, "done_slot": self._done_slot}
+        return {
+            "history": self.history,
+            "done_slot": self._done_slot,
+            "random": self.random,
+            "elapsed_s": time.perf_counter() - self._start_time,
+        }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.history = list(state_dict["history"])
         self._done_slot = state_dict["done_slot"]
+        self.random = dict(state_dict.get("random", {}))
+        # Checkpoints from before the clock was saved: continue from the last evaluation's time.
+        self._elapsed_at_start = state_dict.get("elapsed_s", self.history[-1]["time_s"] if self.history else 0.0)

@@ -1,9 +1,13 @@
-"""ThroughputReport: where the wall time of a fit goes, and how many frames, updates and samples per second it buys.
+"""ThroughputReport: where the wall time of a run goes, and how many frames, updates and samples per second it buys.
 
-One Lightning training step holds the data module's phases (``collect``, ``advantage``, ``buffer_write``,
-``sample``, timed by its :class:`~datamodules.timing.PhaseTimer`) and the update itself, because
-``RLModule.training_step`` fetches its own batch. So ``update`` is the step's wall time less the timer's increase
-during the step, and ``other`` is the rest of the fit's wall time: logging, checkpoints, evaluation, setup.
+Every phase is timed where it happens, into the data module's :class:`~datamodules.timing.PhaseTimer`: the data
+module times ``collect``, ``advantage``, ``buffer_write`` and ``sample``, the model its ``update`` (loss, backward,
+clip, optimizer step, target update), :class:`~callbacks.schedule.PeriodicEvaluation` its ``eval`` and
+:class:`~callbacks.schedule.FrameCheckpoint` its ``checkpoint``. So the figures do not depend on the order of the
+callbacks. ``other`` is the rest of the wall time: Lightning's loop and hooks, logging, setup.
+
+A run resumed from a checkpoint writes one report for the whole run: the totals up to the checkpoint travel in the
+checkpoint (this callback's ``state_dict``), and the report shows this process and the whole run side by side.
 """
 
 from __future__ import annotations
@@ -22,26 +26,29 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback
 
+from callbacks.report_plots import plot_learning_curve, plot_phases, run_name
 from callbacks.schedule import PeriodicEvaluation
 
 # Module-level so tests can drive time by hand; looked up at each call, never bound at import.
 _clock = time.perf_counter
 
-DATA_PHASES = ("collect", "advantage", "buffer_write", "sample")
-PHASES = (*DATA_PHASES, "update", "other")
+TIMED_PHASES = ("collect", "advantage", "buffer_write", "sample", "update", "eval", "checkpoint")
+PHASES = (*TIMED_PHASES, "other")
+COUNTS = ("frames", "updates", "samples", "steps")
 _PACKAGES = ("torch", "lightning", "torchrl", "tensordict")
 
 
 class ThroughputReport(Callback):
-    """Times the phases of training, logs rates as it goes, and writes a JSON + Markdown report (and plots) at the end.
+    """Reads the phase timer, logs rates as it goes, and writes a JSON + Markdown report (and plots) at the end.
 
-    Logged every ``log_every_n_steps`` updates, over the steps since the last log: ``throughput/frames_per_s`` (also
-    on the progress bar) and ``throughput/samples_per_s``, summed over ranks; ``throughput/updates_per_s`` and
-    ``time/<phase>_frac`` per phase, averaged over ranks. Lightning hands them to the logger on its own logging
-    steps only, so keep this a multiple of ``--trainer.log_every_n_steps``.
+    Logged every ``log_every_n_steps`` updates, over the steps since the last log: ``throughput/frames_per_s`` and
+    ``throughput/samples_per_s``, summed over ranks; ``throughput/updates_per_s`` and ``time/<phase>_frac`` per
+    phase, averaged over ranks. Lightning hands them to the logger on its own logging steps only, so keep this a
+    multiple of ``--trainer.log_every_n_steps``.
 
     Written by rank zero at the end of fit: ``<report_dir>/<name>.json``, ``<name>.md`` and, with ``plots``,
-    ``<name>_phases.png`` and ``learning_curve.png`` (from a :class:`PeriodicEvaluation` callback's history).
+    ``<name>_phases.png`` and ``learning_curve.png`` (from a :class:`PeriodicEvaluation` callback's history, with
+    its random-policy baseline). After a resume the files cover the whole run as well as this process.
 
     Args:
         report_dir: folder for the report; default the trainer's ``log_dir`` (``default_root_dir`` without a logger).
@@ -50,7 +57,7 @@ class ThroughputReport(Callback):
         skip_first_steps: training steps left out of the steady-state figures (collector start-up, compilation,
             replay warm-up). The whole-run figures include them.
         plots: also draw the phase breakdown and the learning curve (matplotlib).
-        cuda_sync: synchronise the GPU at phase and step boundaries (sets ``datamodule.timer.cuda_sync``), so that
+        cuda_sync: synchronise the GPU at phase boundaries (sets ``datamodule.timer.cuda_sync``), so that
             asynchronous GPU work is charged to the phase that launched it. Off by default: each sync stalls the
             host, which is what the hot loop is built to avoid.
     """
@@ -74,100 +81,111 @@ class ThroughputReport(Callback):
         self.log_every_n_steps, self.skip_first_steps = log_every_n_steps, skip_first_steps
         self.report: dict[str, Any] | None = None  # the last report written, for callers and tests
         self._start: dict[str, Any] | None = None
+        self._before: dict[str, Any] | None = None  # totals of the processes before this one (from the checkpoint)
+        self._trainer: pl.Trainer | None = None
 
     # ------------------------------------------------------------------------------------------------ hooks
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._fit_start = _clock()
-        self._sync = self.cuda_sync and pl_module.device.type == "cuda"
-        if self._sync:
+        self._trainer = trainer
+        # The clock and the timer start here, so setup and an evaluation at train start count whatever the order of
+        # the callbacks' on_train_start hooks.
+        self._fit_start = {"t": _clock(), "timer": dict(trainer.datamodule.timer.totals)}
+        if self.cuda_sync and pl_module.device.type == "cuda":
             trainer.datamodule.timer.cuda_sync = True
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # Counters are taken here, not at fit start: a resumed run restores global_step after on_fit_start, and the
-        # frames already in the checkpoint were collected by an earlier fit.
-        self._update_s, self._steps = 0.0, 0
+        # frames already in the checkpoint were collected by an earlier process.
+        self._steps = 0
         begin = self._snapshot(trainer)
-        self._start = {**begin, "t": self._fit_start}  # the whole run's clock includes setup and the first evaluation
+        self._start = {**begin, **self._fit_start}
         self._window, self._last_step_end = begin, self._start  # logged rates cover training steps only
         self._steady = begin if self.skip_first_steps == 0 else None
         # Resolved on every rank: trainer.log_dir broadcasts, so rank zero alone would wait for the others forever.
         self._dir = Path(self.report_dir or trainer.log_dir or trainer.default_root_dir)
 
-    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any) -> None:
-        if self._sync:
-            torch.cuda.synchronize(pl_module.device)
-        self._step_start = _clock()
-        self._step_timer = trainer.datamodule.timer.total()
-
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any) -> None:
-        if self._sync:
-            torch.cuda.synchronize(pl_module.device)
-        now = _clock()
-        self._update_s += (now - self._step_start) - (trainer.datamodule.timer.total() - self._step_timer)
         self._steps += 1
-        self._last_step_end = self._snapshot(trainer, now)
+        self._last_step_end = self._snapshot(trainer)
         if self._steps == self.skip_first_steps:
             self._steady = self._last_step_end
         step = trainer.global_step
         # global_step, not a count of this fit's steps: it lines up with the trainer's own logging steps after a resume.
         if step % self.log_every_n_steps == 0 and step != self._window["updates"]:
-            self._log_window(trainer, pl_module, summarise(self._window, self._last_step_end))
+            self._log_window(trainer, pl_module, rates(interval(self._window, self._last_step_end)))
             self._window = self._last_step_end
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # on_fit_end, not on_train_end: every callback's on_train_end (the final evaluation) has run by now.
         if not trainer.is_global_zero or self._start is None:  # None: the loop never started (max_steps reached)
             return
-        overall = summarise(self._start, self._snapshot(trainer))
+        this_process = interval(self._start, self._snapshot(trainer))
+        whole_run = combine(self._before, this_process)
         # Steady state runs from the end of the warm-up steps to the end of the last step, so the final evaluation
         # and checkpoint (one-off costs, like the warm-up) stay out of it.
         steady = None
         if self._steady is not None and self._last_step_end["t"] > self._steady["t"]:
-            steady = summarise(self._steady, self._last_step_end)
-        self.report = self._describe(trainer, pl_module, overall, steady)
+            steady = rates(interval(self._steady, self._last_step_end))
+        self.report = self._describe(trainer, pl_module, rates(this_process), rates(whole_run), steady)
         self._dir.mkdir(parents=True, exist_ok=True)
         (self._dir / f"{self.name}.json").write_text(json.dumps(self.report, indent=2) + "\n")
         markdown = self._dir / f"{self.name}.md"
         markdown.write_text(to_markdown(self.report))
         if self.plots:
-            self._plot(trainer, overall, steady)
-        best = steady or overall
+            self._plot(trainer)
+        best = steady or self.report["this_process"]
+        resumed = f"; whole run over {whole_run['processes']} processes: " if whole_run["processes"] > 1 else ""
+        if resumed:
+            resumed += f"{whole_run['frames']:,} frames in {whole_run['wall_s']:.1f} s"
         print(
             f"Throughput: {best['frames_per_s']:,.0f} frames/s, {best['updates_per_s']:,.1f} updates/s"
-            f" ({'steady state' if steady else 'whole run'}); {100 * best['outside_update_frac']:.1f} % of wall time"
-            f" outside the update step. Report: {markdown}"
+            f" ({'steady state' if steady else 'this process'}); {100 * best['outside_update_frac']:.1f} % of wall"
+            f" time outside the update step{resumed}. Report: {markdown}"
         )
 
+    # ------------------------------------------------------------------------------------------- checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        # Called when a checkpoint is written: the totals of the run up to that moment, which a process resumed from
+        # this checkpoint continues (work after the checkpoint is redone by it, so it is not counted twice).
+        if self._start is None or self._trainer is None:
+            return {"whole_run": self._before} if self._before else {}
+        return {"whole_run": combine(self._before, interval(self._start, self._snapshot(self._trainer)))}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._before = state_dict.get("whole_run")
+
     # ------------------------------------------------------------------------------------------------ helpers
-    def _snapshot(self, trainer: pl.Trainer, now: float | None = None) -> dict[str, Any]:
+    def _snapshot(self, trainer: pl.Trainer) -> dict[str, Any]:
         data = trainer.datamodule
         return {
-            "t": _clock() if now is None else now,
+            "t": _clock(),
             # Every rank collects and samples alike (same envs, same schedule): rank zero's counts times world size.
             "frames": data.frames * trainer.world_size,
             "samples": data.samples * trainer.world_size,
             "updates": trainer.global_step,
             "steps": self._steps,
             "timer": dict(data.timer.totals),
-            "update_s": self._update_s,
         }
 
     def _log_window(self, trainer: pl.Trainer, pl_module: pl.LightningModule, window: dict[str, Any]) -> None:
         # Each rank logs its own share of frames and samples; sync_dist sums the shares over ranks.
         world = trainer.world_size
         log = dict(batch_size=1, sync_dist=True)  # batch_size: the batch is a TensorDict Lightning cannot measure
-        pl_module.log("throughput/frames_per_s", window["frames_per_s"] / world, prog_bar=True, reduce_fx="sum", **log)
+        pl_module.log("throughput/frames_per_s", window["frames_per_s"] / world, reduce_fx="sum", **log)
         pl_module.log("throughput/samples_per_s", window["samples_per_s"] / world, reduce_fx="sum", **log)
         pl_module.log("throughput/updates_per_s", window["updates_per_s"], **log)
         for phase, fraction in window["fraction"].items():
             pl_module.log(f"time/{phase}_frac", fraction, **log)
 
-    def _describe(self, trainer: pl.Trainer, pl_module: pl.LightningModule, overall: dict, steady: dict | None) -> dict:
+    def _describe(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, this: dict, whole: dict, steady: dict | None
+    ) -> dict:
         device = trainer.strategy.root_device
         device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
         return {
             "date": datetime.now().astimezone().isoformat(timespec="seconds"),
             "command": list(sys.argv),
+            "run": run_name(trainer, self._dir),
             "machine": {
                 "platform": platform.platform(),
                 "cpu_count": os.cpu_count(),
@@ -182,52 +200,31 @@ class ThroughputReport(Callback):
             "versions": {"python": platform.python_version(), **{p: _version(p) for p in _PACKAGES}},
             "data": {"class": type(trainer.datamodule).__name__, "num_envs": trainer.datamodule.num_envs},
             "model": {"class": type(pl_module).__name__},
-            # Counts of this fit; frames_at_start > 0 when it resumed from a checkpoint.
+            # frames_at_start > 0 when this process resumed from a checkpoint; processes counts this one.
             "totals": {
-                **{key: overall[key] for key in ("wall_s", "frames", "updates", "samples", "steps")},
+                "this_process": {key: this[key] for key in ("wall_s", *COUNTS)},
+                "whole_run": {key: whole[key] for key in ("wall_s", *COUNTS, "processes")},
                 "frames_at_start": self._start["frames"],
             },
             "skip_first_steps": self.skip_first_steps,
-            "overall": overall,
+            "this_process": this,
+            "whole_run": whole,
             "steady_state": steady,
         }
 
-    def _plot(self, trainer: pl.Trainer, overall: dict, steady: dict | None) -> None:
-        import matplotlib  # lazy: only runs that ask for plots pay for the import
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        rows = [("whole run", overall)] + ([("steady state", steady)] if steady else [])
-        fig, ax = plt.subplots(figsize=(8, 1.2 + 0.6 * len(rows)))
-        for y, (_, summary) in enumerate(rows):
-            left = 0.0
-            for index, phase in enumerate(PHASES):
-                label = f"{phase} ({100 * overall['fraction'][phase]:.1f} %)" if y == 0 else None
-                ax.barh(y, summary["seconds"][phase], left=left, color=f"C{index}", label=label)
-                left += summary["seconds"][phase]
-        ax.set_yticks(range(len(rows)), [label for label, _ in rows])
-        ax.set_xlabel("wall time (s)")
-        ax.legend(fontsize="small", loc="center left", bbox_to_anchor=(1.01, 0.5))
-        fig.savefig(self._dir / f"{self.name}_phases.png", dpi=100, bbox_inches="tight")
-        plt.close(fig)
-
+    def _plot(self, trainer: pl.Trainer) -> None:
+        report = self.report
+        rows = [("this process", report["this_process"])]
+        rows += [("steady state", report["steady_state"])] if report["steady_state"] else []
+        rows += [("whole run", report["whole_run"])] if report["whole_run"]["processes"] > 1 else []
+        plot_phases(self._dir / f"{self.name}_phases.png", rows, PHASES)
         evaluation = next((cb for cb in trainer.callbacks if isinstance(cb, PeriodicEvaluation)), None)
         history = evaluation.history if evaluation is not None else []
         if len(history) < 2:
             print("Throughput report: no learning curve (it needs a PeriodicEvaluation callback with >= 2 evaluations)")
             return
-        frames = [row["frames"] for row in history]
-        fig, ax = plt.subplots(figsize=(7, 4))
-        ax.plot(frames, [row["eval/return_mean"] for row in history], "o-", color="C0")
-        ax.set_xlabel("environment frames")
-        ax.set_ylabel("eval/return_mean", color="C0")
-        if all("eval/food_mean" in row for row in history):
-            food = ax.twinx()  # food eaten and return have different scales
-            food.plot(frames, [row["eval/food_mean"] for row in history], "s--", color="C1")
-            food.set_ylabel("eval/food_mean", color="C1")
-        fig.savefig(self._dir / "learning_curve.png", dpi=100, bbox_inches="tight")
-        plt.close(fig)
+        title = f"{report['run']}: {report['model']['class']}, greedy evaluation"
+        plot_learning_curve(self._dir / "learning_curve.png", history, evaluation.random, title)
 
 
 def _version(package: str) -> str:
@@ -237,33 +234,48 @@ def _version(package: str) -> str:
         return "not installed"
 
 
-def summarise(start: dict[str, Any], end: dict[str, Any]) -> dict[str, Any]:
-    """Seconds and fraction of wall time per phase, and rates, between two snapshots."""
+def interval(start: dict[str, Any], end: dict[str, Any]) -> dict[str, Any]:
+    """Wall time, seconds per phase and counts between two snapshots (one process: ``processes`` is 1)."""
     wall = end["t"] - start["t"]
-    seconds = {phase: end["timer"].get(phase, 0.0) - start["timer"].get(phase, 0.0) for phase in DATA_PHASES}
-    seconds["update"] = end["update_s"] - start["update_s"]
+    seconds = {phase: end["timer"].get(phase, 0.0) - start["timer"].get(phase, 0.0) for phase in TIMED_PHASES}
     seconds["other"] = wall - sum(seconds.values())  # the remainder, so the fractions always sum to one
-    counts = {key: end[key] - start[key] for key in ("frames", "updates", "samples", "steps")}
-    fraction = {phase: value / wall if wall > 0 else 0.0 for phase, value in seconds.items()}
-    rate = {f"{key}_per_s": counts[key] / wall if wall > 0 else 0.0 for key in ("frames", "updates", "samples")}
-    outside = 1.0 - fraction["update"]
-    return {"wall_s": wall, **counts, **rate, "seconds": seconds, "fraction": fraction, "outside_update_frac": outside}
+    return {"wall_s": wall, **{key: end[key] - start[key] for key in COUNTS}, "seconds": seconds, "processes": 1}
+
+
+def combine(before: dict[str, Any] | None, this: dict[str, Any]) -> dict[str, Any]:
+    """The totals of earlier processes (None: there were none) plus this one's."""
+    if not before:
+        return dict(this)
+    summed = {key: before.get(key, 0) + this[key] for key in ("wall_s", *COUNTS, "processes")}
+    seconds = {phase: before["seconds"].get(phase, 0.0) + this["seconds"][phase] for phase in PHASES}
+    return {**summed, "seconds": seconds}
+
+
+def rates(totals: dict[str, Any]) -> dict[str, Any]:
+    """``totals`` with per-second rates, each phase's fraction of wall time, and the fraction outside the update."""
+    wall = totals["wall_s"]
+    fraction = {phase: value / wall if wall > 0 else 0.0 for phase, value in totals["seconds"].items()}
+    rate = {f"{key}_per_s": totals[key] / wall if wall > 0 else 0.0 for key in ("frames", "updates", "samples")}
+    return {**totals, **rate, "fraction": fraction, "outside_update_frac": 1.0 - fraction["update"]}
 
 
 def to_markdown(report: dict[str, Any]) -> str:
     """The report as a short human-readable page: context lines, then one table of the figures."""
-    overall, steady, machine, totals = report["overall"], report["steady_state"], report["machine"], report["totals"]
-
+    this, steady, whole = report["this_process"], report["steady_state"], report["whole_run"]
+    machine, totals = report["machine"], report["totals"]
     rows = [
         ("wall time (s)", lambda s: f"{s['wall_s']:.2f}"),
+        ("frames", lambda s: f"{s['frames']:,}"),
+        ("updates", lambda s: f"{s['updates']:,}"),
         ("frames/s", lambda s: f"{s['frames_per_s']:,.0f}"),
         ("updates/s", lambda s: f"{s['updates_per_s']:,.1f}"),
         ("samples/s", lambda s: f"{s['samples_per_s']:,.0f}"),
         *((phase, lambda s, p=phase: f"{s['seconds'][p]:.2f} s ({100 * s['fraction'][p]:.1f} %)") for phase in PHASES),
         ("**outside update**", lambda s: f"**{100 * s['outside_update_frac']:.1f} %**"),
     ]
+    processes = whole["processes"]
     lines = [
-        "# Throughput report",
+        f"# Throughput report: {report['run']}",
         "",
         f"- date: {report['date']}",
         f"- command: `{' '.join(report['command'])}`",
@@ -273,11 +285,16 @@ def to_markdown(report: dict[str, Any]) -> str:
         "- versions: " + ", ".join(f"{name} {version}" for name, version in report["versions"].items()),
         f"- data: {report['data']['class']} ({report['data']['num_envs']} envs per rank), "
         f"model: {report['model']['class']}",
-        f"- totals: {totals['wall_s']:.1f} s, {totals['frames']:,} frames, {totals['updates']:,} updates, "
-        f"{totals['samples']:,} samples (frames at start: {totals['frames_at_start']:,})",
+        f"- this process: {this['wall_s']:.1f} s, {this['frames']:,} frames, {this['updates']:,} updates, "
+        f"{this['samples']:,} samples (frames at start: {totals['frames_at_start']:,})",
+        f"- whole run: {whole['wall_s']:.1f} s, {whole['frames']:,} frames, {whole['updates']:,} updates in "
+        f"{processes} process{'es' if processes > 1 else ''} (a resumed process continues from its checkpoint: "
+        "the work an earlier one did after that checkpoint is not counted)",
+        "- phases: collect, advantage, buffer_write and sample (the data module), update (loss, backward, clip, "
+        "optimizer step), eval and checkpoint (the callbacks), other (the rest: loop, hooks, logging, setup)",
         "",
-        f"| | whole run | steady state (after {report['skip_first_steps']} steps) |",
-        "|---|---:|---:|",
-        *(f"| {label} | {render(overall)} | {render(steady) if steady else 'n/a'} |" for label, render in rows),
+        f"| | this process | steady state (after {report['skip_first_steps']} steps) | whole run |",
+        "|---|---:|---:|---:|",
+        *(f"| {label} | {show(this)} | {show(steady) if steady else 'n/a'} | {show(whole)} |" for label, show in rows),
     ]
     return "\n".join(lines) + "\n"

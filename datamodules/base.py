@@ -20,6 +20,7 @@ import glob
 import os
 import random
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,7 @@ import torch
 from tensordict import NestedKey, TensorDict, TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 from torch.utils.data import DataLoader, IterableDataset
-from torchrl.collectors import Collector
+from torchrl.collectors import Collector, RandomPolicy
 from torchrl.data import Composite, TensorSpec
 from torchrl.envs import EnvBase
 from torchrl.envs.utils import ExplorationType, set_exploration_type, step_mdp
@@ -83,6 +84,18 @@ def _set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+@contextmanager
+def fixed_seed(seed: int, device: torch.device) -> Iterator[None]:
+    """Draw from the global generators (CPU, and ``device`` when it is a GPU) seeded with ``seed``, then put them back.
+
+    For measurements that must be repeatable and must not move the training run's random stream (an exact resume
+    replays that stream).
+    """
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(seed)
+        yield
 
 
 def _identity(batch: Any) -> Any:
@@ -271,17 +284,18 @@ class RLDataModule(pl.LightningDataModule):
 
     # ------------------------------------------------------------------------------------------- evaluation
     @torch.no_grad()
-    def evaluate(self, policy: TensorDictModuleBase, episodes: int | None = None) -> dict[str, float]:
-        """Play one greedy episode in each of ``episodes`` evaluation environments, always from the same seeds.
+    def evaluate(
+        self,
+        policy: Callable[[TensorDictBase], TensorDictBase],
+        episodes: int | None = None,
+    ) -> dict[str, float]:
+        """Play one episode of ``policy`` in each of ``episodes`` evaluation environments, always from the same seeds.
 
         Returns ``return_mean``, ``length_mean`` and ``<key>_mean`` for each of the env's ``episode_metric_keys``
-        (for Snake, ``food_mean``: food eaten per game).
+        (for Snake, ``food_mean``: food eaten per game). Policies with exploration act deterministically here.
         """
-        episodes = episodes or self.eval_episodes
-        if self._eval_env is None or self._eval_env.batch_size[0] != episodes:
-            self._eval_env = self.make_env(episodes, self.seed + EVAL_SEED_OFFSET)
-        env = self._eval_env
-        env.set_seed(self.seed + EVAL_SEED_OFFSET)  # identical start states at every evaluation
+        env = self._evaluation_env(episodes)
+        episodes = env.batch_size[0]
         sums = {key: torch.zeros(episodes, device=env.device) for key in ("reward", *self.episode_metric_keys)}
         length = torch.zeros(episodes, device=env.device)
         running = torch.ones(episodes, dtype=torch.bool, device=env.device)
@@ -300,6 +314,25 @@ class RLDataModule(pl.LightningDataModule):
         }
         metrics.update({f"{key}_mean": total.mean().item() for key, total in sums.items()})
         return metrics
+
+    def evaluate_random(self, episodes: int | None = None) -> dict[str, float]:
+        """:meth:`evaluate` with uniformly random actions (TorchRL's ``RandomPolicy`` over the action spec).
+
+        The baseline a learned policy is measured against: same boards, same metrics. The actions are drawn from a
+        generator seeded like the boards, so the figure is the same at every call, and the training run's own random
+        stream is left where it was.
+        """
+        env = self._evaluation_env(episodes)
+        with fixed_seed(self.seed + EVAL_SEED_OFFSET, env.device):
+            return self.evaluate(RandomPolicy(env.action_spec), episodes)
+
+    def _evaluation_env(self, episodes: int | None) -> EnvBase:
+        """One environment per episode, reset to the same start states at every evaluation."""
+        episodes = episodes or self.eval_episodes
+        if self._eval_env is None or self._eval_env.batch_size[0] != episodes:
+            self._eval_env = self.make_env(episodes, self.seed + EVAL_SEED_OFFSET)
+        self._eval_env.set_seed(self.seed + EVAL_SEED_OFFSET)
+        return self._eval_env
 
     # ------------------------------------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict[str, Any]:

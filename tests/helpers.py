@@ -57,5 +57,17 @@ def fit(config_path: Path, *overrides: str):
     return main(["fit", "--config", str(config_path), *overrides])
 
 
+def short_snake_fit(config_name: str, *overrides: str):
+    """A shipped Snake config (``configs/<config_name>``) run as README runs it, shortened by ``overrides``.
+
+    Run it in a temporary folder (``monkeypatch.chdir``): the config's CSV logger writes ``runs/<name>/version_0``
+    there. The torch backend plays the same games as the default C++ kernel (``tests/test_snake_env.py``) without
+    its first-use compilation.
+    """
+    root = Path(__file__).resolve().parents[1]
+    backend = ("--data.init_args.env.init_args.backend", "torch")
+    return fit(root / "configs" / config_name, "--threads", "1", "--trainer.max_time", "null", *backend, *overrides)
+
+
 def weights(checkpoint: Path) -> dict[str, torch.Tensor]:
     return torch.load(checkpoint, weights_only=True)["state_dict"]

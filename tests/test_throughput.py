@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -45,7 +46,7 @@ class FakeModule:
     def log(self, name: str, value: float, **kwargs) -> None:
         if name == "throughput/frames_per_s":
             self.logged.append({})
-            assert kwargs["prog_bar"] and kwargs["sync_dist"] and kwargs["reduce_fx"] == "sum"
+            assert kwargs["sync_dist"] and kwargs["reduce_fx"] == "sum" and not kwargs.get("prog_bar")
         self.logged[-1][name] = value
 
 
@@ -68,6 +69,7 @@ def make_trainer(tmp_path, world_size: int = 1, history: list[dict] | None = Non
         log_dir=str(tmp_path / "logs"),
         default_root_dir=str(tmp_path),
         callbacks=[evaluation],
+        logger=None,
         strategy=SimpleNamespace(root_device=torch.device("cpu")),
         accelerator=SimpleNamespace(),
         precision="32-true",
@@ -75,9 +77,8 @@ def make_trainer(tmp_path, world_size: int = 1, history: list[dict] | None = Non
 
 
 def step(callback, trainer, module, clock, collect: float, update: float, gap: float = 0.25) -> None:
-    """One training step: data phases, then the update, then ``gap`` seconds outside the step."""
+    """One training step: data phases, then the update (timed by the model), then ``gap`` seconds outside it."""
     data = trainer.datamodule
-    callback.on_train_batch_start(trainer, module, None, 0)
     with data.timer.phase("collect"):
         clock.advance(collect)
     with data.timer.phase("buffer_write"):
@@ -86,14 +87,16 @@ def step(callback, trainer, module, clock, collect: float, update: float, gap: f
         clock.advance(0.125)
     data.frames += FRAMES_PER_STEP
     data.samples += SAMPLES_PER_STEP
-    clock.advance(update)
+    with data.timer.phase("update"):
+        clock.advance(update)
     trainer.global_step += 1
     callback.on_train_batch_end(trainer, module, None, None, 0)
     clock.advance(gap)
 
 
 def run_fit(callback, trainer, module, clock) -> None:
-    """1 s of setup, a slow first step, four steady 1 s steps, then 1.5 s of final evaluation and checkpoint."""
+    """1 s of setup, a slow first step, four steady 1 s steps, then the final evaluation (1 s), checkpoint
+    (0.25 s) and 0.25 s of teardown."""
     callback.on_fit_start(trainer, module)
     clock.advance(1.0)
     callback.on_train_start(trainer, module)
@@ -101,52 +104,63 @@ def run_fit(callback, trainer, module, clock) -> None:
     for _ in range(4):
         clock.advance(0.25)
         step(callback, trainer, module, clock, collect=0.25, update=0.25, gap=0.0)  # 1 s each, ends at t = 7.5
-    clock.advance(1.5)
+    with trainer.datamodule.timer.phase("checkpoint"):
+        clock.advance(0.25)
+    with trainer.datamodule.timer.phase("eval"):
+        clock.advance(1.0)
+    clock.advance(0.25)
     callback.on_train_end(trainer, module)
     callback.on_fit_end(trainer, module)
 
 
 @pytest.mark.parametrize("world_size", [1, 2])
 def test_phases_rates_and_report_files_from_a_driven_clock(tmp_path, clock, capsys, world_size):
-    history = [{"frames": f, "updates": 0, "time_s": 0.0, "eval/return_mean": r, "eval/food_mean": r / 2} for f, r in
-               [(0, 0.0), (900, 1.5), (1800, 4.0)]]  # fmt: skip
+    history = [{"frames": f, "updates": 0, "time_s": f / 100, "eval/return_mean": r, "eval/food_mean": r / 2} for f, r
+               in [(0, 0.0), (900, 1.5), (1800, 4.0)]]  # fmt: skip
     trainer, module = make_trainer(tmp_path, world_size, history), FakeModule()
     callback = ThroughputReport(log_every_n_steps=2, skip_first_steps=1)
     run_fit(callback, trainer, module, clock)
     approx = pytest.approx
 
-    # Whole run: 9 s from fit start; 2.75 s collecting (1.75 + 4 × 0.25), 1.5 s updating, 3.5 s outside the steps.
+    # This process: 9 s from fit start; 2.75 s collecting (1.75 + 4 × 0.25), 1.5 s updating, 1 s evaluating,
+    # 0.25 s checkpointing, 2.25 s elsewhere (1 s setup, 4 × 0.25 s between steps, 0.25 s teardown).
     report = json.loads((tmp_path / "logs" / "throughput.json").read_text())
-    overall = report["overall"]
-    assert overall["wall_s"] == approx(9.0)
-    assert overall["seconds"] == approx(
-        {"collect": 2.75, "advantage": 0.0, "buffer_write": 0.625, "sample": 0.625, "update": 1.5, "other": 3.5}
-    )
-    assert sum(overall["fraction"].values()) == approx(1.0)
-    assert overall["fraction"]["update"] == approx(1.5 / 9)
-    assert overall["outside_update_frac"] == approx(1 - 1.5 / 9)
-    assert overall["frames"] == 900 * world_size  # 5000 frames from before the resume are left out
-    assert overall["frames_per_s"] == approx(100.0 * world_size)
-    assert overall["samples_per_s"] == approx(20.0 * world_size)
-    assert overall["updates"] == 5 and overall["updates_per_s"] == approx(5 / 9)
-    assert report["totals"] == approx(
-        {"wall_s": 9.0, "frames": 900 * world_size, "updates": 5, "samples": 180 * world_size, "steps": 5,
-         "frames_at_start": 5000 * world_size}
+    this = report["this_process"]
+    assert this["wall_s"] == approx(9.0)
+    assert this["seconds"] == approx(
+        {"collect": 2.75, "advantage": 0.0, "buffer_write": 0.625, "sample": 0.625, "update": 1.5, "eval": 1.0,
+         "checkpoint": 0.25, "other": 2.25}
     )  # fmt: skip
+    assert sum(this["fraction"].values()) == approx(1.0)
+    assert this["fraction"]["update"] == approx(1.5 / 9)
+    assert this["outside_update_frac"] == approx(1 - 1.5 / 9)
+    assert this["frames"] == 900 * world_size  # 5000 frames from before the resume are left out
+    assert this["frames_per_s"] == approx(100.0 * world_size)
+    assert this["samples_per_s"] == approx(20.0 * world_size)
+    assert this["updates"] == 5 and this["updates_per_s"] == approx(5 / 9)
+    assert report["totals"]["this_process"] == approx(
+        {"wall_s": 9.0, "frames": 900 * world_size, "updates": 5, "samples": 180 * world_size, "steps": 5}
+    )
+    assert report["totals"]["frames_at_start"] == 5000 * world_size
+    # No checkpoint state was loaded: the whole run is this process.
+    assert report["whole_run"] == this and report["totals"]["whole_run"]["processes"] == 1
 
-    # Steady state: from the end of the first step (t = 3.5) to the end of the last (t = 7.5), four 1 s steps.
+    # Steady state: from the end of the first step (t = 3.5) to the end of the last (t = 7.5), four 1 s steps; the
+    # final evaluation and checkpoint are outside it.
     steady = report["steady_state"]
     assert steady["wall_s"] == approx(4.0) and steady["steps"] == 4
     assert steady["frames_per_s"] == approx(180.0 * world_size)
     assert steady["updates_per_s"] == approx(1.0)
     assert steady["fraction"] == approx(
-        {"collect": 0.25, "advantage": 0.0, "buffer_write": 0.125, "sample": 0.125, "update": 0.25, "other": 0.25}
-    )
+        {"collect": 0.25, "advantage": 0.0, "buffer_write": 0.125, "sample": 0.125, "update": 0.25, "eval": 0.0,
+         "checkpoint": 0.0, "other": 0.25}
+    )  # fmt: skip
     assert steady["outside_update_frac"] == approx(0.75)
 
     assert report["machine"]["world_size"] == world_size and report["machine"]["cpu_count"] >= 1
     assert report["data"] == {"class": "FakeData", "num_envs": 4} and report["model"]["class"] == "FakeModule"
     assert set(report["versions"]) == {"python", "torch", "lightning", "torchrl", "tensordict"}
+    assert report["run"] == str(tmp_path / "logs")  # no logger: the run is named by its folder
 
     # Logged at updates 102 and 104 (global_step), each over the window since the previous log point; frames and
     # samples are each rank's share, which sync_dist sums.
@@ -156,16 +170,46 @@ def test_phases_rates_and_report_files_from_a_driven_clock(tmp_path, clock, caps
     assert window["throughput/samples_per_s"] == approx(36.0)
     assert window["throughput/updates_per_s"] == approx(1.0)
     assert window["time/collect_frac"] == approx(0.25) and window["time/update_frac"] == approx(0.25)
+    assert window["time/eval_frac"] == 0.0 and window["time/checkpoint_frac"] == 0.0
     assert sum(value for key, value in window.items() if key.startswith("time/")) == approx(1.0)
 
     markdown = (tmp_path / "logs" / "throughput.md").read_text()
-    assert f"| frames/s | {100 * world_size} | {180 * world_size} |" in markdown
-    assert "| update | 1.50 s (16.7 %) | 1.00 s (25.0 %) |" in markdown
-    assert "| **outside update** | **83.3 %** | **75.0 %** |" in markdown
+    assert "| | this process | steady state (after 1 steps) | whole run |" in markdown
+    assert f"| frames/s | {100 * world_size} | {180 * world_size} | {100 * world_size} |" in markdown
+    assert "| update | 1.50 s (16.7 %) | 1.00 s (25.0 %) | 1.50 s (16.7 %) |" in markdown
+    assert "| eval | 1.00 s (11.1 %) | 0.00 s (0.0 %) | 1.00 s (11.1 %) |" in markdown
+    assert "| checkpoint | 0.25 s (2.8 %) | 0.00 s (0.0 %) | 0.25 s (2.8 %) |" in markdown
+    assert "| **outside update** | **83.3 %** | **75.0 %** | **83.3 %** |" in markdown
     for image in ("throughput_phases.png", "learning_curve.png"):
         assert (tmp_path / "logs" / image).read_bytes()[:4] == b"\x89PNG"
     printed = capsys.readouterr().out
     assert str(tmp_path / "logs" / "throughput.md") in printed and "75.0 %" in printed
+
+
+def test_a_resumed_process_adds_to_the_whole_run_from_the_checkpoint_state(tmp_path, clock, capsys):
+    first, module = ThroughputReport(skip_first_steps=1), FakeModule()
+    trainer = make_trainer(tmp_path)
+    run_fit(first, trainer, module, clock)
+    state = first.state_dict()  # what a checkpoint written now holds: the 9 s and 5 updates so far
+    assert state["whole_run"]["wall_s"] == pytest.approx(9.0) and state["whole_run"]["updates"] == 5
+
+    clock.advance(100.0)  # time between the processes is not the run's
+    second = ThroughputReport(skip_first_steps=1)
+    second.load_state_dict(state)
+    trainer.datamodule.timer = timing.PhaseTimer()  # a new process: a fresh timer, the counters from the checkpoint
+    run_fit(second, trainer, module, clock)
+    report = second.report
+    assert report["this_process"]["wall_s"] == pytest.approx(9.0) and report["this_process"]["updates"] == 5
+    whole = report["whole_run"]
+    assert whole["processes"] == 2 and whole["wall_s"] == pytest.approx(18.0)
+    assert whole["updates"] == 10 and whole["frames"] == 1800 and whole["samples"] == 360
+    assert whole["seconds"] == pytest.approx(
+        {key: 2 * value for key, value in report["this_process"]["seconds"].items()}
+    )
+    assert whole["frames_per_s"] == pytest.approx(100.0) and whole["fraction"]["update"] == pytest.approx(1.5 / 9)
+    assert report["totals"]["frames_at_start"] == 5900
+    assert "in 2 processes" in (tmp_path / "logs" / "throughput.md").read_text()
+    assert "whole run over 2 processes: 1,800 frames in 18.0 s" in capsys.readouterr().out
 
 
 def test_without_a_learning_curve_or_plots(tmp_path, clock, capsys):
@@ -176,7 +220,7 @@ def test_without_a_learning_curve_or_plots(tmp_path, clock, capsys):
     assert "no learning curve" in capsys.readouterr().out
     # Fewer steps than skip_first_steps (10): no steady state, and the table says so.
     assert json.loads((tmp_path / "here" / "bench.json").read_text())["steady_state"] is None
-    assert "| frames/s | 100 | n/a |" in (tmp_path / "here" / "bench.md").read_text()
+    assert "| frames/s | 100 | n/a | 100 |" in (tmp_path / "here" / "bench.md").read_text()
 
     trainer = make_trainer(tmp_path / "second")
     run_fit(ThroughputReport(plots=False), trainer, module, clock)
@@ -215,11 +259,92 @@ def test_real_fit_through_the_cli_writes_the_report(tmp_path):
     assert (callback.log_every_n_steps, callback.skip_first_steps) == (10, 5)  # init args reached the appended callback
     report = json.loads((tmp_path / "out" / "throughput.json").read_text())  # no logger: default_root_dir
     assert report == callback.report
-    assert report["totals"]["updates"] == 30 and report["totals"]["frames"] == cli.datamodule.frames > 0
-    for figures in (report["overall"], report["steady_state"]):
+    assert report["totals"]["this_process"]["updates"] == 30
+    assert report["totals"]["this_process"]["frames"] == cli.datamodule.frames > 0
+    for figures in (report["this_process"], report["steady_state"]):
         assert sum(figures["fraction"].values()) == pytest.approx(1.0)
         assert figures["seconds"]["collect"] > 0 and figures["seconds"]["update"] > 0
         assert figures["frames_per_s"] > 0
     assert report["data"] == {"class": "ReplayDataModule", "num_envs": 8} and report["model"]["class"] == "DQN"
-    assert "throughput/frames_per_s" in cli.trainer.progress_bar_metrics
+    assert "throughput/frames_per_s" in cli.trainer.logged_metrics
+    assert "throughput/frames_per_s" not in cli.trainer.progress_bar_metrics  # the progress bar has its own rates
     assert (tmp_path / "out" / "learning_curve.png").exists()
+
+
+class SlowEvaluation(PeriodicEvaluation):
+    """The real evaluation callback, made expensive: each evaluation also takes ``seconds`` more."""
+
+    def __init__(self, seconds: float = 0.3, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.seconds = seconds
+
+    def measure(self, trainer, pl_module):
+        time.sleep(self.seconds)
+        return super().measure(trainer, pl_module)
+
+
+def with_report(config: dict, evaluation: dict, evaluation_first: bool = True) -> dict:
+    """``config`` with ``evaluation`` and a ThroughputReport, in the given order, after its FrameCheckpoint."""
+    report = {"class_path": "callbacks.throughput.ThroughputReport", "init_args": {"skip_first_steps": 5}}
+    config["trainer"]["callbacks"] += [evaluation, report] if evaluation_first else [report, evaluation]
+    return config
+
+
+@pytest.mark.parametrize("evaluation_first", [True, False], ids=["evaluation-first", "report-first"])
+def test_evaluation_and_checkpoints_are_their_own_phases_whatever_the_callback_order(tmp_path, evaluation_first):
+    config = chain_config("dqn", tmp_path / "out")
+    config["trainer"]["callbacks"][0]["init_args"]["every_n_frames"] = 40  # a checkpoint every 40 frames
+    slow = {"class_path": "tests.test_throughput.SlowEvaluation", "init_args": {"every_n_frames": 40, "episodes": 2}}
+    cli = fit(
+        write_config(with_report(config, slow, evaluation_first), tmp_path / "c.yaml"), "--trainer.max_steps", "30"
+    )
+    report = next(cb for cb in cli.trainer.callbacks if isinstance(cb, ThroughputReport)).report
+    evaluation = next(cb for cb in cli.trainer.callbacks if isinstance(cb, SlowEvaluation))
+    seconds, slept = report["this_process"]["seconds"], 0.3 * len(evaluation.history)
+    assert len(evaluation.history) >= 4  # at the start, at 40 and 80 frames, and at the end
+    assert seconds["eval"] >= slept
+    # The update is what the model timed, nothing more: 30 small updates, far less than the evaluations' sleep.
+    assert seconds["update"] == pytest.approx(cli.datamodule.timer.totals["update"]) and seconds["update"] < slept / 2
+    assert seconds["checkpoint"] > 0 and seconds["collect"] > 0
+    assert sum(report["this_process"]["fraction"].values()) == pytest.approx(1.0)
+
+
+def evaluation_of(cli) -> PeriodicEvaluation:
+    return next(cb for cb in cli.trainer.callbacks if isinstance(cb, PeriodicEvaluation))
+
+
+def test_a_resumed_run_writes_one_report_and_one_learning_curve_for_the_whole_run(tmp_path):
+    evaluation = {"class_path": "callbacks.schedule.PeriodicEvaluation", "init_args": {"every_n_frames": 40}}
+    config = write_config(with_report(chain_config("dqn", tmp_path), evaluation), tmp_path / "c.yaml")
+    first = fit(config, "--trainer.max_steps", "30")
+    first_report = json.loads((tmp_path / "throughput.json").read_text())  # no logger: default_root_dir
+    checkpoint = tmp_path / "checkpoints" / "last.ckpt"
+    saved = torch.load(checkpoint, weights_only=True)["callbacks"]["PeriodicEvaluation"]["history"]
+    resumed = fit(config, "--trainer.max_steps", "60", "--ckpt_path", str(checkpoint))
+
+    report = json.loads((tmp_path / "throughput.json").read_text())
+    this, whole = report["this_process"], report["whole_run"]
+    assert this["updates"] == 30 and whole["updates"] == 60 and whole["processes"] == 2
+    assert (
+        whole["frames"] == resumed.datamodule.frames and report["totals"]["frames_at_start"] == first.datamodule.frames
+    )
+    assert this["frames"] == resumed.datamodule.frames - first.datamodule.frames
+    # The first process counts up to its last checkpoint (before its final evaluation), the second in full.
+    assert this["wall_s"] < whole["wall_s"] <= this["wall_s"] + first_report["this_process"]["wall_s"]
+    assert all(whole["seconds"][phase] >= this["seconds"][phase] for phase in throughput.TIMED_PHASES)
+    assert "in 2 processes" in (tmp_path / "throughput.md").read_text()
+
+    # One learning curve: the evaluations saved in the checkpoint, then this process's, on one clock.
+    history = evaluation_of(resumed).history
+    assert history[: len(saved)] == saved and len(history) > len(saved)
+    assert history[0]["frames"] == 0 and history[-1]["frames"] == resumed.datamodule.frames
+    assert all(later["frames"] > earlier["frames"] for earlier, later in zip(history, history[1:], strict=False))
+    assert all(later["time_s"] > earlier["time_s"] for earlier, later in zip(history, history[1:], strict=False))
+    assert history[-1]["time_s"] <= whole["wall_s"] + 0.05
+    # The random policy was measured once, in the first process, and its figures travelled with the checkpoint.
+    assert [row for row in history if "eval/random_return_mean" in row] == history[:1]
+    random = evaluation_of(resumed).random
+    assert random == {key: value for key, value in history[0].items() if key.startswith("eval/random_")}
+    assert set(random) == {"eval/random_return_mean", "eval/random_length_mean"}  # the chain env has no food
+    assert evaluation_of(first).random == random
+    assert (tmp_path / "learning_curve.png").read_bytes()[:4] == b"\x89PNG"

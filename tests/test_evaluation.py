@@ -1,0 +1,63 @@
+"""The random-policy baseline: uniform actions on the evaluation boards, repeatable, logged once per run.
+
+The figures pinned here are the ones README.md and BENCHMARKS.md quote for a random policy on Snake.
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+import torch
+
+from app.cli import build
+from tests.helpers import short_snake_fit
+
+ROOT = Path(__file__).resolve().parents[1]
+# The same games as the default C++ kernel (tests/test_snake_env.py), without its first-use compilation.
+TORCH_BACKEND = ("--data.init_args.env.init_args.backend", "torch")
+
+
+@pytest.fixture(scope="module")
+def snake_data():
+    _, data = build([str(ROOT / "configs" / "snake_dqn.yaml")], TORCH_BACKEND)
+    return data
+
+
+def test_random_policy_on_the_snake_evaluation_boards(snake_data):
+    before = torch.get_rng_state()
+    figures = snake_data.evaluate_random(32)
+    assert torch.equal(torch.get_rng_state(), before)  # the training run's random stream is left where it was
+    assert snake_data.evaluate_random(32) == figures  # seeded like the boards: the same figure every time
+    # README/BENCHMARKS: 0.19 food and return -0.81 over the 32 boards of snake_dqn.yaml (seed 0).
+    assert figures == pytest.approx({"return_mean": -0.8125, "length_mean": 14.1875, "food_mean": 0.1875})
+    # Every random game ends in a crash long before the 500-step cap: return = food - 1, game by game.
+    assert figures["return_mean"] == pytest.approx(figures["food_mean"] - 1)
+    # The greedy evaluation of an untrained network on the same boards is a different thing (what "0.03" was).
+    greedy_untrained = build([str(ROOT / "configs" / "snake_dqn.yaml")], TORCH_BACKEND)[0].greedy_policy()
+    assert snake_data.evaluate(greedy_untrained, 32) != figures
+
+
+def test_shipped_config_logs_the_random_policy_once_beside_the_greedy_one(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the config's CSV logger writes runs/snake_ppo/version_0 here
+    cli = short_snake_fit(
+        "snake_ppo.yaml",
+        "--trainer.max_steps", "4",
+        "--trainer.enable_progress_bar", "false",
+        "--data.init_args.num_envs", "64",
+        "--data.init_args.minibatch_size", "512",
+    )  # fmt: skip
+    run = tmp_path / "runs" / "snake_ppo" / "version_0"
+    rows = list(csv.DictReader((run / "metrics.csv").open()))
+    greedy = [row for row in rows if row["eval/food_mean"]]
+    random = [row for row in rows if row["eval/random_food_mean"]]
+    assert len(greedy) == 2 and len(random) == 1 and random[0] is greedy[0]  # at the first evaluation only
+    # README/BENCHMARKS: 0.16 food and return -0.84 over the 64 boards of snake_ppo.yaml.
+    assert float(random[0]["eval/random_food_mean"]) == pytest.approx(0.15625)
+    assert float(random[0]["eval/random_return_mean"]) == pytest.approx(-0.84375)
+    assert cli.datamodule.evaluate_random(64) == pytest.approx(
+        {"return_mean": -0.84375, "length_mean": 14.953125, "food_mean": 0.15625}
+    )
+    assert (run / "learning_curve.png").read_bytes()[:4] == b"\x89PNG"
+    assert "| eval |" in (run / "throughput.md").read_text()
