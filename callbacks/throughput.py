@@ -28,6 +28,7 @@ from lightning.pytorch.callbacks import Callback
 
 from callbacks.report_plots import plot_learning_curve, plot_phases, run_name
 from callbacks.schedule import PeriodicEvaluation
+from modules.bare import bare_update_ms
 
 # Module-level so tests can drive time by hand; looked up at each call, never bound at import.
 _clock = time.perf_counter
@@ -60,6 +61,10 @@ class ThroughputReport(Callback):
         cuda_sync: synchronise the GPU at phase boundaries (sets ``datamodule.timer.cuda_sync``), so that
             asynchronous GPU work is charged to the phase that launched it. Off by default: each sync stalls the
             host, which is what the hot loop is built to avoid.
+        bare_update_seconds: seconds spent at the end of fit timing the agent's bare reference update (its update
+            arithmetic in plain eager PyTorch, :mod:`modules.bare`) on this machine, now: the yardstick that makes
+            runs on machines, or days, of different speed comparable, and the training loop's cost per update a
+            ratio. 0 skips it.
     """
 
     def __init__(
@@ -70,14 +75,18 @@ class ThroughputReport(Callback):
         skip_first_steps: int = 10,
         plots: bool = True,
         cuda_sync: bool = False,
+        bare_update_seconds: float = 2.0,
     ) -> None:
         if log_every_n_steps < 1:
             raise ValueError(f"log_every_n_steps must be >= 1, got {log_every_n_steps}")
         if skip_first_steps < 0:
             raise ValueError(f"skip_first_steps must be >= 0, got {skip_first_steps}")
+        if bare_update_seconds < 0:
+            raise ValueError(f"bare_update_seconds must be >= 0, got {bare_update_seconds}")
         if not name or os.sep in name:
             raise ValueError(f"name must be a non-empty file name stem, got {name!r}")
         self.report_dir, self.name, self.plots, self.cuda_sync = report_dir, name, plots, cuda_sync
+        self.bare_update_seconds = bare_update_seconds
         self.log_every_n_steps, self.skip_first_steps = log_every_n_steps, skip_first_steps
         self.report: dict[str, Any] | None = None  # the last report written, for callers and tests
         self._start: dict[str, Any] | None = None
@@ -127,6 +136,7 @@ class ThroughputReport(Callback):
         if self._steady is not None and self._last_step_end["t"] > self._steady["t"]:
             steady = rates(interval(self._steady, self._last_step_end))
         self.report = self._describe(trainer, pl_module, rates(this_process), rates(whole_run), steady)
+        self.report["bare_update"] = self._bare_update(trainer, pl_module, steady or self.report["this_process"])
         self._dir.mkdir(parents=True, exist_ok=True)
         (self._dir / f"{self.name}.json").write_text(json.dumps(self.report, indent=2) + "\n")
         markdown = self._dir / f"{self.name}.md"
@@ -137,11 +147,28 @@ class ThroughputReport(Callback):
         resumed = f"; whole run over {whole_run['processes']} processes: " if whole_run["processes"] > 1 else ""
         if resumed:
             resumed += f"{whole_run['frames']:,} frames in {whole_run['wall_s']:.1f} s"
+        bare = self.report["bare_update"]
+        versus_bare = f"; {bare['ratio']:.2f}x the bare update ({bare['ms']:.3f} ms here, now)" if bare else ""
         print(
             f"Throughput: {best['frames_per_s']:,.0f} frames/s, {best['updates_per_s']:,.1f} updates/s"
             f" ({'steady state' if steady else 'this process'}); {100 * best['outside_update_frac']:.1f} % of wall"
-            f" time outside the update step{resumed}. Report: {markdown}"
+            f" time outside the update step{versus_bare}{resumed}. Report: {markdown}"
         )
+
+    def _bare_update(self, trainer: pl.Trainer, pl_module: pl.LightningModule, figures: dict) -> dict | None:
+        """The bare reference update's time on this machine now, and the loop's wall time per update against it."""
+        if self.bare_update_seconds == 0 or figures["updates"] == 0:
+            return None
+        ms = bare_update_ms(pl_module, trainer.datamodule, self.bare_update_seconds)
+        if ms is None:
+            return None
+        loop_ms = 1e3 * figures["wall_s"] / figures["updates"]
+        return {
+            "ms": ms,
+            "loop_ms_per_update": loop_ms,
+            "ratio": loop_ms / ms,
+            "seconds_timed": self.bare_update_seconds,
+        }
 
     # ------------------------------------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict[str, Any]:
@@ -292,9 +319,20 @@ def to_markdown(report: dict[str, Any]) -> str:
         "the work an earlier one did after that checkpoint is not counted)",
         "- phases: collect, advantage, buffer_write and sample (the data module), update (loss, backward, clip, "
         "optimizer step), eval and checkpoint (the callbacks), other (the rest: loop, hooks, logging, setup)",
+        *_bare_lines(report.get("bare_update"), "steady state" if steady else "this process"),
         "",
         f"| | this process | steady state (after {report['skip_first_steps']} steps) | whole run |",
         "|---|---:|---:|---:|",
         *(f"| {label} | {show(this)} | {show(steady) if steady else 'n/a'} | {show(whole)} |" for label, show in rows),
     ]
     return "\n".join(lines) + "\n"
+
+
+def _bare_lines(bare: dict | None, over: str) -> list[str]:
+    if not bare:
+        return []
+    return [
+        f"- bare update (the agent's update arithmetic in plain eager PyTorch, timed here at the end of the run): "
+        f"{bare['ms']:.3f} ms; the training loop's wall time per update ({over}): {bare['loop_ms_per_update']:.3f} ms"
+        f" = **{bare['ratio']:.2f}x** the bare update"
+    ]

@@ -269,6 +269,13 @@ def test_real_fit_through_the_cli_writes_the_report(tmp_path):
     assert "throughput/frames_per_s" in cli.trainer.logged_metrics
     assert "throughput/frames_per_s" not in cli.trainer.progress_bar_metrics  # the progress bar has its own rates
     assert (tmp_path / "out" / "learning_curve.png").exists()
+    # The yardstick: the bare update of this DQN timed at the end, and the loop's time per update against it.
+    bare = report["bare_update"]
+    assert bare["ms"] > 0 and bare["seconds_timed"] == 2.0
+    steady = report["steady_state"]
+    assert bare["loop_ms_per_update"] == pytest.approx(1e3 * steady["wall_s"] / steady["updates"])
+    assert bare["ratio"] == pytest.approx(bare["loop_ms_per_update"] / bare["ms"])
+    assert f"{bare['ratio']:.2f}x" in (tmp_path / "out" / "throughput.md").read_text()
 
 
 class SlowEvaluation(PeriodicEvaluation):
