@@ -62,9 +62,9 @@ class ThroughputReport(Callback):
             asynchronous GPU work is charged to the phase that launched it. Off by default: each sync stalls the
             host, which is what the hot loop is built to avoid.
         bare_update_seconds: seconds spent at the end of fit timing the agent's bare reference update (its update
-            arithmetic in plain eager PyTorch, :mod:`modules.bare`) on this machine, now: the yardstick that makes
-            runs on machines, or days, of different speed comparable, and the training loop's cost per update a
-            ratio. 0 skips it.
+            arithmetic in plain eager PyTorch, :mod:`modules.bare`, on 1 thread) on this machine, now: the yardstick
+            that makes runs on machines, or days, of different speed comparable, and the training loop's cost per
+            update a ratio. 0 skips it.
     """
 
     def __init__(
@@ -148,7 +148,9 @@ class ThroughputReport(Callback):
         if resumed:
             resumed += f"{whole_run['frames']:,} frames in {whole_run['wall_s']:.1f} s"
         bare = self.report["bare_update"]
-        versus_bare = f"; {bare['ratio']:.2f}x the bare update ({bare['ms']:.3f} ms here, now)" if bare else ""
+        versus_bare = (
+            f"; {bare['ratio']:.2f}x the bare update ({bare['ms']:.3f} ms on 1 thread here, now)" if bare else ""
+        )
         print(
             f"Throughput: {best['frames_per_s']:,.0f} frames/s, {best['updates_per_s']:,.1f} updates/s"
             f" ({'steady state' if steady else 'this process'}); {100 * best['outside_update_frac']:.1f} % of wall"
@@ -332,7 +334,7 @@ def _bare_lines(bare: dict | None, over: str) -> list[str]:
     if not bare:
         return []
     return [
-        f"- bare update (the agent's update arithmetic in plain eager PyTorch, timed here at the end of the run): "
+        "- bare update (the agent's update arithmetic in plain eager PyTorch, 1 thread, timed at the end of the run): "
         f"{bare['ms']:.3f} ms; the training loop's wall time per update ({over}): {bare['loop_ms_per_update']:.3f} ms"
         f" = **{bare['ratio']:.2f}x** the bare update"
     ]

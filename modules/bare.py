@@ -158,13 +158,20 @@ def bare_update(model: Any, data: Any) -> Callable[[int], torch.Tensor]:
 
 
 def bare_update_ms(model: Any, data: Any, seconds: float) -> float | None:
-    """Milliseconds per bare reference update of ``model`` on this machine now (None when its family has none).
+    """Milliseconds per bare reference update of ``model`` on this machine now, on one thread (None when its family
+    has none).
 
-    Runs on copies of the networks, on the model's device, with the process's current thread count; the model is left
-    untouched.
+    One thread whatever the run uses: the yardstick must not depend on what else the other cores are doing (with two
+    threads, an update of the Snake MLP ran 2.7x slower than on one while another process held the second core).
+    Runs on copies of the networks, on the model's device; the model is left untouched.
     """
     try:
         step = bare_update(model, data)
     except NotImplementedError:
         return None
-    return 1e3 * time_bare(step, seconds)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return 1e3 * time_bare(step, seconds)
+    finally:
+        torch.set_num_threads(threads)
