@@ -350,7 +350,7 @@ def test_both_command_names_run_the_tool(trained, tmp_path):
     cli, _ = trained
     run = tmp_path / "run"
     (run / "checkpoints").mkdir(parents=True)
-    shutil.copy(Path(cli.trainer.default_root_dir) / "config.yaml", run / "config.yaml")
+    shutil.copy(Path(cli.trainer.default_root_dir) / "checkpoints" / "config.yaml", run / "config.yaml")  # logger off
     shutil.copy(Path(cli.trainer.default_root_dir) / "checkpoints" / "last.ckpt", run / "checkpoints" / "last.ckpt")
     environment = {**os.environ, "PYTHONPATH": str(ROOT)}
 
