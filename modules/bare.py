@@ -148,13 +148,14 @@ def time_bare(step: Callable[[int], Any], seconds: float) -> float:
     return statistics.median(runs)
 
 
-def bare_update(model: Any, data: Any) -> Callable[[int], torch.Tensor]:
-    """The bare update of ``model``'s agent family (DQN and PIRL: :func:`bare_dqn`; PPO: :func:`bare_ppo`)."""
+def bare_update(model: Any, data: Any) -> Callable[[int], torch.Tensor] | None:
+    """The bare update of ``model``'s agent family (DQN and PIRL: :func:`bare_dqn`; PPO: :func:`bare_ppo`), or None
+    for an agent without one."""
     if hasattr(model, "q_network"):
         return bare_dqn(model, data)
     if hasattr(model, "actor_network") and hasattr(model, "critic_network"):
         return bare_ppo(model, data)
-    raise NotImplementedError(f"no bare reference update for {type(model).__name__}")
+    return None
 
 
 def bare_update_ms(model: Any, data: Any, seconds: float) -> float | None:
@@ -165,9 +166,8 @@ def bare_update_ms(model: Any, data: Any, seconds: float) -> float | None:
     threads, an update of the Snake MLP ran 2.7x slower than on one while another process held the second core).
     Runs on copies of the networks, on the model's device; the model is left untouched.
     """
-    try:
-        step = bare_update(model, data)
-    except NotImplementedError:
+    step = bare_update(model, data)
+    if step is None:
         return None
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
