@@ -16,10 +16,12 @@ import inspect
 import logging
 import sys
 import warnings
+from collections.abc import Sequence
 
 import torch
 from jsonargparse import _parameter_resolvers
 from lightning.fabric.utilities.exceptions import MisconfigurationException
+from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.cli import LightningCLI
 from torchrl.envs import EnvBase
 
@@ -83,10 +85,11 @@ class RLCLI(LightningCLI):
         self._move_gradient_clipping(config)
         self._resume_checkpoint(config)
         if config["trainer"].get("enable_progress_bar") is False:  # the flag also turns off the default bar
-            self.trainer_defaults = {key: value for key, value in self.trainer_defaults.items() if key != "callbacks"}
+            callbacks = [c for c in self.trainer_defaults.get("callbacks", []) if not isinstance(c, RLProgressBar)]
+            self.trainer_defaults = {**self.trainer_defaults, "callbacks": callbacks}
 
     def _move_gradient_clipping(self, config) -> None:
-        # The agents run their own update (loss, backward, clip, step as one compiled unit), and Lightning clips only
+        # The agents run their own update (loss, backward, clip, step as one unit), and Lightning clips only
         # in automatic optimization: its flag is honoured by handing the value to the model.
         trainer, model = config["trainer"], config["model"]["init_args"]
         if trainer.get("accumulate_grad_batches", 1) != 1:
@@ -170,9 +173,12 @@ def trainer_defaults() -> dict:
     }
 
 
-def main(args: list[str] | None = None) -> RLCLI:
+def main(args: list[str] | None = None, extra_callbacks: Sequence[Callback] = ()) -> RLCLI:
+    """``python -m app``: the CLI on ``args`` (default: the command line). ``extra_callbacks`` join the config's
+    (benchmarks add their instruments this way)."""
     argv = sys.argv[1:] if args is None else args
     defaults = trainer_defaults()
+    defaults["callbacks"] = [*defaults["callbacks"], *extra_callbacks]
     if argv and argv[0] == "validate":
         defaults["limit_val_batches"] = 1
     return RLCLI(

@@ -10,12 +10,15 @@ One process measures, side by side:
 - **bare**: the same network, batch size and loss maths, backward, gradient clip and fused Adam step in a plain
   eager PyTorch loop, on batches drawn from the real environment before timing — no framework, no collection;
 - **fit**: ``python -m app fit`` with the agent's config and ``configs/bench/throughput.yaml`` (collection, replay
-  writes, sampling, Lightning's loop and the target update all included), its steady-state wall time per update
-  from the throughput report.
+  writes, sampling, Lightning's loop and the target update all included), its wall time per update.
 
-The bare loop is timed before and after the fit (the machine's speed drifts), and the ratio is fit / mean(bare).
-The DQN runs at the seed's setting (``configs/bench/dqn_seed_ratio.yaml``: batch 128, one update per 4 frames, 1
-thread). Writes ``update_cost_<agent>.json`` and prints one summary line.
+The two are interleaved: after the warm-up, the fit runs in segments of about ``--segment-seconds``, and between
+two segments the bare loop runs for ``--bare-seconds`` (a callback, on copies of the networks, under a forked RNG,
+outside the segments' time). This machine's speed moves by up to 50 % within a minute, so a bare time taken
+before or after the fit does not describe the fit; the ratio is each segment's time per update over the bare slice
+right after it, and the figure reported is the median of those ratios. The DQN runs at the seed's setting
+(``configs/bench/dqn_seed_ratio.yaml``: batch 128, one update per 4 frames, 1 thread). Writes
+``update_cost_<agent>_compile-<c>.json`` and prints one summary line.
 """
 
 from __future__ import annotations
@@ -24,26 +27,81 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import sys
+import time
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
+import lightning.pytorch as pl
 import torch
+from lightning.pytorch.callbacks import Callback
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from app.cli import build, main  # noqa: E402
-from modules.bare import bare_update, time_bare  # noqa: E402
+from modules.bare import bare_update  # noqa: E402
 
 CONFIGS = {
     "dqn": ["configs/snake_dqn.yaml", "configs/bench/throughput.yaml", "configs/bench/dqn_seed_ratio.yaml"],
     "ppo": ["configs/snake_ppo.yaml", "configs/bench/throughput.yaml"],
     "pirl": ["configs/pirl_vehicle.yaml", "configs/bench/throughput.yaml"],
 }
+WARMUP_STEPS = 200  # updates left out: compilation, first allocations
 
 
-def run(agent: str, compile_: str, updates: int, threads: int, seconds: float, out: Path) -> dict:
+class InterleavedBare(Callback):
+    """Alternates fit segments of about ``segment_seconds`` with ``bare_seconds`` of the bare update, after
+    ``skip_first_steps`` updates of warm-up (compilation, buffer warm-up)."""
+
+    def __init__(self, step: Callable[[int], Any], segment_seconds: float, bare_seconds: float, skip_first_steps: int):
+        self.step, self.segment_seconds, self.bare_seconds = step, segment_seconds, bare_seconds
+        self.skip_first_steps = skip_first_steps
+        self.segments: list[dict[str, float]] = []  # one per fit segment, with the bare slice that followed it
+        self._start: tuple[float, int, int] | None = None  # (time, updates, frames) when the segment began
+        self._bare_calls = 0
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any) -> None:
+        if trainer.global_step < self.skip_first_steps:
+            return
+        now, frames = time.perf_counter(), trainer.datamodule.frames
+        if self._start is None:
+            self._start = (now, trainer.global_step, frames)
+            return
+        began, updates, frames_before = self._start
+        if now - began < self.segment_seconds:
+            return
+        fit_ms = 1e3 * (now - began) / (trainer.global_step - updates)
+        bare_ms = self._bare_slice()
+        self.segments.append(
+            {
+                "updates": trainer.global_step - updates,
+                "frames": frames - frames_before,
+                "seconds": now - began,
+                "fit_ms": fit_ms,
+                "bare_ms": bare_ms,
+                "ratio": fit_ms / bare_ms,
+            }
+        )
+        self._start = (time.perf_counter(), trainer.global_step, trainer.datamodule.frames)
+
+    def _bare_slice(self) -> float:
+        with torch.random.fork_rng(devices=[]):  # PIRL's bare update draws collocation points
+            if self._bare_calls == 0:
+                for i in range(20):  # first allocations
+                    self.step(i)
+            calls, start = 0, time.perf_counter()
+            while time.perf_counter() - start < self.bare_seconds:
+                self.step(self._bare_calls + calls)
+                calls += 1
+            self._bare_calls += calls
+            return 1e3 * (time.perf_counter() - start) / calls
+
+
+def run(agent: str, compile_: str, updates: int, threads: int, segment: float, bare: float, out: Path) -> dict:
     configs = [str(ROOT / path) for path in CONFIGS[agent]]
     overrides = [
         *("--model.init_args.compile", compile_),
@@ -55,14 +113,13 @@ def run(agent: str, compile_: str, updates: int, threads: int, seconds: float, o
     ]
     model, data = build(configs, overrides)
     torch.set_num_threads(threads)
-    bare_step = bare_update(model, data)
-    bare_before = time_bare(bare_step, seconds)
-    cli = main(["fit", *(arg for path in configs for arg in ("--config", path)), *overrides])
-    bare_after = time_bare(bare_step, seconds)
-    report = next(cb.report for cb in cli.trainer.callbacks if type(cb).__name__ == "ThroughputReport")
-    steady = report["steady_state"] or report["this_process"]
-    fit_per_update = steady["wall_s"] / steady["updates"]
-    bare = (bare_before + bare_after) / 2
+    interleaved = InterleavedBare(bare_update(model, data), segment, bare, skip_first_steps=WARMUP_STEPS)
+    main(["fit", *(arg for path in configs for arg in ("--config", path)), *overrides], extra_callbacks=[interleaved])
+    segments = interleaved.segments
+    if len(segments) < 3:
+        raise SystemExit(f"only {len(segments)} fit segments were timed: raise --updates")
+    seconds = sum(s["seconds"] for s in segments)
+    timed_updates = sum(s["updates"] for s in segments)
     return {
         "date": datetime.now().astimezone().isoformat(timespec="seconds"),
         "command": ["python", "benchmarks/update_cost.py", *sys.argv[1:]],
@@ -78,14 +135,19 @@ def run(agent: str, compile_: str, updates: int, threads: int, seconds: float, o
         "compile": compile_,
         "batch_size": getattr(data, "batch_size", None) or data.minibatch_size,
         "fit": {
-            "updates_timed": steady["updates"],
-            "ms_per_update": 1e3 * fit_per_update,
-            "frames_per_s": steady["frames_per_s"],
-            "updates_per_s": steady["updates_per_s"],
-            "fraction": steady["fraction"],
+            "updates_timed": timed_updates,
+            "ms_per_update": 1e3 * seconds / timed_updates,
+            "frames_per_s": sum(s["frames"] for s in segments) / seconds,
+            "updates_per_s": timed_updates / seconds,
         },
-        "bare_ms_per_update": {"before": 1e3 * bare_before, "after": 1e3 * bare_after, "mean": 1e3 * bare},
-        "ratio": fit_per_update / bare,
+        "bare_ms_per_update": {
+            "median": statistics.median(s["bare_ms"] for s in segments),
+            "min": min(s["bare_ms"] for s in segments),
+            "max": max(s["bare_ms"] for s in segments),
+        },
+        "ratio": statistics.median(s["ratio"] for s in segments),
+        "ratio_range": [min(s["ratio"] for s in segments), max(s["ratio"] for s in segments)],
+        "segments": segments,
     }
 
 
@@ -95,11 +157,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--compile", default="false", help="the model's compile option: false, true or a mode")
     parser.add_argument("--updates", type=int, default=4000, help="updates of the fit (the first 200 are warm-up)")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads, for both loops")
-    parser.add_argument("--bare-seconds", type=float, default=5.0, help="time spent on each bare measurement")
+    parser.add_argument("--segment-seconds", type=float, default=2.0, help="fit time between two bare slices")
+    parser.add_argument("--bare-seconds", type=float, default=0.5, help="time of each bare slice")
     parser.add_argument("--out", default="runs/bench", help="folder for the fit's run and the JSON result")
     args = parser.parse_args(argv)
-    if args.updates <= 400:
-        parser.error(f"--updates must be > 400 (200 warm-up steps are left out of the figure), got {args.updates}")
+    if args.updates <= 2 * WARMUP_STEPS:
+        parser.error(f"--updates must be > {2 * WARMUP_STEPS} ({WARMUP_STEPS} go untimed), got {args.updates}")
+    if args.segment_seconds <= 0 or args.bare_seconds <= 0:
+        parser.error("--segment-seconds and --bare-seconds must be > 0")
     if args.threads < 1:
         parser.error(f"--threads must be >= 1, got {args.threads}")
     return args
@@ -108,7 +173,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 if __name__ == "__main__":
     args = parse_args()
     out = Path(args.out)
-    result = run(args.agent, args.compile, args.updates, args.threads, args.bare_seconds, out)
+    result = run(args.agent, args.compile, args.updates, args.threads, args.segment_seconds, args.bare_seconds, out)
     path = out / f"update_cost_{args.agent}_compile-{args.compile}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2) + "\n")
@@ -116,6 +181,7 @@ if __name__ == "__main__":
     print(
         f"update cost ({args.agent}, compile {args.compile}, {args.threads} thread(s)): fit {fit['ms_per_update']:.3f} "
         f"ms/update ({fit['frames_per_s']:,.0f} frames/s, {fit['updates_per_s']:,.1f} updates/s) vs bare "
-        f"{bare['mean']:.3f} ms (before {bare['before']:.3f}, after {bare['after']:.3f}): ratio {result['ratio']:.2f}"
-        f" -> {path}"
+        f"{bare['median']:.3f} ms (median of {len(result['segments'])} slices, {bare['min']:.3f}-{bare['max']:.3f}): "
+        f"ratio {result['ratio']:.2f} (median of the segments' ratios, range {result['ratio_range'][0]:.2f}-"
+        f"{result['ratio_range'][1]:.2f}) -> {path}"
     )

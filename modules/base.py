@@ -1,15 +1,16 @@
 """RLModule: what every agent shares — the acting policies, the update step, loss assembly and logging.
 
 The update is one unit: loss, backward, gradient clip, optimizer step (and the agent's target-network update), run
-by ``training_step`` under Lightning's manual optimization. With ``compile`` it is compiled the way TorchRL's
-sota-implementations compile theirs (``torch.compile`` of the loss with its backward graph, and of the clip + step),
-which removes most of the Python cost of TorchRL's loss modules and of the optimizer: on the Snake DQN at the
-seed's setting the update takes 1.22x its bare arithmetic compiled, against 1.9x eager (BENCHMARKS.md,
-``benchmarks/update_cost.py``).
+by ``training_step`` under Lightning's manual optimization. With ``compile`` the loss and its backward graph are
+compiled the way TorchRL's sota-implementations compile theirs (``torch.compile``), which removes most of the Python
+cost of TorchRL's loss modules; the clip and the Adam step are PyTorch's fused kernels called directly
+(:mod:`modules.optim`), compiled or not. What that leaves of the framework's cost is measured against the update's
+bare arithmetic by ``benchmarks/update_cost.py`` (BENCHMARKS.md).
 """
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -21,6 +22,8 @@ from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 from torch import nn
 from torchrl.data import TensorSpec
+
+from modules.optim import FusedAdamStep
 
 # training_step takes the dataloader iterator on purpose (see RLModule.training_step); Lightning flags that
 # signature as experimental on every run.
@@ -37,9 +40,13 @@ class RLModule(pl.LightningModule):
     Args:
         observation_spec: observation spec of one environment (linked from ``data.observation_spec``).
         action_spec: action spec of one environment (linked from ``data.action_spec``).
-        lr: learning rate of the Adam optimizer.
+        lr: learning rate of the Adam optimizer (at frame 0, when ``lr_end`` is set).
+        lr_end: with a value, the learning rate follows a cosine from ``lr`` at frame 0 to ``lr_end`` at ``lr_frames``
+            frames, and stays there; None: constant ``lr``. In frames, like ε, so that a run's schedule does not
+            depend on the machine's speed or the replay ratio.
+        lr_frames: frames over which the cosine decay runs.
         compile: ``False``, ``True`` or a ``torch.compile`` mode (``"default"``, ``"reduce-overhead"``,
-            ``"max-autotune"``): compile the update (the loss with its backward, and the clip + optimizer step).
+            ``"max-autotune"``): compile the loss with its backward.
             The first updates then take seconds each while they compile.
         max_grad_norm: clip the gradients' global L2 norm to this before each step; None: no clipping.
             (``--trainer.gradient_clip_val`` is turned into this by the CLI: Lightning clips only in its automatic
@@ -55,12 +62,20 @@ class RLModule(pl.LightningModule):
         compile: bool | str = False,
         max_grad_norm: float | None = None,
         check_finite_every: int = 1,
+        lr_end: float | None = None,
+        lr_frames: int = 1_000_000,
     ) -> None:
         super().__init__()
         # The update is the model's own unit (see the module docstring), so Lightning does not drive the optimizer.
         self.automatic_optimization = False
         if lr <= 0:
             raise ValueError(f"--model.init_args.lr must be > 0, got {lr}")
+        if lr_end is not None and not 0 <= lr_end <= lr:
+            raise ValueError(
+                f"--model.init_args.lr_end must be in [0, lr={lr}] (or null for a constant lr), got {lr_end}"
+            )
+        if lr_frames < 1:
+            raise ValueError(f"--model.init_args.lr_frames must be >= 1, got {lr_frames}")
         if max_grad_norm is not None and not max_grad_norm > 0:
             raise ValueError(
                 f"--model.init_args.max_grad_norm must be > 0 (or null for no clipping), got {max_grad_norm}"
@@ -78,14 +93,13 @@ class RLModule(pl.LightningModule):
             )
         self.observation_spec = observation_spec
         self.action_spec = action_spec
-        self.lr = lr
+        self.lr, self.lr_end, self.lr_frames = lr, lr_end, lr_frames
         self.compile_mode = compile
         self.max_grad_norm = max_grad_norm
         self.check_finite_every = check_finite_every
         self._compiled_loss: Callable[[TensorDictBase], TensorDictBase] | None = None  # set in on_fit_start
-        self._compiled_step: Callable[[], None] | None = None
+        self._optimizer_step: FusedAdamStep | None = None
         self._lightning_optimizer: Any = None
-        self._optimizer: torch.optim.Optimizer | None = None
 
     # ------------------------------------------------------------------------------------------ agent interface
     def policy(self) -> TensorDictModuleBase:
@@ -130,9 +144,17 @@ class RLModule(pl.LightningModule):
         # Random ops inside the update (PIRL's collocation points) draw from the global generator as in eager, so a
         # compiled run takes the same random numbers as an eager one and checkpoints' RNG states mean the same.
         torch._inductor.config.fallback_random = True
-        mode = None if self.compile_mode is True else self.compile_mode
+        mode = "default" if self.compile_mode is True else self.compile_mode
+        # Before each call Dynamo checks guards on everything the function touched, which for a TorchRL loss module is
+        # hundreds of attribute and parameter guards: 0.45 ms per call on the Snake DQN, a tenth of its update. The
+        # update calls the loss with the same code, modules and flags every time, so only the batch tensors' guards
+        # (shape, dtype, stride, device) are kept: a batch of another shape still recompiles.
+        options = {
+            **torch._inductor.list_mode_options(mode),
+            "guard_filter_fn": torch.compiler.keep_tensor_guards_unsafe,
+        }
         # dynamic=False: every update sees the same batch shape; a dynamic-shape graph would only be slower.
-        return torch.compile(function, mode=mode, dynamic=False)
+        return torch.compile(function, options=options, dynamic=False)
 
     def setup(self, stage: str) -> None:
         if stage == "fit":
@@ -152,13 +174,24 @@ class RLModule(pl.LightningModule):
                 f"--trainer.precision {self.trainer.precision}: a gradient scaler is not supported by the model's "
                 "own update step; use bf16-mixed (same speed on GPUs with bf16 tensor cores, no scaler needed)"
             )
-        # Lightning's wrapper keeps the step bookkeeping; the plain optimizer is what the compiled step calls.
+        # Lightning's wrapper keeps the step bookkeeping; the step itself runs the fused kernels on its optimizer.
         self._lightning_optimizer = self.optimizers()
-        self._optimizer = self._lightning_optimizer.optimizer
+        self._optimizer_step = FusedAdamStep(self._lightning_optimizer.optimizer, self.max_grad_norm)
         # TorchRL fills a loss's input keys on first use; doing it before compiling spares one recompilation.
         _ = self.loss_module.in_keys
         self._compiled_loss = self.compiled(self.loss)
-        self._compiled_step = self.compiled(self._clip_and_step)
+
+    def learning_rate(self, frames: int) -> float:
+        """The learning rate after ``frames`` frames: ``lr``, or its cosine decay to ``lr_end`` over ``lr_frames``."""
+        if self.lr_end is None:
+            return self.lr
+        progress = min(frames / self.lr_frames, 1.0)
+        return self.lr_end + (self.lr - self.lr_end) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    def on_train_batch_start(self, batch: object, batch_idx: int) -> None:
+        # Set before this step's collection, from the frame counter a checkpoint restores.
+        if self.lr_end is not None:
+            self._lightning_optimizer.optimizer.param_groups[0]["lr"] = self.learning_rate(self.datamodule.frames)
 
     def training_step(self, dataloader_iter: Iterator) -> torch.Tensor:
         """One update. The batch is fetched here, not by Lightning, so that nothing is collected ahead of the
@@ -180,6 +213,8 @@ class RLModule(pl.LightningModule):
             metrics = {f"train/{key}": value.detach() for key, value in losses.items() if value.numel() == 1}
             metrics.pop("train/loss", None)
             metrics.update(self.extra_metrics())
+            if self.lr_end is not None:
+                metrics["train/lr"] = self._lightning_optimizer.optimizer.param_groups[0]["lr"]
             self.log("train/loss", loss, prog_bar=True, batch_size=batch.numel())
             self.log_dict(metrics, batch_size=batch.numel())
         return loss
@@ -192,21 +227,13 @@ class RLModule(pl.LightningModule):
         # Through Lightning, which prepares DDP's gradient all-reduce and runs the backward hooks of callbacks.
         self.manual_backward(loss)
         # Lightning's own bookkeeping around a step (global_step, the profiler), the calls LightningOptimizer.step
-        # makes, without its closure machinery, so that the step itself can be a compiled function.
+        # makes, without its closure machinery, so that the step itself is the fused kernels (modules/optim.py).
         self._lightning_optimizer._on_before_step()
-        self._compiled_step()
+        self._optimizer_step()
         self._lightning_optimizer._on_after_step()
         self.on_update()
         self.datamodule.after_update()
         return loss.detach(), losses
-
-    def _clip_and_step(self) -> None:
-        parameters = self._optimizer.param_groups[0]["params"]
-        if self.max_grad_norm is not None:
-            torch.nn.utils.clip_grad_norm_(parameters, self.max_grad_norm, foreach=True)
-        self._optimizer.step()
-        for parameter in parameters:  # zero_grad(set_to_none=True), which torch.compile does not trace
-            parameter.grad = None
 
     def extra_metrics(self) -> dict[str, torch.Tensor | float]:
         """Agent-specific training metrics beyond the loss terms (ε, ...). Default: none."""

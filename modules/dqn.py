@@ -44,6 +44,7 @@ class DQN(RLModule):
         compile: see :class:`~modules.base.RLModule`.
         max_grad_norm: see :class:`~modules.base.RLModule` (the seed clips at 10).
         check_finite_every: see :class:`~modules.base.RLModule`.
+        lr_end, lr_frames: see :class:`~modules.base.RLModule` (a cosine learning-rate decay in frames).
     """
 
     def __init__(
@@ -64,8 +65,12 @@ class DQN(RLModule):
         compile: bool | str = False,
         max_grad_norm: float | None = None,
         check_finite_every: int = 1,
+        lr_end: float | None = None,
+        lr_frames: int = 1_000_000,
     ) -> None:
-        super().__init__(observation_spec, action_spec, lr, compile, max_grad_norm, check_finite_every)
+        super().__init__(
+            observation_spec, action_spec, lr, compile, max_grad_norm, check_finite_every, lr_end, lr_frames
+        )
         self.save_hyperparameters(ignore=["observation_spec", "action_spec"])
         if not 0 <= gamma <= 1:
             raise ValueError(f"--model.init_args.gamma must be in [0, 1], got {gamma}")
@@ -126,6 +131,7 @@ class DQN(RLModule):
         return self.eps_start + progress * (self.eps_end - self.eps_start)
 
     def on_train_batch_start(self, batch: object, batch_idx: int) -> None:
+        super().on_train_batch_start(batch, batch_idx)
         # ε follows the frame counter (restored on resume), set before this step's collection happens.
         self.egreedy.eps.fill_(self.epsilon(self.datamodule.frames))
 

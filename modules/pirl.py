@@ -53,6 +53,7 @@ class PhysicsInformedDQN(DQN):
         compile: see :class:`~modules.base.RLModule`.
         max_grad_norm: see :class:`~modules.base.RLModule`.
         check_finite_every: see :class:`~modules.base.RLModule`.
+        lr_end, lr_frames: see :class:`~modules.base.RLModule` (a cosine learning-rate decay in frames).
     """
 
     def __init__(
@@ -75,6 +76,8 @@ class PhysicsInformedDQN(DQN):
         compile: bool | str = False,
         max_grad_norm: float | None = None,
         check_finite_every: int = 1,
+        lr_end: float | None = None,
+        lr_frames: int = 1_000_000,
     ) -> None:
         if pde_weight < 0:
             raise ValueError(f"--model.init_args.pde_weight must be >= 0, got {pde_weight}")
@@ -102,6 +105,8 @@ class PhysicsInformedDQN(DQN):
             compile=compile,
             max_grad_norm=max_grad_norm,
             check_finite_every=check_finite_every,
+            lr_end=lr_end,
+            lr_frames=lr_frames,
         )
         self.double_dqn = double_dqn
         self.pde_weight, self.boundary_weight = pde_weight, boundary_weight

@@ -42,6 +42,7 @@ class PPO(RLModule):
         compile: see :class:`~modules.base.RLModule`.
         max_grad_norm: see :class:`~modules.base.RLModule` (PPO's usual 0.5).
         check_finite_every: see :class:`~modules.base.RLModule`.
+        lr_end, lr_frames: see :class:`~modules.base.RLModule` (a cosine learning-rate decay in frames).
     """
 
     def __init__(
@@ -59,8 +60,12 @@ class PPO(RLModule):
         compile: bool | str = False,
         max_grad_norm: float | None = None,
         check_finite_every: int = 1,
+        lr_end: float | None = None,
+        lr_frames: int = 1_000_000,
     ) -> None:
-        super().__init__(observation_spec, action_spec, lr, compile, max_grad_norm, check_finite_every)
+        super().__init__(
+            observation_spec, action_spec, lr, compile, max_grad_norm, check_finite_every, lr_end, lr_frames
+        )
         self.save_hyperparameters(ignore=["observation_spec", "action_spec"])
         for name, value in (("gamma", gamma), ("gae_lambda", gae_lambda)):
             if not 0 <= value <= 1:

@@ -8,7 +8,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from app.cli import build
+from app.cli import build, main
 from modules.bare import bare_update, ppo_batch, transitions
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -61,3 +61,24 @@ def test_bare_ppo_update_computes_clip_ppo_loss():
     td["value_target"] = batch["value_target"].unsqueeze(-1)
     expected = total(model.loss(td)).detach()
     assert step(0) == pytest.approx(expected.item(), rel=1e-5)
+
+
+def test_update_cost_interleaves_bare_slices_between_timed_fit_segments(tmp_path):
+    # benchmarks/update_cost.py's instrument on a tiny run: segments of the fit alternate with slices of a stand-in
+    # bare step, and the segments' time per update leaves the bare slices out.
+    import importlib.util
+
+    from tests.helpers import chain_config, write_config
+
+    spec = importlib.util.spec_from_file_location("update_cost", ROOT / "benchmarks" / "update_cost.py")
+    update_cost = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(update_cost)
+    calls = []
+    interleaved = update_cost.InterleavedBare(calls.append, segment_seconds=0.05, bare_seconds=0.02, skip_first_steps=5)
+    config = write_config(chain_config("dqn", tmp_path), tmp_path / "c.yaml")
+    main(["fit", "--config", str(config), "--trainer.max_steps", "400"], extra_callbacks=[interleaved])
+    segments = interleaved.segments
+    assert len(segments) >= 2 and calls
+    assert all(s["updates"] > 0 and s["bare_ms"] > 0 and s["ratio"] == s["fit_ms"] / s["bare_ms"] for s in segments)
+    assert sum(s["updates"] for s in segments) < 400 - 5  # the warm-up and the last, unfinished segment go untimed
+    assert all(s["seconds"] >= 0.05 for s in segments)

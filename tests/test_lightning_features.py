@@ -30,6 +30,22 @@ def test_bf16_mixed_precision_trains_with_finite_loss(tmp_path, agent):
     assert cli.trainer.global_step == 20 and cli.datamodule.frames > 0
 
 
+def loss_batch(size: int) -> TensorDict:
+    obs = torch.randint(0, 2, (size, 2), dtype=torch.uint8)
+    done = torch.zeros(size, 1, dtype=torch.bool)
+    return TensorDict(
+        {
+            "observation": obs,
+            "action": torch.randint(0, 2, (size,)),
+            "action_log_prob": torch.full((size,), -0.7),
+            "advantage": torch.randn(size, 1),
+            "value_target": torch.randn(size, 1),
+            "next": {"observation": obs.flip(-1), "reward": torch.randn(size, 1), "done": done, "terminated": done},
+        },
+        batch_size=[size],
+    )
+
+
 @pytest.mark.parametrize("cls", [DQN, PPO])
 def test_compiled_and_eager_losses_agree_on_the_same_batch(cls):
     from tests.test_dqn import SPECS
@@ -38,23 +54,17 @@ def test_compiled_and_eager_losses_agree_on_the_same_batch(cls):
     model = cls(**SPECS, hidden_sizes=[16], compile=True)
     compiled_loss = model.compiled(model.loss)
     assert compiled_loss is not model.loss
-    obs = torch.randint(0, 2, (8, 2), dtype=torch.uint8)
-    done = torch.zeros(8, 1, dtype=torch.bool)
-    batch = TensorDict(
-        {
-            "observation": obs,
-            "action": torch.randint(0, 2, (8,)),
-            "action_log_prob": torch.full((8,), -0.7),
-            "advantage": torch.randn(8, 1),
-            "value_target": torch.randn(8, 1),
-            "next": {"observation": obs.flip(-1), "reward": torch.randn(8, 1), "done": done, "terminated": done},
-        },
-        batch_size=[8],
-    )
-    eager_losses, compiled_losses = model.loss(batch.clone()), compiled_loss(batch.clone())
-    for key in eager_losses.keys():  # noqa: SIM118 (iterating a TensorDict walks its batch)
-        if key.startswith("loss"):
-            torch.testing.assert_close(compiled_losses[key], eager_losses[key], rtol=1e-5, atol=1e-6)
+    # The compiled loss keeps only the batch tensors' guards: a batch of another size must still be recompiled for,
+    # and a change of the weights in place (an optimizer step) must be seen.
+    for size in (8, 8, 24, 8):
+        batch = loss_batch(size)
+        eager_losses, compiled_losses = model.loss(batch.clone()), compiled_loss(batch.clone())
+        for key in eager_losses.keys():  # noqa: SIM118 (iterating a TensorDict walks its batch)
+            if key.startswith("loss"):
+                torch.testing.assert_close(compiled_losses[key], eager_losses[key], rtol=1e-5, atol=1e-6)
+        with torch.no_grad():
+            for parameter in model.parameters():
+                parameter.add_(0.1)
 
 
 def test_compiled_update_trains_to_the_same_weights_as_eager(tmp_path):

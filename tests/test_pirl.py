@@ -79,18 +79,43 @@ def test_written_out_dqn_error_equals_torchrl_dqn_loss(double_dqn):
         env.observation_spec[0], env.action_spec[0], double_dqn=double_dqn, pde_weight=0.0, boundary_weight=0.0
     )
     model.physics = env.physics
-    td = env.reset()
-    rows = []
-    for _ in range(8):
-        td["action"] = torch.randint(25, (16,))
-        out, td = env.step_and_maybe_reset(td)
-        rows.append(out.clone())
-    batch = torch.cat(rows)
+    batch = vehicle_batch(env)
     assert batch["next", "terminated"].any()  # terminal transitions are in the batch
     with torch.no_grad():  # make the target network differ from the online one
         for weight in model.loss_module.target_value_network_params.values(True, True):
             weight.add_(0.1 * torch.randn_like(weight))
     torch.testing.assert_close(model.loss(batch)["loss"], model.loss_module(batch)["loss"])
+
+
+def vehicle_batch(env: VehicleEnv, steps: int = 8):
+    td, rows = env.reset(), []
+    for _ in range(steps):
+        td["action"] = torch.randint(25, (env.batch_size[0],))
+        out, td = env.step_and_maybe_reset(td)
+        rows.append(out.clone())
+    return torch.cat(rows)
+
+
+def test_compiled_loss_equals_eager_while_the_networks_change_in_place():
+    # The shipped config compiles the loss, and the compiled loss keeps only the batch tensors' guards: it must still
+    # read the online and target weights as they are now (optimizer steps and soft updates change them in place).
+    torch.manual_seed(0)
+    env = VehicleEnv(num_envs=16)
+    model = PhysicsInformedDQN(env.observation_spec[0], env.action_spec[0], double_dqn=True, compile=True)
+    model.physics = env.physics
+    compiled_loss = model.compiled(model.loss)
+    batch = vehicle_batch(env)
+    for _ in range(3):
+        torch.manual_seed(1)  # the same collocation points for both
+        eager = model.loss(batch)
+        torch.manual_seed(1)
+        compiled = compiled_loss(batch)
+        for key in ("loss", "loss_pde", "loss_boundary"):
+            torch.testing.assert_close(compiled[key], eager[key], rtol=1e-4, atol=1e-6)
+        with torch.no_grad():
+            for weight in model.q_network.parameters():
+                weight.add_(0.05 * torch.randn_like(weight))
+            model.soft_update()
 
 
 def test_boundary_loss_pulls_v_to_one_at_the_horizon_and_to_zero_when_unsafe():

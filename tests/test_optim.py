@@ -1,0 +1,120 @@
+"""The update's optimizer step (the fused kernels, modules/optim.py) and the learning-rate schedule in frames."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from modules.dqn import DQN
+from modules.optim import FusedAdamStep
+from tests.helpers import chain_config, fit, write_config
+from tests.test_dqn import SPECS
+
+
+def two_copies() -> tuple[nn.Module, nn.Module]:
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 3))
+    return net, copy.deepcopy(net)
+
+
+def train(net: nn.Module, step, inputs: list[torch.Tensor]) -> None:
+    for x in inputs:
+        net(x).pow(2).sum().backward()
+        step()
+
+
+@pytest.mark.parametrize("max_grad_norm", [None, 0.05])
+def test_fused_adam_step_is_clip_adam_step_and_zero_grad_bit_for_bit(max_grad_norm):
+    ours, reference = two_copies()
+    inputs = [torch.randn(8, 6, generator=torch.Generator().manual_seed(i)) for i in range(12)]
+    step = FusedAdamStep(torch.optim.Adam(ours.parameters(), lr=1e-2, weight_decay=1e-3, fused=True), max_grad_norm)
+    assert step.direct
+    reference_optimizer = torch.optim.Adam(reference.parameters(), lr=1e-2, weight_decay=1e-3, fused=True)
+
+    def reference_step():
+        if max_grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_(reference.parameters(), max_grad_norm)
+        reference_optimizer.step()
+        reference_optimizer.zero_grad(set_to_none=True)
+
+    train(ours, step, inputs)
+    train(reference, reference_step, inputs)
+    for a, b in zip(ours.parameters(), reference.parameters(), strict=True):
+        assert torch.equal(a, b) and a.grad is None
+    ours_state, reference_state = step.optimizer.state_dict()["state"], reference_optimizer.state_dict()["state"]
+    for index, state in reference_state.items():
+        for key, value in state.items():
+            assert torch.equal(ours_state[index][key], value), key
+    assert float(reference_state[0]["step"]) == len(inputs)
+
+
+def test_fused_adam_step_continues_from_a_loaded_optimizer_state():
+    # A resumed run loads the optimizer state (new tensors) before its first step: the step must use those.
+    ours, reference = two_copies()
+    inputs = [torch.randn(8, 6, generator=torch.Generator().manual_seed(i)) for i in range(10)]
+    reference_step = FusedAdamStep(torch.optim.Adam(reference.parameters(), lr=1e-2, fused=True), 1.0)
+    train(reference, reference_step, inputs)
+
+    torch.manual_seed(0)
+    first = copy.deepcopy(ours)
+    first_step = FusedAdamStep(torch.optim.Adam(first.parameters(), lr=1e-2, fused=True), 1.0)
+    train(first, first_step, inputs[:4])
+    resumed_optimizer = torch.optim.Adam(ours.parameters(), lr=1e-2, fused=True)
+    ours.load_state_dict(first.state_dict())
+    resumed_optimizer.load_state_dict(first_step.optimizer.state_dict())
+    train(ours, FusedAdamStep(resumed_optimizer, 1.0), inputs[4:])
+    for a, b in zip(ours.parameters(), reference.parameters(), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_other_optimizers_and_missing_gradients_take_the_optimizers_own_step():
+    ours, reference = two_copies()
+    sgd = FusedAdamStep(torch.optim.SGD(ours.parameters(), lr=0.1), None)
+    assert not sgd.direct
+    reference_sgd = torch.optim.SGD(reference.parameters(), lr=0.1)
+    x = torch.randn(8, 6)
+    train(ours, sgd, [x])
+    reference(x).pow(2).sum().backward()
+    reference_sgd.step()
+    assert all(torch.equal(a, b) for a, b in zip(ours.parameters(), reference.parameters(), strict=True))
+
+    # Only the last layer gets a gradient: Adam's own step skips the others, as it always does.
+    net, _ = two_copies()
+    step = FusedAdamStep(torch.optim.Adam(net.parameters(), lr=1e-2, fused=True), 1.0)
+    frozen = net[0].weight.detach().clone()
+    net[2](torch.randn(8, 16)).sum().backward()
+    step()
+    assert torch.equal(net[0].weight, frozen) and all(p.grad is None for p in net.parameters())
+
+
+def test_learning_rate_follows_a_cosine_in_frames_to_lr_end():
+    model = DQN(**SPECS, hidden_sizes=[4], lr=1e-3, lr_end=1e-4, lr_frames=1000)
+    assert model.learning_rate(0) == pytest.approx(1e-3)
+    assert model.learning_rate(500) == pytest.approx(1e-4 + 0.9e-3 * 0.5)
+    assert model.learning_rate(250) == pytest.approx(1e-4 + 0.9e-3 * 0.5 * (1 + math.cos(math.pi / 4)))
+    assert model.learning_rate(1000) == model.learning_rate(10**9) == pytest.approx(1e-4)
+    assert DQN(**SPECS, hidden_sizes=[4], lr=1e-3).learning_rate(10**9) == 1e-3  # no lr_end: constant
+
+
+def test_bad_learning_rate_schedule_names_the_flag():
+    with pytest.raises(ValueError, match="--model.init_args.lr_end must be in"):
+        DQN(**SPECS, lr=1e-3, lr_end=2e-3)
+    with pytest.raises(ValueError, match="--model.init_args.lr_frames must be >= 1"):
+        DQN(**SPECS, lr_end=0.0, lr_frames=0)
+
+
+def test_training_sets_and_logs_the_scheduled_learning_rate(tmp_path):
+    config = chain_config("dqn", tmp_path)
+    config["model"]["init_args"].update(lr=1e-3, lr_end=1e-5, lr_frames=600)
+    logger = {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": str(tmp_path)}}
+    config["trainer"]["logger"] = logger
+    cli = fit(
+        write_config(config, tmp_path / "c.yaml"), "--trainer.max_steps", "60", "--trainer.log_every_n_steps", "10"
+    )
+    # 8 frames per collection earn 4 updates: the last collection came before the 60th update set its rate.
+    assert cli.model.optimizers().param_groups[0]["lr"] == pytest.approx(cli.model.learning_rate(cli.datamodule.frames))
+    assert 1e-5 < float(cli.trainer.callback_metrics["train/lr"]) < 1e-3
