@@ -16,9 +16,10 @@ The two are interleaved: after the warm-up, the fit runs in segments of about ``
 two segments the bare loop runs for ``--bare-seconds`` (a callback, on copies of the networks, under a forked RNG,
 outside the segments' time). This machine's speed moves by up to 50 % within a minute, so a bare time taken
 before or after the fit does not describe the fit; the ratio is each segment's time per update over the bare slice
-right after it, and the figure reported is the median of those ratios. The DQN runs at the seed's setting
-(``configs/bench/dqn_seed_ratio.yaml``: batch 128, one update per 4 frames, 1 thread). Writes
-``update_cost_<agent>_compile-<c>.json`` and prints one summary line.
+right after it, and the figure reported is the median of those ratios. Each segment's time per update is also split
+into the data module's phases (collect, buffer_write, sample, update; other is the rest), without the bare slices.
+The DQN runs at the seed's setting (``configs/bench/dqn_seed_ratio.yaml``: batch 128, one update per 4 frames, 1
+thread). Writes ``update_cost_<agent>_compile-<c>.json`` and prints one summary line.
 """
 
 from __future__ import annotations
@@ -61,32 +62,38 @@ class InterleavedBare(Callback):
         self.step, self.segment_seconds, self.bare_seconds = step, segment_seconds, bare_seconds
         self.skip_first_steps = skip_first_steps
         self.segments: list[dict[str, float]] = []  # one per fit segment, with the bare slice that followed it
-        self._start: tuple[float, int, int] | None = None  # (time, updates, frames) when the segment began
+        self._start: tuple[float, int, int, dict[str, float]] | None = None  # time, updates, frames, phase totals
         self._bare_calls = 0
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any) -> None:
         if trainer.global_step < self.skip_first_steps:
             return
-        now, frames = time.perf_counter(), trainer.datamodule.frames
+        now, frames, timer = time.perf_counter(), trainer.datamodule.frames, trainer.datamodule.timer
         if self._start is None:
-            self._start = (now, trainer.global_step, frames)
+            self._start = (now, trainer.global_step, frames, dict(timer.totals))
             return
-        began, updates, frames_before = self._start
+        began, updates_before, frames_before, phases_before = self._start
         if now - began < self.segment_seconds:
             return
-        fit_ms = 1e3 * (now - began) / (trainer.global_step - updates)
+        updates = trainer.global_step - updates_before
+        fit_ms = 1e3 * (now - began) / updates
+        # The data module's phases over the segment (the throughput report's figures count the bare slices in
+        # "other"; these do not).
+        phases = {name: 1e3 * (total - phases_before.get(name, 0.0)) / updates for name, total in timer.totals.items()}
+        phases["other"] = fit_ms - sum(phases.values())
         bare_ms = self._bare_slice()
         self.segments.append(
             {
-                "updates": trainer.global_step - updates,
+                "updates": updates,
                 "frames": frames - frames_before,
                 "seconds": now - began,
                 "fit_ms": fit_ms,
+                "phases_ms": phases,
                 "bare_ms": bare_ms,
                 "ratio": fit_ms / bare_ms,
             }
         )
-        self._start = (time.perf_counter(), trainer.global_step, trainer.datamodule.frames)
+        self._start = (time.perf_counter(), trainer.global_step, trainer.datamodule.frames, dict(timer.totals))
 
     def _bare_slice(self) -> float:
         with torch.random.fork_rng(devices=[]):  # PIRL's bare update draws collocation points
@@ -139,6 +146,10 @@ def run(agent: str, compile_: str, updates: int, threads: int, segment: float, b
             "ms_per_update": 1e3 * seconds / timed_updates,
             "frames_per_s": sum(s["frames"] for s in segments) / seconds,
             "updates_per_s": timed_updates / seconds,
+            "phases_ms_per_update": {
+                name: sum(s["phases_ms"].get(name, 0.0) * s["updates"] for s in segments) / timed_updates
+                for name in segments[-1]["phases_ms"]
+            },
         },
         "bare_ms_per_update": {
             "median": statistics.median(s["bare_ms"] for s in segments),
