@@ -4,6 +4,7 @@
     python benchmarks/update_cost.py --agent dqn --compile true   # the same with the compiled update
     python benchmarks/update_cost.py --agent ppo --compile true   # Snake-PPO, minibatch 2,048
     python benchmarks/update_cost.py --agent pirl --compile true  # PIRL on the vehicle, batch 1,024
+    python benchmarks/update_cost.py --agent dqn --compile true --arithmetic  # the update step alone, no loop
 
 One process measures, side by side:
 
@@ -20,6 +21,10 @@ right after it, and the figure reported is the median of those ratios. Each segm
 into the data module's phases (collect, buffer_write, sample, update; other is the rest), without the bare slices.
 The DQN runs at the seed's setting (``configs/bench/dqn_seed_ratio.yaml``: batch 128, one update per 4 frames, 1
 thread). Writes ``update_cost_<agent>_compile-<c>.json`` and prints one summary line.
+
+``--arithmetic`` runs no fit: it alternates the bare update with the agent's own update step taken out of the loop
+(its compiled loss, backward, fused Adam and soft target update; :func:`modules.bare.framework_free_dqn`), to tell
+what the update step costs from what the loop around it costs. Writes ``update_arithmetic_<agent>_compile-<c>.json``.
 """
 
 from __future__ import annotations
@@ -44,7 +49,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from app.cli import build, main  # noqa: E402
-from modules.bare import bare_update  # noqa: E402
+from modules.bare import bare_update, framework_free_dqn  # noqa: E402
 
 CONFIGS = {
     "dqn": ["configs/snake_dqn.yaml", "configs/bench/throughput.yaml", "configs/bench/dqn_seed_ratio.yaml"],
@@ -162,6 +167,39 @@ def run(agent: str, compile_: str, updates: int, threads: int, segment: float, b
     }
 
 
+def arithmetic(agent: str, compile_: str, threads: int, rounds: int, seconds: float) -> dict:
+    """The agent's own update outside any loop (:func:`modules.bare.framework_free_dqn`) against the bare update,
+    alternating ``rounds`` times ``seconds`` of each: what the update step costs before the loop around it."""
+    model, data = build([str(ROOT / path) for path in CONFIGS[agent]], ["--model.init_args.compile", compile_])
+    torch.set_num_threads(threads)
+    steps = {"bare": bare_update(model, data), "update": framework_free_dqn(model, data)}
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    with torch.random.fork_rng(devices=[]):  # PIRL draws collocation points
+        for step in steps.values():
+            for i in range(50):  # compilation, first allocations
+                step(i)
+        for _ in range(rounds):
+            for name, step in steps.items():
+                calls, start = 0, time.perf_counter()
+                while time.perf_counter() - start < seconds:
+                    step(calls)
+                    calls += 1
+                times[name].append(1e3 * (time.perf_counter() - start) / calls)
+    ratios = [update / bare for update, bare in zip(times["update"], times["bare"], strict=True)]
+    return {
+        "date": datetime.now().astimezone().isoformat(timespec="seconds"),
+        "command": ["python", "benchmarks/update_cost.py", *sys.argv[1:]],
+        "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(), "torch_threads": threads},
+        "torch": torch.__version__,
+        "agent": agent,
+        "compile": compile_,
+        "ms_per_update": {name: statistics.median(values) for name, values in times.items()},
+        "ratio": statistics.median(ratios),
+        "ratio_range": [min(ratios), max(ratios)],
+        "rounds": times,
+    }
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--agent", choices=sorted(CONFIGS), default="dqn")
@@ -171,6 +209,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--segment-seconds", type=float, default=2.0, help="fit time between two bare slices")
     parser.add_argument("--bare-seconds", type=float, default=0.5, help="time of each bare slice")
     parser.add_argument("--out", default="runs/bench", help="folder for the fit's run and the JSON result")
+    parser.add_argument(
+        "--arithmetic",
+        action="store_true",
+        help="no fit: time the agent's own update step outside Lightning and the data path against the bare update "
+        "(DQN and PIRL), alternating --rounds slices of --bare-seconds each",
+    )
+    parser.add_argument("--rounds", type=int, default=7, help="with --arithmetic: alternations of the two loops")
     args = parser.parse_args(argv)
     if args.updates <= 2 * WARMUP_STEPS:
         parser.error(f"--updates must be > {2 * WARMUP_STEPS} ({WARMUP_STEPS} go untimed), got {args.updates}")
@@ -178,12 +223,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--segment-seconds and --bare-seconds must be > 0")
     if args.threads < 1:
         parser.error(f"--threads must be >= 1, got {args.threads}")
+    if args.arithmetic and args.agent == "ppo":
+        parser.error("--arithmetic times the DQN family's update (--agent dqn or pirl)")
+    if args.rounds < 1:
+        parser.error(f"--rounds must be >= 1, got {args.rounds}")
     return args
 
 
 if __name__ == "__main__":
     args = parse_args()
     out = Path(args.out)
+    if args.arithmetic:
+        result = arithmetic(args.agent, args.compile, args.threads, args.rounds, args.bare_seconds)
+        path = out / f"update_arithmetic_{args.agent}_compile-{args.compile}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result, indent=2) + "\n")
+        ms = result["ms_per_update"]
+        print(
+            f"update arithmetic ({args.agent}, compile {args.compile}, {args.threads} thread(s)): the agent's update "
+            f"step {ms['update']:.3f} ms vs bare {ms['bare']:.3f} ms (medians of {args.rounds} alternating slices): "
+            f"ratio {result['ratio']:.2f} (range {result['ratio_range'][0]:.2f}-{result['ratio_range'][1]:.2f}) "
+            f"-> {path}"
+        )
+        raise SystemExit(0)
     result = run(args.agent, args.compile, args.updates, args.threads, args.segment_seconds, args.bare_seconds, out)
     path = out / f"update_cost_{args.agent}_compile-{args.compile}.json"
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -17,8 +17,10 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from tensordict import TensorDict
 from torch import nn
 
+from modules.optim import FusedAdamStep
 from modules.pde import physics_losses
 
 POOL = 16  # distinct pre-drawn batches the bare loop cycles through
@@ -85,6 +87,50 @@ def bare_dqn(model: Any, data: Any) -> Callable[[int], torch.Tensor]:
         loss.backward()
         optimizer_step(parameters, optimizer, model.max_grad_norm)
         return loss.detach()
+
+    return step
+
+
+def as_replay_sample(batch: dict[str, torch.Tensor]) -> TensorDict:
+    """:func:`transitions`' plain tensors as the TensorDict a replay sample is (what the agents' losses read)."""
+    flags = batch["terminated"].unsqueeze(-1)
+    return TensorDict(
+        {
+            "observation": batch["observation"],
+            "action": batch["action"],
+            "next": {
+                "observation": batch["next_observation"],
+                "reward": batch["reward"].unsqueeze(-1),
+                "done": flags,
+                "terminated": flags,
+            },
+        },
+        batch_size=[batch["reward"].shape[0]],
+    )
+
+
+def framework_free_dqn(model: Any, data: Any) -> Callable[[int], torch.Tensor]:
+    """The DQN agent's own update — its (compiled, with ``compile``) loss, backward, :class:`FusedAdamStep` and soft
+    target update — with neither Lightning nor the data path around it, on the same pre-drawn batches as
+    :func:`bare_dqn`: what the framework's update step costs before the loop around it.
+
+    It trains ``model`` itself (a copy would not do: the TorchRL loss holds the parameters PIRL's loss reads from its
+    network, and a deep copy separates the two), so pass a model built for the measurement.
+    """
+    if hasattr(model, "pde_weight"):
+        model.physics = data.physics  # what PIRL's setup takes from the data module
+    loss = model.compiled(model.loss)
+    optimizer = torch.optim.Adam(model.trainable_parameters(), lr=model.lr, fused=True)
+    optimizer_step = FusedAdamStep(optimizer, model.max_grad_norm)
+    batches = [as_replay_sample(transitions(data, data.batch_size, seed)) for seed in range(POOL)]
+
+    def step(i: int) -> torch.Tensor:
+        total = sum(value for key, value in loss(batches[i % POOL]).items() if key.startswith("loss"))
+        total.backward()
+        optimizer_step()
+        if model.target_update == "soft":
+            model.soft_update()
+        return total.detach()
 
     return step
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -9,27 +10,10 @@ import torch
 from tensordict import TensorDict
 
 from app.cli import build, main
-from modules.bare import bare_update, ppo_batch, transitions
+from modules.bare import as_replay_sample, bare_update, framework_free_dqn, ppo_batch, transitions
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["--threads", "1", "--data.init_args.num_envs", "4"]
-
-
-def as_tensordict(batch: dict[str, torch.Tensor]) -> TensorDict:
-    n = batch["reward"].shape[0]
-    return TensorDict(
-        {
-            "observation": batch["observation"],
-            "action": batch["action"],
-            "next": {
-                "observation": batch["next_observation"],
-                "reward": batch["reward"].unsqueeze(-1),
-                "done": batch["terminated"].unsqueeze(-1),
-                "terminated": batch["terminated"].unsqueeze(-1),
-            },
-        },
-        batch_size=[n],
-    )
 
 
 def total(losses: TensorDict) -> torch.Tensor:
@@ -41,7 +25,7 @@ def test_bare_dqn_update_computes_the_agents_loss(config):
     model, data = build([str(ROOT / "configs" / config)], [*SMALL, "--data.init_args.batch_size", "64"])
     model.physics = data.physics  # what PIRL's setup takes from the data module (None for Snake)
     step = bare_update(model, data)
-    batch = as_tensordict(transitions(data, data.batch_size, seed=0))  # the bare loop's batch 0
+    batch = as_replay_sample(transitions(data, data.batch_size, seed=0))  # the bare loop's batch 0
     torch.manual_seed(7)  # PIRL draws its collocation points inside the loss
     expected = total(model.loss(batch)).detach()
     torch.manual_seed(7)
@@ -51,11 +35,30 @@ def test_bare_dqn_update_computes_the_agents_loss(config):
     assert step(16) != pytest.approx(expected.item(), rel=1e-5)
 
 
+@pytest.mark.parametrize("config", ["snake_dqn.yaml", "pirl_vehicle.yaml"])
+def test_framework_free_update_is_the_agents_update_step(config):
+    # benchmarks/update_cost.py --arithmetic times this against the bare update: it must be the same loss on the same
+    # batches, and a real update: the weights move.
+    # A large learning rate, so that one step visibly changes the loss on the same batch.
+    overrides = [*SMALL, "--data.init_args.batch_size", "64", "--model.init_args.lr", "0.01"]
+    model, data = build([str(ROOT / "configs" / config)], overrides)
+    before = [parameter.detach().clone() for parameter in model.trainable_parameters()]
+    step = framework_free_dqn(model, data)
+    batch = as_replay_sample(transitions(data, data.batch_size, seed=0))
+    torch.manual_seed(7)
+    expected = total(model.loss(batch)).detach()
+    torch.manual_seed(7)
+    assert step(0) == pytest.approx(expected.item(), rel=1e-5)
+    torch.manual_seed(7)
+    assert step(16) != pytest.approx(expected.item(), rel=1e-5)
+    assert not any(torch.equal(a, b) for a, b in zip(before, model.trainable_parameters(), strict=True))
+
+
 def test_bare_ppo_update_computes_clip_ppo_loss():
     model, data = build([str(ROOT / "configs/snake_ppo.yaml")], [*SMALL, "--data.init_args.minibatch_size", "64"])
     step = bare_update(model, data)
     batch = ppo_batch(data, data.minibatch_size, seed=0)
-    td = as_tensordict(batch)
+    td = as_replay_sample(batch)
     td["action_log_prob"] = batch["log_prob"]
     td["advantage"] = batch["advantage"].unsqueeze(-1)
     td["value_target"] = batch["value_target"].unsqueeze(-1)
@@ -66,7 +69,6 @@ def test_bare_ppo_update_computes_clip_ppo_loss():
 def test_update_cost_interleaves_bare_slices_between_timed_fit_segments(tmp_path):
     # benchmarks/update_cost.py's instrument on a tiny run: segments of the fit alternate with slices of a stand-in
     # bare step, and the segments' time per update leaves the bare slices out.
-    import importlib.util
 
     from tests.helpers import chain_config, write_config
 
@@ -85,3 +87,16 @@ def test_update_cost_interleaves_bare_slices_between_timed_fit_segments(tmp_path
     for s in segments:  # the segment's time per update, split into the data module's phases and the rest
         assert s["phases_ms"]["update"] > 0 and s["phases_ms"]["other"] >= 0
         assert sum(s["phases_ms"].values()) == pytest.approx(s["fit_ms"])
+
+
+def test_update_cost_arithmetic_mode_alternates_the_two_update_steps():
+    spec = importlib.util.spec_from_file_location("update_cost", ROOT / "benchmarks" / "update_cost.py")
+    update_cost = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(update_cost)
+    result = update_cost.arithmetic("dqn", "false", threads=1, rounds=3, seconds=0.02)
+    assert [len(result["rounds"][name]) for name in ("bare", "update")] == [3, 3]
+    ratios = [u / b for u, b in zip(result["rounds"]["update"], result["rounds"]["bare"], strict=True)]
+    assert result["ratio"] == pytest.approx(sorted(ratios)[1])
+    assert result["ratio_range"] == [min(ratios), max(ratios)]
+    with pytest.raises(SystemExit):
+        update_cost.parse_args(["--agent", "ppo", "--arithmetic"])
