@@ -32,7 +32,7 @@ from tensordict.nn import TensorDictModuleBase
 from torch.utils.data import DataLoader, IterableDataset
 from torchrl.collectors import Collector, RandomPolicy
 from torchrl.data import Composite, TensorSpec
-from torchrl.envs import EnvBase
+from torchrl.envs import EnvBase, Transform
 from torchrl.envs.utils import ExplorationType, set_exploration_type, step_mdp
 
 from datamodules.timing import PhaseTimer
@@ -168,11 +168,15 @@ class RLDataModule(pl.LightningDataModule):
         self.policy: TensorDictModuleBase | None = None
         self.postprocess: Callable[[TensorDictBase], Any] | None = None
         self.batch_keys: list[NestedKey] | None = None
+        self.store_transform: Transform | None = None
         self.collector: Collector | None = None
         self._collector_iter: Iterator[TensorDictBase] | None = None
         self._eval_env: EnvBase | None = None
         self._pending_state: dict[str, Any] | None = None
         self._updates_since_sync = 0
+
+    #: Whether :meth:`connect` takes a store transform (a data module with a replay buffer).
+    accepts_store_transform = False
 
     # ----------------------------------------------------------------------------------------------------- specs
     @property
@@ -199,15 +203,23 @@ class RLDataModule(pl.LightningDataModule):
         policy: TensorDictModuleBase,
         postprocess: Callable[[TensorDictBase], Any] | None = None,
         batch_keys: Sequence[NestedKey] | None = None,
+        store_transform: Transform | None = None,
     ) -> None:
-        """Receive the model's acting policy, an optional in-place transform of each collected batch (e.g. GAE), and
-        the keys its update reads (a store may keep only those; None: everything collected).
+        """Receive the model's acting policy, an optional in-place transform of each collected batch (e.g. GAE), the
+        keys its update reads (a store may keep only those; None: everything collected), and an optional TorchRL
+        replay-buffer transform of the transitions before they are stored (n-step returns; replay stores only).
 
         Called once by the model in its ``setup``; the collector itself is built lazily in ``train_dataloader``.
         """
         self.policy = policy
         self.postprocess = postprocess
         self.batch_keys = None if batch_keys is None else list(batch_keys)
+        if store_transform is not None and not self.accepts_store_transform:
+            raise ValueError(
+                f"{type(self).__name__} stores no transitions: the model's n-step returns (or other store transform) "
+                "need a replay data module (datamodules.replay.ReplayDataModule)"
+            )
+        self.store_transform = store_transform
 
     def make_env(self, num_envs: int, seed: int) -> EnvBase:
         return self.env_factory(num_envs=num_envs, seed=seed, device=self.device)

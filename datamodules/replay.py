@@ -7,7 +7,7 @@ from typing import Any
 
 from tensordict import TensorDictBase
 from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
-from torchrl.envs import EnvBase
+from torchrl.envs import EnvBase, Transform
 
 from datamodules.base import RLDataModule, check_positive, from_plain, to_plain
 
@@ -17,7 +17,9 @@ class ReplayDataModule(RLDataModule):
 
     The replay ratio is ``frames_per_update``: the seed's "train every 4 steps" is ``frames_per_update: 4``. With
     ``num_envs * collect_steps`` frames per collector call, each call earns ``frames / frames_per_update`` updates;
-    fractional credit carries over, so any ratio is honoured exactly on average.
+    fractional credit carries over, so any ratio is honoured exactly on average. A model's store transform (DQN's
+    n-step returns) turns each collected batch into the transitions written; its window of recent steps is part of
+    this module's checkpointed state.
 
     Args:
         env: environment factory (see :class:`RLDataModule`).
@@ -27,6 +29,8 @@ class ReplayDataModule(RLDataModule):
         frames_per_update: environment frames collected per gradient update (the replay ratio's inverse).
         **kwargs: the base options (``num_envs``, ``collect_steps``, ``device``, ``seed``, ...).
     """
+
+    accepts_store_transform = True
 
     def __init__(
         self,
@@ -67,10 +71,7 @@ class ReplayDataModule(RLDataModule):
                 while self.update_credit < 1.0:
                     batch = self.collect()
                     with self.timer.phase("buffer_write"):
-                        # Only what the update reads (Snake-DQN: 6 of the 14 collected entries): every entry costs
-                        # memory and an indexing op per write and per sample.
-                        keep = batch.select(*self.batch_keys) if self.batch_keys else batch.exclude("collector")
-                        self.buffer.extend(keep.reshape(-1))
+                        self._store(batch)
                     if self.frames >= self.warmup_frames:
                         self.update_credit += batch.numel() / self.frames_per_update
                 # The buffer does not change until the next collection, so the batches of every update this one
@@ -86,12 +87,27 @@ class ReplayDataModule(RLDataModule):
             self.samples += sample.numel()
             yield sample
 
+    def _store(self, batch: TensorDictBase) -> None:
+        # Only what the update reads (Snake-DQN: 6 of the 14 collected entries): every entry costs memory and an
+        # indexing op per write and per sample.
+        keep = batch.select(*self.batch_keys, strict=False) if self.batch_keys else batch.exclude("collector")
+        if self.store_transform is not None:
+            # n-step returns: the transform holds each environment's last n steps and gives back, per call, the
+            # transitions whose n-step window is now complete (None until n steps are in).
+            keep = self.store_transform.inv(keep)
+            if keep is None:
+                return
+            keep = keep.select(*self.batch_keys) if self.batch_keys else keep
+        self.buffer.extend(keep.reshape(-1))
+
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()
         state["update_credit"] = self.update_credit
         state["pending"] = None if self.pending is None else [to_plain(batch) for batch in self.pending]
         if self.buffer is not None and len(self.buffer) > 0:
             state["buffer"] = self.buffer.state_dict()
+        if self.store_transform is not None:
+            state["store_window"] = to_plain(_window(self.store_transform))
         return state
 
     def _load_state(self, state_dict: dict[str, Any]) -> None:
@@ -102,4 +118,22 @@ class ReplayDataModule(RLDataModule):
             if self.buffer is None:
                 raise RuntimeError("the replay buffer is created in setup(); load the data module state after it")
             self.buffer.load_state_dict(state_dict["buffer"])
+        if self.store_transform is not None:
+            # A checkpoint written without the transform (or before its first call) has no window: start empty.
+            window = from_plain(state_dict.get("store_window"), batch_dims=2, device=self.device)
+            _set_window(self.store_transform, window)
         super()._load_state(state_dict)
+
+
+# MultiStepTransform keeps each environment's last n steps between calls in a private attribute and offers no
+# accessor; an exact resume must carry them (as it carries the collector's). torchrl is pinned below 0.15 in
+# pyproject.toml, and tests/test_replay.py's resume test fails loudly if this ever moves.
+def _window(transform: Transform) -> TensorDictBase | None:
+    if not hasattr(transform, "_buffer"):
+        raise RuntimeError(f"this torchrl version's {type(transform).__name__} has no `_buffer`: exact resume fails")
+    return transform._buffer
+
+
+def _set_window(transform: Transform, window: TensorDictBase | None) -> None:
+    _window(transform)  # the same check
+    transform._buffer = window

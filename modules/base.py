@@ -18,10 +18,11 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.plugins.precision import MixedPrecision
-from tensordict import TensorDictBase
+from tensordict import NestedKey, TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 from torch import nn
 from torchrl.data import TensorSpec
+from torchrl.envs import Transform
 
 from modules.optim import FusedAdamStep
 
@@ -121,6 +122,15 @@ class RLModule(pl.LightningModule):
     #: In-place work on each collected batch before it is used (PPO: advantages), or None.
     postprocess: Callable[[TensorDictBase], None] | None = None
 
+    def store_transform(self) -> Transform | None:
+        """A TorchRL replay-buffer transform that turns collected transitions into what the replay buffer stores
+        (DQN's n-step returns: :class:`~torchrl.envs.MultiStepTransform`), or None to store them as collected."""
+        return None
+
+    def batch_keys(self) -> list[NestedKey]:
+        """The entries the update reads from a batch: a replay buffer keeps only these."""
+        return list(self.loss_module.in_keys)
+
     def loss(self, batch: TensorDictBase) -> TensorDictBase:
         """TensorDict whose ``loss_*`` entries are summed into the training loss."""
         return self.loss_module(batch)
@@ -158,7 +168,7 @@ class RLModule(pl.LightningModule):
 
     def setup(self, stage: str) -> None:
         if stage == "fit":
-            self.datamodule.connect(self.policy(), self.postprocess, self.loss_module.in_keys)
+            self.datamodule.connect(self.policy(), self.postprocess, self.batch_keys(), self.store_transform())
 
     def trainable_parameters(self) -> list[nn.Parameter]:
         """What the optimizer updates (target networks are buffers of the loss module, not parameters)."""

@@ -17,6 +17,7 @@ import torch
 from tensordict.nn import TensorDictModuleBase, TensorDictSequential
 from torch import nn
 from torchrl.data import TensorSpec
+from torchrl.envs import MultiStepTransform
 from torchrl.modules import EGreedyModule, QValueActor
 from torchrl.objectives import DQNLoss, HardUpdate, SoftUpdate
 
@@ -41,6 +42,9 @@ class DQN(RLModule):
         eps_start: ε at frame 0.
         eps_end: ε after ``eps_frames`` frames, and from then on.
         eps_frames: frames over which ε falls linearly.
+        n_steps: the target's reward sum: ``r_t + γ r_{t+1} + … + γ^(n−1) r_{t+n−1} + γ^n Q_target(s_{t+n})``, cut at
+            an episode's end (TorchRL's ``MultiStepTransform`` on the replay writes). 1: the one-step target. Sums
+            over exploring actions are biased towards the exploring policy's value: measure before raising it.
         compile: see :class:`~modules.base.RLModule`.
         max_grad_norm: see :class:`~modules.base.RLModule` (the seed clips at 10).
         check_finite_every: see :class:`~modules.base.RLModule`.
@@ -62,6 +66,7 @@ class DQN(RLModule):
         eps_start: float = 1.0,
         eps_end: float = 0.05,
         eps_frames: int = 100_000,
+        n_steps: int = 1,
         compile: bool | str = False,
         max_grad_norm: float | None = None,
         check_finite_every: int = 1,
@@ -82,6 +87,9 @@ class DQN(RLModule):
             raise ValueError(f"--model.init_args.eps_start/eps_end must be in [0, 1], got {eps_start}/{eps_end}")
         if eps_frames < 1:
             raise ValueError(f"--model.init_args.eps_frames must be >= 1, got {eps_frames}")
+        if n_steps < 1:
+            raise ValueError(f"--model.init_args.n_steps must be >= 1, got {n_steps}")
+        self.gamma, self.n_steps = gamma, n_steps
         self.eps_start, self.eps_end, self.eps_frames = eps_start, eps_end, eps_frames
         self.target_update, self.tau = target_update, tau
         self.target_update_interval = target_update_interval
@@ -124,6 +132,18 @@ class DQN(RLModule):
 
     def export_network(self) -> nn.Module:
         return self.q_network  # Q-values; the greedy action is their argmax
+
+    def store_transform(self) -> MultiStepTransform | None:
+        if self.n_steps == 1:
+            return None
+        # done_keys=[]: the episode-end flags are gathered, like the next observation, from the step each sum stops at,
+        # so a window that ends the episode does not bootstrap. (TorchRL's default keeps step t's flags, which would
+        # bootstrap from a terminal observation.) The loss raises γ to the sum's length, `steps_to_next_obs`.
+        return MultiStepTransform(self.n_steps, self.gamma, done_keys=[])
+
+    def batch_keys(self) -> list:
+        keys = super().batch_keys()
+        return [*keys, "steps_to_next_obs"] if self.n_steps > 1 else keys
 
     def epsilon(self, frames: int) -> float:
         """Linear annealing from ``eps_start`` to ``eps_end`` over ``eps_frames`` frames."""

@@ -46,6 +46,8 @@ class PhysicsInformedDQN(DQN):
         double_dqn: pick the next action with the online network and evaluate it with the target network (the seed
             used plain DQN targets; with discount 1 the max over 25 noisy estimates compounds over the horizon).
         eps_start, eps_end, eps_frames: ε falls linearly from ``eps_start`` to ``eps_end`` over ``eps_frames``.
+        n_steps: the target sums the rewards of ``n_steps`` steps before bootstrapping (see
+            :class:`~modules.dqn.DQN`): with discount 1, a success travels back ``n_steps`` steps per target refresh.
         pde_weight: weight of the mean squared PDE residual (the seed: 1e-4; 0 turns the physics term off).
         boundary_weight: weight of the boundary terms (the seed: 1).
         collocation_points: interior points per update, and as many terminal and unsafe boundary points.
@@ -69,6 +71,7 @@ class PhysicsInformedDQN(DQN):
         eps_start: float = 1.0,
         eps_end: float = 0.001,
         eps_frames: int = 100_000,
+        n_steps: int = 1,
         pde_weight: float = 1e-4,
         boundary_weight: float = 1.0,
         collocation_points: int = 32,
@@ -102,6 +105,7 @@ class PhysicsInformedDQN(DQN):
             eps_start=eps_start,
             eps_end=eps_end,
             eps_frames=eps_frames,
+            n_steps=n_steps,
             compile=compile,
             max_grad_norm=max_grad_norm,
             check_finite_every=check_finite_every,
@@ -143,6 +147,7 @@ class PhysicsInformedDQN(DQN):
             with self.loss_module.target_value_network_params.to_module(self.loss_module.value_network):
                 next_q = self.q_network(next_observation)
             next_value = next_q.max(-1).values if next_action is None else next_q.gather(-1, next_action).squeeze(-1)
+        # With n-step returns the reward is the window's sum and `next` is n steps on; discount 1 needs no γ^n.
         not_over = ~batch["next", "terminated"].view(-1)
         target = batch["next", "reward"].view(-1) + not_over * next_value
         dqn_error = (q - target).pow(2).mean()

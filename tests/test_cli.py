@@ -70,6 +70,7 @@ def test_print_config_resolves_composed_configs_and_overrides(tmp_path):
         (["--data.init_args.num_envs", "many"], "num_envs"),
         (["--data.init_args.batch_sise", "8"], "batch_sise"),
         (["--threads", "0"], "--threads must be >= 1, got 0"),
+        (["--model.init_args.n_steps", "0"], "--model.init_args.n_steps must be >= 1, got 0"),
     ],
 )
 def test_bad_input_exits_with_one_clear_message_before_any_output(tmp_path, args, message):

@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
-import pytest
+from functools import partial
+from pathlib import Path
 
+import pytest
+import torch
+from torchrl.collectors import RandomPolicy
+from torchrl.envs import MultiStepTransform
+
+from app.cli import build
+from datamodules.envs.chain import ChainEnv
+from datamodules.rollout import RolloutDataModule
 from tests.helpers import chain_config, fit, write_config
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.parametrize(
@@ -31,3 +42,57 @@ def test_batches_are_whole_tensordicts_from_the_buffer_device(tmp_path):
     assert {"observation", "action", ("next", "reward"), ("next", "observation")} <= set(batch.keys(True))
     assert "collector" not in batch.keys()  # noqa: SIM118
     assert batch.device == cli.datamodule.device
+
+
+def test_n_step_transitions_are_stored_as_summed_by_hand():
+    # Real Snake boards under the model's exploring policy at ε = 1, i.e. random play (deaths and food in many
+    # windows), through the data module's own write path; γ 0.5 so that every term of a sum shows.
+    n, gamma, envs, calls = 3, 0.5, 4, 120
+    overrides = ["--model.init_args.n_steps", str(n), "--model.init_args.gamma", str(gamma)]
+    overrides += ["--data.init_args.num_envs", str(envs), "--data.init_args.buffer_size", "10000"]
+    model, data = build([str(ROOT / "configs/snake_dqn.yaml")], overrides)
+    data.setup("fit")
+    data.connect(model.policy(), None, model.batch_keys(), model.store_transform())
+    data._build_collector()
+    collected = []
+    for _ in range(calls):
+        batch = data.collect()
+        collected.append(batch.clone())
+        data._store(batch)
+    raw = torch.cat(collected, 1)  # [envs, calls]
+    stored = data.buffer.storage[: len(data.buffer)]
+    assert len(data.buffer) == envs * (calls - n)  # each call completes one window per board, after the first n
+    reward, done = raw["next", "reward"].squeeze(-1), raw["next", "done"].squeeze(-1)
+    assert done.any() and (reward > 0).any()
+    for row in range(len(stored)):
+        t, env = divmod(row, envs)
+        k = 0
+        while not done[env, t + k] and k < n - 1:
+            k += 1
+        expected = sum(gamma**i * reward[env, t + i] for i in range(k + 1))
+        sample = stored[row]
+        assert sample["next", "reward"].item() == pytest.approx(expected.item())
+        assert sample["steps_to_next_obs"].item() == k + 1
+        assert torch.equal(sample["observation"], raw["observation"][env, t])
+        assert torch.equal(sample["next", "observation"], raw["next", "observation"][env, t + k])
+        # The end flags of the step the sum stops at: a window that ends the episode does not bootstrap.
+        assert sample["next", "terminated"].item() == raw["next", "terminated"][env, t + k].item()
+    # ...and DQN's loss discounts the bootstrap by γ^(steps): its TD error on a stored batch is the hand-made one.
+    batch = stored[:64]
+    loss = model.loss_module(batch.clone())
+    with torch.no_grad():
+        q = model.q_network(batch["observation"]).gather(-1, batch["action"].unsqueeze(-1)).squeeze(-1)
+        next_q = model.q_network(batch["next", "observation"])  # target = online at initialisation
+        best = next_q.argmax(-1, keepdim=True) if model.hparams.double_dqn else None
+        next_value = next_q.gather(-1, best).squeeze(-1) if best is not None else next_q.max(-1).values
+        alive = ~batch["next", "terminated"].squeeze(-1)
+        target = batch["next", "reward"].squeeze(-1) + gamma ** batch["steps_to_next_obs"] * alive * next_value
+    assert loss["loss"].item() == pytest.approx((q - target).pow(2).mean().item(), rel=1e-5)
+
+
+def test_a_store_transform_is_refused_by_the_on_policy_data_module():
+    data = RolloutDataModule(
+        env=partial(ChainEnv, length=6, max_steps=30), num_envs=4, collect_steps=4, minibatch_size=8
+    )
+    with pytest.raises(ValueError, match="need a replay data module"):
+        data.connect(RandomPolicy(data.action_spec), None, None, MultiStepTransform(3, 0.9))

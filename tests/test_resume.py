@@ -17,15 +17,22 @@ from callbacks.schedule import AtomicCheckpointIO
 from tests.helpers import chain_config, fit, weights, write_config
 
 
-@pytest.mark.parametrize("agent", ["dqn", "ppo"])
+@pytest.mark.parametrize("agent", ["dqn", "dqn-3-step", "ppo"])
 def test_resumed_run_ends_with_identical_weights(tmp_path, agent):
     # PPO: 8 envs x 16 steps = 128 frames per rollout, 4 minibatches x 2 epochs = 8 updates per rollout; stopping
     # at update 36 interrupts a rollout in its middle, so the saved rollout and minibatch order are exercised.
-    # DQN: 8 frames per collect and 2 frames per update; the checkpoint also carries the replay buffer.
+    # DQN: 8 frames per collect and 2 frames per update; the checkpoint also carries the replay buffer, and with
+    # 3-step returns each environment's window of its last steps, which the next writes complete.
     half = 36 if agent == "ppo" else 50
-    config = write_config(chain_config(agent, tmp_path / "full"), tmp_path / "full.yaml")
-    fit(config, "--trainer.max_steps", str(2 * half))
-    interrupted = write_config(chain_config(agent, tmp_path / "half"), tmp_path / "half.yaml")
+
+    def config(root: Path) -> dict:
+        config = chain_config(agent.split("-")[0], root)
+        if agent == "dqn-3-step":
+            config["model"]["init_args"]["n_steps"] = 3
+        return config
+
+    fit(write_config(config(tmp_path / "full"), tmp_path / "full.yaml"), "--trainer.max_steps", str(2 * half))
+    interrupted = write_config(config(tmp_path / "half"), tmp_path / "half.yaml")
     fit(interrupted, "--trainer.max_steps", str(half))
     first_half = weights(tmp_path / "half/checkpoints/last.ckpt")
     # Another global seed: only a complete restore (weights, RNG states, envs, store) can still match the full run.
