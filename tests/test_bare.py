@@ -82,7 +82,8 @@ def test_update_cost_interleaves_bare_slices_between_timed_fit_segments(tmp_path
     segments = interleaved.segments
     assert len(segments) >= 2 and calls
     assert all(s["updates"] > 0 and s["bare_ms"] > 0 and s["ratio"] == s["fit_ms"] / s["bare_ms"] for s in segments)
-    assert sum(s["updates"] for s in segments) < 400 - 5  # the warm-up and the last, unfinished segment go untimed
+    # The warm-up goes untimed; so does the last segment unless it happened to end on the last step (CI saw 395).
+    assert sum(s["updates"] for s in segments) <= 400 - 5
     assert all(s["seconds"] >= 0.05 for s in segments)
     for s in segments:  # the segment's time per update, split into the data module's phases and the rest
         assert s["phases_ms"]["update"] > 0 and s["phases_ms"]["other"] >= 0
