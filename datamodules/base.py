@@ -282,8 +282,10 @@ class RLDataModule(pl.LightningDataModule):
                 self.postprocess(batch)
         return batch
 
-    def after_update(self) -> None:
-        """Called by the model after each optimizer step: push weights to the collector when they live elsewhere."""
+    def after_update(self, priority: torch.Tensor | None = None) -> None:
+        """Called by the model after each optimizer step, with the update's per-sample absolute TD errors when its
+        loss gives them (a prioritized replay store takes them as new priorities): push weights to the collector when
+        they live elsewhere."""
         self._updates_since_sync += 1
         if self._updates_since_sync >= self.weight_sync_interval and self.collector is not None:
             self._updates_since_sync = 0

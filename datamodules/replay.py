@@ -5,11 +5,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import torch
 from tensordict import TensorDictBase
-from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
+from torchrl.data import LazyTensorStorage, RandomSampler, TensorDictReplayBuffer
 from torchrl.envs import EnvBase, Transform
 
 from datamodules.base import RLDataModule, check_positive, from_plain, to_plain
+from datamodules.prioritized import ProportionalSampler
 
 
 class ReplayDataModule(RLDataModule):
@@ -21,12 +23,21 @@ class ReplayDataModule(RLDataModule):
     n-step returns) turns each collected batch into the transitions written; its window of recent steps is part of
     this module's checkpointed state.
 
+    With ``priority_alpha > 0`` the replay is prioritized (:class:`~datamodules.prioritized.ProportionalSampler`):
+    batches carry ``index`` and ``priority_weight`` (the importance weights, which TorchRL's ``DQNLoss`` applies), and
+    the model hands each update's absolute TD errors back through :meth:`after_update` as the sampled transitions'
+    new priorities. The batches of every update a collection earns are drawn together, so they are drawn with the
+    priorities as of that collection.
+
     Args:
         env: environment factory (see :class:`RLDataModule`).
         buffer_size: transitions kept; the oldest are overwritten first.
         batch_size: transitions per update.
         warmup_frames: frames collected (with the exploring policy) before the first update.
         frames_per_update: environment frames collected per gradient update (the replay ratio's inverse).
+        priority_alpha: prioritized replay's exponent α (``P(i) ∝ |δ_i|^α``); 0: uniform replay.
+        priority_beta: the importance weights' exponent β at the first update (prioritized replay only).
+        priority_beta_updates: updates over which β rises linearly to 1.
         **kwargs: the base options (``num_envs``, ``collect_steps``, ``device``, ``seed``, ...).
     """
 
@@ -39,6 +50,9 @@ class ReplayDataModule(RLDataModule):
         batch_size: int = 128,
         warmup_frames: int = 1_000,
         frames_per_update: float = 4.0,
+        priority_alpha: float = 0.0,
+        priority_beta: float = 0.5,
+        priority_beta_updates: int = 100_000,
         **kwargs: Any,
     ) -> None:
         super().__init__(env, **kwargs)
@@ -46,6 +60,10 @@ class ReplayDataModule(RLDataModule):
         check_positive("batch_size", batch_size)
         check_positive("warmup_frames", warmup_frames, allow_zero=True)
         check_positive("frames_per_update", frames_per_update)
+        check_positive("priority_alpha", priority_alpha, allow_zero=True)
+        if not 0 <= priority_beta <= 1:
+            raise ValueError(f"--data.init_args.priority_beta must be in [0, 1], got {priority_beta}")
+        check_positive("priority_beta_updates", priority_beta_updates)
         if batch_size > buffer_size:
             raise ValueError(f"--data.init_args.batch_size ({batch_size}) must be <= buffer_size ({buffer_size})")
         self.buffer_size = buffer_size
@@ -53,6 +71,9 @@ class ReplayDataModule(RLDataModule):
         # Sampling needs at least one batch in the buffer, whatever warmup the user asked for.
         self.warmup_frames = max(warmup_frames, batch_size)
         self.frames_per_update = frames_per_update
+        self.priority_alpha, self.priority_beta = priority_alpha, priority_beta
+        self.priority_beta_updates = priority_beta_updates
+        self._served_index: torch.Tensor | None = None  # the buffer slots of the batch the model is updating on
         self.buffer: TensorDictReplayBuffer | None = None
         self.update_credit = 0.0  # updates earned by collected frames and not yet taken
         self.pending: list[TensorDictBase] | None = None  # batches drawn for the coming updates, served in order
@@ -60,10 +81,25 @@ class ReplayDataModule(RLDataModule):
     def setup(self, stage: str) -> None:
         super().setup(stage)
         if self.buffer is None:
+            sampler = (
+                ProportionalSampler(self.buffer_size, self.priority_alpha, self.priority_beta, device=self.device)
+                if self.prioritized
+                else RandomSampler()
+            )
             self.buffer = TensorDictReplayBuffer(
                 storage=LazyTensorStorage(self.buffer_size, device=self.device),
+                sampler=sampler,
+                priority_key="td_error",
                 batch_size=self.batch_size,
             )
+
+    @property
+    def prioritized(self) -> bool:
+        return self.priority_alpha > 0
+
+    def importance_beta(self, updates: int) -> float:
+        """β after ``updates`` updates: ``priority_beta`` rising linearly to 1 over ``priority_beta_updates``."""
+        return self.priority_beta + (1.0 - self.priority_beta) * min(updates / self.priority_beta_updates, 1.0)
 
     def _batches(self) -> Iterator[TensorDictBase]:
         while True:
@@ -78,6 +114,8 @@ class ReplayDataModule(RLDataModule):
                 # earned are drawn in one call: the same uniform draws as one call per update, for a fraction of
                 # the replay buffer's per-call cost (0.3-0.9 ms, more than the Snake network's forward pass).
                 updates = int(self.update_credit)
+                if self.prioritized:
+                    self.buffer.sampler.beta = self.importance_beta(self.trainer.global_step if self.trainer else 0)
                 with self.timer.phase("sample"):
                     self.pending = list(self.buffer.sample(updates * self.batch_size).split(self.batch_size))
             sample = self.pending.pop(0)
@@ -85,7 +123,19 @@ class ReplayDataModule(RLDataModule):
                 self.pending = None
             self.update_credit -= 1.0
             self.samples += sample.numel()
+            if self.prioritized:
+                self._served_index = sample["index"]
             yield sample
+
+    def after_update(self, priority: torch.Tensor | None = None) -> None:
+        super().after_update(priority)
+        if self.prioritized:
+            if priority is None:
+                raise ValueError(
+                    f"--data.init_args.priority_alpha {self.priority_alpha}: prioritized replay needs the model's "
+                    "per-sample TD errors (a `td_error` entry in its losses, as DQN and PhysicsInformedDQN give)"
+                )
+            self.buffer.update_priority(self._served_index, priority)
 
     def _store(self, batch: TensorDictBase) -> None:
         # Only what the update reads (Snake-DQN: 6 of the 14 collected entries): every entry costs memory and an

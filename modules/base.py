@@ -242,7 +242,8 @@ class RLModule(pl.LightningModule):
         self._optimizer_step()
         self._lightning_optimizer._on_after_step()
         self.on_update()
-        self.datamodule.after_update()
+        # A loss may give each sample's |TD error| (`td_error`): a prioritized replay store's new priorities.
+        self.datamodule.after_update(losses.get("td_error", None))
         return loss.detach(), losses
 
     def extra_metrics(self) -> dict[str, torch.Tensor | float]:

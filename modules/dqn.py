@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 import torch
+from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModuleBase, TensorDictSequential
 from torch import nn
 from torchrl.data import TensorSpec
@@ -144,6 +145,13 @@ class DQN(RLModule):
     def batch_keys(self) -> list:
         keys = super().batch_keys()
         return [*keys, "steps_to_next_obs"] if self.n_steps > 1 else keys
+
+    def loss(self, batch: TensorDictBase) -> TensorDictBase:
+        losses = self.loss_module(batch)  # applies the batch's `priority_weight`, when prioritized replay gives one
+        if "priority_weight" in batch:
+            # DQNLoss writes the squared TD error into the batch; prioritized replay wants |δ| (detached) back.
+            losses["td_error"] = batch["td_error"].detach().sqrt().view(-1)
+        return losses
 
     def epsilon(self, frames: int) -> float:
         """Linear annealing from ``eps_start`` to ``eps_end`` over ``eps_frames`` frames."""

@@ -150,7 +150,10 @@ class PhysicsInformedDQN(DQN):
         # With n-step returns the reward is the window's sum and `next` is n steps on; discount 1 needs no γ^n.
         not_over = ~batch["next", "terminated"].view(-1)
         target = batch["next", "reward"].view(-1) + not_over * next_value
-        dqn_error = (q - target).pow(2).mean()
+        error = q - target
+        weight = batch.get("priority_weight", None)  # prioritized replay's importance weights
+        # Weighted as TorchRL's DQNLoss weighs its mean: Σ w·δ² / Σ w.
+        dqn_error = error.pow(2).mean() if weight is None else (weight * error.pow(2)).sum() / weight.sum()
         physics = physics_losses(
             self.q_network,
             self.physics,
@@ -161,4 +164,6 @@ class PhysicsInformedDQN(DQN):
             self.gradient_method,
         )
         losses = TensorDict({"loss": dqn_error, **physics})
+        if weight is not None:
+            losses["td_error"] = error.detach().abs()  # the sampled transitions' new priorities
         return losses

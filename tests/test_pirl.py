@@ -85,6 +85,11 @@ def test_written_out_dqn_error_equals_torchrl_dqn_loss(double_dqn):
         for weight in model.loss_module.target_value_network_params.values(True, True):
             weight.add_(0.1 * torch.randn_like(weight))
     torch.testing.assert_close(model.loss(batch)["loss"], model.loss_module(batch)["loss"])
+    # With prioritized replay's importance weights: TorchRL's weighted mean, and each sample's |TD error| back.
+    batch["priority_weight"] = torch.rand(batch.numel())
+    weighted = model.loss(batch)
+    torch.testing.assert_close(weighted["loss"], model.loss_module(batch)["loss"])
+    torch.testing.assert_close(weighted["td_error"], batch["td_error"].sqrt().view(-1))
 
 
 def vehicle_batch(env: VehicleEnv, steps: int = 8):

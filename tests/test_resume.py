@@ -17,18 +17,21 @@ from callbacks.schedule import AtomicCheckpointIO
 from tests.helpers import chain_config, fit, weights, write_config
 
 
-@pytest.mark.parametrize("agent", ["dqn", "dqn-3-step", "ppo"])
+@pytest.mark.parametrize("agent", ["dqn", "dqn-3-step", "dqn-prioritized", "ppo"])
 def test_resumed_run_ends_with_identical_weights(tmp_path, agent):
     # PPO: 8 envs x 16 steps = 128 frames per rollout, 4 minibatches x 2 epochs = 8 updates per rollout; stopping
     # at update 36 interrupts a rollout in its middle, so the saved rollout and minibatch order are exercised.
     # DQN: 8 frames per collect and 2 frames per update; the checkpoint also carries the replay buffer, and with
-    # 3-step returns each environment's window of its last steps, which the next writes complete.
+    # 3-step returns each environment's window of its last steps, which the next writes complete; with prioritized
+    # replay every slot's priority, the largest priority seen and β's schedule.
     half = 36 if agent == "ppo" else 50
 
     def config(root: Path) -> dict:
         config = chain_config(agent.split("-")[0], root)
         if agent == "dqn-3-step":
             config["model"]["init_args"]["n_steps"] = 3
+        if agent == "dqn-prioritized":
+            config["data"]["init_args"].update(priority_alpha=0.7, priority_beta=0.4, priority_beta_updates=150)
         return config
 
     fit(write_config(config(tmp_path / "full"), tmp_path / "full.yaml"), "--trainer.max_steps", str(2 * half))
