@@ -11,6 +11,7 @@ bare arithmetic by ``benchmarks/update_cost.py`` (BENCHMARKS.md).
 from __future__ import annotations
 
 import math
+import re
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -29,6 +30,25 @@ from modules.optim import FusedAdamStep
 # training_step takes the dataloader iterator on purpose (see RLModule.training_step); Lightning flags that
 # signature as experimental on every run.
 warnings.filterwarnings("ignore", message=".*`dataloader_iter` argument in the `training_step`.*")
+
+
+def _batch_guards(entries: list[Any]) -> list[bool]:
+    """Which of Dynamo's guards the compiled loss keeps: all but those on the model (``self``: its modules,
+    parameters and attributes, hundreds for a TorchRL loss module) and on globals, and of tensor guards all but those
+    on parameters. Kept: each batch tensor's shape, dtype, stride and device, the batch's key sets, and whatever
+    decides the function's Python control flow from its arguments — also in the functions Dynamo resumes after a graph
+    break, where a local that is None in one run and a tensor in another (prioritized replay's weights) must not reuse
+    the other run's graph. Dynamo caches compiled code per function, not per model, so this holds across models in
+    one process too."""
+    return [
+        not isinstance(entry.value, nn.Parameter)
+        if entry.guard_type == "TENSOR_MATCH"
+        else not (_ON_MODEL.search(entry.name) or entry.name.startswith("G["))
+        for entry in entries
+    ]
+
+
+_ON_MODEL = re.compile(r"\bself\b")
 
 
 class RLModule(pl.LightningModule):
@@ -157,12 +177,9 @@ class RLModule(pl.LightningModule):
         mode = "default" if self.compile_mode is True else self.compile_mode
         # Before each call Dynamo checks guards on everything the function touched, which for a TorchRL loss module is
         # hundreds of attribute and parameter guards: 0.45 ms per call on the Snake DQN, a tenth of its update. The
-        # update calls the loss with the same code, modules and flags every time, so only the batch tensors' guards
-        # (shape, dtype, stride, device) are kept: a batch of another shape still recompiles.
-        options = {
-            **torch._inductor.list_mode_options(mode),
-            "guard_filter_fn": torch.compiler.keep_tensor_guards_unsafe,
-        }
+        # update calls the loss with the same code, modules and flags every time, so the guards on the model are dropped
+        # (_batch_guards): a batch of another shape, or with other entries, still recompiles.
+        options = {**torch._inductor.list_mode_options(mode), "guard_filter_fn": _batch_guards}
         # dynamic=False: every update sees the same batch shape; a dynamic-shape graph would only be slower.
         return torch.compile(function, options=options, dynamic=False)
 

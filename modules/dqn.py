@@ -148,9 +148,9 @@ class DQN(RLModule):
 
     def loss(self, batch: TensorDictBase) -> TensorDictBase:
         losses = self.loss_module(batch)  # applies the batch's `priority_weight`, when prioritized replay gives one
-        if "priority_weight" in batch:
-            # DQNLoss writes the squared TD error into the batch; prioritized replay wants |δ| (detached) back.
-            losses["td_error"] = batch["td_error"].detach().sqrt().view(-1)
+        # DQNLoss writes each sample's squared TD error into the batch; |δ| goes back with the losses (a prioritized
+        # replay store's new priorities; a uniform one ignores them).
+        losses["td_error"] = batch["td_error"].detach().sqrt().view(-1)
         return losses
 
     def epsilon(self, frames: int) -> float:

@@ -154,6 +154,9 @@ class PhysicsInformedDQN(DQN):
         weight = batch.get("priority_weight", None)  # prioritized replay's importance weights
         # Weighted as TorchRL's DQNLoss weighs its mean: Σ w·δ² / Σ w.
         dqn_error = error.pow(2).mean() if weight is None else (weight * error.pow(2)).sum() / weight.sum()
+        # Each sample's |δ|, always (a prioritized replay store's new priorities; a uniform one ignores them): nothing
+        # after the graph break below (physics_losses) may depend on whether the batch was weighted.
+        td_error = error.detach().abs()
         physics = physics_losses(
             self.q_network,
             self.physics,
@@ -163,7 +166,4 @@ class PhysicsInformedDQN(DQN):
             self.boundary_weight,
             self.gradient_method,
         )
-        losses = TensorDict({"loss": dqn_error, **physics})
-        if weight is not None:
-            losses["td_error"] = error.detach().abs()  # the sampled transitions' new priorities
-        return losses
+        return TensorDict({"loss": dqn_error, **physics, "td_error": td_error})

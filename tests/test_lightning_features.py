@@ -54,14 +54,18 @@ def test_compiled_and_eager_losses_agree_on_the_same_batch(cls):
     model = cls(**SPECS, hidden_sizes=[16], compile=True)
     compiled_loss = model.compiled(model.loss)
     assert compiled_loss is not model.loss
-    # The compiled loss keeps only the batch tensors' guards: a batch of another size must still be recompiled for,
-    # and a change of the weights in place (an optimizer step) must be seen.
-    for size in (8, 8, 24, 8):
+    # The compiled loss keeps only the batch's guards: a batch of another size, or with another entry (prioritized
+    # replay's weights, which DQN's loss applies), must still be recompiled for, and a change of the weights in
+    # place (an optimizer step) must be seen.
+    for size, weighted in ((8, False), (8, False), (24, False), (8, True), (8, False)):
         batch = loss_batch(size)
+        if weighted:
+            batch["priority_weight"] = torch.rand(size)
         eager_losses, compiled_losses = model.loss(batch.clone()), compiled_loss(batch.clone())
         for key in eager_losses.keys():  # noqa: SIM118 (iterating a TensorDict walks its batch)
-            if key.startswith("loss"):
+            if key.startswith("loss") or key == "td_error":
                 torch.testing.assert_close(compiled_losses[key], eager_losses[key], rtol=1e-5, atol=1e-6)
+        assert compiled_losses.keys() == eager_losses.keys()
         with torch.no_grad():
             for parameter in model.parameters():
                 parameter.add_(0.1)

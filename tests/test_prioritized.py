@@ -100,7 +100,9 @@ def test_dqn_loss_applies_the_weights_and_returns_the_absolute_td_error():
     assert losses["loss"].item() == pytest.approx((0.25 * 0.25**2 + 1.0 * 3.5**2) / 1.25)
     torch.testing.assert_close(losses["td_error"], errors.abs())
     del batch["priority_weight"]
-    assert "td_error" not in dqn.loss(batch)  # uniform replay: nothing to hand back
+    unweighted = dqn.loss(batch)
+    assert unweighted["loss"].item() == pytest.approx((0.25**2 + 3.5**2) / 2)
+    torch.testing.assert_close(unweighted["td_error"], errors.abs())
 
 
 class RecordingReplay(ReplayDataModule):
