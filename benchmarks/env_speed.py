@@ -4,6 +4,7 @@
     python benchmarks/env_speed.py --env snake --num-envs 4096 --steps 2000 --threads 1 --backend torch
     python benchmarks/env_speed.py --env snake --num-envs 65536 --device cuda --json runs/bench/snake_env_gpu.json
     python benchmarks/env_speed.py --env vehicle --num-envs 4096 --steps 1000 --threads 1
+    python benchmarks/env_speed.py --env racing --num-envs 4096 --steps 1000 --threads 1
 
 Reports env steps per second (boards × steps / seconds) for two paths: ``torchrl`` (``env.step_and_maybe_reset``,
 auto-reset included) and ``core`` (the environment's own ``_step`` + ``maybe_reset``, without TorchRL's per-step
@@ -22,14 +23,16 @@ from pathlib import Path
 
 import torch
 from tensordict import TensorDict
+from torchrl.data import Categorical
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from datamodules.envs.racing import RacingEnv  # noqa: E402
 from datamodules.envs.snake import SnakeEnv  # noqa: E402
 from datamodules.envs.toy import ToyEnv  # noqa: E402
 from datamodules.envs.vehicle import VehicleEnv  # noqa: E402
 
-ENVS = {"snake": SnakeEnv, "vehicle": VehicleEnv, "toy": ToyEnv}
+ENVS = {"snake": SnakeEnv, "vehicle": VehicleEnv, "toy": ToyEnv, "racing": RacingEnv}
 
 
 def synchronize(device: torch.device) -> None:
@@ -70,8 +73,12 @@ def main(argv: list[str] | None = None) -> dict:
 
     options = {"backend": args.backend} if args.env == "snake" else {}
     env = ENVS[args.env](num_envs=args.num_envs, device=device, **options)
-    n = env.action_spec.space.n
-    actions = torch.randint(0, n, (args.steps, args.num_envs), device=device)
+    spec = env.action_spec
+    if isinstance(spec, Categorical):
+        actions = torch.randint(0, spec.space.n, (args.steps, args.num_envs), device=device)
+    else:  # a box: uniform inside it
+        low, high = spec.space.low, spec.space.high
+        actions = low + (high - low) * torch.rand(args.steps, *low.shape, device=device)
     td = env.reset()
 
     def torchrl_step(action: torch.Tensor) -> None:

@@ -1,0 +1,90 @@
+"""The racing expert over many starts: its return, lap time and completed laps per episode (SPEC §4).
+
+    python benchmarks/racing_expert.py --starts 256 --threads 1
+    python benchmarks/racing_expert.py --starts 256 --json runs/bench/racing_expert.json
+
+Every car drives one whole episode (``max_steps`` = 5,000 steps of 0.02 s, 100 s) from its own start, all cars at
+once. Reported: the mean return, the mean number of laps completed per episode, the first lap's time (s) over the
+cars that completed one, the share of cars that completed their first lap, the share that never left the track
+(|lateral error| ≤ half the width at every step), and the cars' steps per second including the expert's control.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from datamodules.envs.racing import RacingEnv  # noqa: E402
+from datamodules.envs.racing_expert import TimeOptimalExpert  # noqa: E402
+
+
+def drive(env: RacingEnv, policy) -> dict[str, torch.Tensor]:
+    """One episode per car: sums of the reward and the episode metrics, and the largest |lateral error|."""
+    cars = env.batch_size[0]
+    totals = {key: torch.zeros(cars) for key in ("reward", *env.episode_metric_keys)}
+    worst = torch.zeros(cars)
+    running = torch.ones(cars, dtype=torch.bool)
+    td = env.reset()
+    while bool(running.any()):
+        td = env.step(policy(td))
+        nxt = td["next"]
+        for key, total in totals.items():
+            total += nxt[key].view(-1) * running
+        worst = torch.maximum(worst, nxt["observation"][:, 0].abs() * running)
+        running &= ~nxt["done"].view(-1)
+        td = nxt
+    return {**totals, "worst_lateral": worst}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--starts", type=int, default=256, help="cars, each from its own start")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args(argv)
+    if args.starts < 1 or args.threads < 1:
+        parser.error("--starts and --threads must be >= 1")
+    torch.set_num_threads(args.threads)
+    env = RacingEnv(num_envs=args.starts, seed=args.seed)
+    expert = TimeOptimalExpert(env)
+    start = time.perf_counter()
+    result = drive(env, expert)
+    seconds = time.perf_counter() - start
+    completed = result["lap_time"] > 0
+    report = {
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "command": ["python", "benchmarks/racing_expert.py", *(argv if argv is not None else sys.argv[1:])],
+        "machine": {"platform": platform.platform(), "threads": args.threads},
+        "starts": args.starts,
+        "track_length_m": env.track.length,
+        "return_mean": result["reward"].mean().item(),
+        "laps_mean": result["laps"].mean().item(),
+        "first_lap_time_s_mean": result["lap_time"][completed].mean().item() if completed.any() else None,
+        "first_lap_completed": completed.float().mean().item(),
+        "never_off_track": (result["worst_lateral"] <= env.width / 2).float().mean().item(),
+        "steps_per_s": args.starts * env.max_steps / seconds,
+    }
+    print(
+        f"racing expert over {args.starts} starts: return {report['return_mean']:.1f}, "
+        f"{report['laps_mean']:.2f} laps per 100 s episode, first lap {report['first_lap_time_s_mean']:.2f} s "
+        f"({100 * report['first_lap_completed']:.1f} % completed it), {100 * report['never_off_track']:.1f} % never "
+        f"off the track; {report['steps_per_s'] / 1e3:.0f}k car-steps/s ({args.threads} thread(s))"
+    )
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=2))
+    return report
+
+
+if __name__ == "__main__":
+    main()

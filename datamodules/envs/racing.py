@@ -1,0 +1,287 @@
+"""Racing (SPEC §4): cars on a closed track as one batched TorchRL environment, stepped by tensor ops (CPU or CUDA).
+
+**Car.** A kinematic bicycle at the centre of mass (wheelbase ``lf + lr``) with a grip limit: steering δ gives the
+slip angle β = atan(lr / (lf + lr) · tan δ) and the yaw rate ω = v cos β tan δ / (lf + lr); when the lateral
+acceleration v·ω would exceed ``grip`` (m/s²), ω and β are scaled down to it, so a car that enters a curve too fast
+runs wide instead of following the line. That limit is what makes a speed profile matter. Speed v changes by the
+acceleration action and stays in [0, ``max_speed``]; one explicit Euler step per ``dt`` = 0.02 s.
+
+**Interface (the seed's).** Actions ``[acceleration m/s², steering rad]`` in the box [−6, 4] × [−25°, 25°]; an action
+outside the box is clipped to it (TorchRL's spec check is off on this hot path). Observation (8): lateral error e
+(m, positive left of the centre line), heading error (rad, car heading − track heading, in [−π, π)), vx, vy (m/s, the
+car's frame), the track tangent (cos, sin) at the car, cos ψ, sin ψ. The entry ``arc`` (m along the centre line) is
+privileged information for the expert and the metrics; policies read ``observation`` only.
+
+**Reward** per step, each weight a constructor argument:
+``speed · v cos(heading error) / max_speed − tracking · (e / half width)² − heading · (1 − cos heading error)
+− smoothness · |Δaction / action range|² − off_track · [|e| > half width]``, and ``− crash`` when the car ends the
+episode by leaving the track's run-off (|e| > half width + ``runoff``). Episodes are truncated at ``max_steps``
+(5,000 steps, 100 s), so a faster car earns more speed reward per episode.
+
+**Episode metrics** (summed over the episode by evaluation, like Snake's food): ``progress`` — laps driven along the
+centre line (fractional); ``laps`` — laps completed; ``lap_time`` — the time of the first completed lap (s; 0 if
+none). A lap is a full track length of progress from where the episode started.
+
+**Starts.** Each episode starts at a uniformly drawn point of the track, within ``start_lateral`` m of the centre
+line, heading within ``start_heading`` rad of the track's, at a speed in [0, ``start_speed``] m/s. Randomness is
+counter-based (:mod:`datamodules.envs.counter_rng`): car ``i`` of a batch seeded ``seed`` drives the episodes of a
+single car seeded ``seed + i``. All state is in buffers, so ``state_dict`` captures it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+from torchrl.data import Bounded, Categorical, Composite, Unbounded
+from torchrl.envs import EnvBase
+
+from datamodules.envs.counter_rng import random_bits, uniform
+from datamodules.envs.track import DEFAULT_CIRCUIT, Track, wrap_angle
+
+ACCELERATION_RANGE = (-6.0, 4.0)  # m/s²
+STEERING_LIMIT = math.radians(25.0)  # rad
+OBSERVATION_DIM = 8
+_START_DRAWS = 4  # uniforms per reset: arc, lateral offset, heading offset, speed
+
+
+class RacingEnv(EnvBase):
+    """Batched race cars on a closed track.
+
+    Args:
+        num_envs: cars stepped together.
+        control_points: the track's centre line (:class:`~datamodules.envs.track.Track`); default: the 450 m circuit.
+        width: track width (m).
+        max_steps: episode length limit (steps of ``dt``).
+        dt: seconds per step.
+        lf, lr: distances from the centre of mass to the front and rear axles (m).
+        grip: the largest lateral acceleration the tyres hold (m/s²).
+        max_speed: top speed (m/s).
+        runoff: metres beyond the track's edge before the car crashes (the episode ends).
+        start_lateral, start_heading, start_speed: ranges of the start state (m, rad, m/s).
+        speed, tracking, heading, smoothness, off_track, crash: the reward's weights.
+        seed: base seed; car ``i`` draws from stream ``seed + i``.
+        device: where the batch lives.
+    """
+
+    episode_metric_keys = ("progress", "laps", "lap_time")
+
+    def __init__(
+        self,
+        num_envs: int = 1,
+        control_points: Sequence[Sequence[float]] = DEFAULT_CIRCUIT,
+        width: float = 4.0,
+        max_steps: int = 5_000,
+        dt: float = 0.02,
+        lf: float = 1.2,
+        lr: float = 1.4,
+        grip: float = 8.0,
+        max_speed: float = 30.0,
+        runoff: float = 1.0,
+        start_lateral: float = 0.5,
+        start_heading: float = 0.1,
+        start_speed: float = 10.0,
+        speed: float = 1.0,
+        tracking: float = 0.5,
+        heading: float = 0.5,
+        smoothness: float = 0.1,
+        off_track: float = 1.0,
+        crash: float = 10.0,
+        seed: int = 0,
+        device: str | torch.device = "cpu",
+    ) -> None:
+        if num_envs < 1:
+            raise ValueError(f"num_envs must be > 0, got {num_envs}")
+        for name, value in (("max_steps", max_steps), ("dt", dt), ("lf", lf), ("lr", lr), ("grip", grip)):
+            if not value > 0:
+                raise ValueError(f"{name} must be > 0, got {value}")
+        if not max_speed > 0:
+            raise ValueError(f"max_speed must be > 0, got {max_speed}")
+        for name, value in (("runoff", runoff), ("start_lateral", start_lateral), ("start_speed", start_speed)):
+            if value < 0:
+                raise ValueError(f"{name} must be >= 0, got {value}")
+        if not width > 0:
+            raise ValueError(f"width must be > 0, got {width}")
+        if start_lateral >= width / 2:
+            raise ValueError(f"start_lateral ({start_lateral}) must be < width / 2 ({width / 2}): starts on the track")
+        if not 0 <= start_heading < math.pi / 2:
+            raise ValueError(f"start_heading must be in [0, π/2), got {start_heading}")
+        if start_speed > max_speed:
+            raise ValueError(f"start_speed ({start_speed}) must be <= max_speed ({max_speed})")
+        super().__init__(batch_size=torch.Size([num_envs]), device=device)
+        self.track = Track(control_points, width).to(self.device)  # raises on an impossible track
+        self.control_points = tuple(tuple(float(c) for c in point) for point in control_points)
+        self.width, self.max_steps, self.dt = float(width), int(max_steps), float(dt)
+        self.lf, self.lr, self.grip, self.max_speed, self.runoff = lf, lr, grip, max_speed, runoff
+        self.start_lateral, self.start_heading, self.start_speed = start_lateral, start_heading, start_speed
+        self.weights = {
+            "speed": speed,
+            "tracking": tracking,
+            "heading": heading,
+            "smoothness": smoothness,
+            "off_track": off_track,
+            "crash": crash,
+        }
+        n, dev = num_envs, self.device
+        for name in ("x", "y", "yaw", "speed", "arc", "start_arc", "progress", "elapsed"):
+            self.register_buffer(name, torch.zeros(n, device=dev))
+        self.register_buffer("last_action", torch.zeros(n, 2, device=dev))
+        self.register_buffer("laps", torch.zeros(n, dtype=torch.long, device=dev))
+        self.register_buffer("steps", torch.zeros(n, dtype=torch.long, device=dev))
+        self.register_buffer("stream", torch.arange(n, dtype=torch.long, device=dev) + seed)
+        self.register_buffer("draws", torch.zeros(n, dtype=torch.long, device=dev))
+        low = torch.tensor([ACCELERATION_RANGE[0], -STEERING_LIMIT], device=dev)
+        high = torch.tensor([ACCELERATION_RANGE[1], STEERING_LIMIT], device=dev)
+        self.register_buffer("action_low", low, persistent=False)
+        self.register_buffer("action_high", high, persistent=False)
+        batch = (n,)
+        self.observation_spec = Composite(
+            observation=Unbounded(shape=(*batch, OBSERVATION_DIM), device=dev),
+            arc=Unbounded(shape=(*batch, 1), device=dev),
+            **{key: Unbounded(shape=(*batch, 1), device=dev) for key in self.episode_metric_keys},
+            shape=batch,
+            device=dev,
+        )
+        self.action_spec = Bounded(low=low.expand(n, 2), high=high.expand(n, 2), shape=(*batch, 2), device=dev)
+        self.reward_spec = Unbounded(shape=(*batch, 1), device=dev)
+        flag = Categorical(2, shape=(*batch, 1), dtype=torch.bool, device=dev)
+        self.done_spec = Composite(done=flag, terminated=flag.clone(), truncated=flag.clone(), shape=batch, device=dev)
+
+    # ---------------------------------------------------------------------------------------------- dynamics
+    def slip_and_yaw_rate(self, speed: torch.Tensor, steering: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The bicycle's slip angle β and yaw rate ω at ``speed`` and ``steering``, within the grip limit."""
+        wheelbase = self.lf + self.lr
+        tan = torch.tan(steering)
+        beta = torch.atan(self.lr / wheelbase * tan)
+        yaw_rate = speed * torch.cos(beta) * tan / wheelbase
+        # Lateral acceleration v·ω above the grip: the tyres slide, the car turns only as much as grip allows.
+        scale = (self.grip / (speed * yaw_rate.abs()).clamp_min(1e-6)).clamp_max(1.0)
+        return beta * scale, yaw_rate * scale
+
+    def _observe(self, lateral: torch.Tensor, track_heading: torch.Tensor) -> TensorDict:
+        heading_error = wrap_angle(self.yaw - track_heading)
+        beta, _ = self.slip_and_yaw_rate(self.speed, self.last_action[:, 1])
+        observation = torch.stack(
+            (
+                lateral,
+                heading_error,
+                self.speed * torch.cos(beta),
+                self.speed * torch.sin(beta),
+                torch.cos(track_heading),
+                torch.sin(track_heading),
+                torch.cos(self.yaw),
+                torch.sin(self.yaw),
+            ),
+            1,
+        )
+        return TensorDict(
+            {"observation": observation, "arc": self.arc.unsqueeze(1).clone()}, batch_size=self.batch_size
+        )
+
+    def _reset(self, tensordict: TensorDictBase | None = None, **kwargs: Any) -> TensorDictBase:
+        mask = None if tensordict is None else tensordict.get("_reset", None)
+        mask = torch.ones(self.batch_size, dtype=torch.bool, device=self.device) if mask is None else mask.view(-1)
+        draws = uniform(random_bits(self.stream, self.draws, _START_DRAWS))
+        arc = self.track.length * draws[:, 0]
+        offset = self.start_lateral * (2 * draws[:, 1] - 1)
+        centre, track_heading, _ = self.track.at(arc)
+        normal = torch.stack((-torch.sin(track_heading), torch.cos(track_heading)), 1)
+        position = centre + offset.unsqueeze(1) * normal
+        fresh = {
+            "x": position[:, 0],
+            "y": position[:, 1],
+            "yaw": track_heading + self.start_heading * (2 * draws[:, 2] - 1),
+            "speed": self.start_speed * draws[:, 3],
+            "arc": arc,
+            "start_arc": arc,
+            "progress": torch.zeros_like(arc),
+            "elapsed": torch.zeros_like(arc),
+        }
+        # Every row, kept where the mask holds: fixed shapes, no host sync on a GPU.
+        for name, value in fresh.items():
+            buffer = getattr(self, name)
+            buffer.copy_(torch.where(mask, value, buffer))
+        keep = mask.unsqueeze(1)
+        self.last_action.copy_(torch.where(keep, torch.zeros_like(self.last_action), self.last_action))
+        self.laps.masked_fill_(mask, 0)
+        self.steps.masked_fill_(mask, 0)
+        self.draws.add_(mask)
+        false = torch.zeros(*self.batch_size, 1, dtype=torch.bool, device=self.device)
+        _, track_heading, _ = self.track.at(self.arc)
+        _, lateral = self.track.project(torch.stack((self.x, self.y), 1), self.arc, window=0.0)
+        out = self._observe(lateral, track_heading)
+        zero = torch.zeros(*self.batch_size, 1, device=self.device)
+        out.update({key: zero.clone() for key in self.episode_metric_keys})
+        out.update({"done": false, "terminated": false.clone(), "truncated": false.clone()})
+        return out
+
+    def maybe_reset(self, tensordict: TensorDictBase) -> TensorDictBase:
+        """Reset finished cars without EnvBase's per-key masked merge (``_reset`` returns every row, the unfinished
+        ones unchanged)."""
+        done = tensordict.get("done")
+        if self.device.type == "cpu" and not bool(done.any()):  # free on the CPU; a host sync on a GPU
+            return tensordict
+        reset = self._reset(TensorDict({"_reset": done}, batch_size=self.batch_size, device=self.device))
+        # The metrics are per step: a car that did not reset keeps the values of the step it just took.
+        tensordict.update(reset.exclude(*self.episode_metric_keys))
+        return tensordict
+
+    def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
+        action = torch.maximum(torch.minimum(tensordict["action"], self.action_high), self.action_low)
+        acceleration, steering = action.unbind(1)
+        beta, yaw_rate = self.slip_and_yaw_rate(self.speed, steering)
+        direction = self.yaw + beta
+        self.x.add_(self.dt * self.speed * torch.cos(direction))
+        self.y.add_(self.dt * self.speed * torch.sin(direction))
+        self.yaw.add_(self.dt * yaw_rate)
+        self.speed.copy_((self.speed + self.dt * acceleration).clamp(0.0, self.max_speed))
+        # The nearest centre-line point, searched around the last one: a car moves < 1 m per step.
+        previous_arc = self.arc.clone()
+        arc, lateral = self.track.project(torch.stack((self.x, self.y), 1), self.arc, window=2.0)
+        self.arc.copy_(arc)
+        length = self.track.length
+        advance = torch.remainder(arc - previous_arc + length / 2, length) - length / 2  # across the start line too
+        self.progress.add_(advance)
+        self.elapsed.add_(self.dt)
+        self.steps.add_(1)
+        completed = self.progress >= (self.laps + 1) * self.track.length
+        first_lap_time = torch.where(completed & (self.laps == 0), self.elapsed, torch.zeros_like(self.elapsed))
+        self.laps.add_(completed)
+
+        _, track_heading, _ = self.track.at(arc)
+        heading_error = wrap_angle(self.yaw - track_heading)
+        half_width = self.width / 2
+        change = (action - self.last_action) / (self.action_high - self.action_low)
+        self.last_action.copy_(action)
+        crashed = lateral.abs() > half_width + self.runoff
+        w = self.weights
+        reward = (
+            w["speed"] * self.speed * torch.cos(heading_error) / self.max_speed
+            - w["tracking"] * (lateral / half_width).square()
+            - w["heading"] * (1 - torch.cos(heading_error))
+            - w["smoothness"] * change.square().sum(1)
+            - w["off_track"] * (lateral.abs() > half_width).float()
+            - w["crash"] * crashed.float()
+        )
+        truncated = (self.steps >= self.max_steps) & ~crashed
+        out = self._observe(lateral, track_heading)
+        out.update(
+            {
+                "reward": reward.unsqueeze(1),
+                "progress": (advance / self.track.length).unsqueeze(1),
+                "laps": completed.float().unsqueeze(1),
+                "lap_time": first_lap_time.unsqueeze(1),
+                "done": (crashed | truncated).unsqueeze(1),
+                "terminated": crashed.unsqueeze(1),
+                "truncated": truncated.unsqueeze(1),
+            }
+        )
+        return out
+
+    def _set_seed(self, seed: int | None) -> None:
+        seed = 0 if seed is None else seed
+        self.stream.copy_(torch.arange(self.batch_size[0], device=self.device) + seed)
+        self.draws.zero_()

@@ -1,0 +1,189 @@
+"""Racing: the track's geometry and its refusals, the car's rules on hand-made states, batched cars equal single
+cars, and the expert driving whole laps from every start."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from tensordict import TensorDict
+from torchrl.envs.utils import check_env_specs
+
+from datamodules.envs.racing import STEERING_LIMIT, RacingEnv
+from datamodules.envs.racing_expert import TimeOptimalExpert, speed_profile
+from datamodules.envs.track import Track
+
+
+def test_default_track_is_a_closed_smooth_loop():
+    track = Track()
+    assert torch.allclose(track.xy[-1], track.xy[0], atol=1e-4)
+    assert (track.heading[-1] - track.heading[0]).item() == pytest.approx(2 * math.pi, abs=1e-4)  # one turn, left
+    assert 440 < track.length < 460 and track.min_radius > 18
+    steps = (track.xy[1:] - track.xy[:-1]).norm(dim=1)
+    assert torch.allclose(steps, torch.full_like(steps, track.resolution), rtol=0.02)  # sampled by arc length
+    # Curvature is the heading's rate of change along the arc (continuous: the spline is C2).
+    rate = (track.heading[2:] - track.heading[:-2]) / (2 * track.resolution)
+    assert torch.allclose(rate, track.curvature[1:-1], atol=2e-3)
+
+
+def test_a_circle_of_control_points_gives_a_circle():
+    points = [(50 * math.cos(a), 50 * math.sin(a)) for a in torch.linspace(0, 2 * math.pi, 25)[:-1].tolist()]
+    track = Track(points, width=4.0)
+    radius = track.xy.norm(dim=1)
+    assert torch.allclose(radius, radius.mean(), rtol=1e-3)
+    assert torch.allclose(track.curvature, 1 / radius.mean(), rtol=1e-2)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"width": 0.0}, "width must be > 0"),
+        ({"width": -1.0}, "width must be > 0"),
+        ({"control_points": [(0, 0), (10, 0), (10, 10)]}, "at least 4"),
+        ({"control_points": [(0, 0), (0, 0), (10, 0), (10, 10)]}, "0 and 1 are the same point"),
+        ({"control_points": [(0, 0), (3, 0), (3, 3), (0, 3)], "width": 4.0}, "folds over itself"),
+    ],
+)
+def test_impossible_tracks_are_refused(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        RacingEnv(**kwargs)
+
+
+def test_specs_are_consistent():
+    check_env_specs(RacingEnv(num_envs=3))
+
+
+def place(env: RacingEnv, arc: float, lateral: float = 0.0, heading: float = 0.0, speed: float = 10.0) -> None:
+    """Put every car at ``arc`` m along the track, ``lateral`` m left of the centre line, ``heading`` rad off it."""
+    env.reset()
+    arcs = torch.full((env.batch_size[0],), arc)
+    centre, track_heading, _ = env.track.at(arcs)
+    normal = torch.stack((-torch.sin(track_heading), torch.cos(track_heading)), 1)
+    position = centre + lateral * normal
+    env.x.copy_(position[:, 0])
+    env.y.copy_(position[:, 1])
+    env.yaw.copy_(track_heading + heading)
+    env.speed.fill_(speed)
+    env.arc.copy_(arcs)
+
+
+def step(env: RacingEnv, acceleration: float, steering: float):
+    action = torch.tensor([[acceleration, steering]]).expand(env.batch_size[0], 2).clone()
+    return env._step(TensorDict(action=action, batch_size=env.batch_size))
+
+
+def test_driving_along_the_straight():
+    env = RacingEnv(num_envs=1, smoothness=0.0)
+    place(env, arc=50.0, speed=10.0)  # the first straight, along +x
+    x = env.x.clone()
+    out = step(env, 2.0, 0.0)
+    assert env.x.item() == pytest.approx(x.item() + 10.0 * env.dt, abs=1e-4)
+    assert env.speed.item() == pytest.approx(10.0 + 2.0 * env.dt)
+    lateral, heading_error, vx, vy = out["observation"][0, :4].tolist()
+    assert abs(lateral) < 1e-3 and abs(heading_error) < 1e-3 and vy == 0.0 and vx == pytest.approx(10.04)
+    assert out["progress"].item() == pytest.approx(10.0 * env.dt / env.track.length, rel=1e-3)
+    # Only the speed term: v cos(0) / max_speed, at the speed the step ends with.
+    assert out["reward"].item() == pytest.approx(10.04 / env.max_speed, rel=1e-3)
+    assert not out["done"].item()
+
+
+def test_actions_outside_the_box_are_clipped():
+    env = RacingEnv(num_envs=1)
+    place(env, arc=50.0, speed=10.0)
+    step(env, 100.0, 2.0)
+    assert env.speed.item() == pytest.approx(10.0 + 4.0 * env.dt)  # +4 m/s² at most
+    assert torch.allclose(env.last_action, torch.tensor([[4.0, STEERING_LIMIT]]))
+
+
+def test_the_grip_limits_the_turn_at_speed():
+    env = RacingEnv(num_envs=1, grip=8.0)
+    speed, steering = torch.tensor([5.0, 25.0]), torch.tensor([0.2, 0.2])
+    _, yaw_rate = env.slip_and_yaw_rate(speed, steering)
+    wheelbase = env.lf + env.lr
+    beta = math.atan(env.lr / wheelbase * math.tan(0.2))
+    free = 5.0 * math.cos(beta) * math.tan(0.2) / wheelbase
+    assert yaw_rate[0].item() == pytest.approx(free)  # 5 m/s: within the grip, the plain bicycle
+    assert (speed[1] * yaw_rate[1]).item() == pytest.approx(8.0)  # 25 m/s: lateral acceleration held at the grip
+
+
+def test_off_the_track_costs_and_beyond_the_runoff_ends_the_episode():
+    env = RacingEnv(num_envs=1, smoothness=0.0, tracking=0.0)
+    place(env, arc=50.0, lateral=2.5, speed=0.0)  # 0.5 m beyond the edge, inside the 1 m run-off
+    out = step(env, 0.0, 0.0)
+    assert out["reward"].item() == pytest.approx(-1.0) and not out["done"].item()
+    place(env, arc=50.0, lateral=-3.2, speed=0.0)
+    out = step(env, 0.0, 0.0)
+    assert out["reward"].item() == pytest.approx(-1.0 - 10.0)
+    assert out["terminated"].item() and out["done"].item() and not out["truncated"].item()
+
+
+def test_episodes_are_truncated_at_max_steps():
+    env = RacingEnv(num_envs=2, max_steps=5)
+    td = env.reset()
+    for _ in range(5):
+        td = env.step(td.set("action", torch.zeros(2, 2)))
+        done = td["next", "truncated"].view(-1)
+        td = td["next"]
+    assert done.all() and not td["terminated"].any()
+
+
+def test_a_lap_is_counted_once_with_its_time():
+    env = RacingEnv(num_envs=1)
+    place(env, arc=60.0, speed=20.0)
+    env.progress.fill_(env.track.length - 0.3)  # 0.3 m short of a lap; this step covers 0.4 m
+    env.elapsed.fill_(30.0)
+    out = step(env, 0.0, 0.0)
+    assert out["laps"].item() == 1.0 and out["lap_time"].item() == pytest.approx(30.0 + env.dt)
+    out = step(env, 0.0, 0.0)
+    assert out["laps"].item() == 0.0 and out["lap_time"].item() == 0.0
+
+
+def test_batched_cars_drive_the_episodes_of_single_cars():
+    torch.manual_seed(0)
+    steps, cars = 300, 4
+    actions = torch.rand(steps, cars, 2) * torch.tensor([10.0, 2 * STEERING_LIMIT]) - torch.tensor(
+        [6.0, STEERING_LIMIT]
+    )
+    batched = RacingEnv(num_envs=cars, seed=7, max_steps=120)
+    singles = [RacingEnv(num_envs=1, seed=7 + i, max_steps=120) for i in range(cars)]
+
+    def run(env: RacingEnv, columns: slice) -> torch.Tensor:
+        td, rows = env.reset(), []
+        for t in range(steps):
+            out, td = env.step_and_maybe_reset(td.set("action", actions[t, columns]))
+            rows.append(torch.cat((out["next", "observation"], out["next", "reward"], out["next", "done"]), 1))
+        return torch.stack(rows)
+
+    together = run(batched, slice(None))
+    assert together[..., -1].sum() > cars  # episodes ended (crashes and truncations) and restarted
+    for i, env in enumerate(singles):
+        torch.testing.assert_close(together[:, i : i + 1], run(env, slice(i, i + 1)))
+
+
+def test_speed_profile_respects_grip_braking_and_acceleration():
+    curvature = [0.0] * 40 + [0.1] * 20 + [0.0] * 40 + [0.0]  # a straight, a tight bend, a straight; closed
+    profile = speed_profile(curvature, spacing=1.0, grip=8.0, max_speed=30.0, accelerating=4.0, braking=5.0)
+    assert max(profile[40:60]) == pytest.approx(math.sqrt(80.0))  # the bend's grip limit
+    for i in range(100):  # neither braking nor accelerating harder than planned between neighbours
+        gain = profile[i + 1] ** 2 - profile[i] ** 2
+        assert -2 * 5.0 - 1e-6 <= gain <= 2 * 4.0 + 1e-6
+    assert profile[0] == profile[-1]
+
+
+def test_expert_drives_a_whole_lap_from_every_start_without_leaving_the_track():
+    cars = 256
+    env = RacingEnv(num_envs=cars, seed=123)
+    expert = TimeOptimalExpert(env)
+    td = env.reset()
+    worst = torch.zeros(cars)
+    first_lap = torch.zeros(cars)
+    for _ in range(1_800):  # 36 s: a lap takes the expert about 26 s from a standing or rolling start
+        td = env.step(expert(td))
+        worst = torch.maximum(worst, td["next", "observation"][:, 0].abs())
+        first_lap += td["next", "lap_time"].view(-1)
+        assert not td["next", "done"].any()
+        td = td["next"]
+    assert (first_lap > 0).all()  # every car completed its first lap
+    assert worst.max() < env.width / 2  # never off the track
+    assert 20 < first_lap.mean() < 35
