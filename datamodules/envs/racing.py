@@ -150,6 +150,24 @@ class RacingEnv(EnvBase):
         flag = Categorical(2, shape=(*batch, 1), dtype=torch.bool, device=dev)
         self.done_spec = Composite(done=flag, terminated=flag.clone(), truncated=flag.clone(), shape=batch, device=dev)
 
+    def init_kwargs(self) -> dict[str, Any]:
+        """Constructor arguments (besides ``num_envs``, ``seed``, ``device``) that rebuild this environment."""
+        return {
+            "control_points": self.control_points,
+            "width": self.width,
+            "max_steps": self.max_steps,
+            "dt": self.dt,
+            "lf": self.lf,
+            "lr": self.lr,
+            "grip": self.grip,
+            "max_speed": self.max_speed,
+            "runoff": self.runoff,
+            "start_lateral": self.start_lateral,
+            "start_heading": self.start_heading,
+            "start_speed": self.start_speed,
+            **self.weights,
+        }
+
     # ---------------------------------------------------------------------------------------------- dynamics
     def slip_and_yaw_rate(self, speed: torch.Tensor, steering: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The bicycle's slip angle β and yaw rate ω at ``speed`` and ``steering``, within the grip limit."""

@@ -65,6 +65,15 @@ class TimeOptimalExpert(TensorDictModuleBase):
         lateral_gain: float = 1.0,
     ) -> None:
         super().__init__()
+        #: what the expert's actions depend on besides the environment (demonstration files are keyed by it).
+        self.options = {
+            "margin": margin,
+            "braking": braking,
+            "preview": preview,
+            "speed_gain": speed_gain,
+            "heading_gain": heading_gain,
+            "lateral_gain": lateral_gain,
+        }
         self.in_keys, self.out_keys = ["observation", "arc"], ["action"]
         self.track, self.wheelbase = env.track, env.lf + env.lr
         self.preview, self.speed_gain = preview, speed_gain
