@@ -113,7 +113,31 @@ class _BatchStream(IterableDataset):
         return self.make_iterator()
 
 
-class RLDataModule(pl.LightningDataModule):
+class EnvSpecs:
+    """The specs of one environment of a factory, which the CLI links into the model to size its networks."""
+
+    _observation_spec: Composite
+    _action_spec: TensorSpec
+
+    def _probe(self, env: Callable[..., EnvBase], seed: int) -> EnvBase:
+        """A throw-away environment of ``env`` (building it also validates its options); keeps its specs."""
+        probe = env(num_envs=1, seed=seed, device="cpu")
+        self._observation_spec = probe.observation_spec[0].clone()
+        self._action_spec = probe.action_spec[0].clone()
+        return probe
+
+    @property
+    def observation_spec(self) -> Composite:
+        """Observation spec of one environment (no batch dimension); linked into the model by the CLI."""
+        return self._observation_spec
+
+    @property
+    def action_spec(self) -> TensorSpec:
+        """Action spec of one environment (no batch dimension); linked into the model by the CLI."""
+        return self._action_spec
+
+
+class RLDataModule(EnvSpecs, pl.LightningDataModule):
     """Base data module: builds environments, exposes their specs, runs the collector, counts frames.
 
     Args:
@@ -153,9 +177,7 @@ class RLDataModule(pl.LightningDataModule):
         self.eval_episodes = eval_episodes
         self.weight_sync_interval = weight_sync_interval
         # A throw-away environment: its specs size the model's networks, and building it validates the env options.
-        probe = env(num_envs=1, seed=seed, device="cpu")
-        self._observation_spec: Composite = probe.observation_spec[0].clone()
-        self._action_spec: TensorSpec = probe.action_spec[0].clone()
+        probe = self._probe(env, seed)
         self.episode_metric_keys: tuple[str, ...] = tuple(getattr(probe, "episode_metric_keys", ()))
         #: the environment's dynamics for physics-informed losses (``datamodules.envs.physics``), when it has them.
         self.physics: Any = getattr(probe, "physics", None)
@@ -177,17 +199,6 @@ class RLDataModule(pl.LightningDataModule):
 
     #: Whether :meth:`connect` takes a store transform (a data module with a replay buffer).
     accepts_store_transform = False
-
-    # ----------------------------------------------------------------------------------------------------- specs
-    @property
-    def observation_spec(self) -> Composite:
-        """Observation spec of one environment (no batch dimension); linked into the model by the CLI."""
-        return self._observation_spec
-
-    @property
-    def action_spec(self) -> TensorSpec:
-        """Action spec of one environment (no batch dimension); linked into the model by the CLI."""
-        return self._action_spec
 
     # ------------------------------------------------------------------------------------------------ lifecycle
     @property

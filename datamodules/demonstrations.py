@@ -28,16 +28,15 @@ import lightning.pytorch as pl
 import torch
 from tensordict import TensorDict
 from torch.utils.data import DataLoader, TensorDataset
-from torchrl.data import Composite, TensorSpec
 from torchrl.envs import EnvBase
 
-from datamodules.base import check_positive
+from datamodules.base import EnvSpecs, check_positive
 from datamodules.envs.racing_expert import TimeOptimalExpert
 
 _COMPLETE = "complete.json"  # written last: its presence marks a whole collection
 
 
-class DemonstrationDataModule(pl.LightningDataModule):
+class DemonstrationDataModule(EnvSpecs, pl.LightningDataModule):
     """(observation, action) pairs of the racing expert, for behaviour cloning.
 
     Args:
@@ -74,9 +73,7 @@ class DemonstrationDataModule(pl.LightningDataModule):
         self.env_factory, self.episodes, self.steps = env, episodes, steps
         self.root, self.batch_size, self.val_fraction, self.seed = Path(root), batch_size, val_fraction, seed
         self.num_workers, self.pin_memory = num_workers, pin_memory
-        probe = env(num_envs=1, seed=seed, device="cpu")
-        self._observation_spec: Composite = probe.observation_spec[0].clone()
-        self._action_spec: TensorSpec = probe.action_spec[0].clone()
+        probe = self._probe(env, seed)
         if not hasattr(probe, "init_kwargs"):
             raise ValueError(
                 f"--data.init_args.env {type(probe).__name__}: the expert drives datamodules.envs.racing.RacingEnv"
@@ -86,14 +83,6 @@ class DemonstrationDataModule(pl.LightningDataModule):
         probe.close()
         self.train_set: TensorDataset | None = None
         self.val_set: TensorDataset | None = None
-
-    @property
-    def observation_spec(self) -> Composite:
-        return self._observation_spec
-
-    @property
-    def action_spec(self) -> TensorSpec:
-        return self._action_spec
 
     @property
     def pairs(self) -> int:
