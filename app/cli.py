@@ -17,16 +17,18 @@ import logging
 import sys
 import warnings
 from collections.abc import Sequence
+from typing import Any
 
+import lightning.pytorch as pl
 import torch
 from jsonargparse import _parameter_resolvers
 from lightning.fabric.utilities.exceptions import MisconfigurationException
-from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.callbacks import Callback, TQDMProgressBar
 from lightning.pytorch.cli import LightningCLI
 from torchrl.envs import EnvBase
 
 from app.errors import COMPONENT_KEYS, OneLineErrorParser, constructor_error_line, tag_constructor_errors
-from app.run_folder import ResumableCSVLogger, SaveRunConfig, checkpoint_global_step, resolve_resume
+from app.run_folder import ResumableCSVLogger, SaveRunConfig, checkpoint_global_step, import_class, resolve_resume
 from callbacks.progress import RLProgressBar
 from datamodules.base import RLDataModule, rank_state_path
 from modules.base import RLModule
@@ -55,7 +57,9 @@ _parameter_resolvers.has_dunder_new_method = _env_aware_has_dunder_new_method
 
 
 class RLCLI(LightningCLI):
-    """LightningCLI whose model is an :class:`RLModule` and whose data is an :class:`RLDataModule`."""
+    """LightningCLI for the agents (:class:`RLModule` on an :class:`RLDataModule`) and for the supervised stages
+    that feed them (behaviour cloning on demonstrations: any LightningModule and LightningDataModule whose data
+    module has the environment's specs)."""
 
     def __init__(self, *args, parser_class=OneLineErrorParser, **kwargs) -> None:
         super().__init__(*args, parser_class=parser_class, **kwargs)
@@ -84,13 +88,18 @@ class RLCLI(LightningCLI):
         torch.set_num_threads(threads)
         self._move_gradient_clipping(config)
         self._resume_checkpoint(config)
+        callbacks = list(self.trainer_defaults.get("callbacks", []))
         if config["trainer"].get("enable_progress_bar") is False:  # the flag also turns off the default bar
-            callbacks = [c for c in self.trainer_defaults.get("callbacks", []) if not isinstance(c, RLProgressBar)]
-            self.trainer_defaults = {**self.trainer_defaults, "callbacks": callbacks}
+            callbacks = [c for c in callbacks if not isinstance(c, RLProgressBar)]
+        elif not _is_subclass(config["data"], RLDataModule):  # epochs of a dataset: Lightning's own bar
+            callbacks = [TQDMProgressBar() if isinstance(c, RLProgressBar) else c for c in callbacks]
+        self.trainer_defaults = {**self.trainer_defaults, "callbacks": callbacks}
 
     def _move_gradient_clipping(self, config) -> None:
         # The agents run their own update (loss, backward, clip, step as one unit), and Lightning clips only
         # in automatic optimization: its flag is honoured by handing the value to the model.
+        if not _is_subclass(config["model"], RLModule):  # Lightning's automatic optimization clips by itself
+            return
         trainer, model = config["trainer"], config["model"]["init_args"]
         if trainer.get("accumulate_grad_batches", 1) != 1:
             self.parser.error(
@@ -162,6 +171,12 @@ class RLCLI(LightningCLI):
             raise ValueError(f"{flags}: {error}") from error
 
 
+def _is_subclass(component: Any, base: type) -> bool:
+    """Whether a ``class_path`` component of the parsed config names a subclass of ``base``."""
+    class_path = getattr(component, "class_path", None)
+    return class_path is not None and issubclass(import_class(class_path), base)
+
+
 def trainer_defaults() -> dict:
     return {
         "max_epochs": -1,  # an RL stream has no epochs: max_steps (updates) ends training
@@ -182,8 +197,8 @@ def main(args: list[str] | None = None, extra_callbacks: Sequence[Callback] = ()
     if argv and argv[0] == "validate":
         defaults["limit_val_batches"] = 1
     return RLCLI(
-        RLModule,
-        RLDataModule,
+        pl.LightningModule,
+        pl.LightningDataModule,
         subclass_mode_model=True,
         subclass_mode_data=True,
         trainer_defaults=defaults,
@@ -217,8 +232,8 @@ def build(config_paths: list[str], overrides: list[str] | tuple[str, ...] = ()) 
         # The calling tool's own sys.argv is not meant for this parser; Lightning warns when both are present.
         warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
         cli = _BuildCLI(
-            RLModule,
-            RLDataModule,
+            pl.LightningModule,
+            pl.LightningDataModule,
             subclass_mode_model=True,
             subclass_mode_data=True,
             trainer_defaults=trainer_defaults(),

@@ -100,7 +100,9 @@ def _folder_logger(trainer: Namespace) -> Namespace | None:
         trainer["logger"] = logger
     if isinstance(logger, list):
         logger = logger[0] if logger else None  # checkpoints follow the first logger's folder, as in Lightning
-    if not isinstance(logger, Namespace) or not issubclass(_import(logger.class_path), (CSVLogger, TensorBoardLogger)):
+    if not isinstance(logger, Namespace):
+        return None
+    if not issubclass(import_class(logger.class_path), (CSVLogger, TensorBoardLogger)):
         return None
     return logger
 
@@ -136,12 +138,13 @@ def _logger_root(logger: Namespace) -> Path:
 
 def _checkpoint_dirpath(trainer: Namespace) -> str | None:
     for callback in trainer.get("callbacks") or []:
-        if isinstance(callback, Namespace) and issubclass(_import(callback.class_path), ModelCheckpoint):
+        if isinstance(callback, Namespace) and issubclass(import_class(callback.class_path), ModelCheckpoint):
             return (callback.get("init_args") or Namespace()).get("dirpath")
     return None
 
 
-def _import(class_path: str) -> type:
+def import_class(class_path: str) -> type:
+    """The class a config's ``class_path`` names."""
     module, _, name = class_path.rpartition(".")
     return getattr(importlib.import_module(module), name)
 

@@ -23,26 +23,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from datamodules.envs.racing import RacingEnv  # noqa: E402
+from datamodules.envs.racing import RacingEnv, drive_episodes, episode_summary  # noqa: E402
 from datamodules.envs.racing_expert import TimeOptimalExpert  # noqa: E402
-
-
-def drive(env: RacingEnv, policy) -> dict[str, torch.Tensor]:
-    """One episode per car: sums of the reward and the episode metrics, and the largest |lateral error|."""
-    cars = env.batch_size[0]
-    totals = {key: torch.zeros(cars) for key in ("reward", *env.episode_metric_keys)}
-    worst = torch.zeros(cars)
-    running = torch.ones(cars, dtype=torch.bool)
-    td = env.reset()
-    while bool(running.any()):
-        td = env.step(policy(td))
-        nxt = td["next"]
-        for key, total in totals.items():
-            total += nxt[key].view(-1) * running
-        worst = torch.maximum(worst, nxt["observation"][:, 0].abs() * running)
-        running &= ~nxt["done"].view(-1)
-        td = nxt
-    return {**totals, "worst_lateral": worst}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -58,26 +40,21 @@ def main(argv: list[str] | None = None) -> dict:
     env = RacingEnv(num_envs=args.starts, seed=args.seed)
     expert = TimeOptimalExpert(env)
     start = time.perf_counter()
-    result = drive(env, expert)
+    summary = episode_summary(drive_episodes(env, expert), env.width)
     seconds = time.perf_counter() - start
-    completed = result["lap_time"] > 0
     report = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "command": ["python", "benchmarks/racing_expert.py", *(argv if argv is not None else sys.argv[1:])],
         "machine": {"platform": platform.platform(), "threads": args.threads},
         "starts": args.starts,
         "track_length_m": env.track.length,
-        "return_mean": result["reward"].mean().item(),
-        "laps_mean": result["laps"].mean().item(),
-        "first_lap_time_s_mean": result["lap_time"][completed].mean().item() if completed.any() else None,
-        "first_lap_completed": completed.float().mean().item(),
-        "never_off_track": (result["worst_lateral"] <= env.width / 2).float().mean().item(),
+        **summary,
         "steps_per_s": args.starts * env.max_steps / seconds,
     }
     print(
         f"racing expert over {args.starts} starts: return {report['return_mean']:.1f}, "
-        f"{report['laps_mean']:.2f} laps per 100 s episode, first lap {report['first_lap_time_s_mean']:.2f} s "
-        f"({100 * report['first_lap_completed']:.1f} % completed it), {100 * report['never_off_track']:.1f} % never "
+        f"{report['laps_mean']:.2f} laps per 100 s episode, first lap {report['lap_time_mean']:.2f} s "
+        f"({100 * report['lap_completed']:.1f} % completed it), {100 * report['never_off_track']:.1f} % never "
         f"off the track; {report['steps_per_s'] / 1e3:.0f}k car-steps/s ({args.threads} thread(s))"
     )
     if args.json:

@@ -31,7 +31,7 @@ single car seeded ``seed + i``. All state is in buffers, so ``state_dict`` captu
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -303,3 +303,37 @@ class RacingEnv(EnvBase):
         seed = 0 if seed is None else seed
         self.stream.copy_(torch.arange(self.batch_size[0], device=self.device) + seed)
         self.draws.zero_()
+
+
+@torch.no_grad()
+def drive_episodes(env: RacingEnv, policy: Callable[[TensorDictBase], TensorDictBase]) -> dict[str, torch.Tensor]:
+    """One whole episode per car of ``env`` (from a fresh reset) under ``policy``: per car, the summed ``reward`` and
+    episode metrics (``progress``, ``laps``, ``lap_time`` of the first lap), and the largest |lateral error|
+    (``worst_lateral``)."""
+    cars = env.batch_size[0]
+    totals = {key: torch.zeros(cars, device=env.device) for key in ("reward", *env.episode_metric_keys)}
+    worst = torch.zeros(cars, device=env.device)
+    running = torch.ones(cars, dtype=torch.bool, device=env.device)
+    td = env.reset()
+    while bool(running.any()):
+        td = env.step(policy(td))
+        nxt = td["next"]
+        for key, total in totals.items():
+            total += nxt[key].view(-1) * running
+        worst = torch.maximum(worst, nxt["observation"][:, 0].abs() * running)
+        running &= ~nxt["done"].view(-1)
+        td = nxt
+    return {**totals, "worst_lateral": worst}
+
+
+def episode_summary(result: dict[str, torch.Tensor], width: float) -> dict[str, float]:
+    """The means a report quotes from :func:`drive_episodes`: return, laps per episode, the first lap's time over
+    the cars that completed one (NaN if none did), the share that completed it and the share never off the track."""
+    completed = result["lap_time"] > 0
+    return {
+        "return_mean": result["reward"].mean().item(),
+        "laps_mean": result["laps"].mean().item(),
+        "lap_time_mean": result["lap_time"][completed].mean().item() if bool(completed.any()) else float("nan"),
+        "lap_completed": completed.float().mean().item(),
+        "never_off_track": (result["worst_lateral"] <= width / 2).float().mean().item(),
+    }
