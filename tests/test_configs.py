@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import lightning.pytorch as pl
 import pytest
 import torch
 
@@ -20,7 +21,9 @@ PRESETS = sorted((ROOT / "configs" / "bench").glob("*.yaml"))
 def test_agent_config_instantiates(config, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # relative output folders land here, if anything is written at all
     model, data = build([str(config)])
-    assert isinstance(model, RLModule) and isinstance(data, RLDataModule)
+    assert isinstance(model, pl.LightningModule) and isinstance(data, pl.LightningDataModule)
+    # Agents train on an RL data module; supervised stages (behaviour cloning) on a dataset's.
+    assert isinstance(model, RLModule) == isinstance(data, RLDataModule)
     assert sum(p.numel() for p in model.parameters()) > 0
 
 
