@@ -21,7 +21,7 @@ import json
 import os
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -47,7 +47,10 @@ class DemonstrationDataModule(EnvSpecs, pl.LightningDataModule):
         root: folder under which collections are kept.
         batch_size: pairs per training batch.
         val_fraction: share of the pairs held out for validation.
-        seed: seeds the starts (car ``i`` uses ``seed + i``) and the split.
+        seed: seeds the starts (car ``i`` uses ``seed + i``), the action noise and the split.
+        action_noise: standard deviations of Gaussian noise added to the actions the cars execute (acceleration
+            m/s², steering rad), while the stored labels stay the expert's clean actions (DART, Laskey et al. 2017):
+            the demonstrations then show how the expert recovers from small errors, which a cloned policy makes.
         num_workers, pin_memory: the loaders' options.
     """
 
@@ -62,17 +65,21 @@ class DemonstrationDataModule(EnvSpecs, pl.LightningDataModule):
         seed: int = 0,
         num_workers: int = 0,
         pin_memory: bool = False,
+        action_noise: Sequence[float] = (0.0, 0.0),
     ) -> None:
         super().__init__()
         check_positive("episodes", episodes)
         check_positive("steps", steps)
         check_positive("batch_size", batch_size)
         check_positive("num_workers", num_workers, allow_zero=True)
+        if len(action_noise) != 2 or min(action_noise) < 0:
+            raise ValueError(f"--data.init_args.action_noise must be 2 values >= 0, got {list(action_noise)}")
         if not 0 < val_fraction < 1:
             raise ValueError(f"--data.init_args.val_fraction must be in (0, 1), got {val_fraction}")
         self.env_factory, self.episodes, self.steps = env, episodes, steps
         self.root, self.batch_size, self.val_fraction, self.seed = Path(root), batch_size, val_fraction, seed
         self.num_workers, self.pin_memory = num_workers, pin_memory
+        self.action_noise = tuple(float(std) for std in action_noise)
         probe = self._probe(env, seed)
         if not hasattr(probe, "init_kwargs"):
             raise ValueError(
@@ -97,6 +104,7 @@ class DemonstrationDataModule(EnvSpecs, pl.LightningDataModule):
             "episodes": self.episodes,
             "steps": self.steps,
             "seed": self.seed,
+            "action_noise": self.action_noise,
         }
         digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=repr).encode()).hexdigest()[:16]
         return self.root / f"demonstrations-{digest}"
@@ -127,11 +135,14 @@ class DemonstrationDataModule(EnvSpecs, pl.LightningDataModule):
         """Drive the expert: ``[episodes * steps]`` pairs of ``observation``, ``action`` and ``arc``, episode-major."""
         env = self.env_factory(num_envs=self.episodes, seed=self.seed, device="cpu")
         expert = TimeOptimalExpert(env)
+        noise = torch.tensor(self.action_noise)
+        generator = torch.Generator().manual_seed(self.seed)
         td = env.reset()
         rows = []
         for _ in range(self.steps):
             td = expert(td)
-            rows.append(td.select("observation", "action", "arc").clone())
+            rows.append(td.select("observation", "action", "arc").clone())  # the label: the expert's clean action
+            td["action"] = td["action"] + noise * torch.randn(td["action"].shape, generator=generator)
             td = env.step_and_maybe_reset(td)[1]
         return torch.stack(rows, 1).reshape(-1)
 

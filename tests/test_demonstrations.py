@@ -94,3 +94,17 @@ def test_bad_options_name_the_flag(tmp_path):
         DemonstrationDataModule(ChainEnv, root=str(tmp_path))
     with pytest.raises(FileNotFoundError, match="prepare_data"):
         small(tmp_path).setup("fit")
+
+
+def test_action_noise_perturbs_the_driving_but_not_the_labels(tmp_path):
+    clean, noisy = small(tmp_path), small(tmp_path, action_noise=(0.5, 0.05))
+    assert noisy.path != clean.path
+    clean_pairs, noisy_pairs = clean.collect(), noisy.collect()
+    # The cars drive other states (the executed actions were perturbed)...
+    assert not torch.allclose(clean_pairs["observation"], noisy_pairs["observation"])
+    # ...and every label is still the expert's clean action on the state it was given.
+    expert = TimeOptimalExpert(RacingEnv())
+    relabelled = expert(noisy_pairs.select("observation", "arc").clone())["action"]
+    torch.testing.assert_close(relabelled, noisy_pairs["action"])
+    with pytest.raises(ValueError, match="--data.init_args.action_noise"):
+        small(tmp_path, action_noise=(0.5,))

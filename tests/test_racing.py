@@ -187,3 +187,14 @@ def test_expert_drives_a_whole_lap_from_every_start_without_leaving_the_track():
     assert (first_lap > 0).all()  # every car completed its first lap
     assert worst.max() < env.width / 2  # never off the track
     assert 20 < first_lap.mean() < 35
+
+
+def test_curvature_ahead_joins_the_observation():
+    env = RacingEnv(num_envs=2, curvature_ahead=(0.0, 15.0))
+    td = env.reset()
+    assert td["observation"].shape == (2, 10)
+    _, _, curvature = env.track.at(env.arc.unsqueeze(1) + torch.tensor([0.0, 15.0]))
+    torch.testing.assert_close(td["observation"][:, 8:], 20.0 * curvature)
+    check_env_specs(env)
+    with pytest.raises(ValueError, match="curvature_ahead"):
+        RacingEnv(curvature_ahead=(-5.0,))

@@ -9,8 +9,11 @@ acceleration action and stays in [0, ``max_speed``]; one explicit Euler step per
 **Interface (the seed's).** Actions ``[acceleration m/s², steering rad]`` in the box [−6, 4] × [−25°, 25°]; an action
 outside the box is clipped to it (TorchRL's spec check is off on this hot path). Observation (8): lateral error e
 (m, positive left of the centre line), heading error (rad, car heading − track heading, in [−π, π)), vx, vy (m/s, the
-car's frame), the track tangent (cos, sin) at the car, cos ψ, sin ψ. The entry ``arc`` (m along the centre line) is
-privileged information for the expert and the metrics; policies read ``observation`` only.
+car's frame), the track tangent (cos, sin) at the car, cos ψ, sin ψ. With ``curvature_ahead`` (metres, e.g.
+``[5, 15, 30]``) the track's curvature at those distances ahead of the car, times ``CURVATURE_SCALE``, follows them:
+the seed's 8 numbers show no curve before the car is in it, and a policy cloned from them does not learn to brake
+for one (BENCHMARKS.md). The entry ``arc`` (m along the centre line) is privileged information for the expert and the
+metrics; policies read ``observation`` only.
 
 **Reward** per step, each weight a constructor argument:
 ``speed · v cos(heading error) / max_speed − tracking · (e / half width)² − heading · (1 − cos heading error)
@@ -44,7 +47,8 @@ from datamodules.envs.track import DEFAULT_CIRCUIT, Track, wrap_angle
 
 ACCELERATION_RANGE = (-6.0, 4.0)  # m/s²
 STEERING_LIMIT = math.radians(25.0)  # rad
-OBSERVATION_DIM = 8
+OBSERVATION_DIM = 8  # the seed's observation, before any curvature ahead
+CURVATURE_SCALE = 20.0  # 1/m → about unit scale: the default track's curvature reaches 0.053 /m
 _START_DRAWS = 4  # uniforms per reset: arc, lateral offset, heading offset, speed
 
 
@@ -62,6 +66,7 @@ class RacingEnv(EnvBase):
         max_speed: top speed (m/s).
         runoff: metres beyond the track's edge before the car crashes (the episode ends).
         start_lateral, start_heading, start_speed: ranges of the start state (m, rad, m/s).
+        curvature_ahead: distances ahead (m) at which the track's curvature joins the observation; empty: the seed's 8.
         speed, tracking, heading, smoothness, off_track, crash: the reward's weights.
         seed: base seed; car ``i`` draws from stream ``seed + i``.
         device: where the batch lives.
@@ -84,6 +89,7 @@ class RacingEnv(EnvBase):
         start_lateral: float = 0.5,
         start_heading: float = 0.1,
         start_speed: float = 10.0,
+        curvature_ahead: Sequence[float] = (),
         speed: float = 1.0,
         tracking: float = 0.5,
         heading: float = 0.5,
@@ -111,8 +117,12 @@ class RacingEnv(EnvBase):
             raise ValueError(f"start_heading must be in [0, π/2), got {start_heading}")
         if start_speed > max_speed:
             raise ValueError(f"start_speed ({start_speed}) must be <= max_speed ({max_speed})")
+        if any(not distance >= 0 for distance in curvature_ahead):
+            raise ValueError(f"curvature_ahead must be distances >= 0 (m), got {list(curvature_ahead)}")
         super().__init__(batch_size=torch.Size([num_envs]), device=device)
         self.track = Track(control_points, width).to(self.device)  # raises on an impossible track
+        self.curvature_ahead = tuple(float(distance) for distance in curvature_ahead)
+        self.register_buffer("ahead", torch.tensor(self.curvature_ahead, device=self.device), persistent=False)
         self.control_points = tuple(tuple(float(c) for c in point) for point in control_points)
         self.width, self.max_steps, self.dt = float(width), int(max_steps), float(dt)
         self.lf, self.lr, self.grip, self.max_speed, self.runoff = lf, lr, grip, max_speed, runoff
@@ -139,7 +149,7 @@ class RacingEnv(EnvBase):
         self.register_buffer("action_high", high, persistent=False)
         batch = (n,)
         self.observation_spec = Composite(
-            observation=Unbounded(shape=(*batch, OBSERVATION_DIM), device=dev),
+            observation=Unbounded(shape=(*batch, OBSERVATION_DIM + len(self.curvature_ahead)), device=dev),
             arc=Unbounded(shape=(*batch, 1), device=dev),
             **{key: Unbounded(shape=(*batch, 1), device=dev) for key in self.episode_metric_keys},
             shape=batch,
@@ -165,6 +175,7 @@ class RacingEnv(EnvBase):
             "start_lateral": self.start_lateral,
             "start_heading": self.start_heading,
             "start_speed": self.start_speed,
+            "curvature_ahead": self.curvature_ahead,
             **self.weights,
         }
 
@@ -195,6 +206,9 @@ class RacingEnv(EnvBase):
             ),
             1,
         )
+        if self.curvature_ahead:
+            _, _, curvature = self.track.at(self.arc.unsqueeze(1) + self.ahead)
+            observation = torch.cat((observation, CURVATURE_SCALE * curvature), 1)
         return TensorDict(
             {"observation": observation, "arc": self.arc.unsqueeze(1).clone()}, batch_size=self.batch_size
         )
