@@ -32,6 +32,9 @@ from modules.optim import FusedAdamStep
 warnings.filterwarnings("ignore", message=".*`dataloader_iter` argument in the `training_step`.*")
 
 
+_ON_MODEL = re.compile(r"\bself\b")  # a guard whose source mentions the model
+
+
 def _batch_guards(entries: list[Any]) -> list[bool]:
     """Which of Dynamo's guards the compiled loss keeps: all but those on the model (``self``: its modules,
     parameters and attributes, hundreds for a TorchRL loss module) and on globals, and of tensor guards all but those
@@ -46,9 +49,6 @@ def _batch_guards(entries: list[Any]) -> list[bool]:
         else not (_ON_MODEL.search(entry.name) or entry.name.startswith("G["))
         for entry in entries
     ]
-
-
-_ON_MODEL = re.compile(r"\bself\b")
 
 
 class RLModule(pl.LightningModule):
