@@ -2,11 +2,15 @@
 
     python benchmarks/racing_expert.py --starts 256 --threads 1
     python benchmarks/racing_expert.py --starts 256 --json runs/bench/racing_expert.json
+    python benchmarks/racing_expert.py --starts 64 --seed 7 --checkpoints runs/racing_sac/version_0/checkpoints/*.ckpt
 
 Every car drives one whole episode (``max_steps`` = 5,000 steps of 0.02 s, 100 s) from its own start, all cars at
 once. Reported: the mean return, the mean number of laps completed per episode, the first lap's time (s) over the
 cars that completed one, the share of cars that completed their first lap, the share that never left the track
 (|lateral error| ≤ half the width at every step), and the cars' steps per second including the expert's control.
+
+``--checkpoints`` drives trained policies from the same starts beside the expert: each checkpoint's model is built
+from its run's ``config.yaml`` (BC or SAC) and drives its deterministic action (``export_network``).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--checkpoints", nargs="*", type=Path, default=[], help="BC or SAC checkpoints to drive too")
     args = parser.parse_args(argv)
     if args.starts < 1 or args.threads < 1:
         parser.error("--starts and --threads must be >= 1")
@@ -57,10 +62,32 @@ def main(argv: list[str] | None = None) -> dict:
         f"({100 * report['lap_completed']:.1f} % completed it), {100 * report['never_off_track']:.1f} % never "
         f"off the track; {report['steps_per_s'] / 1e3:.0f}k car-steps/s ({args.threads} thread(s))"
     )
+    report["policies"] = {}
+    for checkpoint in args.checkpoints:
+        policy_env, policy = checkpoint_policy(checkpoint, args.starts, args.seed)
+        result = episode_summary(drive_episodes(policy_env, policy), policy_env.width)
+        report["policies"][str(checkpoint)] = result
+        print(
+            f"  {checkpoint}: return {result['return_mean']:.1f} ({result['return_mean'] / report['return_mean']:.3f} "
+            f"of the expert's), {result['laps_mean']:.2f} laps, first lap {result['lap_time_mean']:.2f} s "
+            f"({100 * result['lap_completed']:.1f} % completed it), {100 * result['never_off_track']:.1f} % never off"
+        )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=2))
     return report
+
+
+def checkpoint_policy(checkpoint: Path, cars: int, seed: int):
+    """The environment of ``checkpoint``'s run (``cars`` cars seeded ``seed``) and its model's deterministic policy."""
+    from tensordict.nn import TensorDictModule
+
+    from app.cli import build
+
+    model, data = build([str(checkpoint.parents[1] / "config.yaml")])
+    model.load_state_dict(torch.load(checkpoint, map_location="cpu", weights_only=True)["state_dict"])
+    network = model.export_network().eval()
+    return data.make_env(cars, seed), TensorDictModule(network, in_keys=["observation"], out_keys=["action"])
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@
     python benchmarks/update_cost.py --agent dqn --compile true   # the same with the compiled update
     python benchmarks/update_cost.py --agent ppo --compile true   # Snake-PPO, minibatch 2,048
     python benchmarks/update_cost.py --agent pirl --compile true  # PIRL on the vehicle, batch 1,024
+    python benchmarks/update_cost.py --agent sac --compile true   # racing SAC, batch 256
     python benchmarks/update_cost.py --agent dqn --compile true --arithmetic  # the update step alone, no loop
 
 One process measures, side by side:
@@ -23,7 +24,7 @@ The DQN runs at the seed's setting (``configs/bench/dqn_seed_ratio.yaml``: batch
 thread). Writes ``update_cost_<agent>_compile-<c>.json`` and prints one summary line.
 
 ``--arithmetic`` runs no fit: it alternates the bare update with the agent's own update step taken out of the loop
-(its compiled loss, backward, fused Adam and soft target update; :func:`modules.bare.framework_free_dqn`), to tell
+(its compiled loss, backward, fused Adam and soft target update; :func:`modules.bare.framework_free_update`), to tell
 what the update step costs from what the loop around it costs. Writes ``update_arithmetic_<agent>_compile-<c>.json``.
 """
 
@@ -49,12 +50,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from app.cli import build, main  # noqa: E402
-from modules.bare import bare_update, framework_free_dqn  # noqa: E402
+from modules.bare import bare_update, framework_free_update  # noqa: E402
 
 CONFIGS = {
     "dqn": ["configs/snake_dqn.yaml", "configs/bench/throughput.yaml", "configs/bench/dqn_seed_ratio.yaml"],
     "ppo": ["configs/snake_ppo.yaml", "configs/bench/throughput.yaml"],
     "pirl": ["configs/pirl_vehicle.yaml", "configs/bench/throughput.yaml"],
+    "sac": ["configs/racing_sac.yaml", "configs/bench/throughput.yaml", "configs/bench/sac_update.yaml"],
 }
 WARMUP_STEPS = 200  # updates left out: compilation, first allocations
 
@@ -168,11 +170,11 @@ def run(agent: str, compile_: str, updates: int, threads: int, segment: float, b
 
 
 def arithmetic(agent: str, compile_: str, threads: int, rounds: int, seconds: float) -> dict:
-    """The agent's own update outside any loop (:func:`modules.bare.framework_free_dqn`) against the bare update,
+    """The agent's own update outside any loop (:func:`modules.bare.framework_free_update`) against the bare update,
     alternating ``rounds`` times ``seconds`` of each: what the update step costs before the loop around it."""
     model, data = build([str(ROOT / path) for path in CONFIGS[agent]], ["--model.init_args.compile", compile_])
     torch.set_num_threads(threads)
-    steps = {"bare": bare_update(model, data), "update": framework_free_dqn(model, data)}
+    steps = {"bare": bare_update(model, data), "update": framework_free_update(model, data)}
     times: dict[str, list[float]] = {name: [] for name in steps}
     with torch.random.fork_rng(devices=[]):  # PIRL draws collocation points
         for step in steps.values():
@@ -213,7 +215,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--arithmetic",
         action="store_true",
         help="no fit: time the agent's own update step outside Lightning and the data path against the bare update "
-        "(DQN and PIRL), alternating --rounds slices of --bare-seconds each",
+        "(DQN, PIRL and SAC), alternating --rounds slices of --bare-seconds each",
     )
     parser.add_argument("--rounds", type=int, default=7, help="with --arithmetic: alternations of the two loops")
     args = parser.parse_args(argv)
@@ -224,7 +226,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.threads < 1:
         parser.error(f"--threads must be >= 1, got {args.threads}")
     if args.arithmetic and args.agent == "ppo":
-        parser.error("--arithmetic times the DQN family's update (--agent dqn or pirl)")
+        parser.error("--arithmetic times the replay agents' update (--agent dqn, pirl or sac)")
     if args.rounds < 1:
         parser.error(f"--rounds must be >= 1, got {args.rounds}")
     return args

@@ -91,6 +91,10 @@ class DemonstrationDataModule(EnvSpecs, pl.LightningDataModule):
         self.train_set: TensorDataset | None = None
         self.val_set: TensorDataset | None = None
 
+    def make_env(self, num_envs: int, seed: int) -> EnvBase:
+        """Cars of the demonstrations' environment (closed-loop evaluation, export checks), on the CPU."""
+        return self.env_factory(num_envs=num_envs, seed=seed, device="cpu")
+
     @property
     def pairs(self) -> int:
         return self.episodes * self.steps

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -12,6 +13,10 @@ from torchrl.envs import EnvBase, Transform
 
 from datamodules.base import RLDataModule, check_positive, from_plain, to_plain
 from datamodules.prioritized import ProportionalSampler
+
+# The batches of every update one collection earns are drawn in one call, larger than the buffer's batch size (which
+# stays the size of one update's batch); TorchRL warns about the difference on every such call.
+warnings.filterwarnings("ignore", message="Got conflicting batch_sizes in constructor")
 
 
 class ReplayDataModule(RLDataModule):

@@ -10,6 +10,7 @@ maths written out (the same as the agent's TorchRL loss computes), backward, gra
 from __future__ import annotations
 
 import copy
+import math
 import statistics
 import time
 from collections.abc import Callable
@@ -109,17 +110,17 @@ def as_replay_sample(batch: dict[str, torch.Tensor]) -> TensorDict:
     )
 
 
-def framework_free_dqn(model: Any, data: Any) -> Callable[[int], torch.Tensor]:
-    """The DQN agent's own update — its (compiled, with ``compile``) loss, backward, :class:`FusedAdamStep` and soft
-    target update — with neither Lightning nor the data path around it, on the same pre-drawn batches as
-    :func:`bare_dqn`: what the framework's update step costs before the loop around it.
+def framework_free_update(model: Any, data: Any) -> Callable[[int], torch.Tensor]:
+    """An agent's own update — its (compiled, with ``compile``) loss, backward, :class:`FusedAdamStep` and soft
+    target update — with neither Lightning nor the data path around it, on the same pre-drawn batches as its bare
+    update (:func:`bare_dqn`, :func:`bare_sac`): what the framework's update step costs before the loop around it.
 
     It trains ``model`` itself (a copy would not do: the TorchRL loss holds the parameters PIRL's loss reads from its
     network, and a deep copy separates the two), so pass a model built for the measurement.
     """
     if hasattr(model, "pde_weight"):
         model.physics = data.physics  # what PIRL's setup takes from the data module
-    loss = model.compiled(model.loss)
+    loss = model.compiled(model.training_loss())
     optimizer = torch.optim.Adam(model.trainable_parameters(), lr=model.lr, fused=True)
     optimizer_step = FusedAdamStep(optimizer, model.max_grad_norm)
     batches = [as_replay_sample(transitions(data, data.batch_size, seed)) for seed in range(POOL)]
@@ -128,7 +129,7 @@ def framework_free_dqn(model: Any, data: Any) -> Callable[[int], torch.Tensor]:
         total = sum(value for key, value in loss(batches[i % POOL]).items() if key.startswith("loss"))
         total.backward()
         optimizer_step()
-        if model.target_update == "soft":
+        if model.target_networks and getattr(model, "target_update", "soft") == "soft":
             model.soft_update()
         return total.detach()
 
@@ -173,6 +174,79 @@ def bare_ppo(model: Any, data: Any) -> Callable[[int], torch.Tensor]:
     return step
 
 
+def tanh_gaussian_sample(
+    location: torch.Tensor, scale: torch.Tensor, noise: torch.Tensor, centre: torch.Tensor, half_range: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reparametrised action ``centre + half_range · tanh(location + scale · noise)`` and its log-density:
+    ``log N(u) − log|d tanh(u)/du| − log|d action/d tanh|``, with ``log(1 − tanh²u) = 2(log 2 − u − softplus(−2u))``."""
+    pre_tanh = location + scale * noise
+    log_normal = -0.5 * noise.pow(2) - scale.log() - 0.5 * math.log(2 * math.pi)
+    log_tanh = 2 * (math.log(2) - pre_tanh - F.softplus(-2 * pre_tanh))
+    log_prob = (log_normal - log_tanh).sum(-1) - half_range.log().sum()
+    return centre + half_range * torch.tanh(pre_tanh), log_prob
+
+
+def bare_sac(model: Any, data: Any) -> Callable[[int], torch.Tensor]:
+    """SAC written out: the clipped double-Q target from the target critics at a fresh next action, both critics'
+    MSE, the actor's ``α·log π − min Q`` through detached critics, α's loss, backward, clip, fused Adam and the
+    Polyak step of the target critics. The tanh-Gaussian's log-density is computed by hand (tanh's and the action
+    box's Jacobians), the critics run one after the other rather than vmapped. Same weights, same batches and the same
+    random draws in the same order as the agent's loss."""
+    actor = copy.deepcopy(model.actor.module[0].module)  # observation -> (location, scale)
+    critics, targets = [], []
+    for index in range(model.loss_module.num_qvalue_nets):  # SACLoss's own critics and targets, as plain modules
+        for copies, name in ((critics, "qvalue_network_params"), (targets, "target_qvalue_network_params")):
+            module = copy.deepcopy(model.qvalue)
+            state = getattr(model.loss_module, name).detach()[index].flatten_keys(".")
+            module.load_state_dict({key: value.clone() for key, value in state.items()})
+            copies.append(module.module)
+    for target in targets:
+        target.requires_grad_(False)
+    log_alpha = model.loss_module.log_alpha.detach().clone().requires_grad_(True)
+    parameters = [*actor.parameters(), *(p for critic in critics for p in critic.parameters()), log_alpha]
+    optimizer = torch.optim.Adam(parameters, lr=model.lr, fused=True)
+    gamma, tau = float(model.loss_module.value_estimator.gamma), model.tau
+    target_entropy = float(model.loss_module.target_entropy)
+    space = model.action_spec.space
+    centre, half_range = (space.high + space.low).float() / 2, (space.high - space.low).float() / 2
+    target_pairs = (
+        [p.data for target in targets for p in target.parameters()],
+        [p.data for critic in critics for p in critic.parameters()],
+    )
+    batches = [transitions(data, data.batch_size, seed) for seed in range(POOL)]
+
+    def sample(observation: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        location, scale = actor(observation)
+        return tanh_gaussian_sample(location, scale, torch.randn_like(location), centre, half_range)
+
+    def step(i: int) -> torch.Tensor:
+        batch = batches[i % POOL]
+        alpha = log_alpha.detach().exp()
+        with torch.no_grad():
+            next_action, next_log_prob = sample(batch["next_observation"])
+            next_q = torch.min(*(t(batch["next_observation"], next_action).squeeze(-1) for t in targets))
+            y = batch["reward"] + gamma * (~batch["terminated"]) * (next_q - alpha * next_log_prob)
+        critic_loss = sum((c(batch["observation"], batch["action"]).squeeze(-1) - y).pow(2).mean() for c in critics)
+        action, log_prob = sample(batch["observation"])
+        q = torch.min(
+            *(
+                torch.func.functional_call(
+                    c, {k: v.detach() for k, v in c.named_parameters()}, (batch["observation"], action)
+                )
+                for c in critics
+            )
+        ).squeeze(-1)
+        actor_loss = (alpha * log_prob - q).mean()
+        alpha_loss = -(log_alpha * (log_prob.detach() + target_entropy)).mean()
+        loss = critic_loss + actor_loss + alpha_loss
+        loss.backward()
+        optimizer_step(parameters, optimizer, model.max_grad_norm)
+        torch._foreach_lerp_(*target_pairs, tau)
+        return loss.detach()
+
+    return step
+
+
 def time_bare(step: Callable[[int], Any], seconds: float) -> float:
     """Seconds per call of ``step``: the median of 5 runs sharing ``seconds``, after a warm-up."""
 
@@ -195,10 +269,13 @@ def time_bare(step: Callable[[int], Any], seconds: float) -> float:
 
 
 def bare_update(model: Any, data: Any) -> Callable[[int], torch.Tensor] | None:
-    """The bare update of ``model``'s agent family (DQN and PIRL: :func:`bare_dqn`; PPO: :func:`bare_ppo`), or None
+    """The bare update of ``model``'s agent family (DQN and PIRL: :func:`bare_dqn`; PPO: :func:`bare_ppo`; SAC:
+    :func:`bare_sac`), or None
     for an agent without one."""
     if hasattr(model, "q_network"):
         return bare_dqn(model, data)
+    if hasattr(model, "qvalue"):
+        return bare_sac(model, data)
     if hasattr(model, "actor_network") and hasattr(model, "critic_network"):
         return bare_ppo(model, data)
     return None

@@ -155,6 +155,13 @@ class RLModule(pl.LightningModule):
         """TensorDict whose ``loss_*`` entries are summed into the training loss."""
         return self.loss_module(batch)
 
+    def training_loss(self) -> Callable[[TensorDictBase], TensorDictBase]:
+        """The function the update compiles and calls: :meth:`loss`, or another method when an option changes the
+        loss's form (SAC's term towards its clone). Another function, not a branch inside one: Dynamo caches compiled
+        code per function, and with the guards on the model dropped (_batch_guards) a branch on the model's options
+        would be decided once for every model in the process."""
+        return self.loss
+
     def on_update(self) -> None:
         """Called after each optimizer step (target-network updates and the like)."""
 
@@ -191,9 +198,17 @@ class RLModule(pl.LightningModule):
         """What the optimizer updates (target networks are buffers of the loss module, not parameters)."""
         return [parameter for parameter in self.loss_module.parameters() if parameter.requires_grad]
 
+    def parameter_groups(self) -> list[dict[str, Any]]:
+        """The optimizer's parameter groups; a group without ``lr`` takes ``lr`` (SAC gives its actor its own)."""
+        return [{"params": self.trainable_parameters()}]
+
     def configure_optimizers(self) -> torch.optim.Optimizer:
+        groups = self.parameter_groups()
+        for group in groups:
+            group.setdefault("lr", self.lr)
+            group["base_lr"] = group["lr"]  # what lr_end's schedule scales (kept in the optimizer's checkpoint)
         # The fused kernel updates every parameter in one op: on a small MLP it is 2-3x faster than the default.
-        return torch.optim.Adam(self.trainable_parameters(), lr=self.lr, fused=True)
+        return torch.optim.Adam(groups, lr=self.lr, fused=True)
 
     def on_fit_start(self) -> None:
         if isinstance(self.trainer.precision_plugin, MixedPrecision) and self.trainer.precision_plugin.scaler:
@@ -206,7 +221,7 @@ class RLModule(pl.LightningModule):
         self._optimizer_step = FusedAdamStep(self._lightning_optimizer.optimizer, self.max_grad_norm)
         # TorchRL fills a loss's input keys on first use; doing it before compiling spares one recompilation.
         _ = self.loss_module.in_keys
-        self._compiled_loss = self.compiled(self.loss)
+        self._compiled_loss = self.compiled(self.training_loss())
 
     def learning_rate(self, frames: int) -> float:
         """The learning rate after ``frames`` frames: ``lr``, or its cosine decay to ``lr_end`` over ``lr_frames``."""
@@ -218,7 +233,9 @@ class RLModule(pl.LightningModule):
     def on_train_batch_start(self, batch: object, batch_idx: int) -> None:
         # Set before this step's collection, from the frame counter a checkpoint restores.
         if self.lr_end is not None:
-            self._lightning_optimizer.optimizer.param_groups[0]["lr"] = self.learning_rate(self.datamodule.frames)
+            factor = self.learning_rate(self.datamodule.frames) / self.lr
+            for group in self._lightning_optimizer.optimizer.param_groups:
+                group["lr"] = group["base_lr"] * factor
 
     def training_step(self, dataloader_iter: Iterator) -> torch.Tensor:
         """One update. The batch is fetched here, not by Lightning, so that nothing is collected ahead of the
@@ -250,7 +267,8 @@ class RLModule(pl.LightningModule):
         """Loss, backward, gradient clip, optimizer step, then :meth:`on_update`. Returns the detached total loss
         and the loss terms (not detached: a new TensorDict per update costs more than the few logged steps need)."""
         losses = self._compiled_loss(batch)
-        loss = sum(value for key, value in losses.items() if key.startswith("loss"))
+        # Outside the compiled function, so that holding a term back never selects a stale compiled graph.
+        loss = sum(value for key, value in losses.items() if key.startswith("loss") and key not in self.held_losses)
         # Through Lightning, which prepares DDP's gradient all-reduce and runs the backward hooks of callbacks.
         self.manual_backward(loss)
         # Lightning's own bookkeeping around a step (global_step, the profiler), the calls LightningOptimizer.step
@@ -262,6 +280,30 @@ class RLModule(pl.LightningModule):
         # A loss may give each sample's |TD error| (`td_error`): a prioritized replay store's new priorities.
         self.datamodule.after_update(losses.get("td_error", None))
         return loss.detach(), losses
+
+    #: Loss terms computed but left out of the update's sum for now (SAC's actor during its critics' warm-up): the
+    #: parameters only they reach get no gradient, and the optimizer skips them.
+    held_losses: frozenset[str] = frozenset()
+
+    #: The loss module's networks that have Polyak-averaged target copies (``<name>_params`` and
+    #: ``target_<name>_params``), for :meth:`soft_update`.
+    target_networks: tuple[str, ...] = ()
+
+    def soft_update(self) -> None:
+        """Polyak averaging of the :attr:`target_networks`, ``target ← (1 − τ)·target + τ·online`` with ``self.tau``:
+        TorchRL's ``SoftUpdate`` arithmetic as one fused op. Its Python loop of one lerp per parameter cost 0.35 ms per
+        update on the Snake MLP, a tenth of the update."""
+        pairs = getattr(self, "_soft_pairs", None)
+        if pairs is None:  # built on first use, after the model has reached its device
+            targets, sources = [], []
+            for name in self.target_networks:
+                online = getattr(self.loss_module, f"{name}_params")
+                target = getattr(self.loss_module, f"target_{name}_params")
+                for key in online.keys(include_nested=True, leaves_only=True):
+                    targets.append(target.get(key).data)
+                    sources.append(online.get(key).data)
+            pairs = self._soft_pairs = (targets, sources)
+        torch._foreach_lerp_(*pairs, self.tau)
 
     def extra_metrics(self) -> dict[str, torch.Tensor | float]:
         """Agent-specific training metrics beyond the loss terms (ε, ...). Default: none."""

@@ -23,27 +23,7 @@ from tensordict.nn import TensorDictModule
 from torch import nn
 from torchrl.data import TensorSpec
 
-from modules.networks import mlp
-
-
-class ScaledTanhPolicy(nn.Module):
-    """``observation → action``: the MLP's tanh output mapped from [−1, 1] onto the action box."""
-
-    def __init__(self, network: nn.Module, low: torch.Tensor, high: torch.Tensor) -> None:
-        super().__init__()
-        self.network = network
-        self.register_buffer("centre", (high + low) / 2)
-        self.register_buffer("half_range", (high - low) / 2)
-
-    def unit(self, observation: torch.Tensor) -> torch.Tensor:
-        """The action in [−1, 1] units."""
-        return torch.tanh(self.network(observation))
-
-    def forward(self, observation: torch.Tensor) -> torch.Tensor:
-        return self.centre + self.half_range * self.unit(observation)
-
-    def to_unit(self, action: torch.Tensor) -> torch.Tensor:
-        return (action - self.centre) / self.half_range
+from modules.networks import ScaledTanhPolicy, mlp
 
 
 class BehaviourCloning(pl.LightningModule):
@@ -69,6 +49,7 @@ class BehaviourCloning(pl.LightningModule):
         if not hidden_sizes or min(hidden_sizes) < 1:
             raise ValueError(f"--model.init_args.hidden_sizes must be widths >= 1, got {list(hidden_sizes)}")
         self.save_hyperparameters(ignore=["observation_spec", "action_spec"])
+        self.observation_spec = observation_spec  # the export's input shape
         (observation_dim,) = observation_spec["observation"].shape
         (action_dim,) = action_spec.shape
         network = mlp(observation_dim, hidden_sizes, action_dim)

@@ -41,3 +41,23 @@ def observation_mlp(observation_shape: Sequence[int], hidden_sizes: Sequence[int
         FlattenObservation(observation_shape),
         mlp(prod(observation_shape), hidden_sizes, out_features),
     )
+
+
+class ScaledTanhPolicy(nn.Module):
+    """``observation → action``: the MLP's tanh output mapped from [−1, 1] onto the action box."""
+
+    def __init__(self, network: nn.Module, low: torch.Tensor, high: torch.Tensor) -> None:
+        super().__init__()
+        self.network = network
+        self.register_buffer("centre", (high + low) / 2)
+        self.register_buffer("half_range", (high - low) / 2)
+
+    def unit(self, observation: torch.Tensor) -> torch.Tensor:
+        """The action in [−1, 1] units."""
+        return torch.tanh(self.network(observation))
+
+    def forward(self, observation: torch.Tensor) -> torch.Tensor:
+        return self.centre + self.half_range * self.unit(observation)
+
+    def to_unit(self, action: torch.Tensor) -> torch.Tensor:
+        return (action - self.centre) / self.half_range

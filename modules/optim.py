@@ -17,9 +17,9 @@ import torch
 class FusedAdamStep:
     """``clip_grad_norm_(max_grad_norm)`` + ``optimizer.step()`` + ``zero_grad(set_to_none=True)``, same arithmetic.
 
-    The optimizer's own ``step()`` runs whenever the direct path does not apply: an optimizer other than a
-    single-group fused Adam without AMSGrad, the first step (which creates the state), or a parameter without a
-    gradient.
+    The direct path makes one fused call per parameter group, each with its group's learning rate. The optimizer's
+    own ``step()`` runs whenever it does not apply: an optimizer other than a fused Adam without AMSGrad, the first
+    step (which creates the state), or a parameter without a gradient.
 
     Args:
         optimizer: the optimizer whose parameters, hyperparameters and state are used.
@@ -30,16 +30,12 @@ class FusedAdamStep:
         self.optimizer = optimizer
         self.max_grad_norm = max_grad_norm
         self.params = [p for group in optimizer.param_groups for p in group["params"]]
-        group = optimizer.param_groups[0]
-        self.direct = (
-            type(optimizer) is torch.optim.Adam
-            and len(optimizer.param_groups) == 1
-            and group["fused"]
-            and not group["amsgrad"]
-            and not group["maximize"]
-            and not group["differentiable"]
+        self.direct = type(optimizer) is torch.optim.Adam and all(
+            group["fused"] and not (group["amsgrad"] or group["maximize"] or group["differentiable"])
+            for group in optimizer.param_groups
         )
-        self._state: tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]] | None = None
+        # Per group (each has its own learning rate: SAC's actor and critics): exp_avg, exp_avg_sq and step lists.
+        self._state: list[tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]] | None = None
 
     def __call__(self) -> None:
         grads = [p.grad for p in self.params]
@@ -53,29 +49,34 @@ class FusedAdamStep:
             self.optimizer.step()
             self._state = self._bind_state() if self.direct and len(grads) == len(self.params) else None
         else:
-            exp_avgs, exp_avg_sqs, steps = self._state
-            group = self.optimizer.param_groups[0]
-            beta1, beta2 = group["betas"]
-            torch._foreach_add_(steps, 1)
-            torch._fused_adam_(
-                self.params,
-                grads,
-                exp_avgs,
-                exp_avg_sqs,
-                [],
-                steps,
-                lr=group["lr"],  # read every step: a scheduler may change it
-                beta1=beta1,
-                beta2=beta2,
-                weight_decay=group["weight_decay"],
-                eps=group["eps"],
-                amsgrad=False,
-                maximize=False,
-            )
+            start = 0
+            for group, (exp_avgs, exp_avg_sqs, steps) in zip(self.optimizer.param_groups, self._state, strict=True):
+                count = len(group["params"])
+                beta1, beta2 = group["betas"]
+                torch._foreach_add_(steps, 1)
+                torch._fused_adam_(
+                    group["params"],
+                    grads[start : start + count],
+                    exp_avgs,
+                    exp_avg_sqs,
+                    [],
+                    steps,
+                    lr=group["lr"],  # read every step: a scheduler may change it
+                    beta1=beta1,
+                    beta2=beta2,
+                    weight_decay=group["weight_decay"],
+                    eps=group["eps"],
+                    amsgrad=False,
+                    maximize=False,
+                )
+                start += count
         for p in self.params:
             p.grad = None
 
-    def _bind_state(self) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
+    def _bind_state(self) -> list[tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]]:
         # After the optimizer's own step, so that the state exists and is the one a resume loaded.
-        state = [self.optimizer.state[p] for p in self.params]
-        return [s["exp_avg"] for s in state], [s["exp_avg_sq"] for s in state], [s["step"] for s in state]
+        bound = []
+        for group in self.optimizer.param_groups:
+            state = [self.optimizer.state[p] for p in group["params"]]
+            bound.append(([s["exp_avg"] for s in state], [s["exp_avg_sq"] for s in state], [s["step"] for s in state]))
+        return bound

@@ -10,7 +10,7 @@ import torch
 from tensordict import TensorDict
 
 from app.cli import build, main
-from modules.bare import as_replay_sample, bare_update, framework_free_dqn, ppo_batch, transitions
+from modules.bare import as_replay_sample, bare_update, framework_free_update, ppo_batch, transitions
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["--threads", "1", "--data.init_args.num_envs", "4"]
@@ -43,7 +43,7 @@ def test_framework_free_update_is_the_agents_update_step(config):
     overrides = [*SMALL, "--data.init_args.batch_size", "64", "--model.init_args.lr", "0.01"]
     model, data = build([str(ROOT / "configs" / config)], overrides)
     before = [parameter.detach().clone() for parameter in model.trainable_parameters()]
-    step = framework_free_dqn(model, data)
+    step = framework_free_update(model, data)
     batch = as_replay_sample(transitions(data, data.batch_size, seed=0))
     torch.manual_seed(7)
     expected = total(model.loss(batch)).detach()
@@ -52,6 +52,19 @@ def test_framework_free_update_is_the_agents_update_step(config):
     torch.manual_seed(7)
     assert step(16) != pytest.approx(expected.item(), rel=1e-5)
     assert not any(torch.equal(a, b) for a, b in zip(before, model.trainable_parameters(), strict=True))
+
+
+def test_bare_sac_update_computes_the_agents_loss():
+    overrides = [*SMALL, "--data.init_args.batch_size", "64", "--config", str(ROOT / "configs/bench/sac_update.yaml")]
+    model, data = build([str(ROOT / "configs/racing_sac.yaml")], overrides)
+    step = bare_update(model, data)
+    batch = as_replay_sample(transitions(data, data.batch_size, seed=0))
+    torch.manual_seed(7)  # the next and the current actions are sampled inside the loss
+    expected = total(model.loss(batch)).detach()
+    torch.manual_seed(7)
+    assert step(0) == pytest.approx(expected.item(), rel=1e-5)
+    torch.manual_seed(7)
+    assert step(16) != pytest.approx(expected.item(), rel=1e-5)
 
 
 def test_bare_ppo_update_computes_clip_ppo_loss():

@@ -20,6 +20,7 @@ PRESETS = sorted((ROOT / "configs" / "bench").glob("*.yaml"))
 @pytest.mark.parametrize("config", AGENT_CONFIGS, ids=lambda path: path.name)
 def test_agent_config_instantiates(config, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # relative output folders land here, if anything is written at all
+    (tmp_path / "configs").symlink_to(ROOT / "configs")  # configs name other configs from the repository's root
     model, data = build([str(config)])
     assert isinstance(model, pl.LightningModule) and isinstance(data, pl.LightningDataModule)
     # Agents train on an RL data module; supervised stages (behaviour cloning) on a dataset's.

@@ -1,0 +1,69 @@
+"""Earlier stages of a pipeline: run a config's ``fit`` once, reuse its finished run after.
+
+The racing pipeline is demonstrations → behaviour cloning → SAC; SAC's ``actor_init`` may name the BC config instead
+of a checkpoint, and :func:`run_stage` makes sure that stage has run. Each stage is an ordinary ``python -m app fit``
+in its own process (its own threads, seed and console output, nothing shared with the calling run's random state)
+and its own folder: ``<save_dir>/<name>/stage-<key>/``, from the stage config's CSV logger, where ``<key>`` is the
+sha256 of the config file's text. So:
+
+- a finished stage (``stage.json`` beside its checkpoints, written when its process exits cleanly) is reused;
+- an interrupted one continues from its ``last.ckpt``;
+- an edited config is a new key, so a new run: never a stale result. (Code changes are not in the key: delete
+  the folder to rebuild after one.)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from app.run_folder import LAST
+
+MARKER = "stage.json"
+
+
+def stage_folder(config: Path, flag: str) -> Path:
+    """Where the stage of ``config`` keeps its run: ``<save_dir>/<name>/stage-<sha256 of the config, 12 hex>``."""
+    try:
+        text = config.read_text()
+        logger = (yaml.safe_load(text) or {}).get("trainer", {}).get("logger") or {}
+    except (OSError, yaml.YAMLError) as error:
+        raise ValueError(f"{flag} {config}: cannot read this config ({error})") from None
+    init_args = logger.get("init_args", {}) if isinstance(logger, dict) else {}
+    if "save_dir" not in init_args:
+        raise ValueError(
+            f"{flag} {config}: a stage config needs a trainer logger with init_args.save_dir (and name), where its "
+            "run is kept and found again"
+        )
+    key = hashlib.sha256(text.encode()).hexdigest()[:12]
+    return Path(init_args["save_dir"]) / init_args.get("name", "lightning_logs") / f"stage-{key}"
+
+
+def run_stage(config: str | Path, flag: str) -> Path:
+    """The ``last.ckpt`` of ``config``'s finished run: reused when there is one, else made by running (or resuming)
+    ``python -m app fit --config <config>`` now. Errors name ``flag``, the option that asked for the stage."""
+    config = Path(config)
+    folder = stage_folder(config, flag)
+    checkpoint = folder / "checkpoints" / LAST
+    if (folder / MARKER).is_file() and checkpoint.is_file():
+        print(f"Stage {config}: reusing its finished run {folder}")
+        return checkpoint
+    command = [sys.executable, "-m", "app", "fit", "--config", str(config)]
+    command += ["--trainer.logger.init_args.version", folder.name]
+    if checkpoint.is_file():
+        command += ["--ckpt_path", str(checkpoint)]
+    print(f"Stage {config}: {'continuing' if checkpoint.is_file() else 'running'} it in {folder}", flush=True)
+    exit_code = subprocess.run(command, check=False).returncode
+    if exit_code != 0:
+        raise RuntimeError(f"{flag} {config}: the stage exited with code {exit_code} (its output is above)")
+    if not checkpoint.is_file():
+        raise ValueError(
+            f"{flag} {config}: the stage wrote no {checkpoint}; its ModelCheckpoint callback needs save_last: true"
+        )
+    (folder / MARKER).write_text(json.dumps({"config": str(config), "checkpoint": str(checkpoint)}, indent=1))
+    return checkpoint

@@ -1,0 +1,331 @@
+"""Soft actor-critic (SPEC §4): a tanh-Gaussian actor and twin Q critics on TorchRL's ``SACLoss``.
+
+The actor maps the observation through an MLP (the seed's hidden layers 128, 64) to the location and scale of a
+Gaussian whose sample is squashed by tanh onto the action box (TorchRL's ``TanhNormal``); acting samples it,
+evaluation and export take its deterministic action ``centre + half_range · tanh(location)``, the same form as the
+behaviour-cloning policy (:class:`~modules.networks.ScaledTanhPolicy`). Two Q-networks (``[observation, action] → 128 →
+64 → 1``) with Polyak-averaged target copies, the clipped double-Q target, and the entropy coefficient α tuned
+towards a target entropy (−action dims by default), as in Haarnoja et al. 2018 and the seed's Stable-Baselines3 SAC.
+
+``actor_init`` starts the actor from a behaviour-cloning run: its hidden layers, and its output layer as the
+Gaussian's location, so the deterministic action is the clone's from the first step; the scale starts at
+``init_scale`` everywhere and the critics start from scratch. It takes a BC checkpoint, or a BC config, which runs
+that stage first (or reuses its finished run: :func:`app.stages.run_stage`).
+
+Usage::
+
+    python -m app fit --config configs/racing_sac.yaml                        # BC stage (or its reuse), then SAC
+    python -m app fit --config configs/racing_sac.yaml --config configs/bench/sac_scratch.yaml   # SAC from scratch
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from tensordict import TensorDictBase
+from tensordict.nn import NormalParamExtractor, TensorDictModule, TensorDictModuleBase
+from torch import nn
+from torchrl.data import TensorSpec
+from torchrl.envs.utils import ExplorationType
+from torchrl.modules import ProbabilisticActor, TanhNormal
+from torchrl.objectives import SACLoss, SoftUpdate
+
+from modules.base import RLModule
+from modules.networks import ScaledTanhPolicy, mlp
+
+ACTOR_INIT_FLAG = "--model.init_args.actor_init"
+
+
+class QNetwork(nn.Module):
+    """``(observation, action) → Q``: an MLP over the observation and the action scaled from its box to [−1, 1]."""
+
+    def __init__(self, observation_dim: int, hidden_sizes: Sequence[int], low: torch.Tensor, high: torch.Tensor):
+        super().__init__()
+        self.register_buffer("centre", (high + low) / 2)
+        self.register_buffer("half_range", (high - low) / 2)
+        self.network = mlp(observation_dim + low.numel(), hidden_sizes, 1)
+
+    def forward(self, observation: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+        return self.network(torch.cat([observation, (action - self.centre) / self.half_range], -1))
+
+
+class Location(nn.Module):
+    """The location half of the actor's ``[location, scale]`` output."""
+
+    def forward(self, output: torch.Tensor) -> torch.Tensor:
+        return output.chunk(2, -1)[0]
+
+
+class SAC(RLModule):
+    """SAC with twin Q critics, Polyak target critics and automatic entropy tuning.
+
+    Args:
+        observation_spec: linked from the data module (``observation`` is a flat vector).
+        action_spec: linked from the data module (a bounded box).
+        actor_hidden_sizes: widths of the actor's hidden layers (the seed's 128, 64).
+        critic_hidden_sizes: widths of each critic's hidden layers (the seed's 128, 64).
+        lr: Adam learning rate of the critics and α (and of the actor, without ``actor_lr``; the seed's 3e-4).
+        actor_lr: the actor's own learning rate; None: ``lr``. Lower keeps an actor started from behaviour cloning
+            within reach of what its critics have seen while they catch up.
+        gamma: discount.
+        tau: Polyak rate of the target critics.
+        alpha_init: the entropy coefficient α at the start.
+        target_entropy: the entropy α steers the policy towards; ``auto``: −(action dims).
+        init_scale: the Gaussian's scale (before tanh, in [−1, 1] action units) where the scale layer outputs 0; with
+            ``actor_init`` the scale starts there everywhere.
+        actor_init: None (a randomly initialised actor), a behaviour-cloning checkpoint (``.ckpt``) whose network
+            has this actor's layer sizes, or a behaviour-cloning config (``.yaml``) run first as its own stage (or
+            reused when that stage already finished; see :func:`app.stages.run_stage`). Ignored when a run resumes.
+        actor_warmup_updates: updates at the start that train the critics (and α) but not the actor. An actor
+            started from behaviour cloning would otherwise follow the gradients of critics that know nothing yet,
+            and unlearn its driving before they do.
+        bc_weight: weight of a term in the actor's loss that keeps its deterministic action near the clone's it
+            started from (``actor_init``): ``bc_weight · |tanh(μ(s)) − tanh(μ_clone(s))|²`` over the batch's states,
+            in [−1, 1] action units, as demonstration-augmented policy gradients do (Rajeswaran et al. 2018). The
+            critics start from scratch, and until they know the clone's neighbourhood, their action gradients lead
+            the actor off the track; the term holds it there and fades. 0: plain SAC.
+        bc_weight_frames: frames over which ``bc_weight`` falls linearly to 0.
+        compile: see :class:`~modules.base.RLModule`.
+        max_grad_norm: see :class:`~modules.base.RLModule` (SAC usually runs unclipped).
+        check_finite_every: see :class:`~modules.base.RLModule`.
+        lr_end, lr_frames: see :class:`~modules.base.RLModule` (a cosine learning-rate decay in frames).
+    """
+
+    target_networks = ("qvalue_network",)
+
+    def __init__(
+        self,
+        observation_spec: Any,
+        action_spec: TensorSpec,
+        actor_hidden_sizes: Sequence[int] = (128, 64),
+        critic_hidden_sizes: Sequence[int] = (128, 64),
+        lr: float = 3e-4,
+        actor_lr: float | None = None,
+        gamma: float = 0.99,
+        tau: float = 0.005,
+        alpha_init: float = 1.0,
+        target_entropy: float | str = "auto",
+        init_scale: float = 1.0,
+        actor_init: str | None = None,
+        actor_warmup_updates: int = 0,
+        bc_weight: float = 0.0,
+        bc_weight_frames: int = 500_000,
+        compile: bool | str = False,
+        max_grad_norm: float | None = None,
+        check_finite_every: int = 1,
+        lr_end: float | None = None,
+        lr_frames: int = 1_000_000,
+    ) -> None:
+        super().__init__(
+            observation_spec, action_spec, lr, compile, max_grad_norm, check_finite_every, lr_end, lr_frames
+        )
+        self.save_hyperparameters(ignore=["observation_spec", "action_spec"])
+        if not 0 <= gamma <= 1:
+            raise ValueError(f"--model.init_args.gamma must be in [0, 1], got {gamma}")
+        if not 0 < tau <= 1:
+            raise ValueError(f"--model.init_args.tau must be in (0, 1], got {tau}")
+        if not alpha_init > 0:
+            raise ValueError(f"--model.init_args.alpha_init must be > 0, got {alpha_init}")
+        if not init_scale > 0:
+            raise ValueError(f"--model.init_args.init_scale must be > 0, got {init_scale}")
+        if target_entropy != "auto" and not isinstance(target_entropy, int | float):
+            raise ValueError(f"--model.init_args.target_entropy must be a number or auto, got {target_entropy!r}")
+        for name, sizes in (("actor_hidden_sizes", actor_hidden_sizes), ("critic_hidden_sizes", critic_hidden_sizes)):
+            if not sizes or min(sizes) < 1:
+                raise ValueError(f"--model.init_args.{name} must be widths >= 1, got {list(sizes)}")
+        if actor_init is not None and Path(actor_init).suffix not in (".ckpt", ".yaml", ".yml"):
+            raise ValueError(
+                f"{ACTOR_INIT_FLAG} must be a behaviour-cloning checkpoint (.ckpt) or config (.yaml): {actor_init!r}"
+            )
+        if actor_lr is not None and not actor_lr > 0:
+            raise ValueError(f"--model.init_args.actor_lr must be > 0 (or null for lr), got {actor_lr}")
+        if bc_weight < 0:
+            raise ValueError(f"--model.init_args.bc_weight must be >= 0, got {bc_weight}")
+        if bc_weight > 0 and actor_init is None:
+            raise ValueError(
+                "--model.init_args.bc_weight > 0 needs --model.init_args.actor_init (the clone it keeps near)"
+            )
+        if bc_weight_frames < 1:
+            raise ValueError(f"--model.init_args.bc_weight_frames must be >= 1, got {bc_weight_frames}")
+        if actor_warmup_updates < 0:
+            raise ValueError(f"--model.init_args.actor_warmup_updates must be >= 0, got {actor_warmup_updates}")
+        self.tau, self.actor_init, self.actor_warmup_updates = tau, actor_init, actor_warmup_updates
+        self.actor_lr = lr if actor_lr is None else actor_lr
+        self.bc_weight_initial, self.bc_weight_frames = bc_weight, bc_weight_frames
+        (observation_dim,) = observation_spec["observation"].shape
+        (action_dim,) = action_spec.shape
+        low, high = action_spec.space.low.float(), action_spec.space.high.float()
+
+        # Location and scale from one MLP; the scale through softplus shifted so that an output of 0 gives init_scale.
+        network = mlp(observation_dim, actor_hidden_sizes, 2 * action_dim)
+        self.actor = ProbabilisticActor(
+            TensorDictModule(
+                nn.Sequential(
+                    network,
+                    NormalParamExtractor(scale_mapping=f"biased_softplus_{init_scale}", scale_lb=1e-4),
+                ),
+                in_keys=["observation"],
+                out_keys=["loc", "scale"],
+            ),
+            in_keys=["loc", "scale"],
+            spec=action_spec,
+            distribution_class=TanhNormal,
+            # safe_tanh clamps inside tanh's inverse, which torch.compile cannot trace; the loss scores the exact
+            # pre-tanh sample (rsample_and_log_prob), so the inverse is never taken in training.
+            distribution_kwargs={"low": low, "high": high, "safe_tanh": False},
+            default_interaction_type=ExplorationType.RANDOM,
+        )
+        # The clone the actor started from (a frozen copy, filled by load_behaviour_cloning), and the BC term's weight
+        # now: a tensor the compiled loss reads, set from the frame counter before each update.
+        self.clone_network = copy.deepcopy(network).requires_grad_(False)
+        self.register_buffer("bc_weight", torch.tensor(float(bc_weight)))
+        self.qvalue = TensorDictModule(
+            QNetwork(observation_dim, critic_hidden_sizes, low, high),
+            in_keys=["observation", "action"],
+            out_keys=["state_action_value"],
+        )
+        self.loss_module = SACLoss(
+            self.actor,
+            self.qvalue,
+            num_qvalue_nets=2,
+            loss_function="l2",
+            alpha_init=alpha_init,
+            target_entropy=target_entropy,
+            action_spec=action_spec,
+            delay_qvalue=True,
+        )
+        self.loss_module.make_value_estimator(gamma=gamma)
+        # SACLoss resolves "auto" into a buffer on first use; resolved now, so that a fresh model loads a checkpoint.
+        _ = self.loss_module.target_entropy
+        # TorchRL's updater of the target critics; the update applies the same Polyak step fused (soft_update).
+        self.target_updater = SoftUpdate(self.loss_module, tau=tau)
+        if actor_init is not None and Path(actor_init).suffix == ".ckpt":
+            self.read_clone(Path(actor_init))  # a wrong file fails now, not after the run has started
+        elif actor_init is not None:
+            from app.stages import stage_folder
+
+            stage_folder(Path(actor_init), ACTOR_INIT_FLAG)  # readable, with a logger that names its folder
+
+    @property
+    def actor_network(self) -> nn.Sequential:
+        """The actor's MLP, ``observation → [location, scale before its mapping]``."""
+        return self.actor.module[0].module[0]
+
+    def policy(self) -> TensorDictModuleBase:
+        return self.actor  # samples: the collector runs under the RANDOM exploration type
+
+    def greedy_policy(self) -> TensorDictModuleBase:
+        return self.actor  # evaluation sets the DETERMINISTIC exploration type: centre + half_range · tanh(loc)
+
+    def export_network(self) -> nn.Module:
+        space = self.action_spec.space
+        # The same form as the behaviour-cloning policy: centre + half_range · tanh(location).
+        actor = ScaledTanhPolicy(nn.Sequential(self.actor_network, Location()), space.low.float(), space.high.float())
+        return actor.to(self.device)
+
+    def parameter_groups(self) -> list[dict[str, Any]]:
+        actor = {id(p) for p in self.loss_module.actor_network_params.values(True, True)}
+        parameters = self.trainable_parameters()
+        return [
+            {"params": [p for p in parameters if id(p) in actor], "lr": self.actor_lr},
+            {"params": [p for p in parameters if id(p) not in actor]},  # critics and log α
+        ]
+
+    def on_train_batch_start(self, batch: object, batch_idx: int) -> None:
+        super().on_train_batch_start(batch, batch_idx)
+        # From the restored update counter, so a resumed run holds the actor back exactly as long.
+        warming_up = self.global_step < self.actor_warmup_updates
+        self.held_losses = frozenset({"loss_actor", "loss_bc"}) if warming_up else frozenset()
+        progress = min(self.datamodule.frames / self.bc_weight_frames, 1.0)
+        self.bc_weight.fill_(self.bc_weight_initial * (1.0 - progress))
+
+    def on_update(self) -> None:
+        self.soft_update()
+
+    def on_fit_start(self) -> None:
+        # After Lightning restored a checkpoint (on resume the actor is the checkpoint's) and before any collection.
+        if self.actor_init is not None and self.trainer.ckpt_path is None:
+            # Rank 0 runs the BC stage if it must; the other ranks wait for it, then reuse its run.
+            if not self.trainer.is_global_zero:
+                self.trainer.strategy.barrier()
+            self.load_behaviour_cloning(self.actor_init)
+            if self.trainer.is_global_zero:
+                self.trainer.strategy.barrier()
+        super().on_fit_start()
+
+    def load_behaviour_cloning(self, source: str | Path) -> Path:
+        """Copy a behaviour-cloning network into the actor; returns the checkpoint used.
+
+        ``source`` is a BC checkpoint or a BC config (run first, or its finished run reused). The hidden layers are
+        copied as they are, the output layer into the location's rows; the scale's rows are zeroed (the scale is
+        then ``init_scale`` everywhere).
+        """
+        from app.stages import run_stage  # the app imports the modules, not the other way round
+
+        checkpoint = Path(source)
+        if checkpoint.suffix in (".yaml", ".yml"):
+            checkpoint = run_stage(checkpoint, flag=ACTOR_INIT_FLAG)
+        clone = self.read_clone(checkpoint)
+        ours = self.actor_network.state_dict(keep_vars=True)
+        output = list(ours)[-2:]  # the last layer's weight and bias
+        action_dim = ours[output[0]].shape[0] // 2
+        with torch.no_grad():
+            for key, parameter in ours.items():
+                value = clone[key].to(parameter)
+                if key in output:  # location rows from the clone, scale rows zero
+                    parameter[:action_dim].copy_(value)
+                    parameter[action_dim:].zero_()
+                else:
+                    parameter.copy_(value)
+        self.clone_network.load_state_dict(self.actor_network.state_dict())
+        print(f"SAC: actor initialised from behaviour cloning {checkpoint}")
+        return checkpoint
+
+    def read_clone(self, checkpoint: Path) -> dict[str, torch.Tensor]:
+        """The BC network's weights in ``checkpoint``, checked against this actor's sizes. Raises an error naming
+        ``--model.init_args.actor_init`` for a missing or unreadable file, or a network of other sizes."""
+        if not checkpoint.is_file():
+            raise ValueError(f"{ACTOR_INIT_FLAG} {checkpoint}: no such checkpoint file")
+        try:
+            state = torch.load(checkpoint, map_location="cpu", weights_only=True)["state_dict"]
+        except Exception as error:  # a truncated or foreign file: say which flag gave it
+            raise ValueError(f"{ACTOR_INIT_FLAG} {checkpoint}: not a readable Lightning checkpoint ({error})") from None
+        prefix = "actor.network."  # modules.bc.BehaviourCloning's network
+        clone = {key[len(prefix) :]: value for key, value in state.items() if key.startswith(prefix)}
+        ours = self.actor_network.state_dict()
+        output = list(ours)[-2:]
+        expected = {
+            key: torch.Size((value.shape[0] // 2, *value.shape[1:]) if key in output else value.shape)
+            for key, value in ours.items()
+        }
+        found = {key: value.shape for key, value in clone.items()}
+        if found != expected:
+            raise ValueError(
+                f"{ACTOR_INIT_FLAG} {checkpoint}: its network's layers ({_describe(found)}) do not fit this actor's "
+                f"({_describe(expected)}): the observation, --model.init_args.actor_hidden_sizes and the actions must "
+                "match the behaviour-cloning run's"
+            )
+        return clone
+
+    def training_loss(self) -> Callable[[TensorDictBase], TensorDictBase]:
+        return self.loss_near_clone if self.bc_weight_initial > 0 else self.loss
+
+    def loss_near_clone(self, batch: TensorDictBase) -> TensorDictBase:
+        """SAC's losses and ``loss_bc``: the actor's deterministic action's squared distance to the clone's."""
+        losses = self.loss_module(batch)
+        location = self.actor_network(batch["observation"]).chunk(2, -1)[0]
+        with torch.no_grad():
+            target = self.clone_network(batch["observation"]).chunk(2, -1)[0]
+        losses["loss_bc"] = self.bc_weight * (torch.tanh(location) - torch.tanh(target)).pow(2).sum(-1).mean()
+        return losses
+
+    def extra_metrics(self) -> dict[str, torch.Tensor | float]:
+        return {"train/log_alpha": self.loss_module.log_alpha.detach(), "train/bc_weight": self.bc_weight}
+
+
+def _describe(shapes: dict[str, Any]) -> str:
+    return ", ".join(f"{key} {list(shape)}" for key, shape in shapes.items()) or "(none)"

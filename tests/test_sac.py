@@ -1,0 +1,322 @@
+"""SAC on the racing env: the actor's start from behaviour cloning, the one-command pipeline, full resume, the
+compiled and bf16 updates, the soft target update, export and validate."""
+
+from __future__ import annotations
+
+import copy
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from tensordict import TensorDict
+from torchrl.envs.utils import ExplorationType, set_exploration_type
+from torchrl.modules import TanhNormal
+
+from app.stages import MARKER, stage_folder
+from datamodules.envs.racing import RacingEnv
+from modules.bare import tanh_gaussian_sample
+from modules.sac import SAC
+from tests.helpers import fit, weights, write_config
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = RacingEnv(curvature_ahead=[5, 15, 30])
+SPECS = {"observation_spec": ENV.observation_spec[0], "action_spec": ENV.action_spec[0]}
+SHORT_EPISODES = {"max_steps": 200}  # evaluation episodes of 4 s instead of 100 s
+
+
+def bc_config(root: Path, hidden_sizes=(128, 64)) -> Path:
+    """The shipped BC config, shortened: 2,400 pairs, one epoch, closed-loop evaluation of 4 short episodes."""
+    config = yaml.safe_load((ROOT / "configs" / "racing_bc.yaml").read_text())
+    config["trainer"]["max_epochs"] = 1
+    config["data"]["init_args"].update(episodes=8, steps=300, batch_size=64)
+    config["data"]["init_args"]["env"]["init_args"].update(SHORT_EPISODES)
+    config["model"]["init_args"]["hidden_sizes"] = list(hidden_sizes)
+    evaluation = next(c for c in config["trainer"]["callbacks"] if c["class_path"].endswith("ClosedLoopEvaluation"))
+    evaluation["init_args"]["cars"] = 4
+    name = "racing_bc" if tuple(hidden_sizes) == (128, 64) else "racing_bc_small"
+    config["trainer"]["logger"]["init_args"]["name"] = name
+    return write_config(config, root / f"{name}.yaml")
+
+
+def sac_config(root: Path, actor_init: str | None, **model) -> Path:
+    """The shipped SAC config, shortened: few cars, small buffer and batches, short evaluation episodes."""
+    config = yaml.safe_load((ROOT / "configs" / "racing_sac.yaml").read_text())
+    config["trainer"].update(max_steps=40, max_time=None, enable_progress_bar=False, log_every_n_steps=10)
+    for callback in config["trainer"]["callbacks"]:
+        if callback["class_path"].endswith("PeriodicEvaluation"):
+            callback["init_args"].update(every_n_frames=200, episodes=2)
+        if callback["class_path"].endswith("FrameCheckpoint"):
+            callback["init_args"]["every_n_frames"] = 10**9
+        if callback["class_path"].endswith(".ModelCheckpoint"):  # best.ckpt, checked every 10 updates here
+            callback["init_args"]["every_n_train_steps"] = 10
+    config["model"]["init_args"].update(actor_init=actor_init, compile=False, actor_warmup_updates=20, **model)
+    if actor_init is None:  # from scratch: no clone to stay near
+        config["model"]["init_args"]["bc_weight"] = 0.0
+    data = config["data"]["init_args"]
+    data.update(num_envs=4, buffer_size=2000, batch_size=32, warmup_frames=64, frames_per_update=2, eval_episodes=2)
+    data["env"]["init_args"].update(SHORT_EPISODES)
+    return write_config(config, root / "racing_sac.yaml")
+
+
+@pytest.fixture(scope="module")
+def bc_checkpoint(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("bc")
+    fit(
+        bc_config(root),
+        "--trainer.logger.init_args.save_dir",
+        str(root / "runs"),
+        "--trainer.enable_progress_bar",
+        "false",
+    )
+    return root / "runs" / "racing_bc" / "version_0" / "checkpoints" / "last.ckpt"
+
+
+def deterministic_action(policy, observation: torch.Tensor) -> torch.Tensor:
+    with set_exploration_type(ExplorationType.DETERMINISTIC), torch.no_grad():
+        return policy(TensorDict({"observation": observation}, batch_size=observation.shape[:1]))["action"]
+
+
+def test_actor_init_gives_the_clones_actions_and_the_initial_scale(bc_checkpoint):
+    from modules.bc import BehaviourCloning
+
+    clone = BehaviourCloning(**SPECS)
+    clone.load_state_dict(torch.load(bc_checkpoint, weights_only=True)["state_dict"])
+    model = SAC(**SPECS, init_scale=0.3)
+    model.load_behaviour_cloning(bc_checkpoint)
+    observation = ENV.reset()["observation"].expand(64, -1) + torch.randn(64, 11)
+    torch.testing.assert_close(deterministic_action(model.actor, observation), clone.actor(observation))
+    torch.testing.assert_close(model.export_network()(observation), clone.actor(observation))
+    with torch.no_grad():
+        _, scale = model.actor.module[0].module(observation)
+    torch.testing.assert_close(scale, torch.full_like(scale, 0.3))
+    # Acting samples around the clone's action, inside the box.
+    sampled = model.actor(TensorDict({"observation": observation}, batch_size=[64]))["action"]
+    assert not torch.equal(sampled, clone.actor(observation))
+    low, high = ENV.action_spec[0].space.low, ENV.action_spec[0].space.high
+    assert (sampled >= low).all() and (sampled <= high).all()
+
+
+def test_actor_init_of_another_shape_or_a_bad_file_is_an_error_naming_the_flag(tmp_path, bc_checkpoint, capsys):
+    with pytest.raises(ValueError, match=r"--model.init_args.actor_init .*do not fit this actor's"):
+        SAC(**SPECS, actor_hidden_sizes=[64, 64], actor_init=str(bc_checkpoint))
+    corrupt = tmp_path / "corrupt.ckpt"
+    corrupt.write_bytes(bc_checkpoint.read_bytes()[:1000])
+    with pytest.raises(ValueError, match=r"--model.init_args.actor_init .*corrupt.ckpt: not a readable"):
+        SAC(**SPECS, actor_init=str(corrupt))
+    with pytest.raises(ValueError, match=r"--model.init_args.actor_init .*missing.ckpt: no such checkpoint"):
+        SAC(**SPECS, actor_init=str(tmp_path / "missing.ckpt"))
+    # Through the command line: one line naming the flag, exit code 2, before anything runs.
+    config = sac_config(tmp_path, str(bc_checkpoint), actor_hidden_sizes=[32])
+    with pytest.raises(SystemExit) as exit_info:
+        fit(config)
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and "--model.init_args.actor_init" in error[0] and "do not fit" in error[0]
+
+
+def test_one_command_runs_the_bc_stage_once_then_reuses_it(tmp_path, monkeypatch, capfd):
+    monkeypatch.chdir(tmp_path)
+    bc = bc_config(tmp_path)
+    config = sac_config(tmp_path, str(bc))
+    cli = fit(config)
+    stage = stage_folder(bc, "flag")
+    assert stage.parent == Path("runs/racing_bc") and stage.name.startswith("stage-")
+    assert (stage / MARKER).is_file() and (stage / "checkpoints" / "last.ckpt").is_file()
+    assert list(Path("runs/demonstrations").glob("demonstrations-*/complete.json"))
+    # The first 20 updates train only the critics: the actor is still the clone's after 40 updates' warm-up half.
+    clone = torch.load(stage / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+    observation = torch.randn(16, 11)
+    expected = torch.tanh(torch.func.functional_call(_bc_network(), _prefixed(clone), (observation,)))
+    run = Path("runs/racing_sac/version_0")
+    assert cli.trainer.global_step == 40 and (run / "checkpoints" / "last.ckpt").is_file()
+    assert (run / "checkpoints" / "best.ckpt").is_file()  # the best evaluation's actor
+    assert "Stage" in capfd.readouterr().out
+    # Run again: the finished stage is reused, not run again.
+    marker_time = (stage / MARKER).stat().st_mtime_ns
+    cli = fit(config, "--trainer.max_steps", "10")
+    out = capfd.readouterr().out
+    assert "reusing its finished run" in out and (stage / MARKER).stat().st_mtime_ns == marker_time
+    assert len(list(Path("runs/racing_bc").iterdir())) == 1
+    # After 10 updates (all in the actor's warm-up) the actor acts as the clone does.
+    centre_free = cli.model.export_network()(observation)
+    space = cli.model.action_spec.space
+    torch.testing.assert_close(centre_free, (space.high + space.low) / 2 + (space.high - space.low) / 2 * expected)
+    # An edited BC config is another stage: a new folder, never the stale run.
+    edited = bc.with_name("edited.yaml")
+    edited.write_text(bc.read_text() + "\n# edited\n")
+    assert stage_folder(edited, "flag") != stage
+
+
+def _bc_network() -> torch.nn.Module:
+    from modules.networks import mlp
+
+    return mlp(11, [128, 64], 2)
+
+
+def _prefixed(state: dict) -> dict:
+    return {key[len("actor.network.") :]: value for key, value in state.items() if key.startswith("actor.network.")}
+
+
+def resume_config(root: Path, bc_checkpoint: Path | None) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    config = yaml.safe_load(sac_config(root, None if bc_checkpoint is None else str(bc_checkpoint)).read_text())
+    config["trainer"].update(logger=False, default_root_dir=str(root))
+    config["trainer"]["callbacks"] = [
+        {"class_path": "callbacks.schedule.FrameCheckpoint", "init_args": {"every_n_frames": 10**9}}
+    ]
+    return write_config(config, root / "resume.yaml")
+
+
+def test_resumed_sac_run_ends_with_identical_weights(tmp_path, bc_checkpoint):
+    # 8 frames per collect, 2 per update: 4 updates per collect; the actor's warm-up (20 updates) ends after the
+    # stop at 30, so the resumed process must also restore the update counter that ends it. The checkpoint carries
+    # the replay buffer, the critics' targets, log α, Adam's state of both groups and every RNG.
+    half = 30
+    fit(resume_config(tmp_path / "full", bc_checkpoint), "--trainer.max_steps", str(2 * half))
+    interrupted = resume_config(tmp_path / "half", bc_checkpoint)
+    fit(interrupted, "--trainer.max_steps", str(half))
+    first_half = weights(tmp_path / "half/checkpoints/last.ckpt")
+    cli = fit(interrupted, "--trainer.max_steps", str(2 * half), "--ckpt_path", "last", "--seed_everything", "123")
+    assert cli.trainer.global_step == 2 * half
+    full, resumed = weights(tmp_path / "full/checkpoints/last.ckpt"), weights(tmp_path / "half/checkpoints/last.ckpt")
+    assert full.keys() == resumed.keys()
+    assert any("target_qvalue" in key for key in full) and "loss_module.log_alpha" in full
+    for key in full:
+        assert torch.equal(full[key], resumed[key]), key
+    moved = [
+        key for key in resumed if resumed[key].is_floating_point() and not torch.equal(first_half[key], resumed[key])
+    ]
+    assert "loss_module.log_alpha" in moved and any("target_qvalue" in key for key in moved)
+    assert any(key.startswith("actor.") for key in moved)  # the actor trained after its warm-up
+
+
+@pytest.mark.parametrize("option", [("--trainer.precision", "bf16-mixed"), ("--model.init_args.compile", "true")])
+def test_bf16_mixed_and_compiled_updates_train_with_finite_losses(tmp_path, option):
+    cli = fit(resume_config(tmp_path, None), *option, "--model.init_args.actor_warmup_updates", "0")
+    assert cli.trainer.global_step == 40
+    for key in ("train/loss", "train/loss_actor", "train/loss_qvalue", "train/loss_alpha"):
+        assert math.isfinite(float(cli.trainer.logged_metrics[key])), key
+    assert float(cli.trainer.logged_metrics["train/alpha"]) != pytest.approx(0.01)  # α is tuned
+
+
+def test_compiled_and_eager_losses_agree_on_the_same_batch():
+    torch.manual_seed(0)
+    eager = SAC(**SPECS, actor_hidden_sizes=[16], critic_hidden_sizes=[16])
+    compiled = copy.deepcopy(eager)
+    compiled.compile_mode = True
+    loss = compiled.compiled(compiled.loss)
+    env = RacingEnv(num_envs=32, curvature_ahead=[5, 15, 30])
+    td = env.reset()
+    td["action"] = env.action_spec.rand()
+    batch = env.step(td)
+    for _ in range(3):
+        with torch.random.fork_rng():
+            torch.manual_seed(1)
+            expected = eager.loss(batch.clone())
+        with torch.random.fork_rng():
+            torch.manual_seed(1)
+            actual = loss(batch.clone())
+        for key in ("loss_actor", "loss_qvalue", "loss_alpha"):
+            torch.testing.assert_close(actual[key], expected[key], rtol=1e-5, atol=1e-5)
+
+
+def test_soft_update_is_torchrl_soft_update():
+    model = SAC(**SPECS, actor_hidden_sizes=[8], critic_hidden_sizes=[8], tau=0.1)
+    with torch.no_grad():
+        for parameter in model.loss_module.qvalue_network_params.values(True, True):
+            if isinstance(parameter, torch.nn.Parameter):  # not the critics' constant action scaling
+                parameter.add_(torch.randn_like(parameter))
+    ours = copy.deepcopy(model)
+    model.target_updater.step()
+    ours.soft_update()
+    expected = model.loss_module.target_qvalue_network_params.flatten_keys()
+    actual = ours.loss_module.target_qvalue_network_params.flatten_keys()
+    for key in expected.keys():  # noqa: SIM118 (iterating a TensorDict walks its batch)
+        torch.testing.assert_close(actual[key], expected[key], rtol=0, atol=1e-6)
+
+
+def test_bare_tanh_gaussian_log_density_is_torchrls():
+    location, scale = torch.randn(256, 2), torch.rand(256, 2) + 0.1
+    space = ENV.action_spec[0].space
+    centre, half_range = (space.high + space.low) / 2, (space.high - space.low) / 2
+    noise = torch.randn(256, 2)
+    action, log_prob = tanh_gaussian_sample(location, scale, noise, centre, half_range)
+    distribution = TanhNormal(location, scale, low=space.low, high=space.high, safe_tanh=False)
+    expected_action = centre + half_range * torch.tanh(location + scale * noise)
+    torch.testing.assert_close(action, expected_action)
+    inside = (location + scale * noise).abs() < 3  # tanh's inverse is accurate away from saturation
+    torch.testing.assert_close(
+        log_prob[inside.all(-1)], distribution.log_prob(action)[inside.all(-1)], rtol=1e-4, atol=1e-4
+    )
+
+
+def test_validate_and_export_work_for_the_bc_and_sac_policies(tmp_path, bc_checkpoint):
+    from callbacks.export import PolicyExport
+    from export.loader import TracedPolicy
+    from modules.bc import BehaviourCloning
+
+    # BC: `validate` runs the held-out loss from the checkpoint; the export traces the clone.
+    bc_yaml = bc_checkpoint.parents[1] / "config.yaml"
+    results = _main(["validate", "--config", str(bc_yaml), "--ckpt_path", str(bc_checkpoint)])
+    assert math.isfinite(results.trainer.callback_metrics["val/loss"])
+    # SAC: `validate` plays deterministic episodes; then a fit with the export callback traces the mean action.
+    config = resume_config(tmp_path, bc_checkpoint)
+    export = {
+        "class_path": "callbacks.export.PolicyExport",
+        "init_args": {"batch_sizes": [4], "backend": "torchscript", "benchmark": False},
+    }
+    data = yaml.safe_load(config.read_text())
+    data["trainer"]["callbacks"].append(export)
+    config = write_config(data, tmp_path / "export.yaml")
+    cli = fit(config)
+    exporter = next(c for c in cli.trainer.callbacks if isinstance(c, PolicyExport))
+    traced = TracedPolicy.load(tmp_path / "export")
+    assert traced.backend_in_use == "torchscript" and exporter.metadata is not None
+    observation = ENV.reset()["observation"].expand(4, -1).contiguous()
+    torch.testing.assert_close(traced(observation), deterministic_action(cli.model.actor, observation))
+    results = _main(["validate", "--config", str(config), "--ckpt_path", str(tmp_path / "checkpoints/last.ckpt")])
+    assert "eval/return_mean" in results.trainer.callback_metrics
+    assert isinstance(BehaviourCloning(**SPECS).export_network(), torch.nn.Module)
+
+
+def _main(args: list[str]):
+    from app.cli import main
+
+    return main(args)
+
+
+def test_bc_term_is_zero_at_the_clone_and_pulls_a_moved_actor_back(bc_checkpoint):
+    with pytest.raises(ValueError, match="--model.init_args.bc_weight > 0 needs --model.init_args.actor_init"):
+        SAC(**SPECS, bc_weight=1.0)
+    model = SAC(**SPECS, actor_init=str(bc_checkpoint), bc_weight=5.0)
+    model.load_behaviour_cloning(bc_checkpoint)
+    assert model.training_loss() == model.loss_near_clone  # its own function: its own compiled graphs
+    env = RacingEnv(num_envs=64, curvature_ahead=[5, 15, 30])
+    td = env.reset()
+    td["action"] = env.action_spec.rand()
+    batch = env.step(td)
+    assert float(model.loss_near_clone(batch.clone())["loss_bc"]) == 0.0
+    with torch.no_grad():
+        model.actor_network[-1].bias[:2] += 0.5  # the actor's mean moves away from the clone's
+    loss = model.loss_near_clone(batch.clone())["loss_bc"]
+    assert float(loss) > 0
+    loss.backward()
+    assert (model.actor_network[-1].bias.grad[:2] > 0).any()  # gradient descent moves it back
+    assert model.clone_network[-1].bias.grad is None  # the clone itself stays as it was
+
+
+def test_a_stage_that_fails_or_cannot_be_found_again_is_an_error_naming_the_flag(tmp_path, monkeypatch):
+    from app.stages import run_stage
+
+    monkeypatch.chdir(tmp_path)
+    no_logger = write_config({"trainer": {"logger": False}}, tmp_path / "no_logger.yaml")
+    with pytest.raises(ValueError, match="--flag .*no_logger.yaml: a stage config needs a trainer logger"):
+        run_stage(no_logger, "--flag")
+    failing = yaml.safe_load(bc_config(tmp_path).read_text())
+    failing["model"]["init_args"]["lr"] = -1.0  # the stage's own CLI refuses it: exit code 2
+    failing = write_config(failing, tmp_path / "failing.yaml")
+    with pytest.raises(RuntimeError, match="--flag .*failing.yaml: the stage exited with code 2"):
+        run_stage(failing, "--flag")
+    assert not (stage_folder(failing, "--flag") / MARKER).exists()  # never taken for a finished stage
