@@ -10,7 +10,8 @@ cars that completed one, the share of cars that completed their first lap, the s
 (|lateral error| ≤ half the width at every step), and the cars' steps per second including the expert's control.
 
 ``--checkpoints`` drives trained policies from the same starts beside the expert: each checkpoint's model is built
-from its run's ``config.yaml`` (BC or SAC) and drives its deterministic action (``export_network``).
+from its run's ``config.yaml`` (BC or SAC) and drives its deterministic action (``export_network``). Each is compared
+start by start with the expert, and every checkpoint after the first with the first (put the clone first).
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ def main(argv: list[str] | None = None) -> dict:
     env = RacingEnv(num_envs=args.starts, seed=args.seed)
     expert = TimeOptimalExpert(env)
     start = time.perf_counter()
-    summary = episode_summary(drive_episodes(env, expert), env.width)
+    expert_result = drive_episodes(env, expert)
+    summary = episode_summary(expert_result, env.width)
     seconds = time.perf_counter() - start
     report = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -54,6 +56,7 @@ def main(argv: list[str] | None = None) -> dict:
         "starts": args.starts,
         "track_length_m": env.track.length,
         **summary,
+        "returns": expert_result["reward"].tolist(),
         "steps_per_s": args.starts * env.max_steps / seconds,
     }
     print(
@@ -65,12 +68,27 @@ def main(argv: list[str] | None = None) -> dict:
     report["policies"] = {}
     for checkpoint in args.checkpoints:
         policy_env, policy = checkpoint_policy(checkpoint, args.starts, args.seed)
-        result = episode_summary(drive_episodes(policy_env, policy), policy_env.width)
+        driven = drive_episodes(policy_env, policy)
+        result = episode_summary(driven, policy_env.width)
+        # Paired by start: the same cars, the same starts.
+        result["starts_above_expert"] = int((driven["reward"] > expert_result["reward"]).sum())
+        result["returns"] = driven["reward"].tolist()
+        if report["policies"]:  # and against the first checkpoint (e.g. SAC against the clone it started from)
+            first = torch.tensor(next(iter(report["policies"].values()))["returns"])
+            result["starts_above_first_checkpoint"] = int((driven["reward"] > first).sum())
+            result["mean_difference_to_first_checkpoint"] = (driven["reward"] - first).mean().item()
         report["policies"][str(checkpoint)] = result
         print(
             f"  {checkpoint}: return {result['return_mean']:.1f} ({result['return_mean'] / report['return_mean']:.3f} "
             f"of the expert's), {result['laps_mean']:.2f} laps, first lap {result['lap_time_mean']:.2f} s "
-            f"({100 * result['lap_completed']:.1f} % completed it), {100 * result['never_off_track']:.1f} % never off"
+            f"({100 * result['lap_completed']:.1f} % completed it), {100 * result['never_off_track']:.1f} % never off; "
+            f"above the expert's return from {result['starts_above_expert']} of {args.starts} starts"
+            + (
+                f", above the first checkpoint's from {result['starts_above_first_checkpoint']} (by "
+                f"{result['mean_difference_to_first_checkpoint']:+.1f} on average)"
+                if "starts_above_first_checkpoint" in result
+                else ""
+            )
         )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -20,7 +20,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 
 from export.inputs import environment_check_inputs
-from export.tracing import Backend, check_options, export_network_of, export_policy
+from export.tracing import Backend, check_options, export_network_of, export_policy, output_kind
 
 
 class PolicyExport(Callback):
@@ -94,6 +94,7 @@ class PolicyExport(Callback):
             progress=lambda line: print(f"Policy export: {line}"),
             input_sets=environment_check_inputs(getattr(trainer, "datamodule", None)),
             checkpoint=checkpoint,
+            outputs=output_kind(pl_module),
         )
         eager = self.metadata["eager"]["file"]
         print(f"Policy export: {len(self.batch_sizes)} traced modules and {eager} in {dirpath}")

@@ -24,7 +24,7 @@ import torch
 from export.inputs import environment_check_inputs
 from export.loader import METADATA
 from export.report import BENCHMARK
-from export.tracing import BACKENDS, check_options, export_network_of, export_policy
+from export.tracing import BACKENDS, check_options, export_network_of, export_policy, output_kind
 
 
 def find_config(checkpoint: Path, levels: int = 3) -> Path | None:
@@ -122,6 +122,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m export") -> d
         progress=print,
         input_sets=environment_check_inputs(datamodule),  # the data module is built on the CPU: so are its envs
         checkpoint=checkpoint,
+        outputs=output_kind(model),
     )
     report = f"; benchmark: {out / (BENCHMARK + '.md')}" if not args.no_benchmark else ""
     print(f"Wrote {out / METADATA}{report}")

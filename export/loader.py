@@ -112,6 +112,8 @@ class TracedPolicy:
         backend_in_use: ``neuron``, ``torchscript``, ``aot`` or ``eager``; the names joined by ``+`` when ``auto``
             chose different backends at different batch sizes.
         batch_sizes: the traced batch sizes (empty on the eager fallback).
+        output_kind: ``scores`` (Q-values or logits: :meth:`act` takes their argmax) or ``actions`` (a continuous
+            policy's action itself), from the export's ``export.json``.
     """
 
     def __init__(
@@ -121,6 +123,7 @@ class TracedPolicy:
         input_shape: Sequence[int],
         input_dtype: torch.dtype,
         eager: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        output_kind: str = "scores",
     ) -> None:
         if not modules and eager is None:
             raise ValueError("TracedPolicy needs traced modules or an eager network")
@@ -128,6 +131,7 @@ class TracedPolicy:
         self.batch_sizes = tuple(sorted(modules))
         self.backend_in_use = backend_in_use
         self.input_shape, self.input_dtype = tuple(input_shape), input_dtype
+        self.output_kind = output_kind
 
     @classmethod
     def load(cls, dirpath: str | Path) -> TracedPolicy:
@@ -142,6 +146,7 @@ class TracedPolicy:
             raise FileNotFoundError(f"{dirpath / METADATA}: no such file (python -m export --checkpoint writes one)")
         metadata = json.loads((dirpath / METADATA).read_text())
         shape, dtype = metadata["input"]["shape"], getattr(torch, metadata["input"]["dtype"])
+        kind = metadata["output"].get("kind", "scores")  # exports before the field held discrete agents' scores
         remedy = reexport_command(metadata)
         # Every file first, the fallback included: a tampered file is an error, not a reason to serve another one.
         paths = {
@@ -171,10 +176,10 @@ class TracedPolicy:
                 error,
                 eager["file"],
             )
-            return cls({}, "eager", shape, dtype, eager=module)
+            return cls({}, "eager", shape, dtype, eager=module, output_kind=kind)
         backend = "+".join(backends)
         log.info("TracedPolicy: running %s modules for batch sizes %s from %s", backend, sorted(modules), dirpath)
-        return cls(modules, backend, shape, dtype)
+        return cls(modules, backend, shape, dtype, output_kind=kind)
 
     def __call__(self, observation: torch.Tensor) -> torch.Tensor:
         """The network's outputs for ``observation [n, *input_shape]`` (or one observation without the batch dim)."""
@@ -204,5 +209,7 @@ class TracedPolicy:
         return self.modules[size](chunk)[:n]
 
     def act(self, observation: torch.Tensor) -> torch.Tensor:
-        """The greedy action: argmax over the outputs (Q-values or action scores)."""
-        return self(observation).argmax(-1)
+        """The greedy action: argmax over the outputs when they are scores (Q-values, logits), else the outputs, which
+        are then the action itself (a continuous policy's deterministic action)."""
+        outputs = self(observation)
+        return outputs if self.output_kind == "actions" else outputs.argmax(-1)

@@ -92,6 +92,12 @@ def export_network_of(module: Any) -> tuple[nn.Module, tuple[int, ...], torch.dt
     return network, tuple(spec.shape), spec.dtype
 
 
+def output_kind(module: Any) -> str:
+    """What the export network's outputs are: ``scores`` (one per discrete action: Q-values or logits; the action is
+    their argmax) or ``actions`` (a continuous action itself: SAC's and the behaviour clone's deterministic action)."""
+    return "scores" if hasattr(module.action_spec.space, "n") else "actions"
+
+
 def _artifact_path(dirpath: Path, backend: str, batch: int) -> Path:
     # AOTInductor insists on the .pt2 suffix of its packages.
     return dirpath / f"policy_b{batch}.{'pt2' if backend == 'aot' else 'pt'}"
@@ -152,6 +158,7 @@ def export_policy(
     progress: Callable[[str], None] | None = None,
     input_sets: Sequence[CheckInputs] = (),
     checkpoint: str | Path | None = None,
+    outputs: str = "scores",
 ) -> dict[str, Any]:
     """Traces ``network`` at each batch size, checks each traced module against it, benchmarks both, writes the files.
 
@@ -173,6 +180,7 @@ def export_policy(
         input_sets: checked besides the random inputs, e.g. the environment's own states
             (:func:`export.inputs.environment_check_inputs`).
         checkpoint: the checkpoint exported, recorded so that a damaged folder can say how to rebuild it.
+        outputs: ``scores`` or ``actions`` (:func:`output_kind`), recorded for :meth:`TracedPolicy.act`.
 
     Returns:
         The metadata written to ``export.json``, plus the benchmark (``"benchmark"``) when it ran.
@@ -223,7 +231,11 @@ def export_policy(
         "backend_requested": backend,
         "parameters": sum(p.numel() for p in network.parameters()),
         "input": {"shape": list(input_shape), "dtype": str(input_dtype).removeprefix("torch.")},
-        "output": {"shape": artifacts[0]["output"]["shape"][1:], "dtype": artifacts[0]["output"]["dtype"]},
+        "output": {
+            "shape": artifacts[0]["output"]["shape"][1:],
+            "dtype": artifacts[0]["output"]["dtype"],
+            "kind": outputs,  # TracedPolicy.act: argmax over scores, or the actions as they are
+        },
         "check_batches": check_batches,
         "tolerance": tolerance,
         "checks": {

@@ -49,7 +49,7 @@ class BehaviourCloning(pl.LightningModule):
         if not hidden_sizes or min(hidden_sizes) < 1:
             raise ValueError(f"--model.init_args.hidden_sizes must be widths >= 1, got {list(hidden_sizes)}")
         self.save_hyperparameters(ignore=["observation_spec", "action_spec"])
-        self.observation_spec = observation_spec  # the export's input shape
+        self.observation_spec, self.action_spec = observation_spec, action_spec  # the export's input and output
         (observation_dim,) = observation_spec["observation"].shape
         (action_dim,) = action_spec.shape
         network = mlp(observation_dim, hidden_sizes, action_dim)

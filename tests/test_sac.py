@@ -143,6 +143,11 @@ def test_one_command_runs_the_bc_stage_once_then_reuses_it(tmp_path, monkeypatch
     centre_free = cli.model.export_network()(observation)
     space = cli.model.action_spec.space
     torch.testing.assert_close(centre_free, (space.high + space.low) / 2 + (space.high - space.low) / 2 * expected)
+    # `--ckpt_path last` continues the newest SAC run in its folder, from its own actor: no stage, no clone copied.
+    cli = fit(config, "--trainer.max_steps", "20", "--ckpt_path", "last")
+    out = capfd.readouterr().out
+    assert cli.trainer.global_step == 20 and "Stage" not in out and "actor initialised" not in out
+    assert sorted(path.name for path in Path("runs/racing_sac").iterdir()) == ["version_0", "version_1"]
     # An edited BC config is another stage: a new folder, never the stale run.
     edited = bc.with_name("edited.yaml")
     edited.write_text(bc.read_text() + "\n# edited\n")
@@ -273,9 +278,10 @@ def test_validate_and_export_work_for_the_bc_and_sac_policies(tmp_path, bc_check
     cli = fit(config)
     exporter = next(c for c in cli.trainer.callbacks if isinstance(c, PolicyExport))
     traced = TracedPolicy.load(tmp_path / "export")
-    assert traced.backend_in_use == "torchscript" and exporter.metadata is not None
+    assert traced.backend_in_use == "torchscript" and exporter.metadata["output"]["kind"] == "actions"
     observation = ENV.reset()["observation"].expand(4, -1).contiguous()
     torch.testing.assert_close(traced(observation), deterministic_action(cli.model.actor, observation))
+    torch.testing.assert_close(traced.act(observation), traced(observation))  # the action itself, not an argmax
     results = _main(["validate", "--config", str(config), "--ckpt_path", str(tmp_path / "checkpoints/last.ckpt")])
     assert "eval/return_mean" in results.trainer.callback_metrics
     assert isinstance(BehaviourCloning(**SPECS).export_network(), torch.nn.Module)
