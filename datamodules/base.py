@@ -179,6 +179,9 @@ class RLDataModule(EnvSpecs, pl.LightningDataModule):
         # A throw-away environment: its specs size the model's networks, and building it validates the env options.
         probe = self._probe(env, seed)
         self.episode_metric_keys: tuple[str, ...] = tuple(getattr(probe, "episode_metric_keys", ()))
+        #: metrics averaged only over the episodes where another metric is positive (racing: a lap's time over the
+        #: episodes that completed a lap), ``{metric: the metric that marks them}``.
+        self.episode_metric_over: dict[str, str] = dict(getattr(probe, "episode_metric_over", {}))
         #: the environment's dynamics for physics-informed losses (``datamodules.envs.physics``), when it has them.
         self.physics: Any = getattr(probe, "physics", None)
         probe.close()
@@ -317,7 +320,9 @@ class RLDataModule(EnvSpecs, pl.LightningDataModule):
         """Play one episode of ``policy`` in each of ``episodes`` evaluation environments, always from the same seeds.
 
         Returns ``return_mean``, ``length_mean`` and ``<key>_mean`` for each of the env's ``episode_metric_keys``
-        (for Snake, ``food_mean``: food eaten per game). Policies with exploration act deterministically here.
+        (for Snake, ``food_mean``: food eaten per game). A key the env's ``episode_metric_over`` maps to another is
+        averaged over the episodes where that one is positive (racing: ``lap_time_mean`` over the episodes that
+        completed a lap; NaN if none did). Policies with exploration act deterministically here.
         """
         env = self._evaluation_env(episodes)
         episodes = env.batch_size[0]
@@ -337,7 +342,12 @@ class RLDataModule(EnvSpecs, pl.LightningDataModule):
             "return_mean": sums.pop("reward").mean().item(),
             "length_mean": length.mean().item(),
         }
-        metrics.update({f"{key}_mean": total.mean().item() for key, total in sums.items()})
+        for key, total in sums.items():
+            counted = sums[self.episode_metric_over[key]] > 0 if key in self.episode_metric_over else None
+            if counted is None:
+                metrics[f"{key}_mean"] = total.mean().item()
+            else:  # NaN when no episode counts: a missing point of the curve, not a zero
+                metrics[f"{key}_mean"] = total[counted].mean().item() if bool(counted.any()) else float("nan")
         return metrics
 
     def evaluate_random(self, episodes: int | None = None) -> dict[str, float]:

@@ -198,3 +198,25 @@ def test_curvature_ahead_joins_the_observation():
     check_env_specs(env)
     with pytest.raises(ValueError, match="curvature_ahead"):
         RacingEnv(curvature_ahead=(-5.0,))
+
+
+def test_evaluation_averages_lap_time_over_the_episodes_that_completed_a_lap():
+    from datamodules.replay import ReplayDataModule
+
+    # The expert completes its first lap (about 26 s) from every start of a 40 s episode; a car that stands still
+    # completes none. Mixed in one evaluation, lap_time_mean is the lap's time, not half of it.
+    data = ReplayDataModule(lambda **kwargs: RacingEnv(max_steps=2000, **kwargs), eval_episodes=4)
+    assert data.episode_metric_over == {"lap_time": "laps"}  # the env declares it; the data module reads it
+    probe = data.make_env(4, 0)
+    expert = TimeOptimalExpert(probe)
+
+    def half_standing(td: TensorDict) -> TensorDict:
+        td = expert(td)
+        td["action"][2:] = torch.tensor([-6.0, 0.0])  # cars 2 and 3 brake and never move
+        return td
+
+    metrics = data.evaluate(half_standing)
+    assert metrics["laps_mean"] == pytest.approx(0.5)  # two of four cars completed one lap
+    assert 24 < metrics["lap_time_mean"] < 30
+    standing = data.evaluate(lambda td: td.set("action", torch.tensor([-6.0, 0.0]).expand(4, 2).clone()))
+    assert math.isnan(standing["lap_time_mean"]) and standing["laps_mean"] == 0

@@ -73,6 +73,7 @@ class RacingEnv(EnvBase):
     """
 
     episode_metric_keys = ("progress", "laps", "lap_time")
+    episode_metric_over = {"lap_time": "laps"}  # a lap's time means something only where a lap was completed
 
     def __init__(
         self,
