@@ -158,6 +158,13 @@ class RLCLI(LightningCLI):
         except (ValueError, MisconfigurationException) as error:
             config = self.config.get(self.subcommand) if self.subcommand else self.config
             self.parser.error(constructor_error_line(error, config, self.parser.args))
+        # Options that are each fine alone but do not fit together (a recurrent model on a data module that cuts no
+        # sequences): the model checks the data module it was given, and the error is reported the same way.
+        if isinstance(self.model, RLModule) and isinstance(self.datamodule, RLDataModule):
+            try:
+                self.model.check_datamodule(self.datamodule)
+            except ValueError as error:
+                self.parser.error(str(error))
 
     def instantiate_trainer(self, **kwargs):
         try:

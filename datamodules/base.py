@@ -19,8 +19,10 @@ from __future__ import annotations
 import glob
 import os
 import random
+import re
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -32,12 +34,14 @@ from tensordict.nn import TensorDictModuleBase
 from torch.utils.data import DataLoader, IterableDataset
 from torchrl.collectors import Collector, RandomPolicy
 from torchrl.data import Composite, TensorSpec
-from torchrl.envs import EnvBase, Transform
+from torchrl.envs import EnvBase, ParallelEnv, Transform, TransformedEnv
 from torchrl.envs.utils import ExplorationType, set_exploration_type, step_mdp
 
 from datamodules.timing import PhaseTimer
 
 # Seeds of the evaluation environments are offset so they never replay a training episode.
+# How TorchRL's ParallelEnv names a worker process that died.
+_DEAD_WORKER = re.compile(r"worker \d+ \(exit code -?\d+\)")
 EVAL_SEED_OFFSET = 1_000_003
 
 
@@ -120,10 +124,14 @@ class EnvSpecs:
     _action_spec: TensorSpec
 
     def _probe(self, env: Callable[..., EnvBase], seed: int) -> EnvBase:
-        """A throw-away environment of ``env`` (building it also validates its options); keeps its specs."""
+        """A throw-away environment of ``env`` (building it also validates its options); keeps the specs of one
+        agent: a multi-agent environment's batch is ``[num_envs, num_agents]``, and its agents share one policy."""
         probe = env(num_envs=1, seed=seed, device="cpu")
-        self._observation_spec = probe.observation_spec[0].clone()
-        self._action_spec = probe.action_spec[0].clone()
+        one_agent = (0,) * len(probe.batch_size)
+        self._observation_spec = probe.observation_spec[one_agent].clone()
+        self._action_spec = probe.action_spec[one_agent].clone()
+        #: agents per environment (the batch dimensions after the first); 1 for single-agent environments.
+        self.agents_per_env = probe.batch_size[1:].numel()
         return probe
 
     @property
@@ -151,6 +159,11 @@ class RLDataModule(EnvSpecs, pl.LightningDataModule):
         eval_episodes: greedy episodes per evaluation (one evaluation environment each).
         weight_sync_interval: updates between pushes of the latest weights to the collector's policy. The policy is
             shared in memory when collector and model are on the same device, so this only matters across devices.
+        env_workers: step the training environments in this many worker processes (TorchRL's ``ParallelEnv``, one
+            thread each, ``num_envs / env_workers`` environments per worker, seeded as one batch would be); for
+            environments whose step holds the GIL (C++ simulators such as MettaGrid). 0: in this process. The
+            policy still runs here, on the whole batch (on the trainer's GPU, if any); evaluation environments stay
+            in this process.
     """
 
     def __init__(
@@ -162,12 +175,18 @@ class RLDataModule(EnvSpecs, pl.LightningDataModule):
         seed: int = 0,
         eval_episodes: int = 32,
         weight_sync_interval: int = 1,
+        env_workers: int = 0,
     ) -> None:
         super().__init__()
         check_positive("num_envs", num_envs)
         check_positive("collect_steps", collect_steps)
         check_positive("eval_episodes", eval_episodes)
         check_positive("weight_sync_interval", weight_sync_interval)
+        check_positive("env_workers", env_workers, allow_zero=True)
+        if env_workers and num_envs % env_workers:
+            raise ValueError(
+                f"--data.init_args.env_workers ({env_workers}) must divide --data.init_args.num_envs ({num_envs})"
+            )
         resolve_device(device)  # fail now, before any output folder exists, if the device is missing
         self.env_factory = env
         self.num_envs = num_envs
@@ -176,14 +195,25 @@ class RLDataModule(EnvSpecs, pl.LightningDataModule):
         self.seed = seed
         self.eval_episodes = eval_episodes
         self.weight_sync_interval = weight_sync_interval
+        self.env_workers = env_workers
         # A throw-away environment: its specs size the model's networks, and building it validates the env options.
         probe = self._probe(env, seed)
+        if env_workers and not hasattr(probe, "init_kwargs"):
+            raise ValueError(
+                f"--data.init_args.env_workers: {type(probe).__name__} cannot be rebuilt in a worker process (it "
+                "has no init_kwargs())"
+            )
+        # What a worker process rebuilds the environment from: its class and options, plain and picklable (the
+        # command line's factory is bound to objects of this process).
+        self._env_class, self._env_options = type(probe), getattr(probe, "init_kwargs", dict)()
         self.episode_metric_keys: tuple[str, ...] = tuple(getattr(probe, "episode_metric_keys", ()))
         #: metrics averaged only over the episodes where another metric is positive (racing: a lap's time over the
         #: episodes that completed a lap), ``{metric: the metric that marks them}``.
         self.episode_metric_over: dict[str, str] = dict(getattr(probe, "episode_metric_over", {}))
         #: the environment's dynamics for physics-informed losses (``datamodules.envs.physics``), when it has them.
         self.physics: Any = getattr(probe, "physics", None)
+        #: how token observations decode into a grid (``datamodules.envs.tokens.ObservationLayout``), for token envs.
+        self.observation_layout: Any = getattr(probe, "observation_layout", None)
         probe.close()
 
         self.timer = PhaseTimer()
@@ -194,6 +224,7 @@ class RLDataModule(EnvSpecs, pl.LightningDataModule):
         self.postprocess: Callable[[TensorDictBase], Any] | None = None
         self.batch_keys: list[NestedKey] | None = None
         self.store_transform: Transform | None = None
+        self.env_transform: Transform | None = None
         self.collector: Collector | None = None
         self._collector_iter: Iterator[TensorDictBase] | None = None
         self._eval_env: EnvBase | None = None
@@ -235,17 +266,49 @@ class RLDataModule(EnvSpecs, pl.LightningDataModule):
             )
         self.store_transform = store_transform
 
-    def make_env(self, num_envs: int, seed: int) -> EnvBase:
-        return self.env_factory(num_envs=num_envs, seed=seed, device=self.device)
+    def use_env_transform(self, transform: Transform | None) -> None:
+        """A transform the model's policy needs on every environment it acts in, training and evaluation alike (a
+        recurrent policy's ``InitTracker`` and state primer); called by the model in its ``setup``, at every stage."""
+        self.env_transform = transform
+        if self._eval_env is not None:  # built without it
+            self._eval_env.close()
+            self._eval_env = None
+
+    def make_env(self, num_envs: int, seed: int, workers: int = 0) -> EnvBase:
+        """``num_envs`` environments seeded from ``seed`` (with the model's env transform), in this process or split
+        over ``workers`` processes: worker ``w`` runs environments ``w * num_envs / workers ...`` of the batch with
+        their own seeds, so the batch plays what one in-process batch would."""
+        if workers:
+            per_worker = num_envs // workers
+            env = ParallelEnv(
+                workers,
+                [
+                    partial(
+                        self._env_class,
+                        num_envs=per_worker,
+                        seed=seed + w * per_worker,
+                        device=self.device,
+                        **self._env_options,
+                    )
+                    for w in range(workers)
+                ],
+                num_threads=torch.get_num_threads(),  # ParallelEnv would otherwise change this process's threads
+                num_sub_threads=1,
+            )
+        else:
+            env = self.env_factory(num_envs=num_envs, seed=seed, device=self.device)
+        if self.env_transform is None:
+            return env
+        return TransformedEnv(env, self.env_transform.clone())
 
     def _build_collector(self) -> None:
         if self.policy is None:
             raise RuntimeError("the model must call datamodule.connect(policy) in its setup before training starts")
-        env = self.make_env(self.num_envs, self.rank_seed)
+        env = self.make_env(self.num_envs, self.rank_seed, self.env_workers)
         self.collector = Collector(
             env,
             self.policy,
-            frames_per_batch=self.num_envs * self.collect_steps,
+            frames_per_batch=self.num_envs * self.agents_per_env * self.collect_steps,
             total_frames=-1,
             device=self.device,
             policy_device=self.device,  # the model's own device: the collector then runs the policy in place
@@ -287,14 +350,38 @@ class RLDataModule(EnvSpecs, pl.LightningDataModule):
 
     # ------------------------------------------------------------------------------------------- collection
     def collect(self) -> TensorDictBase:
-        """One collector call: ``num_envs * collect_steps`` frames, shaped ``[num_envs, collect_steps]``."""
+        """One collector call: ``collect_steps`` steps of every environment (and agent), shaped
+        ``[num_envs, collect_steps]`` (``[num_envs, num_agents, collect_steps]`` for a multi-agent environment)."""
         with self.timer.phase("collect"):
-            batch = next(self._collector_iter)
+            try:
+                batch = next(self._collector_iter)
+            except Exception as error:
+                self._raise_if_a_worker_died(error)
+                raise
         self.frames += batch.numel()
         if self.postprocess is not None:
             with self.timer.phase("advantage"):
                 self.postprocess(batch)
         return batch
+
+    def _raise_if_a_worker_died(self, error: BaseException) -> None:
+        """A dead environment worker process stops the run with one clear error: nothing is saved after it, so the
+        last checkpoint written is the one to continue from. (Workers are not restarted: a restarted worker's
+        environments would not continue the episodes the checkpointed run was playing.)
+
+        TorchRL's ``ParallelEnv`` notices the death, closes its workers and raises "worker i (exit code c)"
+        somewhere in the exception chain; that is what is matched.
+        """
+        if self.collector is None or not self.env_workers:
+            return
+        while error is not None:
+            found = _DEAD_WORKER.search(str(error))
+            if found:
+                raise RuntimeError(
+                    f"environment worker process died: {found.group(0)}, at {self.frames:,} frames; training stopped "
+                    "without saving, so the last checkpoint is intact: continue from it with --ckpt_path last"
+                ) from error
+            error = error.__cause__ or error.__context__
 
     def after_update(self, priority: torch.Tensor | None = None) -> None:
         """Called by the model after each optimizer step, with the update's per-sample absolute TD errors when its
@@ -323,6 +410,9 @@ class RLDataModule(EnvSpecs, pl.LightningDataModule):
         (for Snake, ``food_mean``: food eaten per game). A key the env's ``episode_metric_over`` maps to another is
         averaged over the episodes where that one is positive (racing: ``lap_time_mean`` over the episodes that
         completed a lap; NaN if none did). Policies with exploration act deterministically here.
+
+        In a multi-agent environment an episode is one environment's, and every figure is per agent: ``return_mean``
+        is the mean over its agents of each agent's return; the episode lasts until all its agents are done.
         """
         env = self._evaluation_env(episodes)
         episodes = env.batch_size[0]
@@ -334,9 +424,9 @@ class RLDataModule(EnvSpecs, pl.LightningDataModule):
             while bool(running.any()):
                 td = env.step(policy(td))
                 for key, total in sums.items():
-                    total += td["next", key].reshape(episodes) * running
+                    total += td["next", key].reshape(episodes, -1).mean(-1) * running
                 length += running
-                running &= ~td["next", "done"].reshape(episodes)
+                running &= ~td["next", "done"].reshape(episodes, -1).all(-1)
                 td = step_mdp(td)
         metrics = {
             "return_mean": sums.pop("reward").mean().item(),
@@ -376,7 +466,7 @@ class RLDataModule(EnvSpecs, pl.LightningDataModule):
             # The update this state belongs to names the other ranks' files (rank_state_path).
             state.update(updates=self.trainer.global_step, world_size=self.trainer.world_size)
         if self.collector is not None:
-            state["env"] = dict(self.collector.env.state_dict())
+            state["env"] = dict(self._stateful_env().state_dict())
             state["carrier"] = to_plain(self._carrier().exclude("collector"))
         return state
 
@@ -416,11 +506,23 @@ class RLDataModule(EnvSpecs, pl.LightningDataModule):
 
     def _restore_collection_state(self, state: dict[str, Any]) -> None:
         if "env" in state:
-            self.collector.env.load_state_dict(state["env"])
+            env = self._stateful_env()
+            env.load_state_dict(state["env"])
+            if isinstance(env, ParallelEnv):
+                # TorchRL 0.14's workers raise their shared "step done" flag after loading a state and nothing lowers
+                # it, so the next step would read the workers' buffers before they are written. Lowered here (a
+                # private attribute, like _carrier below; the ParallelEnv resume test fails if it moves).
+                for worker in range(env.num_workers):
+                    env._shm_done_flags[worker] = 0
             # The collector carries the last observations (and recurrent states) between calls; with them restored
             # too, collection continues exactly where the checkpointed run stood.
             self._carrier().update(from_plain(state["carrier"], batch_dims=1, device=self.collector.env.device))
         _set_rng_state(state["rng"])
+
+    def _stateful_env(self) -> EnvBase:
+        # A TransformedEnv's state_dict holds only its transforms' (none of the model's env transforms keep state):
+        # the environment's own state is its base env's.
+        return _unwrapped(self.collector.env)
 
     def _carrier(self) -> TensorDictBase:
         # TorchRL's Collector keeps its between-calls tensordict in a private attribute and offers no public accessor;
@@ -429,6 +531,10 @@ class RLDataModule(EnvSpecs, pl.LightningDataModule):
         if carrier is None:
             raise RuntimeError("this torchrl version's Collector has no `_carrier`: exact resume is not supported")
         return carrier
+
+
+def _unwrapped(env: EnvBase) -> EnvBase:
+    return env.base_env if isinstance(env, TransformedEnv) else env
 
 
 def rank_state_path(checkpoint_path: str | Path, rank: int, updates: int | None) -> Path:

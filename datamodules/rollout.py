@@ -19,10 +19,18 @@ class RolloutDataModule(RLDataModule):
     advantages are computed with the critic that collected the data. The next rollout is collected only when the
     model asks for the batch after the last minibatch of the last epoch — never ahead of the weights.
 
+    A recurrent policy trains on sequences instead of single transitions: with ``bptt`` set, each environment's (and
+    each agent's) ``collect_steps`` are cut into segments of ``bptt`` consecutive steps, and minibatches are whole
+    segments, shaped ``[minibatch_size // bptt, bptt]``. Each segment keeps the recurrent state stored at its first
+    step, so truncated back-propagation through time starts from the state the policy acted with.
+
     Args:
         env: environment factory (see :class:`RLDataModule`).
-        minibatch_size: transitions per update; must divide ``num_envs * collect_steps``.
+        minibatch_size: transitions (agent steps) per update; must divide the rollout's frames
+            (``num_envs * collect_steps``, times the agents per environment).
         update_epochs: passes over each rollout.
+        bptt: segment length for recurrent policies (0: shuffle single transitions); must divide ``collect_steps``
+            and ``minibatch_size``.
         **kwargs: the base options (``num_envs``, ``collect_steps`` = rollout length per env, ``device``, ...).
     """
 
@@ -31,6 +39,7 @@ class RolloutDataModule(RLDataModule):
         env: Callable[..., EnvBase],
         minibatch_size: int = 1024,
         update_epochs: int = 4,
+        bptt: int = 0,
         num_envs: int = 256,
         collect_steps: int = 32,
         **kwargs: Any,
@@ -38,33 +47,60 @@ class RolloutDataModule(RLDataModule):
         super().__init__(env, num_envs=num_envs, collect_steps=collect_steps, **kwargs)
         check_positive("minibatch_size", minibatch_size)
         check_positive("update_epochs", update_epochs)
-        frames = num_envs * collect_steps
+        check_positive("bptt", bptt, allow_zero=True)
+        frames = num_envs * self.agents_per_env * collect_steps
+        agents = f" * {self.agents_per_env} agents" if self.agents_per_env > 1 else ""
+        if minibatch_size > frames:
+            raise ValueError(
+                f"--data.init_args.minibatch_size ({minibatch_size}) is larger than a rollout: num_envs * "
+                f"collect_steps{agents} = {frames} frames"
+            )
         if frames % minibatch_size:
             raise ValueError(
-                f"--data.init_args.minibatch_size ({minibatch_size}) must divide num_envs * collect_steps ({frames})"
+                f"--data.init_args.minibatch_size ({minibatch_size}) must divide the rollout: num_envs * "
+                f"collect_steps{agents} = {frames} frames"
+            )
+        if bptt and (collect_steps % bptt or minibatch_size % bptt):
+            raise ValueError(
+                f"--data.init_args.bptt ({bptt}) must divide collect_steps ({collect_steps}) and minibatch_size "
+                f"({minibatch_size}): minibatches are whole segments of bptt steps"
             )
         self.minibatch_size = minibatch_size
         self.update_epochs = update_epochs
+        self.bptt = bptt
         self.minibatches_per_rollout = update_epochs * frames // minibatch_size
-        self.rollout: TensorDictBase | None = None  # the current rollout, flattened to [frames]
+        self.rollout: TensorDictBase | None = None  # the current rollout: [frames], or [segments, bptt] (_units)
         self.order: torch.Tensor | None = None  # row order for this rollout's minibatches, all epochs concatenated
         self.cursor = 0  # minibatches already served from this rollout
 
     def _batches(self) -> Iterator[TensorDictBase]:
         while True:
             if self.rollout is None or self.cursor == self.minibatches_per_rollout:
-                self.rollout = self.collect().exclude("collector").reshape(-1)
+                self.rollout = self._units(self.collect())
                 with self.timer.phase("sample"):
-                    n = self.rollout.numel()
+                    n = self.rollout.shape[0]
                     device = self.rollout.device
                     self.order = torch.cat([torch.randperm(n, device=device) for _ in range(self.update_epochs)])
                 self.cursor = 0
             with self.timer.phase("sample"):
-                start = self.cursor * self.minibatch_size
-                minibatch = self.rollout[self.order[start : start + self.minibatch_size]]
+                per_minibatch = self.minibatch_size // max(self.bptt, 1)
+                start = self.cursor * per_minibatch
+                minibatch = self.rollout[self.order[start : start + per_minibatch]]
             self.cursor += 1
             self.samples += minibatch.numel()
             yield minibatch
+
+    def _units(self, rollout: TensorDictBase) -> TensorDictBase:
+        """The rollout ``[*envs, collect_steps]`` as what minibatches draw from: ``[frames]`` transitions, or
+        ``[segments, bptt]`` sequences. Only the entries the update reads are kept (the next observations, twice the
+        size of everything else together on image-like observations, are not)."""
+        if self.batch_keys is not None:
+            rollout = rollout.select(*self.batch_keys, strict=False)
+        rollout = rollout.exclude("collector")
+        if not self.bptt:
+            return rollout.reshape(-1)
+        steps = rollout.shape[-1]
+        return rollout.reshape(-1, steps // self.bptt, self.bptt).reshape(-1, self.bptt)
 
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()
@@ -72,7 +108,7 @@ class RolloutDataModule(RLDataModule):
         return state
 
     def _load_state(self, state_dict: dict[str, Any]) -> None:
-        self.rollout = from_plain(state_dict["rollout"], batch_dims=1, device=self.device)
+        self.rollout = from_plain(state_dict["rollout"], batch_dims=2 if self.bptt else 1, device=self.device)
         self.order = state_dict["order"]
         self.cursor = state_dict["cursor"]
         super()._load_state(state_dict)

@@ -190,7 +190,17 @@ class RLModule(pl.LightningModule):
         # dynamic=False: every update sees the same batch shape; a dynamic-shape graph would only be slower.
         return torch.compile(function, options=options, dynamic=False)
 
+    def check_datamodule(self, datamodule: Any) -> None:
+        """Raise a ValueError naming the flag when this model cannot train on ``datamodule`` (the CLI calls this right
+        after building both, so the error comes before any output folder exists)."""
+
+    def env_transform(self) -> Transform | None:
+        """A TorchRL transform every environment the policy acts in must carry (a recurrent policy's episode-start
+        flag and state primer), or None."""
+        return None
+
     def setup(self, stage: str) -> None:
+        self.datamodule.use_env_transform(self.env_transform())
         if stage == "fit":
             self.datamodule.connect(self.policy(), self.postprocess, self.batch_keys(), self.store_transform())
 

@@ -8,6 +8,8 @@ from math import prod
 import torch
 from torch import nn
 
+from datamodules.envs.tokens import GLOBAL_LOCATION
+
 
 class FlattenObservation(nn.Module):
     """Flattens the trailing observation dims and casts to float (uint8 boards and frames are stored compactly)."""
@@ -61,3 +63,70 @@ class ScaledTanhPolicy(nn.Module):
 
     def to_unit(self, action: torch.Tensor) -> torch.Tensor:
         return (action - self.centre) / self.half_range
+
+
+class TokenGrid(nn.Module):
+    """Observation tokens → a dense feature grid, one batched scatter (MettaGrid's observation format).
+
+    A token is three bytes ``[location, feature, value]``: ``location`` packs the cell as ``y << 4 | x`` in the
+    agent's egocentric view (0xFE: an agent-wide token, such as its last reward, which goes to the agent's own
+    cell, the centre), ``feature`` is a feature id and 0xFF in every byte marks padding. The grid is
+    ``[features, height, width]`` with ``grid[f, y, x] = value * scale[f]`` (``scale``: the environment's per-feature
+    normalisation, so counts, flags and percentages land in similar ranges); cells without a token are 0.
+
+    Every token is scattered at once into a flat ``features * height * width`` row with one extra slot at its end:
+    padding, and anything outside the grid, lands in that slot and is cut off, so no mask or Python loop is needed.
+    Two tokens on one cell and feature add up (MettaGrid emits at most one).
+
+    Args:
+        num_features: feature channels (feature ids ``>= num_features`` are dropped).
+        height, width: the view's size in cells.
+    """
+
+    def __init__(self, num_features: int, height: int, width: int) -> None:
+        super().__init__()
+        if height > 16 or width > 16:
+            raise ValueError(f"a packed token location holds at most 16x16 cells, got {height}x{width}")
+        self.num_features, self.height, self.width = num_features, height, width
+        # Per-feature value scale, set from the environment (RecurrentPPO.setup); saved with the weights. One extra
+        # zero entry for feature ids beyond the grid (padding included).
+        self.register_buffer("scale", torch.cat([torch.ones(num_features), torch.zeros(1)]))
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """``[..., num_tokens, 3]`` uint8 → ``[..., num_features, height, width]`` float."""
+        lead, num_tokens = tokens.shape[:-2], tokens.shape[-2]
+        location, feature, value = tokens.reshape(-1, num_tokens, 3).long().unbind(-1)
+        centre = (self.height // 2) << 4 | (self.width // 2)
+        location = torch.where(location == GLOBAL_LOCATION, centre, location)
+        y, x = location >> 4, location & 15
+        cells = self.num_features * self.height * self.width
+        inside = (feature < self.num_features) & (y < self.height) & (x < self.width)
+        index = torch.where(inside, (feature * self.height + y) * self.width + x, cells)
+        values = value.to(self.scale.dtype) * self.scale[feature.clamp(max=self.num_features)]
+        grid = values.new_zeros(index.shape[0], cells + 1).scatter_add_(1, index, values)
+        return grid[:, :cells].reshape(*lead, self.num_features, self.height, self.width)
+
+
+class TokenEncoder(nn.Module):
+    """Tokens → grid → Conv(64, k5, s3) → Conv(64, k3) → Linear → Linear (SPEC §5, Metta's policy trunk before its
+    LSTM), over any leading batch dimensions (``[batch]`` when acting, ``[segments, bptt]`` when training)."""
+
+    def __init__(self, num_features: int, height: int, width: int, out_features: int = 128) -> None:
+        super().__init__()
+        self.grid = TokenGrid(num_features, height, width)
+        self.conv = nn.Sequential(
+            nn.Conv2d(num_features, 64, kernel_size=5, stride=3),
+            nn.ReLU(),
+            nn.Conv2d(64, 64, kernel_size=3),
+            nn.ReLU(),
+            nn.Flatten(),
+        )
+        conv_out = self.conv(torch.zeros(1, num_features, height, width)).shape[-1]
+        self.head = nn.Sequential(
+            nn.Linear(conv_out, out_features), nn.ReLU(), nn.Linear(out_features, out_features), nn.ReLU()
+        )
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        grid = self.grid(tokens)
+        lead = grid.shape[:-3]
+        return self.head(self.conv(grid.reshape(-1, *grid.shape[-3:]))).reshape(*lead, -1)

@@ -25,6 +25,56 @@ from modules.base import RLModule
 from modules.networks import observation_mlp
 
 
+def check_ppo_options(gamma: float, gae_lambda: float, clip_epsilon: float) -> None:
+    for name, value in (("gamma", gamma), ("gae_lambda", gae_lambda)):
+        if not 0 <= value <= 1:
+            raise ValueError(f"--model.init_args.{name} must be in [0, 1], got {value}")
+    if clip_epsilon <= 0:
+        raise ValueError(f"--model.init_args.clip_epsilon must be > 0, got {clip_epsilon}")
+
+
+def categorical_actor(logits: TensorDictModuleBase, action_spec: TensorSpec) -> ProbabilisticActor:
+    """A policy sampling discrete actions from the ``logits`` that module writes, recording each action's
+    log-probability (PPO's ratio needs it); its mode under ``ExplorationType.DETERMINISTIC``."""
+    return ProbabilisticActor(
+        logits,
+        in_keys=["logits"],
+        spec=action_spec,
+        distribution_class=torch.distributions.Categorical,
+        return_log_prob=True,
+    )
+
+
+def clip_ppo_loss(
+    actor: TensorDictModuleBase,
+    critic: TensorDictModuleBase,
+    clip_epsilon: float,
+    entropy_coef: float,
+    critic_coef: float,
+    normalize_advantage: bool,
+) -> ClipPPOLoss:
+    """TorchRL's clipped PPO loss with this project's choices (a Huber value loss)."""
+    return ClipPPOLoss(
+        actor,
+        critic,
+        clip_epsilon=clip_epsilon,
+        entropy_coeff=entropy_coef,
+        critic_coeff=critic_coef,
+        loss_critic_type="smooth_l1",
+        normalize_advantage=normalize_advantage,
+    )
+
+
+def ppo_batch_keys(loss: ClipPPOLoss) -> list:
+    """What a PPO update reads: the networks' stored inputs, the action taken and its log-probability, and the
+    advantage and value target written by the agent's ``postprocess`` (so a rollout need not keep the next
+    observations). Entries the actor computes itself (its LSTM output, which the critic head reads) are left out."""
+    keys = loss.tensor_keys
+    computed = set(loss.actor_network.out_keys) - {keys.action, keys.sample_log_prob}
+    inputs = [key for key in (*loss.actor_network.in_keys, *loss.critic_network.in_keys) if key not in computed]
+    return list(dict.fromkeys([*inputs, keys.action, keys.sample_log_prob, keys.advantage, keys.value_target]))
+
+
 class PPO(RLModule):
     """Clipped-objective PPO with a separate actor and critic, advantages from GAE on each fresh rollout.
 
@@ -67,31 +117,17 @@ class PPO(RLModule):
             observation_spec, action_spec, lr, compile, max_grad_norm, check_finite_every, lr_end, lr_frames
         )
         self.save_hyperparameters(ignore=["observation_spec", "action_spec"])
-        for name, value in (("gamma", gamma), ("gae_lambda", gae_lambda)):
-            if not 0 <= value <= 1:
-                raise ValueError(f"--model.init_args.{name} must be in [0, 1], got {value}")
-        if clip_epsilon <= 0:
-            raise ValueError(f"--model.init_args.clip_epsilon must be > 0, got {clip_epsilon}")
+        check_ppo_options(gamma, gae_lambda, clip_epsilon)
 
         observation_shape = observation_spec["observation"].shape
         self.actor_network = observation_mlp(observation_shape, hidden_sizes, action_spec.space.n)
         self.critic_network = observation_mlp(observation_shape, hidden_sizes, 1)
-        self.actor = ProbabilisticActor(
-            TensorDictModule(self.actor_network, in_keys=["observation"], out_keys=["logits"]),
-            in_keys=["logits"],
-            spec=action_spec,
-            distribution_class=torch.distributions.Categorical,
-            return_log_prob=True,
+        self.actor = categorical_actor(
+            TensorDictModule(self.actor_network, in_keys=["observation"], out_keys=["logits"]), action_spec
         )
         self.critic = ValueOperator(self.critic_network, in_keys=["observation"])
-        self.loss_module = ClipPPOLoss(
-            self.actor,
-            self.critic,
-            clip_epsilon=clip_epsilon,
-            entropy_coeff=entropy_coef,
-            critic_coeff=critic_coef,
-            loss_critic_type="smooth_l1",
-            normalize_advantage=normalize_advantage,
+        self.loss_module = clip_ppo_loss(
+            self.actor, self.critic, clip_epsilon, entropy_coef, critic_coef, normalize_advantage
         )
         self.advantage = GAE(gamma=gamma, lmbda=gae_lambda, value_network=self.critic, average_gae=False)
 
@@ -101,6 +137,9 @@ class PPO(RLModule):
     def greedy_policy(self) -> TensorDictModuleBase:
         # Under ExplorationType.DETERMINISTIC (set by evaluation and export) the actor takes the distribution's mode.
         return self.actor
+
+    def batch_keys(self) -> list:
+        return ppo_batch_keys(self.loss_module)
 
     @torch.no_grad()
     def postprocess(self, rollout: TensorDictBase) -> None:

@@ -11,11 +11,25 @@ import yaml
 from app.cli import main
 
 CHAIN = {"class_path": "datamodules.envs.chain.ChainEnv", "init_args": {"length": 6, "max_steps": 30}}
+RECALL = {"class_path": "datamodules.envs.recall.CueRecallEnv", "init_args": {"num_agents": 4, "length": 4}}
 
 
 def chain_config(agent: str, root: Path, **data: Any) -> dict:
-    """A tiny DQN or PPO run on the chain env, writing under ``root``; ``data`` overrides data init_args."""
-    if agent == "dqn":
+    """A tiny DQN or PPO run on the chain env, or a recurrent PPO one (``recurrent``) on cue recall, writing under
+    ``root``; ``data`` overrides data init_args."""
+    if agent == "recurrent":
+        model = {
+            "class_path": "modules.recurrent_ppo.RecurrentPPO",
+            "init_args": {"lstm_hidden": 32, "trunk_features": 32, "grid_features": 2, "grid_size": 11, "lr": 0.003},
+        }
+        data_cfg = {
+            "class_path": "datamodules.rollout.RolloutDataModule",
+            "init_args": {
+                "env": RECALL,
+                **{"num_envs": 8, "collect_steps": 16, "minibatch_size": 128, "update_epochs": 2, "bptt": 8},
+            },
+        }
+    elif agent == "dqn":
         model = {
             "class_path": "modules.dqn.DQN",
             "init_args": {"hidden_sizes": [32], "eps_frames": 400, "target_update_interval": 20},

@@ -17,14 +17,16 @@ from callbacks.schedule import AtomicCheckpointIO
 from tests.helpers import chain_config, fit, weights, write_config
 
 
-@pytest.mark.parametrize("agent", ["dqn", "dqn-3-step", "dqn-prioritized", "ppo"])
+@pytest.mark.parametrize("agent", ["dqn", "dqn-3-step", "dqn-prioritized", "ppo", "recurrent"])
 def test_resumed_run_ends_with_identical_weights(tmp_path, agent):
     # PPO: 8 envs x 16 steps = 128 frames per rollout, 4 minibatches x 2 epochs = 8 updates per rollout; stopping
     # at update 36 interrupts a rollout in its middle, so the saved rollout and minibatch order are exercised.
     # DQN: 8 frames per collect and 2 frames per update; the checkpoint also carries the replay buffer, and with
     # 3-step returns each environment's window of its last steps, which the next writes complete; with prioritized
     # replay every slot's priority, the largest priority seen and β's schedule.
-    half = 36 if agent == "ppo" else 50
+    # Recurrent PPO: 8 envs x 4 agents x 16 steps = 512 frames, 4 segment minibatches x 2 epochs = 8 updates per
+    # rollout; the checkpoint also carries every agent's LSTM state, which the next rollout starts from.
+    half = {"ppo": 36, "recurrent": 12}.get(agent, 50)
 
     def config(root: Path) -> dict:
         config = chain_config(agent.split("-")[0], root)

@@ -1,0 +1,196 @@
+"""PPO with a recurrent (LSTM) policy, trained by truncated back-propagation through time on sequence segments.
+
+Schulman et al., "Proximal Policy Optimization Algorithms", arXiv 1707.06347, 2017; the recurrent form as in
+Metta's trainer and CleanRL's ``ppo_atari_lstm``: one network (token encoder → LSTM → action and value heads), the
+LSTM state carried from step to step while acting and reset where an episode starts, and minibatches of whole
+segments of ``bptt`` steps that start from the state stored at their first step.
+
+The pieces are TorchRL's: ``LSTMModule`` keeps its state in the TensorDict (``recurrent_state_h``/``_c``) and
+resets it where ``is_init`` is set; the environment carries the ``InitTracker`` and the state primer
+(:meth:`RecurrentPPO.env_transform`, which the data module applies to every environment it builds), so the collector
+stores each step's input state and carries the state across collector calls (and checkpoints, with the rest of the
+collector's carrier). The loss is ``ClipPPOLoss``, run with ``set_recurrent_mode(True)`` on ``[segments, bptt]``
+minibatches (the data module's ``bptt`` option cuts them).
+
+Usage::
+
+    python -m app fit --config configs/metta_ppo.yaml
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from tensordict import TensorDictBase
+from tensordict.nn import TensorDictModule, TensorDictModuleBase, TensorDictSequential
+from torch import nn
+from torchrl.data import TensorSpec
+from torchrl.envs import Compose, InitTracker, Transform
+from torchrl.modules import LSTMModule, ValueOperator, set_recurrent_mode
+from torchrl.objectives.value.functional import vec_generalized_advantage_estimate
+
+from modules.base import RLModule
+from modules.networks import TokenEncoder
+from modules.ppo import categorical_actor, check_ppo_options, clip_ppo_loss, ppo_batch_keys
+
+_STATE_KEYS = ("recurrent_state_h", "recurrent_state_c")
+
+
+class RecurrentPPO(RLModule):
+    """Clipped PPO with a token-grid CNN, an LSTM and action and value heads on its output (SPEC §5).
+
+    Args:
+        observation_spec: linked from the data module (token observations ``[num_tokens, 3]`` uint8).
+        action_spec: linked from the data module (a discrete ``Categorical`` spec, one agent's).
+        lstm_hidden: the LSTM's hidden size (128; 256 in the ultra-fast preset).
+        trunk_features: width of the two linear layers between the convolutions and the LSTM.
+        grid_features: feature channels of the token grid; at least the environment's number of observation
+            features (checked when training starts).
+        grid_size: the view's side in cells (MettaGrid: 13, or ``obs.width``).
+        lr: Adam learning rate.
+        gamma: discount.
+        gae_lambda: GAE's λ.
+        clip_epsilon: PPO's ratio clip.
+        entropy_coef: weight of the entropy bonus.
+        critic_coef: weight of the value loss.
+        normalize_advantage: standardise advantages within each minibatch.
+        compile, max_grad_norm, check_finite_every, lr_end, lr_frames: see :class:`~modules.base.RLModule`.
+    """
+
+    def __init__(
+        self,
+        observation_spec: Any,
+        action_spec: TensorSpec,
+        lstm_hidden: int = 128,
+        trunk_features: int = 128,
+        grid_features: int = 64,
+        grid_size: int = 13,
+        lr: float = 3e-4,
+        gamma: float = 0.99,
+        gae_lambda: float = 0.95,
+        clip_epsilon: float = 0.1,
+        entropy_coef: float = 0.01,
+        critic_coef: float = 0.5,
+        normalize_advantage: bool = True,
+        compile: bool | str = False,
+        max_grad_norm: float | None = 0.5,
+        check_finite_every: int = 1,
+        lr_end: float | None = None,
+        lr_frames: int = 1_000_000,
+    ) -> None:
+        super().__init__(
+            observation_spec, action_spec, lr, compile, max_grad_norm, check_finite_every, lr_end, lr_frames
+        )
+        self.save_hyperparameters(ignore=["observation_spec", "action_spec"])
+        check_ppo_options(gamma, gae_lambda, clip_epsilon)
+        for name, value in (("lstm_hidden", lstm_hidden), ("trunk_features", trunk_features)):
+            if value < 1:
+                raise ValueError(f"--model.init_args.{name} must be > 0, got {value}")
+        if not 5 <= grid_size <= 16:
+            raise ValueError(f"--model.init_args.grid_size must be in [5, 16] (a packed token cell), got {grid_size}")
+        self.gamma, self.gae_lambda = gamma, gae_lambda
+
+        self.encoder = TokenEncoder(grid_features, grid_size, grid_size, trunk_features)
+        # TorchRL's "pad" backend: where an episode starts inside a segment, the segment is split into pieces that are
+        # padded and run together. Its "scan" backend would avoid those data-dependent shapes under torch.compile,
+        # but its backward does not compile with torch 2.13, so a compiled update recompiles for a new padded shape
+        # (and after 8 of them runs that part eagerly).
+        self.lstm = LSTMModule(input_size=trunk_features, hidden_size=lstm_hidden, in_key="embed", out_key="hidden")
+        self.trunk = TensorDictSequential(TensorDictModule(self.encoder, ["observation"], ["embed"]), self.lstm)
+        self.actor_head = nn.Linear(lstm_hidden, action_spec.space.n)
+        self.value_head = nn.Linear(lstm_hidden, 1)
+        self.actor = categorical_actor(
+            TensorDictSequential(self.trunk, TensorDictModule(self.actor_head, ["hidden"], ["logits"])), action_spec
+        )
+        # The critic is the value head alone, on the LSTM output the actor's pass wrote into the batch: the loss runs
+        # the trunk once per minibatch, and the value loss trains it too (TorchRL's shared-trunk form of the loss).
+        self.critic = ValueOperator(self.value_head, in_keys=["hidden"])
+        self.loss_module = clip_ppo_loss(
+            self.actor, self.critic, clip_epsilon, entropy_coef, critic_coef, normalize_advantage
+        )
+
+    # ------------------------------------------------------------------------------------------------ acting
+    def policy(self) -> TensorDictModuleBase:
+        # The value comes with each action, for GAE (postprocess): the collector stores it.
+        return TensorDictSequential(self.actor, self.critic)
+
+    def greedy_policy(self) -> TensorDictModuleBase:
+        # Under ExplorationType.DETERMINISTIC (evaluation) the actor takes the distribution's mode.
+        return self.actor
+
+    def env_transform(self) -> Transform:
+        """``is_init`` at every episode start, and the LSTM state in every reset (zeros) and step of the env."""
+        return Compose(InitTracker(), self.lstm.make_tensordict_primer())
+
+    def check_datamodule(self, datamodule: Any) -> None:
+        """Segments to train on, and a grid that holds the environment's token layout."""
+        if not getattr(datamodule, "bptt", 0):
+            raise ValueError(
+                "--model RecurrentPPO trains on sequence segments: set --data.init_args.bptt (a rollout data module)"
+            )
+        layout = datamodule.observation_layout
+        if layout is None:
+            raise ValueError(
+                "--model RecurrentPPO reads token observations: the environment must describe them (observation_layout"
+                ", as datamodules.envs.mettagrid.MettaGridEnv and datamodules.envs.recall.CueRecallEnv do)"
+            )
+        grid, features = self.encoder.grid, layout.num_features
+        if features > grid.num_features:
+            raise ValueError(
+                f"--model.init_args.grid_features {grid.num_features} is too small for this environment's "
+                f"{features} observation features"
+            )
+        if (layout.height, layout.width) != (grid.height, grid.width):
+            raise ValueError(
+                f"--model.init_args.grid_size {grid.height} does not match the environment's "
+                f"{layout.height}x{layout.width} view"
+            )
+
+    def setup(self, stage: str) -> None:
+        super().setup(stage)
+        if stage == "fit":
+            self.check_datamodule(self.datamodule)  # for a Trainer driven directly, without the CLI
+            self._take_feature_scale(self.datamodule.observation_layout.scale)
+
+    def _take_feature_scale(self, feature_scale: Any) -> None:
+        """The environment's per-feature value scale into the grid (saved with the weights, so a checkpoint decodes
+        tokens as it was trained to)."""
+        scale = torch.as_tensor(feature_scale, dtype=torch.float32)
+        grid = self.encoder.grid
+        grid.scale[: len(scale)] = scale
+        grid.scale[len(scale) :] = 0  # channels the environment never fills, and the slot for padding
+
+    # ------------------------------------------------------------------------------------------------ update
+    def loss(self, batch: TensorDictBase) -> TensorDictBase:
+        """The PPO loss on ``[segments, bptt]``: the LSTM runs through each segment from its stored first state."""
+        with set_recurrent_mode(True):
+            return self.loss_module(batch)
+
+    @torch.no_grad()
+    def postprocess(self, rollout: TensorDictBase) -> None:
+        """GAE along the time dimension (the last) of the ``[*envs, steps]`` rollout, in place.
+
+        The values are those the policy computed while acting. A step's next value is the following step's value,
+        except where that step starts a new episode or lies beyond the rollout: there it is the value of the next
+        observation under the ending episode's own LSTM state, one extra step of the network for just those entries.
+        """
+        steps = rollout.shape[-1]
+        td = rollout.reshape(-1, steps)
+        value = td["state_value"]
+        done, terminated, reward = td["next", "done"], td["next", "terminated"], td["next", "reward"]
+        next_value = torch.empty_like(value)
+        next_value[:, :-1] = value[:, 1:]
+        boundary = done.squeeze(-1).clone()
+        boundary[:, -1] = True
+        after = td["next"][boundary].select("observation", *_STATE_KEYS)
+        after["is_init"] = torch.zeros(after.shape + (1,), dtype=torch.bool, device=after.device)
+        next_value[boundary] = self.critic(self.trunk(after))["state_value"]
+        advantage, value_target = vec_generalized_advantage_estimate(
+            self.gamma, self.gae_lambda, value, next_value, reward, done, terminated, time_dim=-2
+        )
+        rollout["advantage"] = advantage.reshape(*rollout.shape, 1)
+        rollout["value_target"] = value_target.reshape(*rollout.shape, 1)
+
+    def batch_keys(self) -> list:
+        return ppo_batch_keys(self.loss_module)
