@@ -3,6 +3,7 @@ preset's batch geometry, and bad input."""
 
 from __future__ import annotations
 
+import csv
 import os
 import signal
 from pathlib import Path
@@ -39,6 +40,11 @@ SMALL = [
 ]
 
 
+def _last_value(metrics_csv: Path, name: str) -> str:
+    with open(metrics_csv, newline="") as file:
+        return [row[name] for row in csv.DictReader(file) if row[name]][-1]
+
+
 def fit_metta(runs: Path, *overrides: str, config: str = "metta_ppo"):
     args = ["fit", "--config", str(ROOT / "configs" / f"{config}.yaml"), "--threads", "1"]
     return main([*args, "--trainer.logger.init_args.save_dir", str(runs), *SMALL, *overrides])
@@ -65,6 +71,14 @@ def test_metta_ppo_trains_logs_and_resumes_exactly_with_its_worker_processes(tmp
     metrics = (run / "metrics.csv").read_text()
     for name in ("train/loss_objective", "eval/return_mean", "eval/random_return_mean"):
         assert name in metrics
+    # `validate` plays the greedy episodes from the checkpoint (its evaluation environments built and closed
+    # under Lightning's inference mode) and reports what the run's own last evaluation did.
+    checkpoint = str(run / "checkpoints/last.ckpt")
+    args = ["validate", "--config", str(ROOT / "configs/metta_ppo.yaml"), "--ckpt_path", checkpoint]
+    validated = main([*args, "--trainer.logger=false", *SMALL, "--data.init_args.eval_episodes=4"])  # the callback's 4
+    assert validated.trainer.callback_metrics["eval/return_mean"].item() == pytest.approx(
+        float(_last_value(run / "metrics.csv", "eval/return_mean"))
+    )
 
 
 class KillWorker(pl.Callback):

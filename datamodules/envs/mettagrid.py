@@ -316,8 +316,10 @@ class MettaGridEnv(EnvBase):
     def close(self, *, raise_if_closed: bool = True) -> None:
         """Release the engines (a later reset builds new ones)."""
         self._engines = [None] * self.batch_size[0]
-        self._episode_seed.fill_(-1)
-        self._steps.zero_()
+        # New tensors, not in-place writes: an env built under torch.inference_mode (`validate` builds its evaluation
+        # environments there) holds inference tensors, which cannot be written outside it, where teardown runs.
+        self._episode_seed = torch.full_like(self._episode_seed, -1)
+        self._steps = torch.zeros_like(self._steps)
         super().close(raise_if_closed=raise_if_closed)
 
     # ---------------------------------------------------------------------------------------------- state
