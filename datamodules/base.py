@@ -62,7 +62,7 @@ def resolve_device(device: str | None, trainer: pl.Trainer | None = None) -> tor
     return resolved
 
 
-def _rng_state() -> dict[str, Any]:
+def rng_state() -> dict[str, Any]:
     """All global RNG states as plain tensors and tuples, so checkpoints load with ``weights_only=True``."""
     kind, keys, pos, has_gauss, cached = np.random.get_state()
     state = {
@@ -81,7 +81,7 @@ def _rng_state() -> dict[str, Any]:
     return state
 
 
-def _set_rng_state(state: dict[str, Any]) -> None:
+def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     kind, keys, pos, has_gauss, cached = state["numpy"]
     np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
@@ -461,7 +461,7 @@ class RLDataModule(EnvSpecs, pl.LightningDataModule):
 
     # ------------------------------------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict[str, Any]:
-        state = {"frames": self.frames, "samples": self.samples, "rng": _rng_state()}
+        state = {"frames": self.frames, "samples": self.samples, "rng": rng_state()}
         if self.trainer is not None:
             # The update this state belongs to names the other ranks' files (rank_state_path).
             state.update(updates=self.trainer.global_step, world_size=self.trainer.world_size)
@@ -517,7 +517,7 @@ class RLDataModule(EnvSpecs, pl.LightningDataModule):
             # The collector carries the last observations (and recurrent states) between calls; with them restored
             # too, collection continues exactly where the checkpointed run stood.
             self._carrier().update(from_plain(state["carrier"], batch_dims=1, device=self.collector.env.device))
-        _set_rng_state(state["rng"])
+        set_rng_state(state["rng"])
 
     def _stateful_env(self) -> EnvBase:
         # A TransformedEnv's state_dict holds only its transforms' (none of the model's env transforms keep state):

@@ -12,6 +12,10 @@ collected again.
 ``setup`` splits the pairs ``1 − val_fraction`` / ``val_fraction`` with a fixed seed; the loaders are standard
 ``DataLoader``s (workers and pinned memory are options; 0 workers and no pinning are fastest on this 2-core CPU, where
 a batch is a slice of a memory-mapped tensor).
+
+Each epoch's shuffle is seeded from the global torch generator, whose state Lightning's checkpoint does not hold: the
+data module's own state is the global RNG states, applied when the first training epoch after a resume starts, so
+``--ckpt_path last`` continues with the batches an uninterrupted run would have drawn.
 """
 
 from __future__ import annotations
@@ -21,8 +25,9 @@ import json
 import os
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import lightning.pytorch as pl
 import torch
@@ -30,7 +35,7 @@ from tensordict import TensorDict
 from torch.utils.data import DataLoader, TensorDataset
 from torchrl.envs import EnvBase
 
-from datamodules.base import EnvSpecs, check_positive
+from datamodules.base import EnvSpecs, check_positive, rng_state, set_rng_state
 from datamodules.envs.racing_expert import TimeOptimalExpert
 
 _COMPLETE = "complete.json"  # written last: its presence marks a whole collection
@@ -90,6 +95,7 @@ class DemonstrationDataModule(EnvSpecs, pl.LightningDataModule):
         probe.close()
         self.train_set: TensorDataset | None = None
         self.val_set: TensorDataset | None = None
+        self._pending_rng: dict[str, Any] | None = None  # a checkpoint's RNG states, until its first epoch starts
 
     def make_env(self, num_envs: int, seed: int) -> EnvBase:
         """Cars of the demonstrations' environment (closed-loop evaluation, export checks), on the CPU."""
@@ -182,13 +188,17 @@ class DemonstrationDataModule(EnvSpecs, pl.LightningDataModule):
         self.val_set = TensorDataset(observation[val], action[val])
 
     def _loader(self, dataset: TensorDataset, shuffle: bool) -> DataLoader:
-        return DataLoader(
+        # The training loader is the one whose epochs draw from the global generator that a resume must restore.
+        loader = _EpochStartLoader if shuffle else DataLoader
+        extra = {"on_epoch_start": self._restore_rng} if shuffle else {}
+        return loader(
             dataset,
             batch_size=self.batch_size,
             shuffle=shuffle,
             num_workers=self.num_workers,
             pin_memory=self.pin_memory,
             persistent_workers=self.num_workers > 0,
+            **extra,
         )
 
     def train_dataloader(self) -> DataLoader:
@@ -196,3 +206,38 @@ class DemonstrationDataModule(EnvSpecs, pl.LightningDataModule):
 
     def val_dataloader(self) -> DataLoader:
         return self._loader(self.val_set, shuffle=False)
+
+    # ------------------------------------------------------------------------------------------------- checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        # Lightning saves last.ckpt after the epoch's validation and callbacks, so these are the states the next
+        # epoch's loader starts from in an uninterrupted run.
+        return {"rng": rng_state()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        # Not applied yet: Lightning restores the data module before the rest of fit's start (strategy and model
+        # setup, on_fit_start hooks), which may draw from the same generators. The states are applied when the first
+        # epoch's loader starts (_restore_rng), the point an uninterrupted run's next epoch starts from. (Lightning
+        # 2.6 creates that loader before on_train_start: a draw in that hook would still move the stream.)
+        self._pending_rng = state_dict["rng"]
+
+    def _restore_rng(self) -> None:
+        if self._pending_rng is not None:
+            set_rng_state(self._pending_rng)
+            self._pending_rng = None
+
+
+class _EpochStartLoader(DataLoader):
+    """A ``DataLoader`` that calls ``on_epoch_start`` before each epoch's iterator draws its seeds.
+
+    Creating the iterator draws the loader's base seed (the workers' seeds) from the global generator, and its first
+    batch draws the ``RandomSampler``'s shuffle seed: a state applied here precedes both. ``on_epoch_start`` is a
+    constructor argument, so Lightning's re-instantiation of a loader (a distributed sampler) keeps it.
+    """
+
+    def __init__(self, *args: Any, on_epoch_start: Callable[[], None], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.on_epoch_start = on_epoch_start
+
+    def __iter__(self) -> Iterator[Any]:
+        self.on_epoch_start()
+        return super().__iter__()

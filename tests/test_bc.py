@@ -1,22 +1,29 @@
 """Behaviour cloning: the action scaling and loss, and the shipped config run as README runs it (CSV logger on, real
-epochs with validation, the closed-loop evaluation, ``--ckpt_path last`` continuing in the same folder)."""
+epochs with validation, the closed-loop evaluation, ``--ckpt_path last`` continuing in the same folder, exactly), and
+its policy exported by the fit's callback and from its checkpoint alone."""
 
 from __future__ import annotations
 
 import csv
+import json
 from pathlib import Path
 
+import lightning.pytorch as pl
 import pytest
 import torch
 import yaml
 from lightning.pytorch.callbacks import TQDMProgressBar
+from tensordict import TensorDict
 
 from callbacks.progress import RLProgressBar
 from datamodules.envs.racing import STEERING_LIMIT, RacingEnv
+from export.cli import main as export_main
+from export.loader import TracedPolicy
 from modules.bc import BehaviourCloning
-from tests.helpers import fit, write_config
+from tests.helpers import fit, weights, write_config
 
 ROOT = Path(__file__).resolve().parents[1]
+SHORT_EPISODES = ("--data.init_args.env.init_args.max_steps", "200")  # closed-loop episodes of 4 s, not 100 s
 
 
 def test_actions_scale_to_the_unit_box_and_back():
@@ -61,3 +68,71 @@ def test_shipped_config_trains_validates_evaluates_and_resumes_in_its_folder(tmp
     assert expert > 2000 and float(evaluations[0]["eval/expert_lap_completed"]) == 1.0
     for row in evaluations:
         assert float(row["eval/return_vs_expert"]) == pytest.approx(float(row["eval/return_mean"]) / expert)
+
+
+class DrawsAtFitStart(pl.Callback):
+    """Draws from the global generator as fit starts, as a model's or a callback's own setup may."""
+
+    def on_fit_start(self, trainer, pl_module):
+        torch.rand(1)
+
+
+def test_resumed_run_ends_with_identical_weights(tmp_path, monkeypatch):
+    # 3 epochs, a stop, and 3 more resumed under another global seed, against 6 in one run. Each epoch's shuffle
+    # is seeded from the global generator, which Lightning's checkpoint does not hold: only the data module's
+    # restored RNG states give the resumed epochs the same batches, and only if applied when the first epoch's loader
+    # starts, after the draws of the resumed run's start (DrawsAtFitStart). The stopped run also evaluates after its
+    # last epoch (3), which the uninterrupted one does not: the closed-loop evaluation must leave that stream alone.
+    monkeypatch.chdir(tmp_path)
+    config = yaml.safe_load(shortened(tmp_path).read_text())
+    config["trainer"]["callbacks"].append({"class_path": "tests.test_bc.DrawsAtFitStart"})
+    config = write_config(config, tmp_path / "racing_bc.yaml")
+    fit(config, *SHORT_EPISODES, "--trainer.max_epochs", "6", "--trainer.logger.init_args.name", "full")
+    fit(config, *SHORT_EPISODES, "--trainer.max_epochs", "3", "--trainer.logger.init_args.name", "half")
+    half = tmp_path / "runs" / "half" / "version_0" / "checkpoints" / "last.ckpt"
+    first_half = weights(half)
+    resume = ("--ckpt_path", "last", "--seed_everything", "123")
+    cli = fit(config, *SHORT_EPISODES, "--trainer.max_epochs", "6", "--trainer.logger.init_args.name", "half", *resume)
+
+    assert cli.trainer.current_epoch == 6 and cli.trainer.global_step == 6 * 12  # 720 training pairs, 64 a batch
+    full, resumed = weights(tmp_path / "runs" / "full" / "version_0" / "checkpoints" / "last.ckpt"), weights(half)
+    assert full.keys() == resumed.keys()
+    for key in full:
+        assert torch.equal(full[key], resumed[key]), key
+    trained = [key for key in resumed if key.startswith("actor.network.")]  # not the action box's constants
+    assert len(trained) == 6 and all(not torch.equal(first_half[key], resumed[key]) for key in trained)
+
+
+def test_fit_export_and_checkpoint_export_trace_the_clones_actions(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    config = yaml.safe_load(shortened(tmp_path).read_text())
+    options = {"batch_sizes": [4, 16], "backend": "torchscript", "benchmark": False}
+    config["trainer"]["callbacks"].append({"class_path": "callbacks.export.PolicyExport", "init_args": options})
+    cli = fit(write_config(config, tmp_path / "export.yaml"), *SHORT_EPISODES, "--trainer.max_epochs", "1")
+    run = tmp_path / "runs" / "racing_bc" / "version_0"
+    # Real inputs: demonstrated observations and start states of the cars, beside random ones far outside them.
+    observation = torch.cat(
+        [
+            cli.datamodule.train_set.tensors[0][:8],
+            cli.datamodule.make_env(4, seed=11).reset()["observation"],
+            torch.randn(4, 11) * 100,
+        ]
+    )
+    model = cli.model.eval()
+    with torch.no_grad():
+        clone = model.policy()(TensorDict({"observation": observation}, batch_size=[16]))["action"]
+    assert clone.shape == (16, 2) and not torch.equal(clone[0], clone[1])
+
+    traced = TracedPolicy.load(run / "export")
+    assert traced.backend_in_use == "torchscript"
+    assert json.loads((run / "export" / "export.json").read_text())["output"]["kind"] == "actions"
+    torch.testing.assert_close(traced(observation), clone)
+    torch.testing.assert_close(traced.act(observation), clone)  # the action itself, not an argmax
+
+    # The same export from last.ckpt and the run's config.yaml alone, as `python -m export --checkpoint` does.
+    out = tmp_path / "from_checkpoint"
+    argv = ["--checkpoint", str(run / "checkpoints" / "last.ckpt"), "--batch-sizes", "4"]
+    metadata = export_main([*argv, "--backend", "torchscript", "--no-benchmark", "--out", str(out)])
+    assert [artifact["batch_size"] for artifact in metadata["artifacts"]] == [4]
+    assert metadata["output"]["kind"] == "actions"
+    torch.testing.assert_close(TracedPolicy.load(out)(observation), clone)

@@ -89,11 +89,20 @@ def test_driving_along_the_straight():
 
 
 def test_actions_outside_the_box_are_clipped():
-    env = RacingEnv(num_envs=1)
-    place(env, arc=50.0, speed=10.0)
-    step(env, 100.0, 2.0)
-    assert env.speed.item() == pytest.approx(10.0 + 4.0 * env.dt)  # +4 m/s² at most
-    assert torch.allclose(env.last_action, torch.tensor([[4.0, STEERING_LIMIT]]))
+    # Through the public step: car 0 pushes above the box (+4 m/s², +25°), car 1 below it (−6 m/s², −25°).
+    outside = torch.tensor([[100.0, 2.0], [-100.0, -2.0]])
+    at_limits = torch.tensor([[4.0, STEERING_LIMIT], [-6.0, -STEERING_LIMIT]])
+    results = []
+    for action in (outside, at_limits):
+        env = RacingEnv(num_envs=2)
+        place(env, arc=50.0, speed=10.0)
+        results.append(env.step(TensorDict(action=action.clone(), batch_size=env.batch_size))["next"])
+        assert env.speed.tolist() == pytest.approx([10.0 + 4.0 * env.dt, 10.0 - 6.0 * env.dt])
+        torch.testing.assert_close(env.last_action, at_limits)
+    # The step itself (position, heading, speed: the observation; the smoothness term: the reward) is the limits'.
+    assert results[0]["observation"][0, 1] > 0 > results[0]["observation"][1, 1]  # turned left, and right
+    torch.testing.assert_close(results[0]["observation"], results[1]["observation"], rtol=0, atol=0)
+    torch.testing.assert_close(results[0]["reward"], results[1]["reward"], rtol=0, atol=0)
 
 
 def test_the_grip_limits_the_turn_at_speed():
