@@ -96,16 +96,25 @@ class RLCLI(LightningCLI):
         self.trainer_defaults = {**self.trainer_defaults, "callbacks": callbacks}
 
     def _move_gradient_clipping(self, config) -> None:
-        # The agents run their own update (loss, backward, clip, step as one unit), and Lightning clips only
-        # in automatic optimization: its flag is honoured by handing the value to the model.
+        # The agents run their own update (loss, backward, clip, step as one unit), and Lightning clips and
+        # accumulates only in automatic optimization: its flags are honoured by handing the values to the model.
         if not _is_subclass(config["model"], RLModule):  # Lightning's automatic optimization clips by itself
             return
         trainer, model = config["trainer"], config["model"]["init_args"]
-        if trainer.get("accumulate_grad_batches", 1) != 1:
-            self.parser.error(
-                f"--trainer.accumulate_grad_batches {trainer['accumulate_grad_batches']}: gradient accumulation is "
-                "not supported by the agents' own update step yet"
-            )
+        accumulate = trainer.get("accumulate_grad_batches", 1)
+        if accumulate != 1:
+            model_class = import_class(config["model"]["class_path"])
+            if "accumulate_grad_batches" not in inspect.signature(model_class).parameters:
+                self.parser.error(
+                    f"--trainer.accumulate_grad_batches {accumulate}: {model_class.__name__} does not accumulate "
+                    "gradients (the DQN agents do)"
+                )
+            if model.get("accumulate_grad_batches", 1) not in (1, accumulate):
+                self.parser.error(
+                    f"--trainer.accumulate_grad_batches {accumulate} and --model.init_args.accumulate_grad_batches "
+                    f"{model['accumulate_grad_batches']} disagree; set one of them"
+                )
+            model["accumulate_grad_batches"], trainer["accumulate_grad_batches"] = accumulate, 1
         clip = trainer.get("gradient_clip_val")
         if clip is None:
             return

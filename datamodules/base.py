@@ -39,9 +39,9 @@ from torchrl.envs.utils import ExplorationType, set_exploration_type, step_mdp
 
 from datamodules.timing import PhaseTimer
 
+# How TorchRL's ParallelEnv and multi-process collectors name a worker process that died.
+DEAD_WORKER = re.compile(r"worker (\d+) \(exit code -?\d+\)")
 # Seeds of the evaluation environments are offset so they never replay a training episode.
-# How TorchRL's ParallelEnv names a worker process that died.
-_DEAD_WORKER = re.compile(r"worker \d+ \(exit code -?\d+\)")
 EVAL_SEED_OFFSET = 1_000_003
 
 
@@ -375,7 +375,7 @@ class RLDataModule(EnvSpecs, pl.LightningDataModule):
         if self.collector is None or not self.env_workers:
             return
         while error is not None:
-            found = _DEAD_WORKER.search(str(error))
+            found = DEAD_WORKER.search(str(error))
             if found:
                 raise RuntimeError(
                     f"environment worker process died: {found.group(0)}, at {self.frames:,} frames; training stopped "
@@ -390,8 +390,12 @@ class RLDataModule(EnvSpecs, pl.LightningDataModule):
         self._updates_since_sync += 1
         if self._updates_since_sync >= self.weight_sync_interval and self.collector is not None:
             self._updates_since_sync = 0
-            if self.collector.policy_device != self.device:
-                self.collector.update_policy_weights_()
+            self.sync_weights()
+
+    def sync_weights(self) -> None:
+        """Push the learner's weights to the collector's policy, where it does not share them (another device)."""
+        if self.collector.policy_device != self.device:
+            self.collector.update_policy_weights_()
 
     def _batches(self) -> Iterator[TensorDictBase]:
         """Yield training batches forever; subclasses decide how collected frames turn into batches."""
@@ -466,9 +470,16 @@ class RLDataModule(EnvSpecs, pl.LightningDataModule):
             # The update this state belongs to names the other ranks' files (rank_state_path).
             state.update(updates=self.trainer.global_step, world_size=self.trainer.world_size)
         if self.collector is not None:
-            state["env"] = dict(self._stateful_env().state_dict())
-            state["carrier"] = to_plain(self._carrier().exclude("collector"))
+            state.update(self.collection_state())
         return state
+
+    def collection_state(self) -> dict[str, Any]:
+        """What continues collection exactly: the environments' state and the observations (and recurrent states)
+        the collector carries between calls."""
+        return {
+            "env": dict(self._stateful_env().state_dict()),
+            "carrier": to_plain(self._carrier().exclude("collector")),
+        }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore this rank's own state: rank 0's is the checkpoint's, any other rank's is in its file beside it."""

@@ -78,7 +78,8 @@ class ReplayDataModule(RLDataModule):
         self.frames_per_update = frames_per_update
         self.priority_alpha, self.priority_beta = priority_alpha, priority_beta
         self.priority_beta_updates = priority_beta_updates
-        self._served_index: torch.Tensor | None = None  # the buffer slots of the batch the model is updating on
+        # The buffer slots of the batches served since the last update (one per batch it accumulates), in order.
+        self._served_indices: list[torch.Tensor] = []
         self.buffer: TensorDictReplayBuffer | None = None
         self.update_credit = 0.0  # updates earned by collected frames and not yet taken
         self.pending: list[TensorDictBase] | None = None  # batches drawn for the coming updates, served in order
@@ -129,7 +130,7 @@ class ReplayDataModule(RLDataModule):
             self.update_credit -= 1.0
             self.samples += sample.numel()
             if self.prioritized:
-                self._served_index = sample["index"]
+                self._served_indices.append(sample["index"])
             yield sample
 
     def after_update(self, priority: torch.Tensor | None = None) -> None:
@@ -140,7 +141,8 @@ class ReplayDataModule(RLDataModule):
                     f"--data.init_args.priority_alpha {self.priority_alpha}: prioritized replay needs the model's "
                     "per-sample TD errors (a `td_error` entry in its losses, as DQN and PhysicsInformedDQN give)"
                 )
-            self.buffer.update_priority(self._served_index, priority)
+            served, self._served_indices = self._served_indices, []
+            self.buffer.update_priority(served[0] if len(served) == 1 else torch.cat(served), priority)
 
     def _store(self, batch: TensorDictBase) -> None:
         # Only what the update reads (Snake-DQN: 6 of the 14 collected entries): every entry costs memory and an

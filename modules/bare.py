@@ -24,17 +24,26 @@ from torch import nn
 from modules.optim import FusedAdamStep
 from modules.pde import physics_losses
 
-POOL = 16  # distinct pre-drawn batches the bare loop cycles through
+POOL = 16  # at most this many distinct pre-drawn batches the bare loop cycles through ...
+POOL_TRANSITIONS = 2048  # ... and at most this many transitions in all (Mario's are 256 KiB each), but 2 batches
+MAX_ENVS = 16  # environments that play them: an emulator costs a third of a second to build
 
 
 def transitions(data: Any, size: int, seed: int = 12_345) -> dict[str, torch.Tensor]:
-    """``size`` real transitions of random play in the agent's environment, as plain tensors."""
-    env = data.make_env(size, seed)
+    """``size`` real transitions of random play in the agent's environment, as plain tensors: up to ``MAX_ENVS``
+    environments, stepped (and reset when done) as often as it takes."""
+    envs = min(size, MAX_ENVS)
+    env = data.make_env(envs, seed)
+    steps = []
     with torch.random.fork_rng(devices=[]):  # the same batch for the same seed, and the global RNG left alone
         torch.manual_seed(seed)
         td = env.reset()
-        td["action"] = env.action_spec.rand()
-        out = env.step(td)
+        for _ in range(math.ceil(size / envs)):
+            td["action"] = env.action_spec.rand()
+            out, td = env.step_and_maybe_reset(td)
+            steps.append(out)
+    env.close()
+    out = torch.cat(steps)[:size]
     return {
         "observation": out["observation"],
         "action": out["action"],
@@ -42,6 +51,14 @@ def transitions(data: Any, size: int, seed: int = 12_345) -> dict[str, torch.Ten
         "reward": out["next", "reward"].view(-1),
         "terminated": out["next", "terminated"].view(-1),
     }
+
+
+def batch_pool(data: Any, size: int) -> list[dict[str, torch.Tensor]]:
+    """The pre-drawn batches of ``size`` transitions a bare loop cycles through (:data:`POOL` and
+    :data:`POOL_TRANSITIONS` bound their number), drawn in one go by :func:`transitions`."""
+    count = max(2, min(POOL, POOL_TRANSITIONS // size))
+    drawn = transitions(data, size * count)
+    return [{key: value[i * size : (i + 1) * size] for key, value in drawn.items()} for i in range(count)]
 
 
 def optimizer_step(parameters: list[nn.Parameter], optimizer: torch.optim.Optimizer, max_grad_norm: float | None):
@@ -52,18 +69,19 @@ def optimizer_step(parameters: list[nn.Parameter], optimizer: torch.optim.Optimi
 
 
 def bare_dqn(model: Any, data: Any) -> Callable[[int], torch.Tensor]:
-    """Double-DQN (or plain DQN) target, forward, MSE, backward, clip and fused Adam on pre-drawn batches; PIRL adds
-    its physics terms."""
+    """Double-DQN (or plain DQN) target, forward, MSE (or Huber), backward — of each of the batches the update
+    accumulates —, clip and fused Adam (AdamW with weight decay) on pre-drawn batches; PIRL adds its physics terms."""
     online = copy.deepcopy(model.q_network)
     target = copy.deepcopy(online).requires_grad_(False)
     parameters = list(online.parameters())
-    optimizer = torch.optim.Adam(parameters, lr=model.lr, fused=True)
+    optimizer = make_adam(parameters, model)
     gamma = float(model.loss_module.value_estimator.gamma)  # PIRL's is 1: its Q-values are probabilities
     pirl = hasattr(model, "pde_weight")
-    batches = [transitions(data, data.batch_size, seed) for seed in range(POOL)]
+    huber = model.hparams.get("loss_function", "l2") == "smooth_l1"
+    accumulate = model.accumulate_grad_batches
+    batches = batch_pool(data, data.batch_size)
 
-    def step(i: int) -> torch.Tensor:
-        batch = batches[i % POOL]
+    def loss_of(batch: dict[str, torch.Tensor]) -> torch.Tensor:
         with torch.no_grad():
             next_q = target(batch["next_observation"])
             if model.hparams.double_dqn:
@@ -73,7 +91,7 @@ def bare_dqn(model: Any, data: Any) -> Callable[[int], torch.Tensor]:
                 next_value = next_q.max(-1).values
             y = batch["reward"] + gamma * (~batch["terminated"]) * next_value
         q = online(batch["observation"]).gather(-1, batch["action"].unsqueeze(-1)).squeeze(-1)
-        loss = (q - y).pow(2).mean()
+        loss = F.smooth_l1_loss(q, y) if huber else (q - y).pow(2).mean()
         if pirl:
             physics = physics_losses(
                 online,
@@ -85,11 +103,23 @@ def bare_dqn(model: Any, data: Any) -> Callable[[int], torch.Tensor]:
                 model.gradient_method,
             )
             loss = loss + sum(physics.values())
-        loss.backward()
+        return loss
+
+    def step(i: int) -> torch.Tensor:
+        for k in range(accumulate):
+            loss = loss_of(batches[(i * accumulate + k) % len(batches)])
+            (loss if accumulate == 1 else loss / accumulate).backward()
         optimizer_step(parameters, optimizer, model.max_grad_norm)
         return loss.detach()
 
     return step
+
+
+def make_adam(parameters: list[nn.Parameter], model: Any) -> torch.optim.Optimizer:
+    """The fused Adam the agent's update uses, AdamW when it has weight decay."""
+    if getattr(model, "weight_decay", 0.0):
+        return torch.optim.AdamW(parameters, lr=model.lr, weight_decay=model.weight_decay, fused=True)
+    return torch.optim.Adam(parameters, lr=model.lr, fused=True)
 
 
 def as_replay_sample(batch: dict[str, torch.Tensor]) -> TensorDict:
@@ -121,12 +151,12 @@ def framework_free_update(model: Any, data: Any) -> Callable[[int], torch.Tensor
     if hasattr(model, "pde_weight"):
         model.physics = data.physics  # what PIRL's setup takes from the data module
     loss = model.compiled(model.training_loss())
-    optimizer = torch.optim.Adam(model.trainable_parameters(), lr=model.lr, fused=True)
+    optimizer = make_adam(model.trainable_parameters(), model)
     optimizer_step = FusedAdamStep(optimizer, model.max_grad_norm)
-    batches = [as_replay_sample(transitions(data, data.batch_size, seed)) for seed in range(POOL)]
+    batches = [as_replay_sample(batch) for batch in batch_pool(data, data.batch_size)]
 
     def step(i: int) -> torch.Tensor:
-        total = sum(value for key, value in loss(batches[i % POOL]).items() if key.startswith("loss"))
+        total = sum(value for key, value in loss(batches[i % len(batches)]).items() if key.startswith("loss"))
         total.backward()
         optimizer_step()
         if model.target_networks and getattr(model, "target_update", "soft") == "soft":
@@ -213,14 +243,14 @@ def bare_sac(model: Any, data: Any) -> Callable[[int], torch.Tensor]:
         [p.data for target in targets for p in target.parameters()],
         [p.data for critic in critics for p in critic.parameters()],
     )
-    batches = [transitions(data, data.batch_size, seed) for seed in range(POOL)]
+    batches = batch_pool(data, data.batch_size)
 
     def sample(observation: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         location, scale = actor(observation)
         return tanh_gaussian_sample(location, scale, torch.randn_like(location), centre, half_range)
 
     def step(i: int) -> torch.Tensor:
-        batch = batches[i % POOL]
+        batch = batches[i % len(batches)]
         alpha = log_alpha.detach().exp()
         with torch.no_grad():
             next_action, next_log_prob = sample(batch["next_observation"])
@@ -248,19 +278,23 @@ def bare_sac(model: Any, data: Any) -> Callable[[int], torch.Tensor]:
 
 
 def time_bare(step: Callable[[int], Any], seconds: float) -> float:
-    """Seconds per call of ``step``: the median of 5 runs sharing ``seconds``, after a warm-up."""
+    """Seconds per call of ``step``: the median of 5 runs sharing ``seconds`` (each at least one call), after a
+    warm-up of 20 calls or ``seconds`` (at least 2 calls: an update of the Mario CNN takes seconds on a CPU)."""
 
     def sync() -> None:  # GPU work is asynchronous: a run ends when its kernels have
         if torch.cuda.is_available():
             torch.cuda.synchronize()
 
+    start = time.perf_counter()
     for i in range(20):
         step(i)
+        if i >= 1 and time.perf_counter() - start > seconds:
+            break
     runs = []
     for _ in range(5):
         sync()
         calls, start = 0, time.perf_counter()
-        while time.perf_counter() - start < seconds / 5:
+        while calls == 0 or time.perf_counter() - start < seconds / 5:
             step(calls)
             calls += 1
         sync()

@@ -65,7 +65,15 @@ class RLModule(pl.LightningModule):
         lr_end: with a value, the learning rate follows a cosine from ``lr`` at frame 0 to ``lr_end`` at ``lr_frames``
             frames, and stays there; None: constant ``lr``. In frames, like ε, so that a run's schedule does not
             depend on the machine's speed or the replay ratio.
-        lr_frames: frames over which the cosine decay runs.
+        lr_frames: frames over which the cosine decay runs (its first period, with ``lr_restart_mult``).
+        lr_restart_mult: with a value, the cosine restarts at ``lr`` after each period, each period this many times
+            longer than the one before (SGDR's warm restarts, Loshchilov & Hutter 2017: PyTorch's
+            ``CosineAnnealingWarmRestarts(T_0, T_mult)`` with ``T_0 = lr_frames`` counted in frames, ``eta_min =
+            lr_end``); None: one period, then ``lr_end`` from there on.
+        weight_decay: decoupled weight decay (AdamW, Loshchilov & Hutter 2019); 0: plain Adam.
+        accumulate_grad_batches: batches whose gradients one update sums before its optimizer step, each batch's
+            loss divided by their number: the update of one batch that many times larger, in pieces (the Mario
+            seed's 4 × 512). ``--trainer.accumulate_grad_batches`` is handed to this by the CLI.
         compile: ``False``, ``True`` or a ``torch.compile`` mode (``"default"``, ``"reduce-overhead"``,
             ``"max-autotune"``): compile the loss with its backward.
             The first updates then take seconds each while they compile.
@@ -85,6 +93,9 @@ class RLModule(pl.LightningModule):
         check_finite_every: int = 1,
         lr_end: float | None = None,
         lr_frames: int = 1_000_000,
+        lr_restart_mult: float | None = None,
+        weight_decay: float = 0.0,
+        accumulate_grad_batches: int = 1,
     ) -> None:
         super().__init__()
         # The update is the model's own unit (see the module docstring), so Lightning does not drive the optimizer.
@@ -97,6 +108,14 @@ class RLModule(pl.LightningModule):
             )
         if lr_frames < 1:
             raise ValueError(f"--model.init_args.lr_frames must be >= 1, got {lr_frames}")
+        if lr_restart_mult is not None and not lr_restart_mult >= 1:
+            raise ValueError(f"--model.init_args.lr_restart_mult must be >= 1 (or null), got {lr_restart_mult}")
+        if lr_restart_mult is not None and lr_end is None:
+            raise ValueError("--model.init_args.lr_restart_mult restarts the cosine to lr_end: set lr_end too")
+        if weight_decay < 0:
+            raise ValueError(f"--model.init_args.weight_decay must be >= 0, got {weight_decay}")
+        if accumulate_grad_batches < 1:
+            raise ValueError(f"--model.init_args.accumulate_grad_batches must be >= 1, got {accumulate_grad_batches}")
         if max_grad_norm is not None and not max_grad_norm > 0:
             raise ValueError(
                 f"--model.init_args.max_grad_norm must be > 0 (or null for no clipping), got {max_grad_norm}"
@@ -114,7 +133,9 @@ class RLModule(pl.LightningModule):
             )
         self.observation_spec = observation_spec
         self.action_spec = action_spec
-        self.lr, self.lr_end, self.lr_frames = lr, lr_end, lr_frames
+        self.lr, self.lr_end, self.lr_frames, self.lr_restart_mult = lr, lr_end, lr_frames, lr_restart_mult
+        self.weight_decay = weight_decay
+        self.accumulate_grad_batches = accumulate_grad_batches
         self.compile_mode = compile
         self.max_grad_norm = max_grad_norm
         self.check_finite_every = check_finite_every
@@ -218,6 +239,8 @@ class RLModule(pl.LightningModule):
             group.setdefault("lr", self.lr)
             group["base_lr"] = group["lr"]  # what lr_end's schedule scales (kept in the optimizer's checkpoint)
         # The fused kernel updates every parameter in one op: on a small MLP it is 2-3x faster than the default.
+        if self.weight_decay:
+            return torch.optim.AdamW(groups, lr=self.lr, weight_decay=self.weight_decay, fused=True)
         return torch.optim.Adam(groups, lr=self.lr, fused=True)
 
     def on_fit_start(self) -> None:
@@ -234,10 +257,17 @@ class RLModule(pl.LightningModule):
         self._compiled_loss = self.compiled(self.training_loss())
 
     def learning_rate(self, frames: int) -> float:
-        """The learning rate after ``frames`` frames: ``lr``, or its cosine decay to ``lr_end`` over ``lr_frames``."""
+        """The learning rate after ``frames`` frames: ``lr``, or its cosine decay to ``lr_end`` over ``lr_frames``
+        (restarting, with ``lr_restart_mult``)."""
         if self.lr_end is None:
             return self.lr
-        progress = min(frames / self.lr_frames, 1.0)
+        if self.lr_restart_mult is None:
+            progress = min(frames / self.lr_frames, 1.0)
+        else:  # find the period `frames` falls in
+            start, period = 0.0, float(self.lr_frames)
+            while frames >= start + period:
+                start, period = start + period, period * self.lr_restart_mult
+            progress = (frames - start) / period
         return self.lr_end + (self.lr - self.lr_end) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
     def on_train_batch_start(self, batch: object, batch_idx: int) -> None:
@@ -251,11 +281,13 @@ class RLModule(pl.LightningModule):
         """One update. The batch is fetched here, not by Lightning, so that nothing is collected ahead of the
         weights: Lightning's default loop prefetches the next batch, which would step the environments with a
         policy one update stale and put that extra collection inside the checkpoint a resumed run starts from.
+        With ``accumulate_grad_batches`` k, the update fetches and accumulates k batches.
         """
-        batch, _, _ = next(dataloader_iter)
+        batches = [next(dataloader_iter)[0] for _ in range(self.accumulate_grad_batches)]
+        batch = batches[-1]
         update = self.global_step  # the index of this update; global_step counts it once the step is taken
         with self.datamodule.timer.phase("update"):
-            loss, losses = self.update(batch)
+            loss, losses = self.update(batches)
         if update % self.check_finite_every == 0 and not torch.isfinite(loss):
             raise FloatingPointError(
                 f"the training loss is {loss.item()} at update {update} ({self.datamodule.frames} frames): training "
@@ -273,23 +305,32 @@ class RLModule(pl.LightningModule):
             self.log_dict(metrics, batch_size=batch.numel())
         return loss
 
-    def update(self, batch: TensorDictBase) -> tuple[torch.Tensor, TensorDictBase]:
-        """Loss, backward, gradient clip, optimizer step, then :meth:`on_update`. Returns the detached total loss
-        and the loss terms (not detached: a new TensorDict per update costs more than the few logged steps need)."""
-        losses = self._compiled_loss(batch)
-        # Outside the compiled function, so that holding a term back never selects a stale compiled graph.
-        loss = sum(value for key, value in losses.items() if key.startswith("loss") and key not in self.held_losses)
-        # Through Lightning, which prepares DDP's gradient all-reduce and runs the backward hooks of callbacks.
-        self.manual_backward(loss)
+    def update(self, batches: list[TensorDictBase]) -> tuple[torch.Tensor, TensorDictBase]:
+        """Loss and backward of each batch (each loss divided by their number, so the gradients sum to those of
+        their mean), gradient clip, optimizer step, then :meth:`on_update`. Returns the detached total loss (the
+        batches' mean) and the last batch's loss terms (not detached: a new TensorDict per update costs more than the
+        few logged steps need)."""
+        total, td_errors = None, []
+        for batch in batches:
+            losses = self._compiled_loss(batch)
+            # Outside the compiled function, so that holding a term back never selects a stale compiled graph.
+            loss = sum(value for key, value in losses.items() if key.startswith("loss") and key not in self.held_losses)
+            # Through Lightning, which prepares DDP's gradient all-reduce and runs the backward hooks of callbacks.
+            # (With DDP every accumulated backward all-reduces: correct, if not the cheapest.)
+            self.manual_backward(loss if len(batches) == 1 else loss / len(batches))
+            total = loss.detach() if total is None else total + loss.detach()
+            td_errors.append(losses.get("td_error", None))
         # Lightning's own bookkeeping around a step (global_step, the profiler), the calls LightningOptimizer.step
         # makes, without its closure machinery, so that the step itself is the fused kernels (modules/optim.py).
         self._lightning_optimizer._on_before_step()
         self._optimizer_step()
         self._lightning_optimizer._on_after_step()
         self.on_update()
-        # A loss may give each sample's |TD error| (`td_error`): a prioritized replay store's new priorities.
-        self.datamodule.after_update(losses.get("td_error", None))
-        return loss.detach(), losses
+        # A loss may give each sample's |TD error| (`td_error`): a prioritized replay store's new priorities, in the
+        # order the batches were served.
+        priority = None if td_errors[0] is None else td_errors[0] if len(batches) == 1 else torch.cat(td_errors)
+        self.datamodule.after_update(priority)
+        return total if len(batches) == 1 else total / len(batches), losses
 
     #: Loss terms computed but left out of the update's sum for now (SAC's actor during its critics' warm-up): the
     #: parameters only they reach get no gradient, and the optimizer skips them.
@@ -310,8 +351,9 @@ class RLModule(pl.LightningModule):
                 online = getattr(self.loss_module, f"{name}_params")
                 target = getattr(self.loss_module, f"target_{name}_params")
                 for key in online.keys(include_nested=True, leaves_only=True):
-                    targets.append(target.get(key).data)
-                    sources.append(online.get(key).data)
+                    if online.get(key).is_floating_point():  # BatchNorm's batch counter is an integer: not averaged
+                        targets.append(target.get(key).data)
+                        sources.append(online.get(key).data)
             pairs = self._soft_pairs = (targets, sources)
         torch._foreach_lerp_(*pairs, self.tau)
 

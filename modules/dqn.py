@@ -23,7 +23,7 @@ from torchrl.modules import EGreedyModule, QValueActor
 from torchrl.objectives import DQNLoss, HardUpdate, SoftUpdate
 
 from modules.base import RLModule
-from modules.networks import observation_mlp
+from modules.networks import BatchNormCNN, EvalModeActor, has_batch_norm, observation_mlp
 
 
 class DQN(RLModule):
@@ -32,7 +32,11 @@ class DQN(RLModule):
     Args:
         observation_spec: linked from the data module.
         action_spec: linked from the data module (a discrete ``Categorical`` spec).
-        hidden_sizes: widths of the Q-network's hidden layers.
+        network: the Q-network: ``mlp`` (an MLP over the flattened observation, ``hidden_sizes`` wide) or
+            ``batch_norm_cnn`` (the Mario seed's convolutional network with BatchNorm, for stacked frames
+            ``[C, H, W]``; :class:`~modules.networks.BatchNormCNN`). A network with BatchNorm acts and evaluates in
+            eval mode and trains in train mode.
+        hidden_sizes: widths of the MLP's hidden layers.
         lr: Adam learning rate.
         gamma: discount.
         double_dqn: pick the next action with the online network and evaluate it with the target network.
@@ -49,7 +53,9 @@ class DQN(RLModule):
         compile: see :class:`~modules.base.RLModule`.
         max_grad_norm: see :class:`~modules.base.RLModule` (the seed clips at 10).
         check_finite_every: see :class:`~modules.base.RLModule`.
-        lr_end, lr_frames: see :class:`~modules.base.RLModule` (a cosine learning-rate decay in frames).
+        lr_end, lr_frames, lr_restart_mult: see :class:`~modules.base.RLModule` (a cosine learning-rate decay in
+            frames, with warm restarts).
+        weight_decay, accumulate_grad_batches: see :class:`~modules.base.RLModule` (AdamW; gradient accumulation).
     """
 
     target_networks = ("value_network",)
@@ -58,6 +64,7 @@ class DQN(RLModule):
         self,
         observation_spec: Any,
         action_spec: TensorSpec,
+        network: Literal["mlp", "batch_norm_cnn"] = "mlp",
         hidden_sizes: Sequence[int] = (256, 256),
         lr: float = 1e-3,
         gamma: float = 0.99,
@@ -75,9 +82,22 @@ class DQN(RLModule):
         check_finite_every: int = 1,
         lr_end: float | None = None,
         lr_frames: int = 1_000_000,
+        lr_restart_mult: float | None = None,
+        weight_decay: float = 0.0,
+        accumulate_grad_batches: int = 1,
     ) -> None:
         super().__init__(
-            observation_spec, action_spec, lr, compile, max_grad_norm, check_finite_every, lr_end, lr_frames
+            observation_spec,
+            action_spec,
+            lr,
+            compile,
+            max_grad_norm,
+            check_finite_every,
+            lr_end,
+            lr_frames,
+            lr_restart_mult,
+            weight_decay,
+            accumulate_grad_batches,
         )
         self.save_hyperparameters(ignore=["observation_spec", "action_spec"])
         if not 0 <= gamma <= 1:
@@ -98,8 +118,13 @@ class DQN(RLModule):
         self.target_update_interval = target_update_interval
 
         # env → model → exploration → loss → target updater, in the order TorchRL's sota-implementations use.
+        if network not in ("mlp", "batch_norm_cnn"):
+            raise ValueError(f"--model.init_args.network must be mlp or batch_norm_cnn, got {network!r}")
+        self.network_kind = network
         self.q_network = self.make_q_network(observation_spec["observation"].shape, hidden_sizes, action_spec.space.n)
         self.actor = QValueActor(self.q_network, in_keys=["observation"], spec=action_spec)
+        # Acting (collection, evaluation) must not move BatchNorm's running averages or use a batch's statistics.
+        self._acting_actor = EvalModeActor(self.actor, self.q_network) if has_batch_norm(self.q_network) else self.actor
         self.egreedy = EGreedyModule(
             action_spec,
             eps_init=eps_start,
@@ -120,17 +145,24 @@ class DQN(RLModule):
             # HardUpdate(interval=0) copies on every step() call; on_update calls it every `target_update_interval`
             # updates, a function of the restored global step rather than of a counter checkpoints would have to carry.
             self.target_updater = HardUpdate(self.loss_module, value_network_update_interval=0)
-        self._exploring_policy = TensorDictSequential(self.actor, self.egreedy)
+        self._exploring_policy = TensorDictSequential(self._acting_actor, self.egreedy)
 
     def make_q_network(self, observation_shape: torch.Size, hidden_sizes: Sequence[int], num_actions: int) -> nn.Module:
-        """The Q-network: an MLP over the flattened observation (subclasses change the architecture here)."""
-        return observation_mlp(observation_shape, hidden_sizes, num_actions)
+        """The Q-network the ``network`` option names (subclasses change the architecture here)."""
+        if self.network_kind == "mlp":
+            return observation_mlp(observation_shape, hidden_sizes, num_actions)
+        if len(observation_shape) != 3:
+            raise ValueError(
+                "--model.init_args.network batch_norm_cnn needs image observations [channels, height, width], got "
+                f"shape {tuple(observation_shape)}"
+            )
+        return BatchNormCNN(observation_shape, num_actions)
 
     def policy(self) -> TensorDictModuleBase:
         return self._exploring_policy
 
     def greedy_policy(self) -> TensorDictModuleBase:
-        return self.actor
+        return self._acting_actor
 
     def export_network(self) -> nn.Module:
         return self.q_network  # Q-values; the greedy action is their argmax

@@ -6,6 +6,8 @@ from collections.abc import Sequence
 from math import prod
 
 import torch
+from tensordict import TensorDictBase
+from tensordict.nn import TensorDictModuleBase
 from torch import nn
 
 from datamodules.envs.tokens import GLOBAL_LOCATION
@@ -130,3 +132,73 @@ class TokenEncoder(nn.Module):
         grid = self.grid(tokens)
         lead = grid.shape[:-3]
         return self.head(self.conv(grid.reshape(-1, *grid.shape[-3:]))).reshape(*lead, -1)
+
+
+class BatchNormCNN(nn.Module):
+    """The Mario seed's Q-network (SPEC §3): uint8 frames ``[..., C, H, W]`` → ``[..., out_features]``.
+
+    ``x / 255`` → Conv(32, 8, s4) → BN → ReLU → Conv(64, 4, s2) → BN → ReLU → Conv(64, 3, s1) → BN → ReLU → Linear 512
+    → LayerNorm → ReLU → Linear. The convolutions have no bias (BatchNorm's shift replaces it); weights are Kaiming
+    (He) initialised for ReLU. BatchNorm normalises with the batch's statistics in training mode and with its running
+    averages in eval mode: whoever acts with this network (a collector, an evaluation) must put it in eval mode, or
+    each acting batch would move the averages (:class:`EvalModeActor`).
+
+    Args:
+        observation_shape: ``(channels, height, width)`` of one observation (stacked frames as channels).
+        out_features: outputs (the number of actions for a Q-network).
+    """
+
+    def __init__(self, observation_shape: Sequence[int], out_features: int) -> None:
+        super().__init__()
+        channels, height, width = observation_shape
+        self.features = nn.Sequential(
+            nn.Conv2d(channels, 32, kernel_size=8, stride=4, bias=False),
+            nn.BatchNorm2d(32),
+            nn.ReLU(),
+            nn.Conv2d(32, 64, kernel_size=4, stride=2, bias=False),
+            nn.BatchNorm2d(64),
+            nn.ReLU(),
+            nn.Conv2d(64, 64, kernel_size=3, stride=1, bias=False),
+            nn.BatchNorm2d(64),
+            nn.ReLU(),
+            nn.Flatten(),
+        )
+        flat = self.features(torch.zeros(2, channels, height, width)).shape[-1]
+        self.head = nn.Sequential(nn.Linear(flat, 512), nn.LayerNorm(512), nn.ReLU(), nn.Linear(512, out_features))
+        for module in self.modules():
+            if isinstance(module, nn.Conv2d | nn.Linear):
+                nn.init.kaiming_normal_(module.weight, nonlinearity="relu")
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+        self.observation_dims = len(observation_shape)
+
+    def forward(self, frames: torch.Tensor) -> torch.Tensor:
+        lead = frames.shape[: -self.observation_dims]
+        x = frames.reshape(-1, *frames.shape[-self.observation_dims :]).float() / 255.0
+        return self.head(self.features(x)).reshape(*lead, -1)
+
+
+def has_batch_norm(network: nn.Module) -> bool:
+    """Whether ``network``'s output depends on its train/eval mode through BatchNorm."""
+    return any(isinstance(module, nn.modules.batchnorm._BatchNorm) for module in network.modules())
+
+
+class EvalModeActor(TensorDictModuleBase):
+    """Runs the TensorDict module ``module`` with ``network`` in eval mode, then puts the network's mode back.
+
+    For acting with a network that has BatchNorm while it trains: the collector's forward passes then use the running
+    averages and leave them alone, and the update's forward passes (train mode) are unchanged.
+    """
+
+    def __init__(self, module: TensorDictModuleBase, network: nn.Module) -> None:
+        super().__init__()
+        self.module, self.network = module, network
+        self.in_keys, self.out_keys = module.in_keys, module.out_keys
+
+    def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+        training = self.network.training
+        self.network.eval()
+        try:
+            return self.module(tensordict)
+        finally:
+            self.network.train(training)

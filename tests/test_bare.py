@@ -10,7 +10,7 @@ import torch
 from tensordict import TensorDict
 
 from app.cli import build, main
-from modules.bare import as_replay_sample, bare_update, framework_free_update, ppo_batch, transitions
+from modules.bare import as_replay_sample, bare_update, batch_pool, framework_free_update, ppo_batch
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["--threads", "1", "--data.init_args.num_envs", "4"]
@@ -25,14 +25,15 @@ def test_bare_dqn_update_computes_the_agents_loss(config):
     model, data = build([str(ROOT / "configs" / config)], [*SMALL, "--data.init_args.batch_size", "64"])
     model.physics = data.physics  # what PIRL's setup takes from the data module (None for Snake)
     step = bare_update(model, data)
-    batch = as_replay_sample(transitions(data, data.batch_size, seed=0))  # the bare loop's batch 0
+    pool = batch_pool(data, data.batch_size)
+    batch = as_replay_sample(pool[0])  # the bare loop's batch 0
     torch.manual_seed(7)  # PIRL draws its collocation points inside the loss
     expected = total(model.loss(batch)).detach()
     torch.manual_seed(7)
     assert step(0) == pytest.approx(expected.item(), rel=1e-5)
     # ...and it really updates: the next call on the same batch sees moved weights.
     torch.manual_seed(7)
-    assert step(16) != pytest.approx(expected.item(), rel=1e-5)
+    assert step(len(pool)) != pytest.approx(expected.item(), rel=1e-5)
 
 
 @pytest.mark.parametrize("config", ["snake_dqn.yaml", "pirl_vehicle.yaml"])
@@ -44,13 +45,14 @@ def test_framework_free_update_is_the_agents_update_step(config):
     model, data = build([str(ROOT / "configs" / config)], overrides)
     before = [parameter.detach().clone() for parameter in model.trainable_parameters()]
     step = framework_free_update(model, data)
-    batch = as_replay_sample(transitions(data, data.batch_size, seed=0))
+    pool = batch_pool(data, data.batch_size)
+    batch = as_replay_sample(pool[0])
     torch.manual_seed(7)
     expected = total(model.loss(batch)).detach()
     torch.manual_seed(7)
     assert step(0) == pytest.approx(expected.item(), rel=1e-5)
     torch.manual_seed(7)
-    assert step(16) != pytest.approx(expected.item(), rel=1e-5)
+    assert step(len(pool)) != pytest.approx(expected.item(), rel=1e-5)
     assert not any(torch.equal(a, b) for a, b in zip(before, model.trainable_parameters(), strict=True))
 
 
@@ -58,13 +60,14 @@ def test_bare_sac_update_computes_the_agents_loss():
     overrides = [*SMALL, "--data.init_args.batch_size", "64", "--config", str(ROOT / "configs/bench/sac_update.yaml")]
     model, data = build([str(ROOT / "configs/racing_sac.yaml")], overrides)
     step = bare_update(model, data)
-    batch = as_replay_sample(transitions(data, data.batch_size, seed=0))
+    pool = batch_pool(data, data.batch_size)
+    batch = as_replay_sample(pool[0])
     torch.manual_seed(7)  # the next and the current actions are sampled inside the loss
     expected = total(model.loss(batch)).detach()
     torch.manual_seed(7)
     assert step(0) == pytest.approx(expected.item(), rel=1e-5)
     torch.manual_seed(7)
-    assert step(16) != pytest.approx(expected.item(), rel=1e-5)
+    assert step(len(pool)) != pytest.approx(expected.item(), rel=1e-5)
 
 
 def test_bare_ppo_update_computes_clip_ppo_loss():

@@ -52,6 +52,10 @@ class ChainEnv(EnvBase):
         self.action_spec = Categorical(2, shape=batch, device=self.device)
         self.reward_spec = Unbounded(shape=(*batch, 1), device=self.device)
 
+    def init_kwargs(self) -> dict[str, int]:
+        """Constructor arguments (besides ``num_envs``, ``seed``, ``device``) that rebuild this environment."""
+        return {"length": self.length, "max_steps": self.max_steps}
+
     def _observation(self) -> torch.Tensor:
         return torch.nn.functional.one_hot(self.position, self.length).to(torch.uint8)
 

@@ -1,0 +1,142 @@
+"""Mario collection speed: the raw emulator against the collector workers feeding a learner that trains.
+
+    python benchmarks/mario_collectors.py --workers 1 2 --seconds 150
+
+For each worker count W, in one run:
+
+- ``raw``: W processes step the bare emulator at once (gym-super-mario-bros' own ``step`` with random buttons, one
+  thread each, resetting when an episode ends) for ``--seconds / 3``: emulator frames per second, all processes
+  together. What W collector workers could do at most on this machine.
+- ``fit``: ``python -m app fit --config configs/mario_ddqn.yaml`` with ``--data.init_args.num_workers W`` for
+  ``--seconds`` of wall time (the learner training all along once the warm-up frames are in), with the throughput
+  report: experiences (agent steps, 6 emulator frames each) per second and updates per second, steady state.
+
+The figure the issue asks for is ``collection / raw``: the emulator frames the workers turned into experiences per
+second while the learner trained, against the raw speed of W processes. Episodes' no-op starts (0-8 steps of 6
+frames each) run on the emulator but are not experiences, so the ratio slightly understates the workers' speed.
+Writes a JSON and a Markdown table beside ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import platform
+import random
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def raw_emulator(seconds: float, seed: int, results: mp.Queue) -> None:
+    """One process stepping the bare emulator for ``seconds``: puts its emulator frames per second."""
+    import torch
+
+    torch.set_num_threads(1)
+    from datamodules.envs.nes_compat import ACTION_BUTTONS, MarioEmulator
+
+    emulator, rng = MarioEmulator(1, 1), random.Random(seed)
+    emulator.reset()
+    frames, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        _, _, done, _ = emulator.step(ACTION_BUTTONS[rng.randrange(len(ACTION_BUTTONS))])
+        frames += 1
+        if done:
+            emulator.reset()
+    results.put(frames / (time.perf_counter() - start))
+
+
+def raw_speed(processes: int, seconds: float) -> float:
+    """Emulator frames per second of ``processes`` bare emulators stepping at once."""
+    context = mp.get_context("spawn")
+    results = context.Queue()
+    workers = [context.Process(target=raw_emulator, args=(seconds, seed, results)) for seed in range(processes)]
+    for worker in workers:
+        worker.start()
+    speeds = [results.get(timeout=seconds + 120) for _ in workers]
+    for worker in workers:
+        worker.join()
+    return sum(speeds)
+
+
+def fit_speed(workers: int, seconds: float, out: Path) -> dict:
+    """The shipped config with ``workers`` collector workers for ``seconds``: its throughput report's figures."""
+    from app.cli import main
+
+    run = out / f"workers{workers}"
+    clock = time.strftime("%H:%M:%S", time.gmtime(seconds))
+    main(
+        [
+            "fit",
+            "--config",
+            str(ROOT / "configs/mario_ddqn.yaml"),
+            "--data.init_args.num_workers",
+            str(workers),
+            "--trainer.max_time",
+            f"00:{clock}",
+            "--trainer.logger.init_args.save_dir",
+            str(run),
+            "--trainer.enable_progress_bar",
+            "false",
+            "--trainer.callbacks.init_args.skip_first_steps",
+            "1",
+            "--trainer.callbacks.init_args.bare_update_seconds",
+            "0",
+        ]
+    )
+    report = json.loads(next(run.rglob("throughput.json")).read_text())
+    figures = report["steady_state"] or report["this_process"]
+    return {"experiences_per_s": figures["frames_per_s"], "updates_per_s": figures["updates_per_s"], **figures}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--seconds", type=float, default=150.0, help="wall time of each fit")
+    parser.add_argument("--out", type=Path, default=ROOT / "runs/bench_mario_collectors")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for workers in args.workers:
+        raw = raw_speed(workers, args.seconds / 3)
+        fit = fit_speed(workers, args.seconds, args.out)
+        collected = 6 * fit["experiences_per_s"]
+        rows.append(
+            {
+                "workers": workers,
+                "raw_emulator_frames_per_s": raw,
+                "experiences_per_s": fit["experiences_per_s"],
+                "collected_emulator_frames_per_s": collected,
+                "collection_vs_raw": collected / raw,
+                "updates_per_s": fit["updates_per_s"],
+            }
+        )
+        print(rows[-1], flush=True)
+    result = {
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "machine": f"{platform.platform()}, {mp.cpu_count()} CPUs",
+        "command": " ".join(sys.argv),
+        "rows": rows,
+    }
+    (args.out / "mario_collectors.json").write_text(json.dumps(result, indent=2) + "\n")
+    lines = [
+        "| workers | raw emulator frames/s | experiences/s | as emulator frames/s | collection / raw | updates/s |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in rows:
+        lines.append(
+            f"| {row['workers']} | {row['raw_emulator_frames_per_s']:,.0f} | {row['experiences_per_s']:,.1f} | "
+            f"{row['collected_emulator_frames_per_s']:,.0f} | {row['collection_vs_raw']:.2f} | "
+            f"{row['updates_per_s']:.3f} |"
+        )
+    (args.out / "mario_collectors.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,302 @@
+"""Replay fed by collector worker processes: for environments that cost milliseconds a step (emulators).
+
+Each worker process runs its own environments and its own copy of the acting policy (TorchRL's
+``MultiAsyncCollector``, or ``MultiSyncCollector`` with ``collector: sync``), one thread each. A feeder thread in the
+training process takes their batches as they arrive and queues them, so the workers never wait for the learner:
+collection overlaps learning (the seed's "a queue per collector, merged by a consolidation thread"). Before each
+update the learner moves every queued batch into the replay buffer and samples from it. Weights reach the workers
+through TorchRL's weight sync (shared memory on a CPU) every ``weight_sync_interval`` updates.
+
+The replay ratio is a ceiling, not a schedule: there is at most one batch per ``frames_per_update`` frames (the
+learner waits for frames when it is faster), and when the learner is slower the workers still collect at full speed
+and the learner samples the freshest buffer (it never owes updates for frames it could not keep up with).
+
+**A worker that dies** (a crash in the emulator, an exception in its step, a kill) stops the run at once with one
+error naming it and its exception (each worker's stderr is also kept in ``<run>/collector_workers/worker<i>.log``);
+nothing is saved after it, so the last checkpoint is intact. Workers are not restarted: a run continues from its
+checkpoint with ``--ckpt_path last``.
+
+**Resume** restores the replay buffer, the frame and update counters and the learner's RNG, not the workers'
+episodes: a resumed run's workers start new episodes. (The order in which asynchronous workers deliver is not
+reproducible anyway; the in-process :class:`~datamodules.replay.ReplayDataModule` resumes exactly.)
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from functools import partial
+from pathlib import Path
+from typing import Any, Literal, TextIO
+
+import torch
+from tensordict import TensorDictBase
+from torchrl.collectors import MultiAsyncCollector, MultiSyncCollector
+from torchrl.envs import EnvBase, TransformedEnv
+from torchrl.weight_update import SharedMemWeightSyncScheme
+
+from datamodules.base import DEAD_WORKER, check_positive
+from datamodules.replay import ReplayDataModule
+
+_POLL_S = 1.0  # how often a waiting learner checks that the workers and the feeder are alive
+
+
+def default_workers() -> int:
+    """The machine's cores less one for the learner, at least 1."""
+    return max(1, (os.cpu_count() or 1) - 1)
+
+
+class ParallelReplayDataModule(ReplayDataModule):
+    """:class:`~datamodules.replay.ReplayDataModule` whose collection runs in worker processes, overlapping learning.
+
+    Args:
+        env: environment factory (see :class:`~datamodules.base.RLDataModule`); rebuilt in each worker from its class
+            and options, so it needs ``init_kwargs()``.
+        num_workers: collector worker processes; default: the machine's cores less one, at least 1.
+        envs_per_worker: environments each worker steps together (``num_envs`` is ``num_workers`` times this).
+        collector: ``async`` (each worker delivers as soon as its batch is full: TorchRL's ``MultiAsyncCollector``)
+            or ``sync`` (one batch of every worker at a time: ``MultiSyncCollector``).
+        collect_steps: environment steps in a worker's batch (``envs_per_worker * collect_steps`` frames).
+        weight_sync_interval: updates between pushes of the learner's weights to the workers.
+        learner_nice: the training thread's CPU priority is lowered by this much (``os.nice``) once the workers and
+            the feeder run, so that on a machine without a spare core the learner takes only the CPU time the
+            collectors leave (they must never wait for it: the seed's rule). Linux gives each thread its own
+            priority, so the workers and the feeder keep theirs. 0: leave it.
+        num_envs, env_workers: not options here (``num_workers`` and ``envs_per_worker`` are); refused when set.
+        **kwargs: the replay options (``buffer_size``, ``batch_size``, ``frames_per_update``, ``priority_alpha``, ...)
+            and the base ones (``seed``, ``eval_episodes``, ...).
+    """
+
+    def __init__(
+        self,
+        env: Callable[..., EnvBase],
+        num_workers: int | None = None,
+        envs_per_worker: int = 1,
+        collector: Literal["async", "sync"] = "async",
+        collect_steps: int = 16,
+        weight_sync_interval: int = 1,
+        learner_nice: int = 10,
+        num_envs: int | None = None,
+        env_workers: int = 0,
+        **kwargs: Any,
+    ) -> None:
+        num_workers = default_workers() if num_workers is None else num_workers
+        if num_workers < 1:
+            raise ValueError(
+                f"--data.init_args.num_workers must be >= 1, got {num_workers} (datamodules.replay.ReplayDataModule "
+                "collects in the training process)"
+            )
+        check_positive("envs_per_worker", envs_per_worker)
+        if collector not in ("async", "sync"):
+            raise ValueError(f"--data.init_args.collector must be async or sync, got {collector!r}")
+        if num_envs is not None or env_workers:
+            raise ValueError(
+                "--data.init_args.num_envs/env_workers: a ParallelReplayDataModule has num_workers x envs_per_worker "
+                "environments, in its own worker processes; set those instead"
+            )
+        super().__init__(
+            env,
+            num_envs=num_workers * envs_per_worker,
+            collect_steps=collect_steps,
+            weight_sync_interval=weight_sync_interval,
+            **kwargs,
+        )
+        if not hasattr(self._env_class, "init_kwargs"):
+            raise ValueError(
+                f"--data.init_args.env: {self._env_class.__name__} cannot be rebuilt in a worker process (it has no "
+                "init_kwargs())"
+            )
+        check_positive("learner_nice", learner_nice, allow_zero=True)
+        self.num_workers, self.envs_per_worker, self.collector_kind = num_workers, envs_per_worker, collector
+        self.learner_nice = learner_nice
+        self.log_dir: Path | None = None  # each worker's stderr, set from the run's folder when collection starts
+        self._feeder: _Feeder | None = None
+
+    # ------------------------------------------------------------------------------------------- collection
+    def _build_collector(self) -> None:
+        if self.policy is None:
+            raise RuntimeError("the model must call datamodule.connect(policy) in its setup before training starts")
+        root = self.trainer.log_dir if self.trainer is not None and self.trainer.log_dir else "."
+        self.log_dir = Path(root) / "collector_workers"
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        per_worker, seed = self.envs_per_worker, self.rank_seed
+        make_envs = [
+            partial(
+                _worker_env,
+                self.log_dir / f"worker{w}.log",
+                self._env_class,
+                self.env_transform,
+                num_envs=per_worker,
+                seed=seed + w * per_worker,  # the seeds one batch of num_envs environments would use
+                device=self.device,
+                **self._env_options,
+            )
+            for w in range(self.num_workers)
+        ]
+        collector_class = MultiAsyncCollector if self.collector_kind == "async" else MultiSyncCollector
+        self.collector = collector_class(
+            make_envs,
+            self.policy,
+            frames_per_batch=per_worker * self.collect_steps
+            if self.collector_kind == "async"
+            else self.num_envs * self.collect_steps,
+            total_frames=-1,
+            device=self.device,
+            num_threads=torch.get_num_threads(),  # the collector would otherwise change this process's threads
+            num_sub_threads=1,
+            trust_policy=True,
+            auto_register_policy_transforms=False,
+            # Weights go through shared memory. TorchRL's default waits, without a timeout, for every worker to
+            # acknowledge each push: one dead worker would hang the learner before the death is seen. Not waiting,
+            # the workers apply the new weights as their next batch starts.
+            weight_sync_schemes={"policy": SharedMemWeightSyncScheme(sync=False)},
+        )
+        self._feeder = _Feeder(self.collector)
+        self._feeder.start()
+        if self.learner_nice:  # after the workers and the feeder started: they keep the priority they had
+            os.nice(self.learner_nice)
+        if self.trainer is not None and self.trainer.world_size > 1:
+            torch.manual_seed(self.rank_seed)  # see RLDataModule._build_collector
+
+    def delivered(self, wait: bool) -> TensorDictBase | None:
+        """The next batch a worker delivered, shaped ``[envs_per_worker, collect_steps]`` (``[num_envs,
+        collect_steps]`` with ``collector: sync``); None when none is waiting and ``wait`` is false."""
+        with self.timer.phase("collect"):
+            while True:
+                try:
+                    item = self._feeder.batches.get(timeout=_POLL_S if wait else 0)
+                    break
+                except queue.Empty:
+                    if not wait:
+                        return None
+                    if not self._feeder.is_alive():
+                        raise RuntimeError("the collector feeder thread stopped without a word") from None
+        if isinstance(item, BaseException):
+            self._raise_worker_death(item)
+        self.frames += item.numel()
+        return item
+
+    def _batches(self) -> Iterator[TensorDictBase]:
+        while True:
+            # Everything delivered since the last update goes into the buffer; wait only while the buffer is short
+            # of its warm-up or the learner is a whole update ahead of the frames.
+            while True:
+                wait = self.frames < self.warmup_frames or self.update_credit < 1.0
+                batch = self.delivered(wait)
+                if batch is None:
+                    break
+                with self.timer.phase("buffer_write"):
+                    self._store(batch)
+                if self.frames >= self.warmup_frames:
+                    self.update_credit += batch.numel() / self.frames_per_update
+            # A learner slower than the workers does not owe the updates it could not take: it samples the freshest
+            # buffer instead. (At most one worker batch's worth of updates is kept as credit.)
+            self.update_credit = min(self.update_credit, max(1.0, self.worker_batch_frames / self.frames_per_update))
+            if self.prioritized:
+                self.buffer.sampler.beta = self.importance_beta(self.trainer.global_step if self.trainer else 0)
+            with self.timer.phase("sample"):
+                sample = self.buffer.sample(self.batch_size)
+            self.update_credit -= 1.0
+            self.samples += sample.numel()
+            if self.prioritized:
+                self._served_indices.append(sample["index"])
+            yield sample
+
+    @property
+    def worker_batch_frames(self) -> int:
+        per_batch = self.envs_per_worker if self.collector_kind == "async" else self.num_envs
+        return per_batch * self.collect_steps * self.agents_per_env
+
+    @property
+    def queued_batches(self) -> int:
+        """Worker batches delivered and not yet in the replay buffer."""
+        return 0 if self._feeder is None else self._feeder.batches.qsize()
+
+    def sync_weights(self) -> None:
+        self.collector.update_policy_weights_()
+
+    def _raise_worker_death(self, error: BaseException) -> None:
+        """One error naming the worker and the exception it printed; the last checkpoint is left as it was."""
+        found, chained = None, error
+        while chained is not None and found is None:
+            found = DEAD_WORKER.search(str(chained))
+            chained = chained.__cause__ or chained.__context__
+        if found is None:  # not a death TorchRL reported: the feeder's own error, as it is
+            raise RuntimeError(f"collecting from the workers failed: {error}") from error
+        cause = _last_exception_line(self.log_dir / f"worker{found.group(1)}.log")
+        raise RuntimeError(
+            f"collector {found.group(0)} died{': ' + cause if cause else ''}, at {self.frames:,} frames; training "
+            "stopped without saving, so the last checkpoint is intact: continue from it with --ckpt_path last (the "
+            f"workers' logs: {self.log_dir})"
+        ) from error
+
+    def teardown(self, stage: str) -> None:
+        if self._feeder is not None:
+            self._feeder.stopping = True
+        super().teardown(stage)  # shuts the collector down, which ends the feeder
+        if self._feeder is not None:
+            self._feeder.join(timeout=5 * _POLL_S)
+            self._feeder = None
+
+    # ------------------------------------------------------------------------------------------- checkpoints
+    def collection_state(self) -> dict[str, Any]:
+        return {}  # the workers' episodes are not resumed (module docstring)
+
+
+class _Feeder(threading.Thread):
+    """Iterates the multi-process collector (each ``next`` also tells the delivering worker to go on) and queues what
+    arrives, or the exception that ended it, for the learner."""
+
+    def __init__(self, collector: Any) -> None:
+        super().__init__(name="collector-feeder", daemon=True)
+        self.collector = collector
+        self.batches: queue.Queue = queue.Queue()
+        self.stopping = False  # set before shutting the collector down: what breaks then is not an error
+
+    def run(self) -> None:
+        try:
+            for batch in self.collector:
+                self.batches.put(batch)
+        except BaseException as error:  # noqa: BLE001 - handed to the learner, which raises it with context
+            if not self.stopping:
+                self.batches.put(error)
+
+
+def _worker_env(log: Path, env_class: type, transform: Any, **options: Any) -> EnvBase:
+    """Builds a worker's environments (in the worker process), its stderr copied to ``log`` so that the learner can
+    name the exception a dead worker printed."""
+    sys.stderr = _Tee(sys.stderr, open(log, "a", buffering=1))  # noqa: SIM115 - open for the process's life
+    env = env_class(**options)
+    return env if transform is None else TransformedEnv(env, transform.clone())
+
+
+class _Tee:
+    """A text stream writing to two others."""
+
+    def __init__(self, first: TextIO, second: TextIO) -> None:
+        self.first, self.second = first, second
+
+    def write(self, text: str) -> int:
+        self.second.write(text)
+        return self.first.write(text)
+
+    def flush(self) -> None:
+        self.first.flush()
+        self.second.flush()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.first, name)
+
+
+def _last_exception_line(path: Path) -> str:
+    """The last ``Type: message`` line of a worker's log (its uncaught exception, printed as it died)."""
+    time.sleep(0.2)  # the dying process's last write
+    if not path.exists():
+        return ""
+    lines = [line.strip() for line in path.read_text(errors="replace").splitlines() if line.strip()]
+    exceptions = [line for line in lines if ":" in line and not line.startswith(("File ", "Traceback", "^", "~"))]
+    return exceptions[-1] if exceptions else ""

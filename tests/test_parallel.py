@@ -1,0 +1,151 @@
+"""Replay fed by collector worker processes (datamodules/parallel.py), on the chain world: real TorchRL
+multi-process collectors and worker processes, a real Lightning loop."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tensordict import TensorDictBase
+
+from app.cli import main
+from datamodules.envs.chain import ChainEnv
+from datamodules.parallel import ParallelReplayDataModule
+from modules.dqn import DQN
+from tests.helpers import CHAIN, chain_config, fit, weights, write_config
+
+
+def parallel_config(tmp_path, **data) -> dict:
+    config = chain_config("dqn", tmp_path)
+    init = config["data"]["init_args"]
+    init.pop("num_envs")
+    init.update(num_workers=2, envs_per_worker=2, collect_steps=4, learner_nice=0, **data)
+    config["data"]["class_path"] = "datamodules.parallel.ParallelReplayDataModule"
+    return config
+
+
+def test_the_learner_trains_on_what_the_workers_deliver_and_stores_every_frame(tmp_path):
+    config = parallel_config(tmp_path)
+    config["trainer"]["max_steps"] = 40
+    cli = fit(write_config(config, tmp_path / "c.yaml"))
+    data = cli.datamodule
+    assert cli.trainer.global_step == 40 and data.samples == 40 * data.batch_size
+    # Every delivered frame is in the buffer (no drops), in batches of one worker: 2 environments x 4 steps.
+    assert data.frames >= data.warmup_frames and data.frames % 8 == 0
+    assert len(data.buffer) == data.frames
+    # At most one update per frames_per_update frames (2): the learner waited for frames when it was faster.
+    assert data.frames >= 2 * 40
+    assert (tmp_path / "collector_workers" / "worker0.log").exists()
+
+
+def test_weights_pushed_by_the_learner_reach_the_workers(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    data = ParallelReplayDataModule(
+        ChainEnv, num_workers=2, envs_per_worker=2, collect_steps=2, learner_nice=0, warmup_frames=1, batch_size=1
+    )
+    model = DQN(data.observation_spec, data.action_spec, hidden_sizes=[8], eps_start=0.0, eps_end=0.0)
+    data.setup("fit")
+    data.connect(model.policy(), batch_keys=model.batch_keys())
+    bias = model.q_network[-1][-1].bias
+
+    def set_weights(action: int) -> None:
+        with torch.no_grad():
+            model.q_network[-1][-1].weight.zero_()
+            bias.copy_(torch.tensor([5.0, -5.0]) if action == 0 else torch.tensor([-5.0, 5.0]))
+
+    def push(action: int) -> None:
+        set_weights(action)
+        data.sync_weights()
+
+    try:
+        set_weights(0)
+        data._build_collector()
+        for action in (1, 0, 1):
+            push(action)
+            # Batches already under way may hold the old weights' actions; a few later ones all have the new ones.
+            batches: list[TensorDictBase] = [data.delivered(wait=True) for _ in range(8)]
+            assert all(bool((batch["action"] == action).all()) for batch in batches[-3:]), action
+    finally:
+        data.teardown("fit")
+
+
+class ExplodingChainEnv(ChainEnv):
+    """The chain world whose step raises after ``explode_after`` steps (in the worker process that runs it)."""
+
+    def __init__(
+        self,
+        num_envs: int = 1,
+        length: int = 5,
+        max_steps: int = 20,
+        seed: int = 0,
+        device: str = "cpu",
+        explode_after: int = 50,
+    ) -> None:
+        super().__init__(num_envs, length, max_steps, seed, device)
+        self.explode_after, self.stepped = explode_after, 0
+
+    def init_kwargs(self) -> dict:
+        return {**super().init_kwargs(), "explode_after": self.explode_after}
+
+    def _step(self, tensordict):
+        self.stepped += 1
+        if self.stepped > self.explode_after:
+            raise RuntimeError("the emulator exploded")
+        return super()._step(tensordict)
+
+
+def test_a_worker_that_raises_stops_the_run_naming_it_and_its_exception_and_the_checkpoint_is_intact(tmp_path):
+    config = parallel_config(tmp_path)
+    config["data"]["init_args"]["env"] = {
+        "class_path": "tests.test_parallel.ExplodingChainEnv",
+        "init_args": {**CHAIN["init_args"], "explode_after": 60},
+    }
+    config["trainer"]["max_steps"] = 10_000
+    config["trainer"]["callbacks"][0]["init_args"]["every_n_frames"] = 64
+    with pytest.raises(RuntimeError) as raised:
+        fit(write_config(config, tmp_path / "c.yaml"))
+    message = str(raised.value)
+    assert message.startswith("collector worker ") and "died: RuntimeError: the emulator exploded, at " in message
+    assert "the last checkpoint is intact: continue from it with --ckpt_path last" in message
+    checkpoint = torch.load(tmp_path / "checkpoints/last.ckpt", weights_only=True)
+    assert checkpoint["global_step"] > 0 and checkpoint["ParallelReplayDataModule"]["frames"] >= 64
+
+
+def test_resume_continues_the_buffer_counters_and_weights(tmp_path):
+    config = parallel_config(tmp_path)
+    config["trainer"]["max_steps"] = 20
+    path = write_config(config, tmp_path / "c.yaml")
+    fit(path)
+    saved = torch.load(tmp_path / "checkpoints/last.ckpt", weights_only=True)
+    before = weights(tmp_path / "checkpoints/last.ckpt")
+    cli = fit(path, "--trainer.max_steps", "35", "--ckpt_path", "last")
+    data = cli.datamodule
+    assert cli.trainer.global_step == 35
+    # Frames, samples and the buffer continue from the checkpoint's (the workers start new episodes).
+    state = saved["ParallelReplayDataModule"]
+    assert data.samples == state["samples"] + 15 * data.batch_size
+    assert data.frames > state["frames"] and len(data.buffer) == data.frames
+    stored = state["buffer"]["_storage"]["_storage"]["observation"][: state["frames"]]
+    assert torch.equal(data.buffer.storage._storage["observation"][: state["frames"]], stored)
+    after = weights(tmp_path / "checkpoints/last.ckpt")
+    assert not torch.equal(before["q_network.1.0.weight"], after["q_network.1.0.weight"])
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "message"),
+    [
+        ("--data.init_args.num_workers", "0", "--data.init_args.num_workers must be >= 1, got 0"),
+        ("--data.init_args.buffer_size", "16", "--data.init_args.batch_size (32) must be <= buffer_size (16)"),
+        (
+            "--data.init_args.collector",
+            "eager",
+            "--data.init_args.collector must be one of 'async', 'sync', got 'eager'",
+        ),
+    ],
+)
+def test_bad_options_are_one_error_line_naming_the_flag(tmp_path, capsys, flag, value, message):
+    path = write_config(parallel_config(tmp_path), tmp_path / "c.yaml")
+    with pytest.raises(SystemExit) as exited:
+        main(["fit", "--config", str(path), flag, value])
+    assert exited.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {message}")
