@@ -23,6 +23,7 @@ reproducible anyway; the in-process :class:`~datamodules.replay.ReplayDataModule
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import sys
@@ -62,10 +63,10 @@ class ParallelReplayDataModule(ReplayDataModule):
             or ``sync`` (one batch of every worker at a time: ``MultiSyncCollector``).
         collect_steps: environment steps in a worker's batch (``envs_per_worker * collect_steps`` frames).
         weight_sync_interval: updates between pushes of the learner's weights to the workers.
-        learner_nice: the training thread's CPU priority is lowered by this much (``os.nice``) once the workers and
-            the feeder run, so that on a machine without a spare core the learner takes only the CPU time the
-            collectors leave (they must never wait for it: the seed's rule). Linux gives each thread its own
-            priority, so the workers and the feeder keep theirs. 0: leave it.
+        learner_nice: the training thread's niceness while the workers run (restored at the end), so that on a
+            machine without a spare core the learner takes only the CPU time the collectors leave (they must never
+            wait for it: the seed's rule). Linux gives each thread its own priority, so the workers and the feeder,
+            started before, keep theirs. 0: leave it.
         num_envs, env_workers: not options here (``num_workers`` and ``envs_per_worker`` are); refused when set.
         **kwargs: the replay options (``buffer_size``, ``batch_size``, ``frames_per_update``, ``priority_alpha``, ...)
             and the base ones (``seed``, ``eval_episodes``, ...).
@@ -114,6 +115,7 @@ class ParallelReplayDataModule(ReplayDataModule):
         self.num_workers, self.envs_per_worker, self.collector_kind = num_workers, envs_per_worker, collector
         self.learner_nice = learner_nice
         self.log_dir: Path | None = None  # each worker's stderr, set from the run's folder when collection starts
+        self._learner_priority: int | None = None  # the training thread's niceness before collection started
         self._feeder: _Feeder | None = None
 
     # ------------------------------------------------------------------------------------------- collection
@@ -158,7 +160,8 @@ class ParallelReplayDataModule(ReplayDataModule):
         self._feeder = _Feeder(self.collector)
         self._feeder.start()
         if self.learner_nice:  # after the workers and the feeder started: they keep the priority they had
-            os.nice(self.learner_nice)
+            self._learner_priority = os.getpriority(os.PRIO_PROCESS, 0)  # Linux: this thread's
+            os.setpriority(os.PRIO_PROCESS, 0, max(self._learner_priority, self.learner_nice))
         if self.trainer is not None and self.trainer.world_size > 1:
             torch.manual_seed(self.rank_seed)  # see RLDataModule._build_collector
 
@@ -241,6 +244,10 @@ class ParallelReplayDataModule(ReplayDataModule):
         if self._feeder is not None:
             self._feeder.join(timeout=5 * _POLL_S)
             self._feeder = None
+        if self._learner_priority is not None:
+            with contextlib.suppress(PermissionError):  # only a privileged user may lower a niceness again
+                os.setpriority(os.PRIO_PROCESS, 0, self._learner_priority)
+            self._learner_priority = None
 
     # ------------------------------------------------------------------------------------------- checkpoints
     def collection_state(self) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from torchrl.data import LazyTensorStorage, RandomSampler, TensorDictReplayBuffe
 from torchrl.envs import EnvBase, Transform
 
 from datamodules.base import RLDataModule, check_positive, from_plain, to_plain
+from datamodules.frames import FrameStackStore
 from datamodules.prioritized import ProportionalSampler
 
 # The batches of every update one collection earns are drawn in one call, larger than the buffer's batch size (which
@@ -43,6 +44,10 @@ class ReplayDataModule(RLDataModule):
         priority_alpha: prioritized replay's exponent α (``P(i) ∝ |δ_i|^α``); 0: uniform replay.
         priority_beta: the importance weights' exponent β at the first update (prioritized replay only).
         priority_beta_updates: updates over which β rises linearly to 1.
+        store_frames_once: keep each frame of stacked-frame observations (``[stack, H, W]`` uint8, Mario's) once, and
+            per transition only the ids of its frames (:class:`~datamodules.frames.FrameStackStore`): about one frame
+            per transition instead of two whole stacks.
+        frame_capacity: frames that store holds; default 1.25 × ``buffer_size`` (the episodes' first frames are extra).
         **kwargs: the base options (``num_envs``, ``collect_steps``, ``device``, ``seed``, ...).
     """
 
@@ -58,6 +63,8 @@ class ReplayDataModule(RLDataModule):
         priority_alpha: float = 0.0,
         priority_beta: float = 0.5,
         priority_beta_updates: int = 100_000,
+        store_frames_once: bool = False,
+        frame_capacity: int | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(env, **kwargs)
@@ -78,6 +85,19 @@ class ReplayDataModule(RLDataModule):
         self.frames_per_update = frames_per_update
         self.priority_alpha, self.priority_beta = priority_alpha, priority_beta
         self.priority_beta_updates = priority_beta_updates
+        shape = self.observation_spec["observation"].shape
+        if store_frames_once and (len(shape) != 3 or self.observation_spec["observation"].dtype != torch.uint8):
+            raise ValueError(
+                "--data.init_args.store_frames_once needs stacked uint8 frames [stack, height, width], got "
+                f"{tuple(shape)} {self.observation_spec['observation'].dtype}"
+            )
+        if frame_capacity is not None and frame_capacity < 2 * shape[0]:
+            raise ValueError(
+                f"--data.init_args.frame_capacity must be >= {2 * shape[0]} (two stacks of frames), "
+                f"got {frame_capacity}"
+            )
+        self.store_frames_once = store_frames_once
+        self.frame_capacity = frame_capacity if frame_capacity is not None else buffer_size + buffer_size // 4
         # The buffer slots of the batches served since the last update (one per batch it accumulates), in order.
         self._served_indices: list[torch.Tensor] = []
         self.buffer: TensorDictReplayBuffer | None = None
@@ -92,11 +112,17 @@ class ReplayDataModule(RLDataModule):
                 if self.prioritized
                 else RandomSampler()
             )
+            frames = (
+                FrameStackStore(self.frame_capacity, self.observation_spec["observation"].shape, device=self.device)
+                if self.store_frames_once
+                else None
+            )
             self.buffer = TensorDictReplayBuffer(
                 storage=LazyTensorStorage(self.buffer_size, device=self.device),
                 sampler=sampler,
                 priority_key="td_error",
                 batch_size=self.batch_size,
+                transform=frames,
             )
 
     @property

@@ -1,0 +1,143 @@
+"""Stacked frames stored once: a replay-buffer transform that keeps each frame one time, however many stacks hold it.
+
+An observation of ``S`` stacked frames shares ``S − 1`` of them with the observation before it, and the next
+observation is the observation shifted by one frame. Stored as they come, a transition holds ``2 S`` frames; the
+Mario seed's 50k transitions of two 8 × 128 × 128 stacks take 13 GB. :class:`FrameStackStore` writes each distinct
+frame once into a ring of frames and keeps per transition only the ids of its ``2 S`` frames (128 bytes), so the
+buffer takes about one frame per transition (≈ 0.8 GB for those 50k) plus its small entries.
+
+It works by content, not by assuming an order of arrival, so it serves any collector (in-process or worker
+processes delivering in any order) and n-step transitions alike:
+
+- a stack equal to the next stack of one of the last few transitions written (the previous step of the same
+  episode, in whichever batch it came) reuses its frame ids;
+- a next stack that is the observation shifted by one frame writes only its newest frame;
+- anything else (an episode's first observation, an n-step next observation) writes its frames, each distinct frame
+  of the stack once (a reset stack repeats one frame ``S`` times: one frame is written).
+
+The ring holds ``capacity`` frames and overwrites the oldest. Each slot remembers the id of the frame in it, so a
+sample whose frames were overwritten (a ring too small for the buffer) is an error naming the option, never a wrong
+picture. As a TorchRL replay-buffer transform: ``extend`` calls :meth:`FrameStackStore.inv` (stacks → ids),
+``sample`` calls :meth:`FrameStackStore.forward` (ids → stacks). Its state (the ring and its bookkeeping) is part of
+the replay buffer's ``state_dict``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from tensordict import NestedKey, TensorDictBase
+from torchrl.envs import Transform
+
+FRAME_IDS = "frame_ids"  # [stack] ids of the observation's frames, then [stack] of the next observation's
+_OPEN_ENDS = 64  # recent next stacks an incoming observation is matched against
+
+
+class FrameStackStore(Transform):
+    """Replay-buffer transform: ``observation`` and ``("next", "observation")`` stacks ``[N, S, H, W]`` ⇄ frame ids.
+
+    Args:
+        capacity: frames the ring holds; give it room for about one frame per stored transition plus the episodes'
+            first frames (``ReplayDataModule`` uses 1.25 × its buffer size).
+        frame_shape: ``(S, H, W)``, the stacked observation's shape.
+        key: the observation's key (the next one is ``("next", key)``).
+        flag: the option that sets ``capacity``, named in the error when the ring is too small.
+        device: where the ring lives.
+    """
+
+    def __init__(
+        self,
+        capacity: int,
+        frame_shape: Sequence[int],
+        key: NestedKey = "observation",
+        flag: str = "--data.init_args.frame_capacity",
+        device: torch.device | str = "cpu",
+    ) -> None:
+        super().__init__(in_keys=[], out_keys=[])
+        stack, height, width = frame_shape
+        if capacity < 2 * stack:
+            raise ValueError(f"{flag} must be >= {2 * stack} (two stacks of frames), got {capacity}")
+        self.capacity, self.stack, self.key, self.flag = capacity, stack, key, flag
+        self.register_buffer("frames", torch.zeros(capacity, height, width, dtype=torch.uint8, device=device))
+        self.register_buffer("slot_id", torch.full((capacity,), -1, dtype=torch.long, device=device))
+        self.register_buffer("written", torch.zeros((), dtype=torch.long))  # frames written so far: the next id
+        self.register_buffer("open_ends", torch.full((_OPEN_ENDS, stack), -1, dtype=torch.long))
+        self.register_buffer("open_count", torch.zeros((), dtype=torch.long))
+
+    # ------------------------------------------------------------------------------------------- writing
+    def _write(self, frames: torch.Tensor) -> torch.Tensor:
+        """Write ``frames`` ``[k, H, W]``; returns their ids."""
+        first = int(self.written)
+        ids = torch.arange(first, first + frames.shape[0], dtype=torch.long)
+        slots = ids % self.capacity
+        self.frames[slots.to(self.frames.device)] = frames.to(self.frames.device)
+        self.slot_id[slots.to(self.slot_id.device)] = ids.to(self.slot_id.device)
+        self.written += frames.shape[0]
+        return ids
+
+    def _write_stack(self, stack: torch.Tensor) -> torch.Tensor:
+        """Write a stack ``[S, H, W]``, each distinct consecutive frame once; returns the stack's ``S`` ids."""
+        same = torch.zeros(self.stack, dtype=torch.bool)
+        same[1:] = (stack[1:] == stack[:-1]).flatten(1).all(1).cpu()
+        new = self._write(stack[~same])
+        # each frame takes the id of the last distinct frame at or before it
+        return new[torch.cumsum((~same).long(), 0) - 1]
+
+    def _matching_open_end(self, stack: torch.Tensor) -> torch.Tensor | None:
+        """The ids of a recent next stack equal to ``stack`` (whose frames are still in the ring), or None."""
+        count = int(self.open_count)
+        for row in range(count - 1, max(count - _OPEN_ENDS, 0) - 1, -1):
+            ids = self.open_ends[row % _OPEN_ENDS]
+            if int(ids.min()) >= int(self.written) - self.capacity and torch.equal(self._read(ids), stack):
+                return ids.clone()
+        return None
+
+    def _remember(self, ids: torch.Tensor) -> None:
+        self.open_ends[int(self.open_count) % _OPEN_ENDS] = ids
+        self.open_count += 1
+
+    def inv(self, tensordict: TensorDictBase) -> TensorDictBase:
+        return self._inv_call(tensordict)
+
+    @torch.no_grad()
+    def _inv_call(self, tensordict: TensorDictBase) -> TensorDictBase:
+        """Transitions ``[N]`` with both stacks → the same with ``frame_ids`` ``[N, 2 S]`` instead (on ``extend``; a
+        replay buffer's ``Compose`` calls ``_inv_call``)."""
+        observations, nexts = tensordict.get(self.key), tensordict.get(("next", self.key))
+        ids = torch.empty(observations.shape[0], 2 * self.stack, dtype=torch.long)
+        for i, (observation, following) in enumerate(zip(observations, nexts, strict=True)):
+            current = self._matching_open_end(observation)
+            if current is None:
+                current = self._write_stack(observation)
+            if torch.equal(following[:-1], observation[1:]):
+                upcoming = torch.cat((current[1:], self._write(following[-1:])))
+            else:
+                upcoming = self._matching_open_end(following)
+                upcoming = self._write_stack(following) if upcoming is None else upcoming
+            ids[i, : self.stack], ids[i, self.stack :] = current, upcoming
+            self._remember(upcoming)
+        out = tensordict.exclude(self.key, ("next", self.key))
+        out.set(FRAME_IDS, ids.to(tensordict.device) if tensordict.device is not None else ids)
+        return out
+
+    # ------------------------------------------------------------------------------------------- reading
+    def _read(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.frames[(ids % self.capacity).to(self.frames.device)]
+
+    @torch.no_grad()
+    def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+        """Sampled transitions with ``frame_ids`` → both stacks rebuilt (on ``sample``)."""
+        ids = tensordict.get(FRAME_IDS)
+        if not torch.equal(self.slot_id[(ids % self.capacity).to(self.slot_id.device)], ids.to(self.slot_id.device)):
+            raise RuntimeError(
+                f"{self.flag} ({self.capacity} frames) is too small for the replay buffer: frames of stored "
+                "transitions were overwritten; raise it (about 1.25 frames per stored transition)"
+            )
+        frames = self._read(ids).to(ids.device)
+        tensordict.set(self.key, frames[..., : self.stack, :, :])
+        tensordict.set(("next", self.key), frames[..., self.stack :, :, :])
+        return tensordict
+
+    def _call(self, tensordict: TensorDictBase) -> TensorDictBase:
+        return self.forward(tensordict)

@@ -1,0 +1,76 @@
+"""Stacked frames stored once (datamodules/frames.py), on real Mario play: the stacks a replay buffer hands back are
+exactly the ones written, in whatever order the batches arrive, at about one frame per transition."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
+from torchrl.envs import MultiStepTransform
+
+from datamodules.envs.mario import MarioEnv
+from datamodules.frames import FrameStackStore
+
+
+@pytest.fixture(scope="module")
+def play():
+    """Two emulators (small frames, to keep the test quick) playing 90 steps of random buttons, episodes ending and
+    restarting on the way: ``[envs, steps]`` transitions in time order."""
+    env = MarioEnv(num_envs=2, size=40, frame_stack=4, stuck_steps=15, seed=3)
+    generator = torch.Generator().manual_seed(0)
+    td, steps = env.reset(), []
+    for _ in range(90):
+        td["action"] = torch.randint(0, 12, (2,), generator=generator)
+        out, td = env.step_and_maybe_reset(td)
+        steps.append(out.clone())
+    env.close()
+    batch = torch.stack(steps, 1)  # [envs, steps]
+    assert int(batch["next", "done"].sum()) >= 4  # episodes end and restart inside the play
+    return batch
+
+
+def buffer(capacity: int, frames: int) -> TensorDictReplayBuffer:
+    store = FrameStackStore(frames, (4, 40, 40))
+    return TensorDictReplayBuffer(storage=LazyTensorStorage(capacity), transform=store, batch_size=8)
+
+
+def test_sampled_stacks_equal_the_written_ones_in_any_arrival_order(play):
+    rb = buffer(capacity=1000, frames=1000)
+    # Batches of 10 steps of one environment, arriving interleaved as worker processes deliver them.
+    pieces = [play[env, start : start + 10] for start in range(0, 90, 10) for env in (1, 0)]
+    for piece in pieces:
+        rb.extend(piece.select("observation", "action", ("next", "observation"), ("next", "reward")))
+    written = torch.cat(pieces)
+    stored = rb[torch.arange(len(rb))]
+    assert torch.equal(stored["observation"], written["observation"])
+    assert torch.equal(stored["next", "observation"], written["next", "observation"])
+    assert torch.equal(stored["action"], written["action"])
+    store = rb._transform[0]
+    transitions, episodes = written.shape[0], int(written["next", "done"].sum()) + 2
+    # One new frame per transition, plus one per episode start (its stack repeats one frame), nothing else: the
+    # stacks that continue a batch of another worker's delivery were matched by content.
+    assert int(store.written) == transitions + episodes
+    assert store.frames.nbytes == 1000 * 40 * 40 and "observation" not in rb.storage._storage
+
+
+def test_n_step_next_observations_are_rebuilt_too(play):
+    rb = buffer(capacity=1000, frames=1000)
+    n_step = MultiStepTransform(3, 0.9, done_keys=[])
+    sums = []
+    for start in range(0, 90, 15):
+        out = n_step.inv(play[:, start : start + 15].select("observation", "action", "next").clone())
+        if out is not None:
+            sums.append(out.reshape(-1))
+            rb.extend(sums[-1].select("observation", "action", ("next", "observation"), ("next", "reward")))
+    written = torch.cat(sums)
+    stored = rb[torch.arange(len(rb))]
+    assert torch.equal(stored["next", "observation"], written["next", "observation"])
+    assert torch.equal(stored["observation"], written["observation"])
+
+
+def test_a_ring_too_small_for_the_buffer_is_an_error_naming_the_option_not_a_wrong_picture(play):
+    rb = buffer(capacity=1000, frames=40)
+    rb.extend(play.reshape(-1).select("observation", "action", ("next", "observation")))
+    with pytest.raises(RuntimeError, match=r"--data.init_args.frame_capacity \(40 frames\) is too small"):
+        rb[torch.arange(len(rb))]
+    assert rb[torch.arange(len(rb) - 20, len(rb))]["observation"].shape == (20, 4, 40, 40)  # recent ones still read

@@ -1,0 +1,139 @@
+"""Mario's agent on the base: gradient accumulation, the frame-once replay store, mixed precision and compile on the
+BatchNorm CNN, and the shipped config as the README runs it (worker processes, logger on, ``--ckpt_path last``)."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.helpers import chain_config, fit, weights, write_config
+
+ROOT = Path(__file__).resolve().parents[1]
+# Small frames and short stacks keep the real emulator's tests quick; the network is the seed's at any frame size.
+SMALL_MARIO = {
+    "class_path": "datamodules.envs.mario.MarioEnv",
+    "init_args": {"size": 40, "frame_stack": 4, "stuck_steps": 15},
+}
+
+
+def test_accumulated_batches_update_like_one_batch_of_their_size(tmp_path):
+    # 4 x 32 accumulated against 1 x 128: the same frames (8 per collection, one update each) and the same draws
+    # (one call of 128 per collection either way, after the same 128 warm-up frames), random actions throughout
+    # (ε = 1, so the weights cannot steer the play). The gradients of the four quarter-losses sum to the gradient of
+    # the whole batch's mean.
+    def run(name: str, batch_size: int, accumulate: int) -> dict:
+        config = chain_config(
+            "dqn", tmp_path / name, batch_size=batch_size, frames_per_update=8 / accumulate, warmup_frames=128
+        )
+        config["model"]["init_args"].update(eps_start=1.0, eps_end=1.0, max_grad_norm=10.0)
+        config["trainer"]["max_steps"] = 12
+        overrides = ["--trainer.accumulate_grad_batches", str(accumulate)] if accumulate > 1 else []
+        cli = fit(write_config(config, tmp_path / f"{name}.yaml"), *overrides)
+        assert cli.model.accumulate_grad_batches == accumulate and cli.trainer.global_step == 12
+        assert cli.datamodule.samples == 12 * 128
+        return torch.load(tmp_path / name / "checkpoints/last.ckpt", weights_only=True)
+
+    accumulated, whole = run("accumulated", 32, 4), run("whole", 128, 1)
+    for key, value in whole["state_dict"].items():
+        if value.is_floating_point():
+            torch.testing.assert_close(accumulated["state_dict"][key], value, rtol=1e-4, atol=1e-5, msg=key)
+    # 12 real steps with the same gradients: Adam's moment estimates agree too, and are not zero.
+    for a, b in zip(
+        accumulated["optimizer_states"][0]["state"].values(),
+        whole["optimizer_states"][0]["state"].values(),
+        strict=True,
+    ):
+        assert int(a["step"]) == int(b["step"]) == 12
+        torch.testing.assert_close(a["exp_avg"], b["exp_avg"], rtol=1e-3, atol=1e-6)
+    assert any(bool(state["exp_avg"].abs().sum() > 0) for state in whole["optimizer_states"][0]["state"].values())
+
+
+def mario_config(root: Path, **model) -> dict:
+    config = chain_config("dqn", root, env=SMALL_MARIO, num_envs=2, batch_size=16, warmup_frames=32)
+    config["data"]["init_args"].update(buffer_size=400, store_frames_once=True, priority_alpha=0.7)
+    config["model"]["init_args"] = {
+        "network": "batch_norm_cnn",
+        "loss_function": "smooth_l1",
+        "double_dqn": True,
+        "target_update": "soft",
+        "tau": 0.01,
+        "weight_decay": 1e-5,
+        "eps_frames": 200,
+        **model,
+    }
+    return config
+
+
+def test_the_frame_once_store_resumes_exactly(tmp_path):
+    # N + N updates equal 2N: the ring of frames, its ids and bookkeeping, the priorities and the emulators' episodes
+    # (replayed) all come back from the checkpoint, with another global seed on resume.
+    full = write_config(mario_config(tmp_path / "full"), tmp_path / "full.yaml")
+    fit(full, "--trainer.max_steps", "24")
+    half = write_config(mario_config(tmp_path / "half"), tmp_path / "half.yaml")
+    fit(half, "--trainer.max_steps", "12")
+    state = torch.load(tmp_path / "half/checkpoints/last.ckpt", weights_only=True)["ReplayDataModule"]
+    store = state["buffer"]["_transforms"]
+    assert int(store["transforms.0.written"]) > 0  # the frames really are in the store, not in the transitions
+    cli = fit(half, "--trainer.max_steps", "24", "--ckpt_path", "last", "--seed_everything", "123")
+    assert cli.trainer.global_step == 24
+    a, b = weights(tmp_path / "full/checkpoints/last.ckpt"), weights(tmp_path / "half/checkpoints/last.ckpt")
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+
+
+def test_bf16_mixed_and_compile_train_the_batch_norm_cnn(tmp_path):
+    config = write_config(mario_config(tmp_path, compile=True), tmp_path / "c.yaml")
+    cli = fit(config, "--trainer.max_steps", "6", "--trainer.precision", "bf16-mixed")
+    assert cli.trainer.precision == "bf16-mixed" and cli.trainer.global_step == 6
+    before = cli.model.q_network.features[1].running_mean.clone()
+    assert before.abs().sum() > 0  # the updates' batches moved BatchNorm's averages...
+    cli.datamodule.evaluate(cli.model.greedy_policy(), episodes=2)
+    assert torch.equal(cli.model.q_network.features[1].running_mean, before)  # ...acting in eval mode did not
+
+
+def test_the_shipped_config_trains_with_workers_and_resumes_in_its_run_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    small = ["--data.init_args.num_workers", "1", "--data.init_args.envs_per_worker", "2"]
+    small += ["--data.init_args.batch_size", "8", "--data.init_args.warmup_frames", "64"]
+    small += ["--model.init_args.accumulate_grad_batches", "2", "--data.init_args.buffer_size", "2000"]
+    small += ["--trainer.enable_progress_bar", "false", "--trainer.log_every_n_steps", "1"]
+    small += ["--trainer.callbacks.init_args.bare_update_seconds", "0"]
+    config = str(ROOT / "configs/mario_ddqn.yaml")
+    fit(config, *small, "--trainer.max_steps", "3")
+    run = tmp_path / "runs/mario_ddqn/version_0"
+    saved = torch.load(run / "checkpoints/last.ckpt", weights_only=True)
+    cli = fit(config, *small, "--trainer.max_steps", "5", "--ckpt_path", "last")
+    assert cli.trainer.global_step == 5
+    assert [path.name for path in (tmp_path / "runs/mario_ddqn").iterdir()] == ["version_0"]
+    with open(run / "metrics.csv", newline="") as file:
+        steps = [int(row["step"]) for row in csv.DictReader(file) if row.get("train/loss")]
+    assert len(steps) == 5 and steps == sorted(set(steps))  # both processes' rows, in one file, once each
+    # The buffer, its frame store and the counters carry on from the checkpoint (whether the resumed updates waited
+    # for new frames depends on the update credit the checkpoint restored and on when the worker delivers).
+    data, state = cli.datamodule, saved["ParallelReplayDataModule"]
+    assert data.frames >= state["frames"] > 0 and len(data.buffer) == data.frames
+    assert data.samples == state["samples"] + 2 * 2 * 8  # 2 updates of 2 accumulated batches of 8
+    store = data.buffer._transform[0]
+    assert int(store.written) >= int(state["buffer"]["_transforms"]["transforms.0.written"]) > 0
+    assert (run / "collector_workers/worker0.log").exists()
+    assert (run / "throughput.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "message"),
+    [
+        ("--data.init_args.num_workers", "0", "--data.init_args.num_workers must be >= 1, got 0"),
+        ("--data.init_args.buffer_size", "100", "--data.init_args.batch_size (512) must be <= buffer_size (100)"),
+    ],
+)
+def test_bad_options_of_the_shipped_config_are_one_error_line_naming_the_flag(tmp_path, capsys, flag, value, message):
+    from app.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["fit", "--config", str(ROOT / "configs/mario_ddqn.yaml"), flag, value])
+    assert exited.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {message}")
