@@ -119,6 +119,18 @@ class ParallelReplayDataModule(ReplayDataModule):
         self._feeder: _Feeder | None = None
 
     # ------------------------------------------------------------------------------------------- collection
+    def connect(
+        self, policy: Any, postprocess: Any = None, batch_keys: Any = None, store_transform: Any = None
+    ) -> None:
+        if store_transform is not None:
+            # TorchRL's MultiStepTransform keeps a window of steps per batch row, and batches of different workers
+            # arrive interleaved: their episodes would be summed together.
+            raise ValueError(
+                "--model.init_args.n_steps: n-step returns need the in-process datamodules.replay.ReplayDataModule "
+                "(worker batches arrive interleaved); use n_steps 1 with worker processes"
+            )
+        super().connect(policy, postprocess, batch_keys, store_transform)
+
     def _build_collector(self) -> None:
         if self.policy is None:
             raise RuntimeError("the model must call datamodule.connect(policy) in its setup before training starts")

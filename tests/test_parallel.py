@@ -149,3 +149,11 @@ def test_bad_options_are_one_error_line_naming_the_flag(tmp_path, capsys, flag, 
     assert exited.value.code == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: {message}")
+
+
+def test_n_step_returns_are_refused_naming_the_flag(tmp_path):
+    # Worker batches arrive interleaved, and TorchRL's n-step window is kept per batch row.
+    config = parallel_config(tmp_path)
+    config["model"]["init_args"]["n_steps"] = 3
+    with pytest.raises(ValueError, match=r"^--model.init_args.n_steps: n-step returns need the in-process"):
+        fit(write_config(config, tmp_path / "c.yaml"))
