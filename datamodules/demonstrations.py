@@ -36,6 +36,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from torchrl.envs import EnvBase
 
 from datamodules.base import EnvSpecs, check_positive, rng_state, set_rng_state
+from datamodules.envs.racing import RacingEnv
 from datamodules.envs.racing_expert import TimeOptimalExpert
 
 _COMPLETE = "complete.json"  # written last: its presence marks a whole collection
@@ -86,7 +87,7 @@ class DemonstrationDataModule(EnvSpecs, pl.LightningDataModule):
         self.num_workers, self.pin_memory = num_workers, pin_memory
         self.action_noise = tuple(float(std) for std in action_noise)
         probe = self._probe(env, seed)
-        if not hasattr(probe, "init_kwargs"):
+        if not isinstance(probe, RacingEnv):
             raise ValueError(
                 f"--data.init_args.env {type(probe).__name__}: the expert drives datamodules.envs.racing.RacingEnv"
             )
