@@ -397,6 +397,10 @@ class RLDataModule(EnvSpecs, pl.LightningDataModule):
         if self.collector.policy_device != self.device:
             self.collector.update_policy_weights_()
 
+    def monitor(self) -> dict[str, float]:
+        """Figures about the data path that the model logs with its losses (the logged steps only). Default: none."""
+        return {}
+
     def _batches(self) -> Iterator[TensorDictBase]:
         """Yield training batches forever; subclasses decide how collected frames turn into batches."""
         raise NotImplementedError

@@ -117,6 +117,8 @@ class ParallelReplayDataModule(ReplayDataModule):
         self.log_dir: Path | None = None  # each worker's stderr, set from the run's folder when collection starts
         self._learner_priority: int | None = None  # the training thread's niceness before collection started
         self._feeder: _Feeder | None = None
+        self._episodes_ended, self._episodes_reported = 0, 0  # training episodes that ended, for monitor()
+        self._episode_sums: dict[str, float] = {}
 
     # ------------------------------------------------------------------------------------------- collection
     def connect(
@@ -204,6 +206,7 @@ class ParallelReplayDataModule(ReplayDataModule):
                 batch = self.delivered(wait)
                 if batch is None:
                     break
+                self._count_episodes(batch)
                 with self.timer.phase("buffer_write"):
                     self._store(batch)
                 if self.frames >= self.warmup_frames:
@@ -220,6 +223,33 @@ class ParallelReplayDataModule(ReplayDataModule):
             if self.prioritized:
                 self._served_indices.append(sample["index"])
             yield sample
+
+    def _count_episodes(self, batch: TensorDictBase) -> None:
+        """Add the training episodes that ended in ``batch`` to the figures :meth:`monitor` reports (their episode
+        metrics, e.g. Mario's ``x_pos``, which the environment writes on an episode's last step)."""
+        done = batch.get(("next", "done")).reshape(-1)
+        ended = int(done.sum())
+        if ended and self.episode_metric_keys:
+            for key in self.episode_metric_keys:
+                self._episode_sums[key] = self._episode_sums.get(key, 0.0) + float(
+                    batch.get(("next", key)).reshape(-1)[done].sum()
+                )
+        self._episodes_ended += ended
+
+    def monitor(self) -> dict[str, float]:
+        """The seed's monitoring: replay buffer fill, worker batches queued for the buffer, experiences collected,
+        training episodes ended, and their episode metrics (mean over those ended since the last report)."""
+        figures = {
+            "data/buffer": float(len(self.buffer)) if self.buffer is not None else 0.0,
+            "data/queued_batches": float(self.queued_batches),
+            "data/experiences": float(self.frames),
+        }
+        ended = self._episodes_ended - self._episodes_reported
+        if ended:
+            figures.update({f"train/{key}_mean": total / ended for key, total in self._episode_sums.items()})
+        figures["data/episodes"] = float(self._episodes_ended)
+        self._episodes_reported, self._episode_sums = self._episodes_ended, {}
+        return figures
 
     @property
     def worker_batch_frames(self) -> int:

@@ -298,7 +298,10 @@ class RLModule(pl.LightningModule):
         if (update + 1) % self.trainer.log_every_n_steps == 0:
             metrics = {f"train/{key}": value.detach() for key, value in losses.items() if value.numel() == 1}
             metrics.pop("train/loss", None)
+            if "td_error" in losses:  # per sample (prioritized replay's priorities): logged as its mean
+                metrics["train/td_error"] = losses["td_error"].detach().mean()
             metrics.update(self.extra_metrics())
+            metrics.update(self.datamodule.monitor())
             if self.lr_end is not None:
                 metrics["train/lr"] = self._lightning_optimizer.optimizer.param_groups[0]["lr"]
             self.log("train/loss", loss, prog_bar=True, batch_size=batch.numel())

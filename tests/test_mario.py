@@ -109,7 +109,11 @@ def test_the_shipped_config_trains_with_workers_and_resumes_in_its_run_folder(tm
     assert cli.trainer.global_step == 5
     assert [path.name for path in (tmp_path / "runs/mario_ddqn").iterdir()] == ["version_0"]
     with open(run / "metrics.csv", newline="") as file:
-        steps = [int(row["step"]) for row in csv.DictReader(file) if row.get("train/loss")]
+        rows = [row for row in csv.DictReader(file) if row.get("train/loss")]
+    steps = [int(row["step"]) for row in rows]
+    # The seed's monitoring goes to the logger with the losses: buffer fill, queued batches, TD error.
+    assert all(float(row["data/buffer"]) > 0 and row["data/queued_batches"] != "" for row in rows)
+    assert all(float(row["train/td_error"]) >= 0 for row in rows)
     assert len(steps) == 5 and steps == sorted(set(steps))  # both processes' rows, in one file, once each
     # The buffer, its frame store and the counters carry on from the checkpoint (whether the resumed updates waited
     # for new frames depends on the update credit the checkpoint restored and on when the worker delivers).

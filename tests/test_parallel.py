@@ -157,3 +157,19 @@ def test_n_step_returns_are_refused_naming_the_flag(tmp_path):
     config["model"]["init_args"]["n_steps"] = 3
     with pytest.raises(ValueError, match=r"^--model.init_args.n_steps: n-step returns need the in-process"):
         fit(write_config(config, tmp_path / "c.yaml"))
+
+
+def test_monitor_reports_the_buffer_the_queue_and_the_ended_episodes_metrics(tmp_path):
+    from tensordict import TensorDict
+
+    data = ParallelReplayDataModule(ChainEnv, num_workers=1, learner_nice=0, warmup_frames=1, batch_size=1)
+    data.episode_metric_keys = ("x_pos",)  # as Mario's env declares it
+    done = torch.tensor([[False, True, False], [True, False, True]]).unsqueeze(-1)
+    x_pos = torch.tensor([[0.0, 300.0, 0.0], [120.0, 0.0, 90.0]]).unsqueeze(-1)
+    batch = TensorDict({"next": {"done": done, "x_pos": x_pos}}, batch_size=[2, 3])
+    data._count_episodes(batch)
+    figures = data.monitor()
+    assert figures["data/episodes"] == 3 and figures["train/x_pos_mean"] == pytest.approx(170.0)
+    assert figures["data/queued_batches"] == 0 and figures["data/buffer"] == 0
+    # Each report covers the episodes ended since the one before: none since, so no episode mean.
+    assert "train/x_pos_mean" not in data.monitor()
