@@ -1,20 +1,23 @@
 """MettaGrid throughput in one run: the raw engines, the TorchRL wrapper, three ways to collect, and training.
 
-    python benchmarks/metta_throughput.py                      # about 6 minutes on 2 cores
+    python benchmarks/metta_throughput.py                      # about 11 minutes on 2 cores
     python benchmarks/metta_throughput.py --fit-seconds 300
 
-Everything runs in this process, one after the other, so the figures are side by side (1 torch thread in every
-process; this machine has 2 cores):
+Everything runs one after the other, so the figures are side by side (1 torch thread in every process; this machine
+has 2 cores):
 
 1. ``raw`` ``MettaGrid.step`` and the wrapper's ``step_and_maybe_reset`` on the same engines, random actions
    (``benchmarks/metta_env_speed.py``): what the wrapper adds to the C++ step.
 2. Collection with the untrained policy of ``configs/metta_ppo.yaml`` (tokens → grid → CNN → LSTM, 192 agents per
-   step), ``--collect-batches`` rollouts of its size after one warm-up rollout:
-   - ``in-process``: one ``Collector``, the environments stepped in this process;
-   - ``ParallelEnv``: the same collector over the environments split across ``--workers`` processes (the shipped
-     ``env_workers`` option); the policy runs here on the whole batch;
-   - ``MultiSyncCollector``: ``--workers`` processes, each with its environments and its own copy of the policy.
-3. ``fit``: ``configs/metta_ppo.yaml`` for ``--fit-seconds`` with its throughput report (collection + learning).
+   step), ``--collect-batches`` rollouts of its size after one warm-up rollout, through the data module's own
+   collector (``RolloutDataModule.collect``) in its three modes:
+   - ``in-process``: the environments and the policy in this process;
+   - ``env_workers``: the environments split across ``--workers`` processes (TorchRL's ``ParallelEnv``); the policy
+     runs here on the whole batch;
+   - ``collector_workers``: ``--workers`` processes, each with its environments and its own copy of the policy
+     (TorchRL's ``MultiSyncCollector``).
+3. ``fit``: ``configs/metta_ppo.yaml`` for ``--fit-seconds`` in each of the three modes, each in its own process
+   (``python -m app fit``), with its throughput report (collection + learning).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import subprocess
 import sys
 import tempfile
 import time
@@ -30,80 +34,57 @@ from pathlib import Path
 
 import torch
 
-sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(Path(__file__).resolve().parent)]
 
 from metta_env_speed import main as env_speed  # noqa: E402
-from torchrl.collectors import Collector, MultiSyncCollector  # noqa: E402
-from torchrl.envs import TransformedEnv  # noqa: E402
 
 from app.cli import build  # noqa: E402
-from app.cli import main as app_main  # noqa: E402
-from datamodules.envs.mettagrid import MettaGridEnv  # noqa: E402
 
 CONFIG = "configs/metta_ppo.yaml"
+MODES = {
+    "in-process": [],
+    "env_workers": ["--data.init_args.env_workers"],
+    "collector_workers": ["--data.init_args.collector_workers"],
+}
 
 
-def worker_env(num_envs: int, seed: int, options: dict, transform) -> TransformedEnv:
-    """One MultiSyncCollector worker's environments, with the policy's env transform (a top-level function, so the
-    worker process can rebuild it)."""
-    return TransformedEnv(MettaGridEnv(num_envs=num_envs, seed=seed, **options), transform.clone())
+def mode_flags(mode: str, workers: int) -> list[str]:
+    flags = MODES[mode]
+    return [flags[0], str(workers)] if flags else ["--data.init_args.env_workers", "0"]
 
 
-def time_collector(collector, batches: int) -> float:
-    """Agent steps per second over ``batches`` rollouts, after one untimed (worker start, first reset)."""
-    iterator = iter(collector)
-    next(iterator)
-    start, frames = time.perf_counter(), 0
-    for _ in range(batches):
-        frames += next(iterator).numel()
-    seconds = time.perf_counter() - start
-    collector.shutdown()
-    return frames / seconds
-
-
-def collection(workers: int, batches: int) -> dict[str, float]:
-    model, data = build([CONFIG], ["--data.init_args.env_workers", "0"])
+def collection(mode: str, workers: int, batches: int) -> float:
+    """Agent steps per second of the shipped data module's ``collect`` over ``batches`` rollouts, after one untimed
+    (worker start, first reset)."""
+    model, data = build([CONFIG], mode_flags(mode, workers))
+    data.setup("fit")
     data.use_env_transform(model.env_transform())
-    policy, frames = model.policy(), data.num_envs * data.agents_per_env * data.collect_steps
-    options = data._env_options
-    rates = {}
-    with torch.no_grad():
-        in_process = Collector(data.make_env(data.num_envs, 0), policy, frames_per_batch=frames, total_frames=-1)
-        rates["in-process"] = time_collector(in_process, batches)
-        parallel = Collector(data.make_env(data.num_envs, 0, workers), policy, frames_per_batch=frames, total_frames=-1)
-        rates[f"ParallelEnv ×{workers}"] = time_collector(parallel, batches)
-        per_worker = data.num_envs // workers
-        factories = [
-            lambda w=w: worker_env(per_worker, w * per_worker, options, model.env_transform()) for w in range(workers)
-        ]
-        multi = MultiSyncCollector(
-            factories, policy, frames_per_batch=frames, total_frames=-1, num_threads=1, num_sub_threads=1
-        )
-        rates[f"MultiSyncCollector ×{workers}"] = time_collector(multi, batches)
-    return rates
+    data.connect(model.policy())
+    data._build_collector()
+    try:
+        with torch.no_grad():
+            data.collect()
+            start, frames = time.perf_counter(), 0
+            for _ in range(batches):
+                frames += data.collect().numel()
+            return frames / (time.perf_counter() - start)
+    finally:
+        data.teardown("fit")
 
 
-def fit(seconds: int) -> dict:
+def fit(mode: str, workers: int, seconds: int) -> dict:
     with tempfile.TemporaryDirectory() as runs:
-        app_main(
-            [
-                "fit",
-                "--config",
-                CONFIG,
-                "--trainer.max_time",
-                f"00:00:{seconds // 60:02d}:{seconds % 60:02d}",
-                "--trainer.logger.init_args.save_dir",
-                runs,
-                "--trainer.enable_progress_bar",
-                "false",
-            ]
-        )
+        command = [sys.executable, "-m", "app", "fit", "--config", CONFIG, *mode_flags(mode, workers)]
+        command += ["--trainer.max_time", f"00:00:{seconds // 60:02d}:{seconds % 60:02d}"]
+        command += ["--trainer.logger.init_args.save_dir", runs, "--trainer.enable_progress_bar", "false"]
+        subprocess.run(command, cwd=ROOT, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         return json.loads(next(Path(runs).glob("*/version_0/throughput.json")).read_text())
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--workers", type=int, default=2, help="processes for the ParallelEnv and multi-collector")
+    parser.add_argument("--workers", type=int, default=2, help="worker processes of env_workers and collector_workers")
     parser.add_argument("--collect-batches", type=int, default=8, help="timed rollouts per collection mode")
     parser.add_argument("--fit-seconds", type=int, default=180, help="length of the training run")
     args = parser.parse_args()
@@ -113,18 +94,21 @@ def main() -> None:
     print("## 1. The engines and the wrapper (8 environments × 24 agents, random actions)\n")
     env = env_speed(["--num-envs", "8", "--steps", "1000", "--repeats", "3", "--threads", "1"])
     print("\n## 2. Collection with the untrained policy (8 environments × 24 agents × 64 steps per rollout)\n")
-    rates = collection(args.workers, args.collect_batches)
     print("| collection | agent steps/s |\n|---|---:|")
-    for name, rate in rates.items():
-        print(f"| {name} | {rate:,.0f} |")
-    print(f"\n## 3. Training: `python -m app fit --config {CONFIG}` for {args.fit_seconds} s\n")
-    report = fit(args.fit_seconds)
-    steady = report["steady_state"]
-    print("| | value |\n|---|---:|")
-    print(f"| agent steps/s end to end (steady state) | {steady['frames_per_s']:,.0f} |")
-    print(f"| updates/s | {steady['updates_per_s']:.2f} |")
-    for phase, share in steady["fraction"].items():
-        print(f"| {phase} | {share:.1%} of wall time |")
+    for mode in MODES:
+        name = mode if mode == "in-process" else f"{mode} {args.workers}"
+        print(f"| {name} | {collection(mode, args.workers, args.collect_batches):,.0f} |", flush=True)
+    print(f"\n## 3. Training: `python -m app fit --config {CONFIG}` for {args.fit_seconds} s in each mode\n")
+    reports = {mode: fit(mode, args.workers, args.fit_seconds) for mode in MODES}
+    phases = sorted({phase for report in reports.values() for phase in report["steady_state"]["fraction"]})
+    print("| | " + " | ".join(MODES) + " |\n|---|" + "---:|" * len(MODES))
+    rows = {
+        "agent steps/s end to end (steady state)": lambda s: f"{s['frames_per_s']:,.0f}",
+        "updates/s": lambda s: f"{s['updates_per_s']:.2f}",
+        **{f"{phase}, share of wall time": (lambda s, p=phase: f"{s['fraction'].get(p, 0.0):.1%}") for phase in phases},
+    }
+    for name, cell in rows.items():
+        print(f"| {name} | " + " | ".join(cell(reports[mode]["steady_state"]) for mode in MODES) + " |")
     print(
         f"\n{stamp} · `python benchmarks/metta_throughput.py` · 1 torch thread per process · torch {torch.__version__}"
         f" · {platform.machine()} · raw step {env['raw']['agent_steps_per_s']:,.0f} agent steps/s, wrapper "

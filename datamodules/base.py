@@ -19,7 +19,6 @@ from __future__ import annotations
 import glob
 import os
 import random
-import re
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from functools import partial
@@ -32,15 +31,20 @@ import torch
 from tensordict import NestedKey, TensorDict, TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 from torch.utils.data import DataLoader, IterableDataset
-from torchrl.collectors import Collector, RandomPolicy
+from torchrl.collectors import Collector, MultiSyncCollector, RandomPolicy
 from torchrl.data import Composite, TensorSpec
 from torchrl.envs import EnvBase, ParallelEnv, Transform, TransformedEnv
 from torchrl.envs.utils import ExplorationType, set_exploration_type, step_mdp
 
 from datamodules.timing import PhaseTimer
+from datamodules.workers import (
+    DEAD_WORKER,
+    ResumableCollector,
+    multi_process_collector,
+    worker_death_error,
+    worker_env_factories,
+)
 
-# How TorchRL's ParallelEnv and multi-process collectors name a worker process that died.
-DEAD_WORKER = re.compile(r"worker (\d+) \(exit code -?\d+\)")
 # Seeds of the evaluation environments are offset so they never replay a training episode.
 EVAL_SEED_OFFSET = 1_000_003
 
@@ -176,6 +180,7 @@ class RLDataModule(EnvSpecs, pl.LightningDataModule):
         eval_episodes: int = 32,
         weight_sync_interval: int = 1,
         env_workers: int = 0,
+        collector_workers: int = 0,
     ) -> None:
         super().__init__()
         check_positive("num_envs", num_envs)
@@ -183,9 +188,16 @@ class RLDataModule(EnvSpecs, pl.LightningDataModule):
         check_positive("eval_episodes", eval_episodes)
         check_positive("weight_sync_interval", weight_sync_interval)
         check_positive("env_workers", env_workers, allow_zero=True)
-        if env_workers and num_envs % env_workers:
+        check_positive("collector_workers", collector_workers, allow_zero=True)
+        for name, workers in (("env_workers", env_workers), ("collector_workers", collector_workers)):
+            if workers and num_envs % workers:
+                raise ValueError(
+                    f"--data.init_args.{name} ({workers}) must divide --data.init_args.num_envs ({num_envs})"
+                )
+        if env_workers and collector_workers:
             raise ValueError(
-                f"--data.init_args.env_workers ({env_workers}) must divide --data.init_args.num_envs ({num_envs})"
+                "--data.init_args.env_workers and collector_workers: choose one (environments alone in worker "
+                "processes, or environments with a copy of the policy)"
             )
         resolve_device(device)  # fail now, before any output folder exists, if the device is missing
         self.env_factory = env
@@ -196,11 +208,13 @@ class RLDataModule(EnvSpecs, pl.LightningDataModule):
         self.eval_episodes = eval_episodes
         self.weight_sync_interval = weight_sync_interval
         self.env_workers = env_workers
+        self.collector_workers = collector_workers
         # A throw-away environment: its specs size the model's networks, and building it validates the env options.
         probe = self._probe(env, seed)
-        if env_workers and not hasattr(probe, "init_kwargs"):
+        if (env_workers or collector_workers) and not hasattr(probe, "init_kwargs"):
+            flag = "env_workers" if env_workers else "collector_workers"
             raise ValueError(
-                f"--data.init_args.env_workers: {type(probe).__name__} cannot be rebuilt in a worker process (it "
+                f"--data.init_args.{flag}: {type(probe).__name__} cannot be rebuilt in a worker process (it "
                 "has no init_kwargs())"
             )
         # What a worker process rebuilds the environment from: its class and options, plain and picklable (the
@@ -230,6 +244,7 @@ class RLDataModule(EnvSpecs, pl.LightningDataModule):
         self._eval_env: EnvBase | None = None
         self._pending_state: dict[str, Any] | None = None
         self._updates_since_sync = 0
+        self._workers_log_dir: Path | None = None  # collector workers' stderr, under the run's folder
 
     #: Whether :meth:`connect` takes a store transform (a data module with a replay buffer).
     accepts_store_transform = False
@@ -304,18 +319,44 @@ class RLDataModule(EnvSpecs, pl.LightningDataModule):
     def _build_collector(self) -> None:
         if self.policy is None:
             raise RuntimeError("the model must call datamodule.connect(policy) in its setup before training starts")
-        env = self.make_env(self.num_envs, self.rank_seed, self.env_workers)
-        self.collector = Collector(
-            env,
-            self.policy,
-            frames_per_batch=self.num_envs * self.agents_per_env * self.collect_steps,
-            total_frames=-1,
-            device=self.device,
-            policy_device=self.device,  # the model's own device: the collector then runs the policy in place
-            trust_policy=True,
-            track_traj_ids=False,
-            auto_register_policy_transforms=False,
-        )
+        frames_per_batch = self.num_envs * self.agents_per_env * self.collect_steps
+        if self.collector_workers:
+            root = self.trainer.log_dir if self.trainer is not None and self.trainer.log_dir else "."
+            self._workers_log_dir = Path(root) / "collector_workers"
+            per_worker = self.num_envs // self.collector_workers
+            self.collector = multi_process_collector(
+                MultiSyncCollector,
+                worker_env_factories(
+                    self._workers_log_dir,
+                    self._env_class,
+                    self._env_options,
+                    self.env_transform,
+                    self.collector_workers,
+                    per_worker,
+                    self.rank_seed,
+                    self.device,
+                ),
+                self.policy,
+                frames_per_batch,
+                self.device,
+                collector_class=ResumableCollector,
+                cat_results=0,  # [num_envs, ...]: the workers' environments in the order of one in-process batch
+                use_buffers=True,  # each worker writes its batch into shared memory (TorchRL's default, said)
+                update_at_each_batch=True,  # the latest weights before every batch: on-policy data, fewest pushes
+            )
+        else:
+            env = self.make_env(self.num_envs, self.rank_seed, self.env_workers)
+            self.collector = Collector(
+                env,
+                self.policy,
+                frames_per_batch=frames_per_batch,
+                total_frames=-1,
+                device=self.device,
+                policy_device=self.device,  # the model's own device: the collector then runs the policy in place
+                trust_policy=True,
+                track_traj_ids=False,
+                auto_register_policy_transforms=False,
+            )
         self._collector_iter = iter(self.collector)
         if self.trainer is not None and self.trainer.world_size > 1:
             # seed_everything gives every rank the same global RNG; exploration noise (ε-greedy draws, sampled
@@ -365,14 +406,21 @@ class RLDataModule(EnvSpecs, pl.LightningDataModule):
         return batch
 
     def _raise_if_a_worker_died(self, error: BaseException) -> None:
-        """A dead environment worker process stops the run with one clear error: nothing is saved after it, so the
-        last checkpoint written is the one to continue from. (Workers are not restarted: a restarted worker's
-        environments would not continue the episodes the checkpointed run was playing.)
+        """A dead worker process stops the run with one clear error: nothing is saved after it, so the last checkpoint
+        written is the one to continue from. (Workers are not restarted: a restarted worker's environments would not
+        continue the episodes the checkpointed run was playing.)
 
-        TorchRL's ``ParallelEnv`` notices the death, closes its workers and raises "worker i (exit code c)"
-        somewhere in the exception chain; that is what is matched.
+        TorchRL's ``ParallelEnv`` and multi-process collectors notice the death, close their workers and raise
+        "worker i (exit code c)" somewhere in the exception chain; that is what is matched. A collector worker's
+        error also names the exception it printed (from its log, ``<run>/collector_workers/worker<i>.log``).
         """
-        if self.collector is None or not self.env_workers:
+        if self.collector is None:
+            return
+        if self.collector_workers:
+            death = worker_death_error(error, self._workers_log_dir, self.frames)
+            if death is not None:
+                raise death from error
+        if not self.env_workers:
             return
         while error is not None:
             found = DEAD_WORKER.search(str(error))
@@ -393,8 +441,9 @@ class RLDataModule(EnvSpecs, pl.LightningDataModule):
             self.sync_weights()
 
     def sync_weights(self) -> None:
-        """Push the learner's weights to the collector's policy, where it does not share them (another device)."""
-        if self.collector.policy_device != self.device:
+        """Push the learner's weights to the collector's policy, where it does not share them (another device).
+        Collector workers get them before each batch instead (``update_at_each_batch``)."""
+        if not self.collector_workers and self.collector.policy_device != self.device:
             self.collector.update_policy_weights_()
 
     def monitor(self) -> dict[str, float]:
@@ -479,7 +528,9 @@ class RLDataModule(EnvSpecs, pl.LightningDataModule):
 
     def collection_state(self) -> dict[str, Any]:
         """What continues collection exactly: the environments' state and the observations (and recurrent states)
-        the collector carries between calls."""
+        the collector carries between calls; with collector workers, each worker's (and its generator's)."""
+        if self.collector_workers:
+            return {"workers": self.collector.state_dict()}
         return {
             "env": dict(self._stateful_env().state_dict()),
             "carrier": to_plain(self._carrier().exclude("collector")),
@@ -520,7 +571,9 @@ class RLDataModule(EnvSpecs, pl.LightningDataModule):
         self._pending_state = state_dict
 
     def _restore_collection_state(self, state: dict[str, Any]) -> None:
-        if "env" in state:
+        if "workers" in state:
+            self.collector.load_state_dict(state["workers"])
+        elif "env" in state:
             env = self._stateful_env()
             env.load_state_dict(state["env"])
             if isinstance(env, ParallelEnv):

@@ -26,22 +26,19 @@ from __future__ import annotations
 import contextlib
 import os
 import queue
-import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
-from functools import partial
 from pathlib import Path
-from typing import Any, Literal, TextIO
+from typing import Any, Literal
 
 import torch
 from tensordict import TensorDictBase
 from torchrl.collectors import MultiAsyncCollector, MultiSyncCollector
-from torchrl.envs import EnvBase, TransformedEnv
-from torchrl.weight_update import SharedMemWeightSyncScheme
+from torchrl.envs import EnvBase
 
-from datamodules.base import DEAD_WORKER, check_positive
+from datamodules.base import check_positive
 from datamodules.replay import ReplayDataModule
+from datamodules.workers import multi_process_collector, worker_death_error, worker_env_factories
 
 _POLL_S = 1.0  # how often a waiting learner checks that the workers and the feeder are alive
 
@@ -67,7 +64,8 @@ class ParallelReplayDataModule(ReplayDataModule):
             machine without a spare core the learner takes only the CPU time the collectors leave (they must never
             wait for it: the seed's rule). Linux gives each thread its own priority, so the workers and the feeder,
             started before, keep theirs. 0: leave it.
-        num_envs, env_workers: not options here (``num_workers`` and ``envs_per_worker`` are); refused when set.
+        num_envs, env_workers, collector_workers: not options here (``num_workers`` and ``envs_per_worker`` are);
+            refused when set.
         **kwargs: the replay options (``buffer_size``, ``batch_size``, ``frames_per_update``, ``priority_alpha``, ...)
             and the base ones (``seed``, ``eval_episodes``, ...).
     """
@@ -83,6 +81,7 @@ class ParallelReplayDataModule(ReplayDataModule):
         learner_nice: int = 10,
         num_envs: int | None = None,
         env_workers: int = 0,
+        collector_workers: int = 0,
         **kwargs: Any,
     ) -> None:
         num_workers = default_workers() if num_workers is None else num_workers
@@ -94,10 +93,10 @@ class ParallelReplayDataModule(ReplayDataModule):
         check_positive("envs_per_worker", envs_per_worker)
         if collector not in ("async", "sync"):
             raise ValueError(f"--data.init_args.collector must be async or sync, got {collector!r}")
-        if num_envs is not None or env_workers:
+        if num_envs is not None or env_workers or collector_workers:
             raise ValueError(
-                "--data.init_args.num_envs/env_workers: a ParallelReplayDataModule has num_workers x envs_per_worker "
-                "environments, in its own worker processes; set those instead"
+                "--data.init_args.num_envs/env_workers/collector_workers: a ParallelReplayDataModule has num_workers x "
+                "envs_per_worker environments, in its own worker processes; set those instead"
             )
         super().__init__(
             env,
@@ -138,38 +137,23 @@ class ParallelReplayDataModule(ReplayDataModule):
             raise RuntimeError("the model must call datamodule.connect(policy) in its setup before training starts")
         root = self.trainer.log_dir if self.trainer is not None and self.trainer.log_dir else "."
         self.log_dir = Path(root) / "collector_workers"
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        per_worker, seed = self.envs_per_worker, self.rank_seed
-        make_envs = [
-            partial(
-                _worker_env,
-                self.log_dir / f"worker{w}.log",
-                self._env_class,
-                self.env_transform,
-                num_envs=per_worker,
-                seed=seed + w * per_worker,  # the seeds one batch of num_envs environments would use
-                device=self.device,
-                **self._env_options,
-            )
-            for w in range(self.num_workers)
-        ]
-        collector_class = MultiAsyncCollector if self.collector_kind == "async" else MultiSyncCollector
-        self.collector = collector_class(
+        make_envs = worker_env_factories(
+            self.log_dir,
+            self._env_class,
+            self._env_options,
+            self.env_transform,
+            self.num_workers,
+            self.envs_per_worker,
+            self.rank_seed,
+            self.device,
+        )
+        asynchronous = self.collector_kind == "async"
+        self.collector = multi_process_collector(
+            MultiAsyncCollector if asynchronous else MultiSyncCollector,
             make_envs,
             self.policy,
-            frames_per_batch=per_worker * self.collect_steps
-            if self.collector_kind == "async"
-            else self.num_envs * self.collect_steps,
-            total_frames=-1,
+            frames_per_batch=(self.envs_per_worker if asynchronous else self.num_envs) * self.collect_steps,
             device=self.device,
-            num_threads=torch.get_num_threads(),  # the collector would otherwise change this process's threads
-            num_sub_threads=1,
-            trust_policy=True,
-            auto_register_policy_transforms=False,
-            # Weights go through shared memory. TorchRL's default waits, without a timeout, for every worker to
-            # acknowledge each push: one dead worker would hang the learner before the death is seen. Not waiting,
-            # the workers apply the new weights as their next batch starts.
-            weight_sync_schemes={"policy": SharedMemWeightSyncScheme(sync=False)},
         )
         self._feeder = _Feeder(self.collector)
         self._feeder.start()
@@ -266,18 +250,10 @@ class ParallelReplayDataModule(ReplayDataModule):
 
     def _raise_worker_death(self, error: BaseException) -> None:
         """One error naming the worker and the exception it printed; the last checkpoint is left as it was."""
-        found, chained = None, error
-        while chained is not None and found is None:
-            found = DEAD_WORKER.search(str(chained))
-            chained = chained.__cause__ or chained.__context__
-        if found is None:  # not a death TorchRL reported: the feeder's own error, as it is
+        death = worker_death_error(error, self.log_dir, self.frames)
+        if death is None:  # not a death TorchRL reported: the feeder's own error, as it is
             raise RuntimeError(f"collecting from the workers failed: {error}") from error
-        cause = _last_exception_line(self.log_dir / f"worker{found.group(1)}.log")
-        raise RuntimeError(
-            f"collector {found.group(0)} died{': ' + cause if cause else ''}, at {self.frames:,} frames; training "
-            "stopped without saving, so the last checkpoint is intact: continue from it with --ckpt_path last (the "
-            f"workers' logs: {self.log_dir})"
-        ) from error
+        raise death from error
 
     def teardown(self, stage: str) -> None:
         if self._feeder is not None:
@@ -313,39 +289,3 @@ class _Feeder(threading.Thread):
         except BaseException as error:  # noqa: BLE001 - handed to the learner, which raises it with context
             if not self.stopping:
                 self.batches.put(error)
-
-
-def _worker_env(log: Path, env_class: type, transform: Any, **options: Any) -> EnvBase:
-    """Builds a worker's environments (in the worker process), its stderr copied to ``log`` so that the learner can
-    name the exception a dead worker printed."""
-    sys.stderr = _Tee(sys.stderr, open(log, "a", buffering=1))  # noqa: SIM115 - open for the process's life
-    env = env_class(**options)
-    return env if transform is None else TransformedEnv(env, transform.clone())
-
-
-class _Tee:
-    """A text stream writing to two others."""
-
-    def __init__(self, first: TextIO, second: TextIO) -> None:
-        self.first, self.second = first, second
-
-    def write(self, text: str) -> int:
-        self.second.write(text)
-        return self.first.write(text)
-
-    def flush(self) -> None:
-        self.first.flush()
-        self.second.flush()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.first, name)
-
-
-def _last_exception_line(path: Path) -> str:
-    """The last ``Type: message`` line of a worker's log (its uncaught exception, printed as it died)."""
-    time.sleep(0.2)  # the dying process's last write
-    if not path.exists():
-        return ""
-    lines = [line.strip() for line in path.read_text(errors="replace").splitlines() if line.strip()]
-    exceptions = [line for line in lines if ":" in line and not line.startswith(("File ", "Traceback", "^", "~"))]
-    return exceptions[-1] if exceptions else ""

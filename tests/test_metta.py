@@ -50,18 +50,28 @@ def fit_metta(runs: Path, *overrides: str, config: str = "metta_ppo"):
     return main([*args, "--trainer.logger.init_args.save_dir", str(runs), *SMALL, *overrides])
 
 
-def test_metta_ppo_trains_logs_and_resumes_exactly_with_its_worker_processes(tmp_path):
+# The two kinds of worker processes: environments alone (configs/metta_ultra_fast.yaml, the policy on the learner's
+# device) and environments with a copy of the policy (configs/metta_ppo.yaml, the faster on a CPU).
+WORKERS = [
+    ("--data.init_args.env_workers=2", "--data.init_args.collector_workers=0"),
+    ("--data.init_args.collector_workers=2",),
+]
+
+
+@pytest.mark.parametrize("workers", WORKERS)
+def test_metta_ppo_trains_logs_and_resumes_exactly_with_its_worker_processes(tmp_path, workers):
     # 2 envs x 4 agents x 16 steps = 128 agent steps per rollout, 4 minibatches x 1 epoch = 4 updates each. Stopping
     # at update 10 stops inside a rollout; the checkpoint holds the rollout, every agent's LSTM state and each
-    # worker's environments (their episodes replayed from seed and actions on load), which the rest depends on.
-    workers = "--data.init_args.env_workers=2"  # the worker processes, as configs/metta_ultra_fast.yaml uses them
-    full = fit_metta(tmp_path / "full", "--trainer.max_steps=24", workers)
-    fit_metta(tmp_path / "half", "--trainer.max_steps=10", workers)
+    # worker's environments (their episodes replayed from seed and actions on load), and with collector workers each
+    # worker's generator, which draws its agents' actions: the rest depends on all of them.
+    full = fit_metta(tmp_path / "full", "--trainer.max_steps=24", *workers)
+    fit_metta(tmp_path / "half", "--trainer.max_steps=10", *workers)
     resumed = fit_metta(
-        tmp_path / "half", "--trainer.max_steps=24", "--ckpt_path=last", "--seed_everything=123", workers
+        tmp_path / "half", "--trainer.max_steps=24", "--ckpt_path=last", "--seed_everything=123", *workers
     )
 
-    assert full.datamodule.env_workers == 2 and resumed.trainer.global_step == 24
+    kind = workers[0].split("=")[0].rsplit(".", 1)[1]
+    assert getattr(full.datamodule, kind) == 2 and resumed.trainer.global_step == 24
     run = tmp_path / "half/metta_ppo/version_0"
     assert sorted(path.name for path in run.parent.iterdir()) == ["version_0"]  # continued in its own folder
     a = weights(tmp_path / "full/metta_ppo/version_0/checkpoints/last.ckpt")
@@ -86,10 +96,21 @@ class KillWorker(pl.Callback):
 
     def on_train_batch_end(self, trainer, *args) -> None:
         if trainer.global_step == 20:
-            os.kill(trainer.datamodule.collector.env.base_env._workers[1].pid, signal.SIGKILL)
+            data = trainer.datamodule
+            worker = data.collector.procs[1] if data.collector_workers else data.collector.env.base_env._workers[1]
+            os.kill(worker.pid, signal.SIGKILL)
 
 
-def test_a_dead_worker_process_stops_the_run_with_a_clear_error_and_the_last_checkpoint_intact(tmp_path):
+@pytest.mark.parametrize(
+    ("workers", "error"),
+    [
+        (WORKERS[0], r"environment worker process died: worker 1 \(exit code -9\), at 640 frames; training stopped"),
+        (WORKERS[1], r"collector worker 1 \(exit code -9\) died, at 640 frames; training stopped"),
+    ],
+)
+def test_a_dead_worker_process_stops_the_run_with_a_clear_error_and_the_last_checkpoint_intact(
+    tmp_path, workers, error
+):
     # A checkpoint every rollout (128 agent steps, 4 updates), the kill after update 20: the next rollout fails.
     callbacks = tmp_path / "callbacks.yaml"
     callbacks.write_text(
@@ -97,13 +118,12 @@ def test_a_dead_worker_process_stops_the_run_with_a_clear_error_and_the_last_che
         "    - {class_path: callbacks.schedule.FrameCheckpoint, init_args: {every_n_frames: 128}}\n"
         "    - {class_path: tests.test_metta.KillWorker}\n"
     )
-    flags = ("--data.init_args.env_workers=2", "--config", str(callbacks))
-    with pytest.raises(RuntimeError, match=r"environment worker process died: worker 1 \(exit code -9\), at 640 fr"):
-        fit_metta(tmp_path, "--trainer.max_steps=40", *flags)
+    with pytest.raises(RuntimeError, match=error):
+        fit_metta(tmp_path, "--trainer.max_steps=40", *workers, "--config", str(callbacks))
     checkpoint = tmp_path / "metta_ppo/version_0/checkpoints/last.ckpt"
     # Written when the 5th rollout was collected (update 17), the last before the kill, and whole.
     assert torch.load(checkpoint, weights_only=True)["global_step"] == 17
-    resumed = fit_metta(tmp_path, "--trainer.max_steps=24", "--ckpt_path=last", "--data.init_args.env_workers=2")
+    resumed = fit_metta(tmp_path, "--trainer.max_steps=24", "--ckpt_path=last", *workers)
     assert resumed.trainer.global_step == 24
 
 
@@ -154,8 +174,17 @@ def test_the_ultra_fast_preset_runs_with_its_batch_geometry(tmp_path):
             "128 frames",
         ),
         (
-            ["--data.init_args.env_workers=3"],
+            ["--data.init_args.env_workers=3", "--data.init_args.collector_workers=0"],
             "--data.init_args.env_workers (3) must divide --data.init_args.num_envs (2)",
+        ),
+        (
+            ["--data.init_args.collector_workers=3"],
+            "--data.init_args.collector_workers (3) must divide --data.init_args.num_envs (2)",
+        ),
+        (
+            ["--data.init_args.collector_workers=2", "--data.init_args.env_workers=2"],
+            "--data.init_args.env_workers and collector_workers: choose one (environments alone in worker processes, "
+            "or environments with a copy of the policy)",
         ),
     ],
 )
@@ -166,3 +195,43 @@ def test_bad_input_is_one_error_line_naming_the_flag(tmp_path, capsys, overrides
     errors = [line for line in capsys.readouterr().err.splitlines() if not line.startswith("Seed set to ")]
     assert errors == [f"error: {message}"]
     assert not (tmp_path / "runs").exists()
+
+
+def test_the_lstm_state_resets_exactly_where_each_environment_starts_an_episode_at_its_own_time():
+    # Environment 1 is three steps into its episode when collection starts, environment 0 at its start: with 6-step
+    # episodes, environment 0 starts new ones at steps 6 and 12 of the collection, environment 1 at 3 and 9. Every
+    # agent's state must be zero exactly at its own environment's starts and carried everywhere else.
+    from torchrl.collectors import Collector
+    from torchrl.envs import TransformedEnv
+
+    from datamodules.envs.mettagrid import MettaGridEnv
+    from modules.recurrent_ppo import RecurrentPPO
+
+    options = {"num_agents": 4, "map_width": 8, "map_height": 8, "objects": {"altar": 4, "wall": 2}, "max_steps": 6}
+    torch.manual_seed(0)
+    env = MettaGridEnv(num_envs=2, seed=3, **options)
+    model = RecurrentPPO(
+        env.observation_spec[0, 0], env.action_spec[0, 0], lstm_hidden=16, trunk_features=16, grid_features=20
+    )
+    model._take_feature_scale(env.observation_layout.scale)
+    env.reset()
+    for _ in range(3):
+        env.rand_step()  # one random step of every environment
+    staggered = env.env_state()
+    staggered["steps"][0] = 0  # environment 0 back at the start of its episode, environment 1 three steps in
+    collector = Collector(
+        TransformedEnv(env, model.env_transform()), model.policy(), frames_per_batch=2 * 4 * 12, total_frames=-1
+    )
+    env.load_env_state(staggered)
+    batch = next(iter(collector))  # [2 envs, 4 agents, 12 steps]
+    collector.shutdown()
+
+    starts = torch.zeros(2, 12, dtype=torch.bool)
+    starts[0, [0, 6]] = True
+    starts[1, [0, 3, 9]] = True  # step 0: the collector's own first reset, as it began
+    is_init = batch["is_init"].squeeze(-1)
+    assert torch.equal(is_init, starts[:, None, :].expand(2, 4, 12))
+    h, next_h = (batch[key].flatten(-2) for key in ("recurrent_state_h", ("next", "recurrent_state_h")))  # 1 layer
+    assert torch.all(h[is_init] == 0) and torch.all(h[~is_init].abs().sum(-1) > 0)
+    carried = ~is_init[..., 1:]
+    assert torch.equal(h[..., 1:, :][carried], next_h[..., :-1, :][carried])

@@ -173,3 +173,52 @@ def test_monitor_reports_the_buffer_the_queue_and_the_ended_episodes_metrics(tmp
     assert figures["data/queued_batches"] == 0 and figures["data/buffer"] == 0
     # Each report covers the episodes ended since the one before: none since, so no episode mean.
     assert "train/x_pos_mean" not in data.monitor()
+
+
+def _rollout_workers(tmp_path, monkeypatch, **options):
+    """A PPO rollout module on the chain world collecting in 2 collector worker processes, ready to collect."""
+    from datamodules.rollout import RolloutDataModule
+    from modules.ppo import PPO
+
+    monkeypatch.chdir(tmp_path)
+    data = RolloutDataModule(
+        ChainEnv, num_envs=4, collect_steps=8, minibatch_size=32, collector_workers=2, eval_episodes=1, **options
+    )
+    torch.manual_seed(0)  # the same untrained network in every call
+    model = PPO(data.observation_spec, data.action_spec, hidden_sizes=[8])
+    data.setup("fit")
+    data.connect(model.policy())
+    data._build_collector()
+    return data, model
+
+
+def test_collector_workers_act_with_the_latest_weights_in_every_batch(tmp_path, monkeypatch):
+    # On-policy data: each batch is collected entirely with the weights the learner had when it asked for it.
+    data, model = _rollout_workers(tmp_path, monkeypatch)
+    last = [m for m in model.actor_network.modules() if isinstance(m, torch.nn.Linear)][-1]
+    try:
+        for action in (1, 0, 1, 0):
+            with torch.no_grad():
+                last.weight.zero_()
+                last.bias.copy_(torch.tensor([20.0, -20.0]) if action == 0 else torch.tensor([-20.0, 20.0]))
+            batch = data.collect()
+            assert batch.shape == (4, 8) and bool((batch["action"] == action).all()), action
+    finally:
+        data.teardown("fit")
+
+
+def test_collector_workers_draw_their_own_exploration_noise(tmp_path, monkeypatch):
+    # Every chain starts in the same cell and an untrained policy's probabilities are the same there: workers
+    # drawing from the same generator state would play the same actions. Each worker's is seeded from its first
+    # environment's seed, so the workers' environments play differently, and the same seed replays the same.
+    first, _ = _rollout_workers(tmp_path, monkeypatch, seed=7)
+    try:
+        actions = first.collect()["action"]
+    finally:
+        first.teardown("fit")
+    again, _ = _rollout_workers(tmp_path, monkeypatch, seed=7)
+    try:
+        assert torch.equal(again.collect()["action"], actions)
+    finally:
+        again.teardown("fit")
+    assert not torch.equal(actions[:2], actions[2:])  # worker 0's two environments against worker 1's
