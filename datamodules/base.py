@@ -43,6 +43,7 @@ from datamodules.workers import (
     multi_process_collector,
     worker_death_error,
     worker_env_factories,
+    workers_log_dir,
 )
 
 # Seeds of the evaluation environments are offset so they never replay a training episode.
@@ -321,8 +322,7 @@ class RLDataModule(EnvSpecs, pl.LightningDataModule):
             raise RuntimeError("the model must call datamodule.connect(policy) in its setup before training starts")
         frames_per_batch = self.num_envs * self.agents_per_env * self.collect_steps
         if self.collector_workers:
-            root = self.trainer.log_dir if self.trainer is not None and self.trainer.log_dir else "."
-            self._workers_log_dir = Path(root) / "collector_workers"
+            self._workers_log_dir = workers_log_dir(self.trainer)
             per_worker = self.num_envs // self.collector_workers
             self.collector = multi_process_collector(
                 MultiSyncCollector,

@@ -38,7 +38,7 @@ from torchrl.envs import EnvBase
 
 from datamodules.base import check_positive
 from datamodules.replay import ReplayDataModule
-from datamodules.workers import multi_process_collector, worker_death_error, worker_env_factories
+from datamodules.workers import multi_process_collector, worker_death_error, worker_env_factories, workers_log_dir
 
 _POLL_S = 1.0  # how often a waiting learner checks that the workers and the feeder are alive
 
@@ -135,8 +135,7 @@ class ParallelReplayDataModule(ReplayDataModule):
     def _build_collector(self) -> None:
         if self.policy is None:
             raise RuntimeError("the model must call datamodule.connect(policy) in its setup before training starts")
-        root = self.trainer.log_dir if self.trainer is not None and self.trainer.log_dir else "."
-        self.log_dir = Path(root) / "collector_workers"
+        self.log_dir = workers_log_dir(self.trainer)
         make_envs = worker_env_factories(
             self.log_dir,
             self._env_class,

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import re
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from functools import partial
@@ -35,6 +36,14 @@ from torchrl.weight_update import SharedMemWeightSyncScheme
 
 # How TorchRL's ParallelEnv and multi-process collectors name a worker process that died.
 DEAD_WORKER = re.compile(r"worker (\d+) \(exit code -?\d+\)")
+
+
+def workers_log_dir(trainer: Any) -> Path:
+    """Where the workers' logs go: ``<run>/collector_workers``, or a new temporary folder when there is no run folder
+    (a data module driven without a logger or trainer), never the current folder."""
+    if trainer is not None and trainer.log_dir:
+        return Path(trainer.log_dir) / "collector_workers"
+    return Path(tempfile.mkdtemp(prefix="collector_workers-"))
 
 
 def worker_env_factories(
