@@ -41,6 +41,7 @@ from datamodules.workers import (
     DEAD_WORKER,
     ResumableCollector,
     multi_process_collector,
+    stateful_env,
     worker_death_error,
     worker_env_factories,
     workers_log_dir,
@@ -588,9 +589,7 @@ class RLDataModule(EnvSpecs, pl.LightningDataModule):
         set_rng_state(state["rng"])
 
     def _stateful_env(self) -> EnvBase:
-        # A TransformedEnv's state_dict holds only its transforms' (none of the model's env transforms keep state):
-        # the environment's own state is its base env's.
-        return _unwrapped(self.collector.env)
+        return stateful_env(self.collector.env)
 
     def _carrier(self) -> TensorDictBase:
         # TorchRL's Collector keeps its between-calls tensordict in a private attribute and offers no public accessor;
@@ -599,10 +598,6 @@ class RLDataModule(EnvSpecs, pl.LightningDataModule):
         if carrier is None:
             raise RuntimeError("this torchrl version's Collector has no `_carrier`: exact resume is not supported")
         return carrier
-
-
-def _unwrapped(env: EnvBase) -> EnvBase:
-    return env.base_env if isinstance(env, TransformedEnv) else env
 
 
 def rank_state_path(checkpoint_path: str | Path, rank: int, updates: int | None) -> Path:

@@ -109,7 +109,7 @@ class ResumableCollector(Collector):
 
     def state_dict(self) -> dict[str, Any]:
         return {
-            "env": dict(_unwrapped(self.env).state_dict()),
+            "env": dict(stateful_env(self.env).state_dict()),
             "carrier": self._carrier.exclude("collector").to_dict(),
             "rng": torch.get_rng_state(),
             "frames": self._frames,
@@ -117,7 +117,7 @@ class ResumableCollector(Collector):
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        _unwrapped(self.env).load_state_dict(state["env"])
+        stateful_env(self.env).load_state_dict(state["env"])
         carried = TensorDict.from_dict(state["carrier"], batch_dims=1, device=self._carrier.device)
         self._carrier.update(carried)
         torch.set_rng_state(state["rng"])
@@ -149,8 +149,9 @@ def _worker_env(log: Path, env_class: type, transform: Any, **options: Any) -> E
     return env if transform is None else TransformedEnv(env, transform.clone())
 
 
-def _unwrapped(env: EnvBase) -> EnvBase:
-    # A TransformedEnv's state_dict holds only its transforms' (none of the models' env transforms keep state).
+def stateful_env(env: EnvBase) -> EnvBase:
+    """The environment whose ``state_dict`` is the environments' state: a TransformedEnv's holds only its
+    transforms' (none of the models' env transforms keep state), so its base env's."""
     return env.base_env if isinstance(env, TransformedEnv) else env
 
 
