@@ -167,15 +167,16 @@ class RLCLI(LightningCLI):
         except (ValueError, MisconfigurationException) as error:
             config = self.config.get(self.subcommand) if self.subcommand else self.config
             self.parser.error(constructor_error_line(error, config, self.parser.args))
+
+    def instantiate_trainer(self, **kwargs):
         # Options that are each fine alone but do not fit together (a recurrent model on a data module that cuts no
-        # sequences): the model checks the data module it was given, and the error is reported the same way.
+        # sequences): the model checks the data module it was given, reported the same way, before the trainer
+        # exists (it prints its devices and makes the run's folder).
         if isinstance(self.model, RLModule) and isinstance(self.datamodule, RLDataModule):
             try:
                 self.model.check_datamodule(self.datamodule)
             except ValueError as error:
                 self.parser.error(str(error))
-
-    def instantiate_trainer(self, **kwargs):
         try:
             return super().instantiate_trainer(**kwargs)
         except (ValueError, MisconfigurationException) as error:

@@ -82,6 +82,10 @@ class InterleavedBare(Callback):
         began, updates_before, frames_before, phases_before = self._start
         if now - began < self.segment_seconds:
             return
+        # A round being prepared in the background (prefetch) finishes now, inside this segment's time (the wait the
+        # loop would otherwise pay after the bare slice), and runs beside neither the bare slice nor the next segment.
+        trainer.datamodule.settle()
+        now = time.perf_counter()
         updates = trainer.global_step - updates_before
         fit_ms = 1e3 * (now - began) / updates
         # The data module's phases over the segment (the throughput report's figures count the bare slices in
@@ -115,7 +119,16 @@ class InterleavedBare(Callback):
             return 1e3 * (time.perf_counter() - start) / calls
 
 
-def run(agent: str, compile_: str, updates: int, threads: int, segment: float, bare: float, out: Path) -> dict:
+def run(
+    agent: str,
+    compile_: str,
+    updates: int,
+    threads: int,
+    segment: float,
+    bare: float,
+    out: Path,
+    extra: list[str] = (),
+) -> dict:
     configs = [str(ROOT / path) for path in CONFIGS[agent]]
     overrides = [
         *("--model.init_args.compile", compile_),
@@ -124,6 +137,7 @@ def run(agent: str, compile_: str, updates: int, threads: int, segment: float, b
         *("--trainer.logger.init_args.save_dir", str(out)),
         *("--trainer.logger.init_args.name", f"update_cost_{agent}"),
         *("--trainer.enable_progress_bar", "false"),
+        *extra,
     ]
     model, data = build(configs, overrides)
     torch.set_num_threads(threads)
@@ -218,7 +232,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "(DQN, PIRL and SAC), alternating --rounds slices of --bare-seconds each",
     )
     parser.add_argument("--rounds", type=int, default=7, help="with --arithmetic: alternations of the two loops")
+    parser.add_argument(
+        "fit",
+        nargs=argparse.REMAINDER,
+        help="after --: more flags for the fit, e.g. -- --data.init_args.prefetch false",
+    )
     args = parser.parse_args(argv)
+    args.fit = [flag for flag in args.fit if flag != "--"]
     if args.updates <= 2 * WARMUP_STEPS:
         parser.error(f"--updates must be > {2 * WARMUP_STEPS} ({WARMUP_STEPS} go untimed), got {args.updates}")
     if args.segment_seconds <= 0 or args.bare_seconds <= 0:
@@ -248,7 +268,9 @@ if __name__ == "__main__":
             f"-> {path}"
         )
         raise SystemExit(0)
-    result = run(args.agent, args.compile, args.updates, args.threads, args.segment_seconds, args.bare_seconds, out)
+    result = run(
+        args.agent, args.compile, args.updates, args.threads, args.segment_seconds, args.bare_seconds, out, args.fit
+    )
     path = out / f"update_cost_{args.agent}_compile-{args.compile}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2) + "\n")

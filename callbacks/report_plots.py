@@ -17,6 +17,7 @@ import lightning.pytorch as pl
 CURVES = (
     ("eval/return_mean", "return per episode", "greedy policy"),
     ("eval/food_mean", "food per game", "greedy policy"),
+    ("eval/x_pos_mean", "x reached (Mario starts at 40)", "greedy policy"),
     ("eval/safety_mae", "mean |V − Monte Carlo|", "learned safety probability V"),
 )
 RANDOM_LABEL = "random policy (uniform actions)"

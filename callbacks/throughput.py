@@ -137,6 +137,9 @@ class ThroughputReport(Callback):
             steady = rates(interval(self._steady, self._last_step_end))
         self.report = self._describe(trainer, pl_module, rates(this_process), rates(whole_run), steady)
         self.report["bare_update"] = self._bare_update(trainer, pl_module, steady or self.report["this_process"])
+        background = getattr(trainer.datamodule, "background_timer", None)
+        if background is not None and background.totals:  # prefetch: the data path's phases off the training thread
+            self.report["background_phases_s"] = dict(background.totals)
         self._dir.mkdir(parents=True, exist_ok=True)
         (self._dir / f"{self.name}.json").write_text(json.dumps(self.report, indent=2) + "\n")
         markdown = self._dir / f"{self.name}.md"
@@ -321,6 +324,7 @@ def to_markdown(report: dict[str, Any]) -> str:
         "the work an earlier one did after that checkpoint is not counted)",
         "- phases: collect, advantage, buffer_write and sample (the data module), update (loss, backward, clip, "
         "optimizer step), eval and checkpoint (the callbacks), other (the rest: loop, hooks, logging, setup)",
+        *_background_lines(report.get("background_phases_s")),
         *_bare_lines(report.get("bare_update"), "steady state" if steady else "this process"),
         "",
         f"| | this process | steady state (after {report['skip_first_steps']} steps) | whole run |",
@@ -328,6 +332,16 @@ def to_markdown(report: dict[str, Any]) -> str:
         *(f"| {label} | {show(this)} | {show(steady) if steady else 'n/a'} | {show(whole)} |" for label, show in rows),
     ]
     return "\n".join(lines) + "\n"
+
+
+def _background_lines(seconds: dict[str, float] | None) -> list[str]:
+    if not seconds:
+        return []
+    phases = ", ".join(f"{phase} {value:.2f} s" for phase, value in seconds.items())
+    return [
+        f"- prefetch: the data path ran in a background thread beside the updates ({phases} this process); the "
+        "training thread's collect is its wait for it"
+    ]
 
 
 def _bare_lines(bare: dict | None, over: str) -> list[str]:

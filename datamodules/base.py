@@ -383,6 +383,7 @@ class RLDataModule(EnvSpecs, pl.LightningDataModule):
         return DataLoader([0], batch_size=None, collate_fn=_identity)
 
     def teardown(self, stage: str) -> None:
+        self.settle()
         if self.collector is not None:
             self.collector.shutdown()
             self.collector = None
@@ -394,15 +395,22 @@ class RLDataModule(EnvSpecs, pl.LightningDataModule):
     def collect(self) -> TensorDictBase:
         """One collector call: ``collect_steps`` steps of every environment (and agent), shaped
         ``[num_envs, collect_steps]`` (``[num_envs, num_agents, collect_steps]`` for a multi-agent environment)."""
-        with self.timer.phase("collect"):
+        batch = self.collect_uncounted(self.timer)
+        self.frames += batch.numel()
+        return batch
+
+    def collect_uncounted(self, timer: PhaseTimer) -> TensorDictBase:
+        """:meth:`collect` without adding to ``frames``, timed into ``timer``: for collection off the training thread
+        (:class:`~datamodules.replay.ReplayDataModule`'s prefetch), whose frames count when the training thread takes
+        them."""
+        with timer.phase("collect"):
             try:
                 batch = next(self._collector_iter)
             except Exception as error:
                 self._raise_if_a_worker_died(error)
                 raise
-        self.frames += batch.numel()
         if self.postprocess is not None:
-            with self.timer.phase("advantage"):
+            with timer.phase("advantage"):
                 self.postprocess(batch)
         return batch
 
@@ -451,6 +459,21 @@ class RLDataModule(EnvSpecs, pl.LightningDataModule):
         """Figures about the data path that the model logs with its losses (the logged steps only). Default: none."""
         return {}
 
+    def settle(self) -> None:
+        """Wait for collection running off the training thread, if any (see ReplayDataModule's ``prefetch``): before
+        a checkpoint, an evaluation or shutting down. Default: there is none."""
+
+    @property
+    def batches_ready(self) -> int:
+        """Training batches that can be served without collecting: the model takes their updates in the same
+        Lightning step (:meth:`modules.base.RLModule.training_step`), taking them with :meth:`next_ready_batch`.
+        Default: none, one update per step."""
+        return 0
+
+    def next_ready_batch(self) -> TensorDictBase:
+        """The next ready batch (see :attr:`batches_ready`)."""
+        raise RuntimeError(f"{type(self).__name__} has no batches ready outside its training stream")
+
     def _batches(self) -> Iterator[TensorDictBase]:
         """Yield training batches forever; subclasses decide how collected frames turn into batches."""
         raise NotImplementedError
@@ -472,6 +495,7 @@ class RLDataModule(EnvSpecs, pl.LightningDataModule):
         In a multi-agent environment an episode is one environment's, and every figure is per agent: ``return_mean``
         is the mean over its agents of each agent's return; the episode lasts until all its agents are done.
         """
+        self.settle()  # nothing else may draw from the global generator while an evaluation seeds it
         env = self._evaluation_env(episodes)
         episodes = env.batch_size[0]
         sums = {key: torch.zeros(episodes, device=env.device) for key in ("reward", *self.episode_metric_keys)}
@@ -505,6 +529,7 @@ class RLDataModule(EnvSpecs, pl.LightningDataModule):
         generator seeded like the boards, so the figure is the same at every call, and the training run's own random
         stream is left where it was.
         """
+        self.settle()
         env = self._evaluation_env(episodes)
         with fixed_seed(self.seed + EVAL_SEED_OFFSET, env.device):
             return self.evaluate(RandomPolicy(env.action_spec), episodes)
@@ -519,6 +544,7 @@ class RLDataModule(EnvSpecs, pl.LightningDataModule):
 
     # ------------------------------------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict[str, Any]:
+        self.settle()
         state = {"frames": self.frames, "samples": self.samples, "rng": rng_state()}
         if self.trainer is not None:
             # The update this state belongs to names the other ranks' files (rank_state_path).

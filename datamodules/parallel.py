@@ -34,7 +34,7 @@ from typing import Any, Literal
 import torch
 from tensordict import TensorDictBase
 from torchrl.collectors import MultiAsyncCollector, MultiSyncCollector
-from torchrl.envs import EnvBase
+from torchrl.envs import Compose, EnvBase, RewardSum
 
 from datamodules.base import check_positive
 from datamodules.replay import ReplayDataModule
@@ -93,6 +93,11 @@ class ParallelReplayDataModule(ReplayDataModule):
         check_positive("envs_per_worker", envs_per_worker)
         if collector not in ("async", "sync"):
             raise ValueError(f"--data.init_args.collector must be async or sync, got {collector!r}")
+        if kwargs.get("prefetch"):
+            raise ValueError(
+                "--data.init_args.prefetch: a ParallelReplayDataModule already collects beside the learner (its worker "
+                "processes); prefetch is datamodules.replay.ReplayDataModule's"
+            )
         if num_envs is not None or env_workers or collector_workers:
             raise ValueError(
                 "--data.init_args.num_envs/env_workers/collector_workers: a ParallelReplayDataModule has num_workers x "
@@ -136,11 +141,17 @@ class ParallelReplayDataModule(ReplayDataModule):
         if self.policy is None:
             raise RuntimeError("the model must call datamodule.connect(policy) in its setup before training starts")
         self.log_dir = workers_log_dir(self.trainer)
+        # Each worker's environments sum their episodes' rewards (TorchRL's RewardSum): the training episodes' return,
+        # which monitor() reports with their other metrics.
+        episode_return = RewardSum()
+        transform = (
+            episode_return if self.env_transform is None else Compose(self.env_transform.clone(), episode_return)
+        )
         make_envs = worker_env_factories(
             self.log_dir,
             self._env_class,
             self._env_options,
-            self.env_transform,
+            transform,
             self.num_workers,
             self.envs_per_worker,
             self.rank_seed,
@@ -212,16 +223,17 @@ class ParallelReplayDataModule(ReplayDataModule):
         metrics, e.g. Mario's ``x_pos``, which the environment writes on an episode's last step)."""
         done = batch.get(("next", "done")).reshape(-1)
         ended = int(done.sum())
-        if ended and self.episode_metric_keys:
-            for key in self.episode_metric_keys:
-                self._episode_sums[key] = self._episode_sums.get(key, 0.0) + float(
+        if ended:
+            for key, name in (("episode_reward", "return"), *((key, key) for key in self.episode_metric_keys)):
+                self._episode_sums[name] = self._episode_sums.get(name, 0.0) + float(
                     batch.get(("next", key)).reshape(-1)[done].sum()
                 )
         self._episodes_ended += ended
 
     def monitor(self) -> dict[str, float]:
         """The seed's monitoring: replay buffer fill, worker batches queued for the buffer, experiences collected,
-        training episodes ended, and their episode metrics (mean over those ended since the last report)."""
+        training episodes ended, and their return and episode metrics (means over those ended since the last report:
+        ``train/return_mean``, and e.g. Mario's ``train/x_pos_mean``)."""
         figures = {
             "data/buffer": float(len(self.buffer)) if self.buffer is not None else 0.0,
             "data/queued_batches": float(self.queued_batches),

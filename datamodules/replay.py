@@ -2,22 +2,71 @@
 
 from __future__ import annotations
 
+import copy
+import threading
 import warnings
 from collections.abc import Callable, Iterator
-from typing import Any
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, NamedTuple
 
 import torch
-from tensordict import TensorDictBase
+from tensordict import TensorDict, TensorDictBase
+from tensordict.nn import TensorDictModuleBase, probabilistic
+from tensordict.utils import _ContextManager
+from torch.compiler import is_compiling
 from torchrl.data import LazyTensorStorage, RandomSampler, TensorDictReplayBuffer
 from torchrl.envs import EnvBase, Transform
 
 from datamodules.base import RLDataModule, check_positive, from_plain, to_plain
 from datamodules.frames import FrameStackStore
 from datamodules.prioritized import ProportionalSampler
+from datamodules.timing import PhaseTimer
 
 # The batches of every update one collection earns are drawn in one call, larger than the buffer's batch size (which
 # stays the size of one update's batch); TorchRL warns about the difference on every such call.
 warnings.filterwarnings("ignore", message="Got conflicting batch_sizes in constructor")
+
+
+# TensorDict keeps its interaction type (which TorchRL's exploration type is) in one process-wide holder, and every
+# TorchRL loss sets it to "deterministic" for the length of its forward pass: a collection running in another thread
+# meanwhile would act greedily (and a loss could read a collector's "random"). The prefetch thread gets a value of its
+# own, as TorchRL 0.14 already does for its recurrent mode (a context variable, read as the plain attribute while
+# Dynamo traces); the training thread's holder, and compiled code, read and write it as before.
+_BACKGROUND = threading.local()  # `interaction_type`: the prefetch thread's own value (set there only)
+
+
+class _PerThreadInteractionType(_ContextManager):
+    def get_mode(self) -> Any:
+        if is_compiling() or not hasattr(_BACKGROUND, "interaction_type"):
+            return super().get_mode()
+        return _BACKGROUND.interaction_type
+
+    def set_mode(self, mode: Any) -> None:
+        if is_compiling() or not hasattr(_BACKGROUND, "interaction_type"):
+            super().set_mode(mode)
+        else:
+            _BACKGROUND.interaction_type = mode
+
+
+def _start_background_thread(threads: int) -> None:
+    """The prefetch thread's start: its own interaction type, and the training thread's intra-op thread count (a new
+    thread starts with OpenMP's default, not the one --threads set)."""
+    holder = probabilistic._interaction_type
+    if type(holder) is _ContextManager:
+        holder.__class__ = _PerThreadInteractionType
+    elif not isinstance(holder, _PerThreadInteractionType):  # tensordict is pinned: fail loudly if this ever moves
+        raise RuntimeError(f"unexpected interaction-type holder {type(holder).__name__}: prefetch cannot isolate it")
+    _BACKGROUND.interaction_type = None  # TorchRL's default: explore
+    torch.set_num_threads(threads)
+
+
+class _Round(NamedTuple):
+    """What one collection earns: the batches of its updates, and the frame counter and update credit after it (the
+    credit counts these batches until they are served)."""
+
+    batches: list[TensorDictBase]
+    frames: int
+    credit: float
 
 
 class ReplayDataModule(RLDataModule):
@@ -48,6 +97,15 @@ class ReplayDataModule(RLDataModule):
             per transition only the ids of its frames (:class:`~datamodules.frames.FrameStackStore`): about one frame
             per transition instead of two whole stacks.
         frame_capacity: frames that store holds; default 1.25 × ``buffer_size`` (the episodes' first frames are extra).
+        prefetch: prepare the next collection's round (collect, write, sample its batches) in a background thread
+            while the model takes this round's updates, so that on a machine with a spare core the update does not
+            wait for the data path; one Lightning step then takes the whole round. The round is collected with a
+            copy of the weights (and ε) taken after the current round's first update, where without prefetch it is
+            collected after the round's last: a lag of one round of updates, the same at every run, so runs stay
+            reproducible and resume exactly. Not with prioritized replay (the
+            next round would be drawn before this round's priorities are written), collector workers (they take the
+            live weights), or models whose update draws random numbers (PIRL, SAC: both threads would draw from the
+            one global generator in an order that varies).
         **kwargs: the base options (``num_envs``, ``collect_steps``, ``device``, ``seed``, ...).
     """
 
@@ -65,6 +123,7 @@ class ReplayDataModule(RLDataModule):
         priority_beta_updates: int = 100_000,
         store_frames_once: bool = False,
         frame_capacity: int | None = None,
+        prefetch: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(env, **kwargs)
@@ -103,6 +162,25 @@ class ReplayDataModule(RLDataModule):
         self.buffer: TensorDictReplayBuffer | None = None
         self.update_credit = 0.0  # updates earned by collected frames and not yet taken
         self.pending: list[TensorDictBase] | None = None  # batches drawn for the coming updates, served in order
+        if prefetch and priority_alpha > 0:
+            raise ValueError(
+                "--data.init_args.prefetch: not with prioritized replay (priority_alpha > 0): the next round would be "
+                "drawn before this round's new priorities are written"
+            )
+        if prefetch and self.collector_workers:
+            raise ValueError(
+                "--data.init_args.prefetch and collector_workers: choose one (collector workers take the live weights "
+                "at every batch, which a background round would read while an update writes them)"
+            )
+        self.prefetch = prefetch
+        #: the phases of the rounds prepared in the background (the training thread's `collect` is its wait for them)
+        self.background_timer = PhaseTimer()
+        self._background: ThreadPoolExecutor | None = None
+        self._next_round: Future | None = None  # the round being prepared in the background
+        self._prepared: _Round | None = None  # a round prepared and not yet taken
+        self._round_updates = 0  # updates taken from the current round
+        self._live_params: TensorDictBase | None = None  # the model's acting policy's weights and buffers (ε) ...
+        self._acting_params: TensorDictBase | None = None  # ... and those of the copy the collector acts with
 
     def setup(self, stage: str) -> None:
         super().setup(stage)
@@ -133,34 +211,108 @@ class ReplayDataModule(RLDataModule):
         """β after ``updates`` updates: ``priority_beta`` rising linearly to 1 over ``priority_beta_updates``."""
         return self.priority_beta + (1.0 - self.priority_beta) * min(updates / self.priority_beta_updates, 1.0)
 
+    def connect(self, policy: TensorDictModuleBase, *args: Any, **kwargs: Any) -> None:
+        if self.prefetch:
+            # The collector acts with a copy, whose weights are set at fixed points (see _start_next_round), never
+            # while an update writes them.
+            live, policy = policy, copy.deepcopy(policy)
+            self._live_params, self._acting_params = TensorDict.from_module(live), TensorDict.from_module(policy)
+        super().connect(policy, *args, **kwargs)
+
+    @property
+    def batches_ready(self) -> int:
+        # With prefetch the model's step takes the whole round (Lightning's per-step work is then paid once per
+        # collection); without it, one update per step, as Lightning callbacks that count steps expect.
+        return len(self.pending) if self.prefetch and self.pending is not None else 0
+
     def _batches(self) -> Iterator[TensorDictBase]:
         while True:
             if self.pending is None:
-                while self.update_credit < 1.0:
-                    batch = self.collect()
-                    with self.timer.phase("buffer_write"):
-                        self._store(batch)
-                    if self.frames >= self.warmup_frames:
-                        self.update_credit += batch.numel() / self.frames_per_update
-                # The buffer does not change until the next collection, so the batches of every update this one
-                # earned are drawn in one call: the same uniform draws as one call per update, for a fraction of
-                # the replay buffer's per-call cost (0.3-0.9 ms, more than the Snake network's forward pass).
-                updates = int(self.update_credit)
-                if self.prioritized:
-                    self.buffer.sampler.beta = self.importance_beta(self.trainer.global_step if self.trainer else 0)
-                with self.timer.phase("sample"):
-                    self.pending = list(self.buffer.sample(updates * self.batch_size).split(self.batch_size))
-            sample = self.pending.pop(0)
-            if not self.pending:
-                self.pending = None
-            self.update_credit -= 1.0
-            self.samples += sample.numel()
-            if self.prioritized:
-                self._served_indices.append(sample["index"])
-            yield sample
+                self.pending = self._take_round()
+            yield self.next_ready_batch()
+
+    def next_ready_batch(self) -> TensorDictBase:
+        """The next of the batches already drawn (``batches_ready`` > 0). The training stream serves them one by one;
+        a model's step takes the rest of a round here directly, past Lightning's DataLoader wrapping (tens of
+        microseconds a batch, a tenth of a small update)."""
+        sample = self.pending.pop(0)
+        if not self.pending:
+            self.pending = None
+        self.update_credit -= 1.0
+        self.samples += sample.numel()
+        if self.prioritized:
+            self._served_indices.append(sample["index"])
+        return sample
+
+    def _take_round(self) -> list[TensorDictBase]:
+        """The batches of the updates the next collection earns: prepared in the background (prefetch) or now."""
+        if self._next_round is not None:
+            with self.timer.phase("collect"):  # the training thread's wait for the background round
+                self._prepared, self._next_round = self._next_round.result(), None
+        if self._prepared is not None:
+            taken, self._prepared = self._prepared, None
+        else:
+            taken = self._prepare_round(self.frames, self.update_credit, self.timer)
+        self.frames, self.update_credit = taken.frames, taken.credit
+        self._round_updates = 0
+        return taken.batches
+
+    def _prepare_round(self, frames: int, credit: float, timer: PhaseTimer) -> _Round:
+        """Collect until an update is earned, write it all to the buffer, and draw the earned updates' batches. Reads
+        and writes no counter of this module (it may run in the background thread): they come in and go out."""
+        while credit < 1.0:
+            batch = self.collect_uncounted(timer)
+            frames += batch.numel()
+            with timer.phase("buffer_write"):
+                self._store(batch)
+            if frames >= self.warmup_frames:
+                credit += batch.numel() / self.frames_per_update
+        # The buffer does not change until the next collection, so the batches of every update this one earned are
+        # drawn in one call: the same uniform draws as one call per update, for a fraction of the replay buffer's
+        # per-call cost (0.3-0.9 ms, more than the Snake network's forward pass).
+        updates = int(credit)
+        if self.prioritized:
+            self.buffer.sampler.beta = self.importance_beta(self.trainer.global_step if self.trainer else 0)
+        with timer.phase("sample"):
+            batches = list(self.buffer.sample(updates * self.batch_size).split(self.batch_size))
+        return _Round(batches, frames, credit)
+
+    def _start_next_round(self) -> None:
+        """Prepare the next round in the background, acting with the weights (and ε) the model has now."""
+        with torch.no_grad():
+            self._acting_params.update_(self._live_params)
+        if self._background is None:
+            self._background = ThreadPoolExecutor(
+                max_workers=1,
+                thread_name_prefix="replay-prefetch",
+                initializer=_start_background_thread,
+                initargs=(torch.get_num_threads(),),
+            )
+        # The credit left once this round's batches are served is where the next round's collection starts from.
+        credit = self.update_credit - len(self.pending or ())
+        self._next_round = self._background.submit(self._prepare_round, self.frames, credit, self.background_timer)
+
+    def settle(self) -> None:
+        if self._next_round is not None:
+            with self.timer.phase("collect"):
+                self._prepared, self._next_round = self._next_round.result(), None
+
+    def teardown(self, stage: str) -> None:
+        if self._next_round is not None:  # after an error too: wait for the thread, without raising its error again
+            self._next_round.exception()
+            self._next_round = None
+        if self._background is not None:
+            self._background.shutdown()
+            self._background = None
+        super().teardown(stage)
 
     def after_update(self, priority: torch.Tensor | None = None) -> None:
         super().after_update(priority)
+        self._round_updates += 1
+        # From the end of a round's first update (not before it: the first update of a process compiles the loss, and
+        # TorchRL's storage misreads torch.compiler.is_compiling() from another thread while a compilation runs).
+        if self.prefetch and self._round_updates == 1 and self._next_round is None and self._prepared is None:
+            self._start_next_round()
         if self.prioritized:
             if priority is None:
                 raise ValueError(
@@ -187,6 +339,14 @@ class ReplayDataModule(RLDataModule):
         state = super().state_dict()
         state["update_credit"] = self.update_credit
         state["pending"] = None if self.pending is None else [to_plain(batch) for batch in self.pending]
+        state["round_updates"] = self._round_updates
+        if self._prepared is not None:  # the next round, prepared in the background (settled by the base's state_dict)
+            prepared = self._prepared
+            state["prepared"] = {
+                "batches": [to_plain(batch) for batch in prepared.batches],
+                "frames": prepared.frames,
+                "credit": prepared.credit,
+            }
         if self.buffer is not None and len(self.buffer) > 0:
             state["buffer"] = self.buffer.state_dict()
         if self.store_transform is not None:
@@ -197,6 +357,12 @@ class ReplayDataModule(RLDataModule):
         self.update_credit = state_dict["update_credit"]
         pending = state_dict["pending"]
         self.pending = None if pending is None else [from_plain(b, batch_dims=1, device=self.device) for b in pending]
+        self._round_updates = state_dict.get("round_updates", 0)
+        prepared = state_dict.get("prepared")
+        self._prepared = None
+        if prepared is not None:
+            batches = [from_plain(b, batch_dims=1, device=self.device) for b in prepared["batches"]]
+            self._prepared = _Round(batches, prepared["frames"], prepared["credit"])
         if "buffer" in state_dict:
             if self.buffer is None:
                 raise RuntimeError("the replay buffer is created in setup(); load the data module state after it")

@@ -211,9 +211,21 @@ class RLModule(pl.LightningModule):
         # dynamic=False: every update sees the same batch shape; a dynamic-shape graph would only be slower.
         return torch.compile(function, options=options, dynamic=False)
 
+    #: Whether the update draws random numbers (PIRL's collocation points, SAC's sampled actions): then collection
+    #: cannot run beside it in another thread (ReplayDataModule's ``prefetch``) without both drawing from the global
+    #: generator in an order that changes from run to run.
+    update_draws_random = False
+
     def check_datamodule(self, datamodule: Any) -> None:
         """Raise a ValueError naming the flag when this model cannot train on ``datamodule`` (the CLI calls this right
-        after building both, so the error comes before any output folder exists)."""
+        after building both, so the error comes before any output folder exists; ``setup`` calls it again for a
+        Trainer driven directly). Subclasses extend it."""
+        if getattr(datamodule, "prefetch", False) and self.update_draws_random:
+            raise ValueError(
+                f"--data.init_args.prefetch: {type(self).__name__}'s update draws random numbers, and a round "
+                "collected beside it would draw from the same generator in an order that varies, so runs would not "
+                "repeat; use prefetch false"
+            )
 
     def env_transform(self) -> Transform | None:
         """A TorchRL transform every environment the policy acts in must carry (a recurrent policy's episode-start
@@ -223,6 +235,7 @@ class RLModule(pl.LightningModule):
     def setup(self, stage: str) -> None:
         self.datamodule.use_env_transform(self.env_transform())
         if stage == "fit":
+            self.check_datamodule(self.datamodule)
             self.datamodule.connect(self.policy(), self.postprocess, self.batch_keys(), self.store_transform())
 
     def trainable_parameters(self) -> list[nn.Parameter]:
@@ -278,14 +291,47 @@ class RLModule(pl.LightningModule):
                 group["lr"] = group["base_lr"] * factor
 
     def training_step(self, dataloader_iter: Iterator) -> torch.Tensor:
-        """One update. The batch is fetched here, not by Lightning, so that nothing is collected ahead of the
-        weights: Lightning's default loop prefetches the next batch, which would step the environments with a
-        policy one update stale and put that extra collection inside the checkpoint a resumed run starts from.
-        With ``accumulate_grad_batches`` k, the update fetches and accumulates k batches.
+        """The updates whose batches are ready. The batches are fetched here, not by Lightning, so that nothing is
+        collected ahead of the weights: Lightning's default loop prefetches the next batch, which would step the
+        environments with a policy one update stale and put that extra collection inside the checkpoint a resumed run
+        starts from. With ``accumulate_grad_batches`` k, an update fetches and accumulates k batches.
+
+        One Lightning step also takes every further update the data module has batches ready for without collecting
+        (``batches_ready``: a replay module with prefetch, whose round holds the batches of all the updates a
+        collection earns): Lightning's own per-step work (its loop, hooks and logger connector, ~0.2 ms on a CPU) is
+        then paid once per collection, not once per update. Such a step still ends at a logging step and at
+        ``max_steps``, and ``global_step`` counts updates.
         """
+        updates_before = self.global_step
+        # The step's first batches come through Lightning's iterator (which collects when nothing is ready); the rest
+        # are the data module's, already drawn.
         batches = [next(dataloader_iter)[0] for _ in range(self.accumulate_grad_batches)]
+        while True:
+            loss = self._update_and_log(batches)
+            if not self._next_update_in_this_step():
+                break
+            batches = [self.datamodule.next_ready_batch() for _ in range(self.accumulate_grad_batches)]
+        # Lightning counts one "batch that stepped" per training_step and logs metrics at that count: keep it equal to
+        # the update count (metrics.csv's step column, and the logging steps, in updates as before).
+        self.trainer.fit_loop.epoch_loop._batches_that_stepped += self.global_step - updates_before - 1
+        return loss
+
+    def _next_update_in_this_step(self) -> bool:
+        """Whether the next update joins this Lightning step: its batches are ready without collecting, and this step
+        has not reached a logging step (Lightning writes the logged metrics at the end of the step) or ``max_steps``."""
+        update, trainer = self.global_step, self.trainer
+        return (
+            self.datamodule.batches_ready >= self.accumulate_grad_batches
+            and (trainer.log_every_n_steps == 0 or update % trainer.log_every_n_steps != 0)
+            and (trainer.max_steps < 0 or update < trainer.max_steps)
+            and not trainer.should_stop
+        )
+
+    def _update_and_log(self, batches: list[TensorDictBase]) -> torch.Tensor:
+        """One update on ``batches`` (accumulated), its finiteness check, and its metrics on logging steps."""
         batch = batches[-1]
         update = self.global_step  # the index of this update; global_step counts it once the step is taken
+        self.before_update()
         with self.datamodule.timer.phase("update"):
             loss, losses = self.update(batches)
         if update % self.check_finite_every == 0 and not torch.isfinite(loss):
@@ -307,6 +353,9 @@ class RLModule(pl.LightningModule):
             self.log("train/loss", loss, prog_bar=True, batch_size=batch.numel())
             self.log_dict(metrics, batch_size=batch.numel())
         return loss
+
+    def before_update(self) -> None:
+        """Called before each update (several may share one Lightning step): what depends on the update count."""
 
     def update(self, batches: list[TensorDictBase]) -> tuple[torch.Tensor, TensorDictBase]:
         """Loss and backward of each batch (each loss divided by their number, so the gradients sum to those of

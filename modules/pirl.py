@@ -58,6 +58,8 @@ class PhysicsInformedDQN(DQN):
         lr_end, lr_frames: see :class:`~modules.base.RLModule` (a cosine learning-rate decay in frames).
     """
 
+    update_draws_random = True  # collocation points, drawn in every update
+
     def __init__(
         self,
         observation_spec: Any,

@@ -125,6 +125,7 @@ class RecurrentPPO(RLModule):
 
     def check_datamodule(self, datamodule: Any) -> None:
         """Segments to train on, and a grid that holds the environment's token layout."""
+        super().check_datamodule(datamodule)
         if not getattr(datamodule, "bptt", 0):
             raise ValueError(
                 "--model RecurrentPPO trains on sequence segments: set --data.init_args.bptt (a rollout data module)"
@@ -150,7 +151,6 @@ class RecurrentPPO(RLModule):
     def setup(self, stage: str) -> None:
         super().setup(stage)
         if stage == "fit":
-            self.check_datamodule(self.datamodule)  # for a Trainer driven directly, without the CLI
             self._take_feature_scale(self.datamodule.observation_layout.scale)
 
     def _take_feature_scale(self, feature_scale: Any) -> None:

@@ -95,6 +95,8 @@ class SAC(RLModule):
         lr_end, lr_frames: see :class:`~modules.base.RLModule` (a cosine learning-rate decay in frames).
     """
 
+    update_draws_random = True  # the reparameterised actions of the actor loss
+
     target_networks = ("qvalue_network",)
 
     def __init__(
@@ -237,11 +239,13 @@ class SAC(RLModule):
 
     def on_train_batch_start(self, batch: object, batch_idx: int) -> None:
         super().on_train_batch_start(batch, batch_idx)
+        progress = min(self.datamodule.frames / self.bc_weight_frames, 1.0)
+        self.bc_weight.fill_(self.bc_weight_initial * (1.0 - progress))
+
+    def before_update(self) -> None:
         # From the restored update counter, so a resumed run holds the actor back exactly as long.
         warming_up = self.global_step < self.actor_warmup_updates
         self.held_losses = frozenset({"loss_actor", "loss_bc"}) if warming_up else frozenset()
-        progress = min(self.datamodule.frames / self.bc_weight_frames, 1.0)
-        self.bc_weight.fill_(self.bc_weight_initial * (1.0 - progress))
 
     def on_update(self) -> None:
         self.soft_update()

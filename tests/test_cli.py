@@ -71,6 +71,14 @@ def test_print_config_resolves_composed_configs_and_overrides(tmp_path):
         (["--data.init_args.batch_sise", "8"], "batch_sise"),
         (["--threads", "0"], "--threads must be >= 1, got 0"),
         (["--model.init_args.n_steps", "0"], "--model.init_args.n_steps must be >= 1, got 0"),
+        (
+            ["--data.init_args.prefetch", "true", "--data.init_args.priority_alpha", "0.6"],
+            "--data.init_args.prefetch: not with prioritized replay (priority_alpha > 0)",
+        ),
+        (
+            ["--data.init_args.prefetch", "true", "--data.init_args.collector_workers", "2"],
+            "--data.init_args.prefetch and collector_workers: choose one",
+        ),
     ],
 )
 def test_bad_input_exits_with_one_clear_message_before_any_output(tmp_path, args, message):
@@ -257,3 +265,12 @@ def test_a_7x7_board_fits_the_shipped_snake_config_without_a_margin_override(tmp
     assert checkpoint["global_step"] == 5
     assert checkpoint["state_dict"]["q_network.1.0.weight"].shape == (256, 3 * 7 * 7)  # sized by the 7x7 board
     assert checkpoint["ReplayDataModule"]["env"]["board"].shape[1] == 3 * 7 * 7 + 1
+
+
+@pytest.mark.parametrize("configs", [["pirl_toy.yaml"], ["racing_sac.yaml", "bench/sac_scratch.yaml"]])
+def test_prefetch_is_refused_for_an_update_that_draws_random_numbers(tmp_path, configs):
+    paths = [arg for name in configs for arg in ("--config", str(ROOT / "configs" / name))]
+    result = run_app("fit", *paths, "--data.init_args.prefetch", "true", cwd=tmp_path)
+    assert_one_error_line(result.returncode, result.stderr, result.stderr.strip().splitlines()[-1][len("error: ") :])
+    assert "--data.init_args.prefetch:" in result.stderr and "draws random numbers" in result.stderr
+    assert not (tmp_path / "runs").exists()

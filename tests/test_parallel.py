@@ -37,6 +37,27 @@ def test_the_learner_trains_on_what_the_workers_deliver_and_stores_every_frame(t
     assert (tmp_path / "collector_workers" / "worker0.log").exists()
 
 
+def test_the_training_episodes_return_is_each_episodes_own_reward_sum(tmp_path, monkeypatch):
+    # The chain pays 1 on reaching its end and nothing else, so an episode's return is 1 if it ended there
+    # (terminated) and 0 if it ran out of steps: the workers' RewardSum must restart at every episode.
+    ended = {"episodes": 0, "terminated": 0}
+    count = ParallelReplayDataModule._count_episodes
+
+    def count_and_check(self, batch):
+        done = batch["next", "done"].reshape(-1)
+        ended["episodes"] += int(done.sum())
+        ended["terminated"] += int(batch["next", "terminated"].reshape(-1)[done].sum())
+        count(self, batch)
+
+    monkeypatch.setattr(ParallelReplayDataModule, "_count_episodes", count_and_check)
+    config = parallel_config(tmp_path)
+    config["trainer"].update(max_steps=80, log_every_n_steps=1000)  # nothing reads the figures before the end
+    data = fit(write_config(config, tmp_path / "c.yaml")).datamodule
+    figures = data.monitor()
+    assert ended["episodes"] >= 4 and figures["data/episodes"] == ended["episodes"]  # >= 160 frames, 30-step cap
+    assert figures["train/return_mean"] == pytest.approx(ended["terminated"] / ended["episodes"])
+
+
 def test_weights_pushed_by_the_learner_reach_the_workers(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     data = ParallelReplayDataModule(
@@ -166,10 +187,12 @@ def test_monitor_reports_the_buffer_the_queue_and_the_ended_episodes_metrics(tmp
     data.episode_metric_keys = ("x_pos",)  # as Mario's env declares it
     done = torch.tensor([[False, True, False], [True, False, True]]).unsqueeze(-1)
     x_pos = torch.tensor([[0.0, 300.0, 0.0], [120.0, 0.0, 90.0]]).unsqueeze(-1)
-    batch = TensorDict({"next": {"done": done, "x_pos": x_pos}}, batch_size=[2, 3])
+    returns = torch.tensor([[1.0, 45.0, 0.0], [-3.0, 0.0, 12.0]]).unsqueeze(-1)  # RewardSum's running sums
+    batch = TensorDict({"next": {"done": done, "x_pos": x_pos, "episode_reward": returns}}, batch_size=[2, 3])
     data._count_episodes(batch)
     figures = data.monitor()
     assert figures["data/episodes"] == 3 and figures["train/x_pos_mean"] == pytest.approx(170.0)
+    assert figures["train/return_mean"] == pytest.approx(18.0)  # (45 - 3 + 12) / 3
     assert figures["data/queued_batches"] == 0 and figures["data/buffer"] == 0
     # Each report covers the episodes ended since the one before: none since, so no episode mean.
     assert "train/x_pos_mean" not in data.monitor()

@@ -17,13 +17,15 @@ from callbacks.schedule import AtomicCheckpointIO
 from tests.helpers import chain_config, fit, weights, write_config
 
 
-@pytest.mark.parametrize("agent", ["dqn", "dqn-3-step", "dqn-prioritized", "ppo", "recurrent"])
+@pytest.mark.parametrize("agent", ["dqn", "dqn-3-step", "dqn-prioritized", "dqn-prefetch", "ppo", "recurrent"])
 def test_resumed_run_ends_with_identical_weights(tmp_path, agent):
     # PPO: 8 envs x 16 steps = 128 frames per rollout, 4 minibatches x 2 epochs = 8 updates per rollout; stopping
     # at update 36 interrupts a rollout in its middle, so the saved rollout and minibatch order are exercised.
     # DQN: 8 frames per collect and 2 frames per update; the checkpoint also carries the replay buffer, and with
     # 3-step returns each environment's window of its last steps, which the next writes complete; with prioritized
     # replay every slot's priority, the largest priority seen and β's schedule.
+    # With prefetch, each round is collected, written and drawn in a background thread while the previous round's
+    # updates run, and the checkpoint (at update 50, inside a round of 4) also carries the round prepared next.
     # Recurrent PPO: 8 envs x 4 agents x 16 steps = 512 frames, 4 segment minibatches x 2 epochs = 8 updates per
     # rollout; the checkpoint also carries every agent's LSTM state, which the next rollout starts from.
     half = {"ppo": 36, "recurrent": 12}.get(agent, 50)
@@ -34,6 +36,9 @@ def test_resumed_run_ends_with_identical_weights(tmp_path, agent):
             config["model"]["init_args"]["n_steps"] = 3
         if agent == "dqn-prioritized":
             config["data"]["init_args"].update(priority_alpha=0.7, priority_beta=0.4, priority_beta_updates=150)
+        if agent == "dqn-prefetch":
+            config["data"]["init_args"]["prefetch"] = True
+            config["trainer"]["log_every_n_steps"] = 7  # rounds of 4 updates, cut at the logging steps too
         return config
 
     fit(write_config(config(tmp_path / "full"), tmp_path / "full.yaml"), "--trainer.max_steps", str(2 * half))
@@ -166,6 +171,25 @@ def test_ckpt_path_last_continues_the_newest_run_of_a_shipped_config_in_its_fold
     assert eval_steps == sorted(set(eval_steps)) and eval_steps[0] == 0 and eval_steps[-1] == 40
     checkpoint = torch.load(run_dir / "checkpoints/last.ckpt", weights_only=True)
     assert checkpoint["global_step"] == 40
+
+
+def test_a_step_takes_every_update_a_collection_earns_and_logs_and_resumes_in_updates(tmp_path):
+    # 8 boards and 2 frames per update: each collection earns 4 updates, which one Lightning step takes (with prefetch,
+    # the next collection runs beside them). Steps still end at the logging steps (every 5 updates) and at max_steps,
+    # so metrics.csv counts updates as with one update per step, and a resume continues the run in its folder.
+    runs, run_dir = tmp_path / "runs", tmp_path / "runs/snake_dqn/version_0"
+    rounds = ("--data.init_args.frames_per_update", "2", "--data.init_args.prefetch", "true")
+    cli = fit_shipped("snake_dqn", runs, *rounds, "--trainer.max_steps", "22")
+    assert cli.trainer.global_step == 22
+    steps_taken = cli.trainer.fit_loop.epoch_loop.batch_progress.total.completed
+    assert steps_taken < 22 / 2  # several updates per Lightning step
+
+    cli = fit_shipped("snake_dqn", runs, *rounds, "--trainer.max_steps", "43", "--ckpt_path", "last")
+
+    assert start_step(cli) == 22 and cli.trainer.global_step == 43
+    rows = metrics_rows(run_dir)
+    assert [int(row["step"]) for row in rows if row["train/loss"]] == [4, 9, 14, 19, 24, 29, 34, 39]
+    assert all(row["train/epsilon"] for row in rows if row["train/loss"])
 
 
 def test_resume_from_a_mid_run_checkpoint_rewrites_the_lost_rows_exactly(tmp_path):
