@@ -42,16 +42,16 @@ from metta_env_speed import main as env_speed  # noqa: E402
 from app.cli import build  # noqa: E402
 
 CONFIG = "configs/metta_ppo.yaml"
-MODES = {
-    "in-process": [],
-    "env_workers": ["--data.init_args.env_workers"],
-    "collector_workers": ["--data.init_args.collector_workers"],
-}
+MODES = ("in-process", "env_workers", "collector_workers")
 
 
 def mode_flags(mode: str, workers: int) -> list[str]:
-    flags = MODES[mode]
-    return [flags[0], str(workers)] if flags else ["--data.init_args.env_workers", "0"]
+    """Both worker options, set explicitly: the shipped config's own choice (collector_workers) must not leak into the
+    other modes."""
+    return [
+        *("--data.init_args.env_workers", str(workers if mode == "env_workers" else 0)),
+        *("--data.init_args.collector_workers", str(workers if mode == "collector_workers" else 0)),
+    ]
 
 
 def collection(mode: str, workers: int, batches: int) -> float:

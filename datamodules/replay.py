@@ -102,10 +102,10 @@ class ReplayDataModule(RLDataModule):
             wait for the data path; one Lightning step then takes the whole round. The round is collected with a
             copy of the weights (and ε) taken after the current round's first update, where without prefetch it is
             collected after the round's last: a lag of one round of updates, the same at every run, so runs stay
-            reproducible and resume exactly. Not with prioritized replay (the
-            next round would be drawn before this round's priorities are written), collector workers (they take the
-            live weights), or models whose update draws random numbers (PIRL, SAC: both threads would draw from the
-            one global generator in an order that varies).
+            reproducible and resume exactly. Not with prioritized replay (the next round would be drawn before this
+            round's priorities are written), collector workers (they take the live weights), or models whose update
+            draws random numbers (PIRL, SAC: both threads would draw from the one global generator in an order that
+            varies).
         **kwargs: the base options (``num_envs``, ``collect_steps``, ``device``, ``seed``, ...).
     """
 
