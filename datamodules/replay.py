@@ -13,7 +13,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import TensorDictModuleBase, probabilistic
 from tensordict.utils import _ContextManager
-from torch.compiler import is_compiling
+from torch.compiler import is_dynamo_compiling
 from torchrl.data import LazyTensorStorage, RandomSampler, TensorDictReplayBuffer
 from torchrl.envs import EnvBase, Transform
 
@@ -36,13 +36,16 @@ _BACKGROUND = threading.local()  # `interaction_type`: the prefetch thread's own
 
 
 class _PerThreadInteractionType(_ContextManager):
+    # is_dynamo_compiling(), not is_compiling(): the latter is a process-wide flag, True in every thread while any
+    # thread compiles, which would hand the prefetch thread the training thread's value during a recompilation;
+    # the former is False at run time in every thread and True only while Dynamo traces.
     def get_mode(self) -> Any:
-        if is_compiling() or not hasattr(_BACKGROUND, "interaction_type"):
+        if is_dynamo_compiling() or not hasattr(_BACKGROUND, "interaction_type"):
             return super().get_mode()
         return _BACKGROUND.interaction_type
 
     def set_mode(self, mode: Any) -> None:
-        if is_compiling() or not hasattr(_BACKGROUND, "interaction_type"):
+        if is_dynamo_compiling() or not hasattr(_BACKGROUND, "interaction_type"):
             super().set_mode(mode)
         else:
             _BACKGROUND.interaction_type = mode
@@ -196,7 +199,12 @@ class ReplayDataModule(RLDataModule):
                 else None
             )
             self.buffer = TensorDictReplayBuffer(
-                storage=LazyTensorStorage(self.buffer_size, device=self.device),
+                # compilable: the storage keeps its length as a plain int. The default keeps it in a multiprocessing
+                # Value, which its setter replaces by an int whenever torch.compiler.is_compiling() reads True; that
+                # flag is process-wide, so a compilation in the training thread (a recompiled loss) broke a prefetch
+                # thread's writes ("'int' object has no attribute 'value'"). The buffer is never shared between
+                # processes, which is what the Value is for.
+                storage=LazyTensorStorage(self.buffer_size, device=self.device, compilable=True),
                 sampler=sampler,
                 priority_key="td_error",
                 batch_size=self.batch_size,
@@ -310,7 +318,7 @@ class ReplayDataModule(RLDataModule):
         super().after_update(priority)
         self._round_updates += 1
         # From the end of a round's first update (not before it: the first update of a process compiles the loss, and
-        # TorchRL's storage misreads torch.compiler.is_compiling() from another thread while a compilation runs).
+        # while it compiles, torch.compiler.is_compiling() reads True in every thread, which TorchRL's code consults).
         if self.prefetch and self._round_updates == 1 and self._next_round is None and self._prepared is None:
             self._start_next_round()
         if self.prioritized:

@@ -96,8 +96,7 @@ def bare_dqn(model: Any, data: Any) -> Callable[[int], torch.Tensor]:
             physics = physics_losses(
                 online,
                 data.physics,
-                batch["observation"],
-                model.collocation_points,
+                data.physics.collocation(model.collocation_points, batch["observation"]),
                 model.pde_weight,
                 model.boundary_weight,
                 model.gradient_method,
@@ -156,7 +155,8 @@ def framework_free_update(model: Any, data: Any) -> Callable[[int], torch.Tensor
     batches = [as_replay_sample(batch) for batch in batch_pool(data, data.batch_size)]
 
     def step(i: int) -> torch.Tensor:
-        total = sum(value for key, value in loss(batches[i % len(batches)]).items() if key.startswith("loss"))
+        batch = batches[i % len(batches)]
+        total = sum(value for key, value in loss(batch, **model.loss_draws(batch)).items() if key.startswith("loss"))
         total.backward()
         optimizer_step()
         if model.target_networks and getattr(model, "target_update", "soft") == "soft":

@@ -183,6 +183,12 @@ class RLModule(pl.LightningModule):
         would be decided once for every model in the process."""
         return self.loss
 
+    def loss_draws(self, batch: TensorDictBase) -> dict[str, Any]:
+        """The random inputs of the loss beyond its batch (PIRL's collocation points), passed to it as keyword
+        arguments: drawn here, eagerly, before the compiled loss, from a generator of the model's own, so that an
+        update never draws from the global generator that a prefetch thread collects with. Default: none."""
+        return {}
+
     def on_update(self) -> None:
         """Called after each optimizer step (target-network updates and the like)."""
 
@@ -199,7 +205,7 @@ class RLModule(pl.LightningModule):
         """
         if not self.compile_mode:
             return function
-        # Random ops inside the update (PIRL's collocation points) draw from the global generator as in eager, so a
+        # Random ops inside the update (SAC's sampled actions) draw from the global generator as in eager, so a
         # compiled run takes the same random numbers as an eager one and checkpoints' RNG states mean the same.
         torch._inductor.config.fallback_random = True
         mode = "default" if self.compile_mode is True else self.compile_mode
@@ -208,12 +214,19 @@ class RLModule(pl.LightningModule):
         # update calls the loss with the same code, modules and flags every time, so the guards on the model are dropped
         # (_batch_guards): a batch of another shape, or with other entries, still recompiles.
         options = {**torch._inductor.list_mode_options(mode), "guard_filter_fn": _batch_guards}
+        if self.device.type == "cpu":
+            # Inductor's default wrapper is Python: between two of the graph's kernels it returns to the interpreter
+            # and takes the GIL back, and while a prefetch thread holds the GIL (its collection is mostly Python) the
+            # update waits. The C++ wrapper runs the whole graph without the interpreter: the DQN update beside a
+            # prefetch thread went from 1.11 to 1.05 times its bare arithmetic, and alone from 0.94 to 0.91
+            # (BENCHMARKS.md), for about a second more compilation.
+            options["cpp_wrapper"] = True
         # dynamic=False: every update sees the same batch shape; a dynamic-shape graph would only be slower.
         return torch.compile(function, options=options, dynamic=False)
 
-    #: Whether the update draws random numbers (PIRL's collocation points, SAC's sampled actions): then collection
-    #: cannot run beside it in another thread (ReplayDataModule's ``prefetch``) without both drawing from the global
-    #: generator in an order that changes from run to run.
+    #: Whether the update draws from the global generator (SAC's sampled actions; PIRL draws its collocation points
+    #: from its own, see loss_draws): then collection cannot run beside it in another thread (ReplayDataModule's
+    #: ``prefetch``) without both drawing from the global generator in an order that changes from run to run.
     update_draws_random = False
 
     def check_datamodule(self, datamodule: Any) -> None:
@@ -364,7 +377,7 @@ class RLModule(pl.LightningModule):
         few logged steps need)."""
         total, td_errors = None, []
         for batch in batches:
-            losses = self._compiled_loss(batch)
+            losses = self._compiled_loss(batch, **self.loss_draws(batch))
             # Outside the compiled function, so that holding a term back never selects a stale compiled graph.
             loss = sum(value for key, value in losses.items() if key.startswith("loss") and key not in self.held_losses)
             # Through Lightning, which prepares DDP's gradient all-reduce and runs the backward hooks of callbacks.

@@ -62,8 +62,7 @@ _eager_pde_residual = torch.compiler.disable(pde_residual)
 def physics_losses(
     q_network: Callable[[torch.Tensor], torch.Tensor],
     physics: Any,
-    replay_states: torch.Tensor,
-    points: int,
+    collocation: dict[str, torch.Tensor],
     pde_weight: float,
     boundary_weight: float,
     method: Literal["autograd", "func"] = "autograd",
@@ -73,14 +72,12 @@ def physics_losses(
 
     Args:
         q_network: ``states [n, d] -> Q [n, actions]`` (safety probabilities).
-        physics: the environment's dynamics and collocation domain (``datamodules.envs.physics``).
-        replay_states: a replay batch's states; collocation points copy their waypoint dimensions.
-        points: interior points, and as many terminal and unsafe boundary points.
+        physics: the environment's dynamics (``datamodules.envs.physics``).
+        collocation: the points, drawn by ``physics.collocation``: ``interior``, ``terminal`` and ``unsafe``.
         pde_weight: weight of the mean squared residual ``∇ₓV · f(x, a*)`` at the interior points.
         boundary_weight: weight of ``(V − 1)²`` at τ = 0 plus ``V²`` on the unsafe boundary.
         method: how ``∇ₓV`` is computed (see :func:`pde_residual`).
     """
-    collocation = physics.collocation(points, replay_states)
     losses = {}
     if pde_weight > 0:
         residual = _eager_pde_residual(q_network, collocation["interior"], physics.drift, method)

@@ -58,8 +58,6 @@ class PhysicsInformedDQN(DQN):
         lr_end, lr_frames: see :class:`~modules.base.RLModule` (a cosine learning-rate decay in frames).
     """
 
-    update_draws_random = True  # collocation points, drawn in every update
-
     def __init__(
         self,
         observation_spec: Any,
@@ -118,6 +116,14 @@ class PhysicsInformedDQN(DQN):
         self.pde_weight, self.boundary_weight = pde_weight, boundary_weight
         self.collocation_points, self.gradient_method = collocation_points, gradient
         self.physics: Any = None  # taken from the data module in setup
+        # The loss reads the target weights through TensorDict's to_module, which hands them back as Parameters the
+        # first time (TorchRL keeps plain tensors): one pass here, so that the compiled loss, which guards on their
+        # type, does not compile a second time at its second call.
+        with self.loss_module.target_value_network_params.to_module(self.loss_module.value_network):
+            pass
+        # The collocation points' own generator (see loss_draws), seeded from the global one (seed_everything) and
+        # carried by checkpoints.
+        self.collocation_generator = torch.Generator().manual_seed(int(torch.randint(2**62, ())))
 
     def make_q_network(self, observation_shape: torch.Size, hidden_sizes: Sequence[int], num_actions: int) -> nn.Module:
         if len(observation_shape) != 1:
@@ -137,7 +143,13 @@ class PhysicsInformedDQN(DQN):
         """Safety probability ``V(x) = maxₐ Q(x, a)``."""
         return self.q_network(states).max(-1).values
 
-    def loss(self, batch: TensorDictBase) -> TensorDictBase:
+    def loss_draws(self, batch: TensorDictBase) -> dict[str, Any]:
+        """This update's collocation points, from the model's own generator."""
+        points = self.physics.collocation(self.collocation_points, batch["observation"], self.collocation_generator)
+        return {"collocation": points}
+
+    def loss(self, batch: TensorDictBase, collocation: dict[str, torch.Tensor] | None = None) -> TensorDictBase:
+        """The DQN error and the physics terms at ``collocation`` (drawn by :meth:`loss_draws` when not given)."""
         # The DQN error with discount 1: Q(s, a) against r + (1 − terminated) · maxₐ' Q_target(s', a') (Double DQN:
         # Q_target(s', argmaxₐ' Q(s', a'))). Written out rather than through DQNLoss.forward, which costs twice as
         # much on this small network (1.0 vs 2.0 ms, benchmarks/pirl_step.py); the target weights are still
@@ -162,10 +174,18 @@ class PhysicsInformedDQN(DQN):
         physics = physics_losses(
             self.q_network,
             self.physics,
-            batch["observation"],
-            self.collocation_points,
+            collocation if collocation is not None else self.loss_draws(batch)["collocation"],
             self.pde_weight,
             self.boundary_weight,
             self.gradient_method,
         )
         return TensorDict({"loss": dqn_error, **physics, "td_error": td_error})
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_save_checkpoint(checkpoint)
+        checkpoint["collocation_generator"] = self.collocation_generator.get_state()
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_load_checkpoint(checkpoint)
+        if "collocation_generator" in checkpoint:  # absent from checkpoints written before it existed
+            self.collocation_generator.set_state(checkpoint["collocation_generator"])

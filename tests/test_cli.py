@@ -267,9 +267,13 @@ def test_a_7x7_board_fits_the_shipped_snake_config_without_a_margin_override(tmp
     assert checkpoint["ReplayDataModule"]["env"]["board"].shape[1] == 3 * 7 * 7 + 1
 
 
-@pytest.mark.parametrize("configs", [["pirl_toy.yaml"], ["racing_sac.yaml", "bench/sac_scratch.yaml"]])
-def test_prefetch_is_refused_for_an_update_that_draws_random_numbers(tmp_path, configs):
-    paths = [arg for name in configs for arg in ("--config", str(ROOT / "configs" / name))]
+def test_prefetch_is_refused_for_an_update_that_draws_random_numbers(tmp_path):
+    # SAC's actor loss samples actions from the global generator (PIRL draws its points from a generator of its own).
+    paths = [
+        arg
+        for name in ("racing_sac.yaml", "bench/sac_scratch.yaml")
+        for arg in ("--config", str(ROOT / "configs" / name))
+    ]
     result = run_app("fit", *paths, "--data.init_args.prefetch", "true", cwd=tmp_path)
     assert_one_error_line(result.returncode, result.stderr, result.stderr.strip().splitlines()[-1][len("error: ") :])
     assert "--data.init_args.prefetch:" in result.stderr and "draws random numbers" in result.stderr

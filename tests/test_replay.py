@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 
 import pytest
 import torch
 from torchrl.collectors import RandomPolicy
-from torchrl.envs import MultiStepTransform
+from torchrl.envs import ExplorationType, MultiStepTransform, exploration_type, set_exploration_type
 
 from app.cli import build
 from datamodules.envs.chain import ChainEnv
+from datamodules.replay import _start_background_thread
 from datamodules.rollout import RolloutDataModule
 from tests.helpers import chain_config, fit, write_config
 
@@ -96,3 +98,23 @@ def test_a_store_transform_is_refused_by_the_on_policy_data_module():
     )
     with pytest.raises(ValueError, match="need a replay data module"):
         data.connect(RandomPolicy(data.action_spec), None, None, MultiStepTransform(3, 0.9))
+
+
+def test_a_compilation_elsewhere_in_the_process_does_not_derail_a_prefetch_round(tmp_path, monkeypatch):
+    # While any thread compiles, torch.compiler.is_compiling() reads True in every thread (one process-wide flag), and
+    # TorchRL's code consults it. A round being prepared in the prefetch thread meanwhile (the loss recompiles on its
+    # second call, right when the first background round starts) must still write the replay buffer as usual and act
+    # with its own exploration type, not the "deterministic" a TorchRL loss sets during its forward pass.
+    config = chain_config("dqn", tmp_path, prefetch=True)
+    data = fit(write_config(config, tmp_path / "c.yaml"), "--trainer.max_steps", "4").datamodule
+    batch = data.buffer.sample(8)
+    stored = len(data.buffer)
+    monkeypatch.setattr(torch.compiler, "_is_compiling_flag", True)
+    with ThreadPoolExecutor(1, initializer=_start_background_thread, initargs=(1,)) as thread:
+        thread.submit(data.buffer.extend, batch).result()
+        with set_exploration_type(ExplorationType.DETERMINISTIC):
+            mode = thread.submit(exploration_type).result()
+    monkeypatch.undo()
+    assert len(data.buffer) == stored + 8
+    assert data.buffer.sample(4).batch_size == (4,)
+    assert mode is None  # TorchRL's default, which explores

@@ -154,9 +154,9 @@ class VehiclePhysics:
         tau_rate = torch.full_like(state[..., TAU], -1.0)
         return torch.cat((torch.stack(rates, -1), zeros, zeros, tau_rate.unsqueeze(-1)), dim=-1)
 
-    def _box(self, count: int, like: torch.Tensor) -> torch.Tensor:
+    def _box(self, count: int, like: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
         """Uniform points in the collocation box; waypoint dimensions copied from rows of ``like`` (replay)."""
-        points = like[torch.randint(like.shape[0], (count,), device=like.device)].clone()
+        points = like[torch.randint(like.shape[0], (count,), generator=generator).to(like.device)].clone()
         low = torch.tensor(
             [
                 self.speed_range[0],
@@ -177,18 +177,21 @@ class VehiclePhysics:
             ],
             device=like.device,
         )
-        points[:, :5] = low + (high - low) * torch.rand(count, 5, device=like.device)
-        points[:, TAU] = self.tau_max * torch.rand(count, device=like.device)
+        points[:, :5] = low + (high - low) * _uniform((count, 5), generator, like.device)
+        points[:, TAU] = self.tau_max * _uniform((count,), generator, like.device)
         return points
 
-    def collocation(self, count: int, replay_states: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Interior points (PDE residual), terminal points (τ = 0, safe: V = 1), unsafe points (e = ±bound: V = 0)."""
-        terminal = self._box(count, replay_states)
+    def collocation(
+        self, count: int, replay_states: torch.Tensor, generator: torch.Generator | None = None
+    ) -> dict[str, torch.Tensor]:
+        """Interior points (PDE residual), terminal points (τ = 0, safe: V = 1), unsafe points (e = ±bound: V = 0),
+        on ``replay_states``' device, drawn from ``generator`` (a CPU one; None: the global generator)."""
+        terminal = self._box(count, replay_states, generator)
         terminal[:, TAU] = 0.0
-        unsafe = self._box(count, replay_states)
-        side = torch.randint(2, (count,), device=unsafe.device) * 2 - 1
+        unsafe = self._box(count, replay_states, generator)
+        side = torch.randint(2, (count,), generator=generator).to(unsafe.device) * 2 - 1
         unsafe[:, LATERAL] = side * self.lateral_bound
-        return {"interior": self._box(count, replay_states), "terminal": terminal, "unsafe": unsafe}
+        return {"interior": self._box(count, replay_states, generator), "terminal": terminal, "unsafe": unsafe}
 
 
 @dataclass(frozen=True)
@@ -218,18 +221,27 @@ class ToyPhysics:
         x1, x2 = state[..., 0], state[..., 1]
         return torch.stack((-(x1**3) - x2, x1 + x2 + u, torch.full_like(x1, -1.0)), dim=-1)
 
-    def _box(self, count: int, device: torch.device) -> torch.Tensor:
+    def _box(self, count: int, device: torch.device, generator: torch.Generator | None) -> torch.Tensor:
         scale = torch.tensor([self.x1_range, self.bound], device=device)
-        x = (2 * torch.rand(count, 2, device=device) - 1) * scale
-        return torch.cat((x, self.tau_max * torch.rand(count, 1, device=device)), dim=1)
+        x = (2 * _uniform((count, 2), generator, device) - 1) * scale
+        return torch.cat((x, self.tau_max * _uniform((count, 1), generator, device)), dim=1)
 
-    def collocation(self, count: int, replay_states: torch.Tensor) -> dict[str, torch.Tensor]:
+    def collocation(
+        self, count: int, replay_states: torch.Tensor, generator: torch.Generator | None = None
+    ) -> dict[str, torch.Tensor]:
+        """As :meth:`VehiclePhysics.collocation`."""
         device = replay_states.device
-        terminal = self._box(count, device)
+        terminal = self._box(count, device, generator)
         terminal[:, 2] = 0.0
-        unsafe = self._box(count, device)
-        unsafe[:, 1] = (torch.randint(2, (count,), device=device) * 2 - 1) * self.bound
-        return {"interior": self._box(count, device), "terminal": terminal, "unsafe": unsafe}
+        unsafe = self._box(count, device, generator)
+        unsafe[:, 1] = (torch.randint(2, (count,), generator=generator).to(device) * 2 - 1) * self.bound
+        return {"interior": self._box(count, device, generator), "terminal": terminal, "unsafe": unsafe}
+
+
+def _uniform(shape: tuple[int, ...], generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
+    """U(0, 1) numbers drawn on the CPU from ``generator`` (None: the global one), then moved to ``device``: one
+    generator serves every device, and its state is a CPU tensor a checkpoint carries whatever the device."""
+    return torch.rand(shape, generator=generator).to(device)
 
 
 SafetyPhysics = VehiclePhysics | ToyPhysics
