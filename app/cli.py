@@ -28,7 +28,14 @@ from lightning.pytorch.cli import LightningCLI
 from torchrl.envs import EnvBase
 
 from app.errors import COMPONENT_KEYS, OneLineErrorParser, constructor_error_line, tag_constructor_errors
-from app.run_folder import ResumableCSVLogger, SaveRunConfig, checkpoint_global_step, import_class, resolve_resume
+from app.run_folder import (
+    ResumableCSVLogger,
+    SaveRunConfig,
+    checkpoint_global_step,
+    import_class,
+    missing_beside,
+    resolve_resume,
+)
 from callbacks.progress import RLProgressBar
 from datamodules.base import RLDataModule, rank_state_path
 from modules.base import RLModule
@@ -144,6 +151,11 @@ class RLCLI(LightningCLI):
             step = checkpoint_global_step(self.resume_from)
         except ValueError as error:
             self.parser.error(str(error))
+        for name in missing_beside(self.resume_from):
+            self.parser.error(
+                f"--ckpt_path {self.resume_from}: its replay buffer's folder {name} is not beside it (keep the folder "
+                "with its checkpoint)"
+            )
         if self.trainer.num_nodes == 1:  # on several nodes, other ranks' files are on other machines' disks
             for rank in range(1, self.trainer.world_size):
                 path = rank_state_path(self.resume_from, rank, step)

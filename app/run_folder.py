@@ -87,6 +87,13 @@ def checkpoint_global_step(checkpoint: Path) -> int:
         raise ValueError(f"--ckpt_path {checkpoint}: not a readable checkpoint ({type(error).__name__})") from error
 
 
+def missing_beside(checkpoint: Path) -> list[str]:
+    """The folders a checkpoint names as kept beside it (replay buffers: ``ReplayDataModule``) that are not there."""
+    saved = torch.load(checkpoint, map_location="cpu", mmap=True, weights_only=True)
+    names = [state["buffer_folder"] for state in saved.values() if isinstance(state, dict) and "buffer_folder" in state]
+    return [name for name in names if not (Path(checkpoint).parent / name).is_dir()]
+
+
 def _folder_logger(trainer: Namespace) -> Namespace | None:
     """The config node of the logger whose folders hold the runs (``save_dir/name/version``), or None without one."""
     logger = trainer.get("logger")

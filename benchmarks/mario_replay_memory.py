@@ -8,13 +8,19 @@ training does. TorchRL's storage allocates all its slots at the first write and 
 so the bytes they hold are those of the full buffer. Also reports the frames written per transition in the played
 sample (one per transition plus one per episode start) and the bytes the same 50k transitions would take with both
 8 × 128 × 128 stacks stored in each (what storing the collected transitions as they are costs).
+
+Then the buffer's checkpoint, as ``FrameCheckpoint`` writes it: the folder beside the checkpoint (memory-mapped
+storage and frame ring, flushed to disk, renamed into place) with its size and write time, the time to load it into a
+fresh data module (checked equal), and, for comparison, the same buffer pickled inline with ``torch.save``.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import sys
+import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -25,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from app.cli import build  # noqa: E402
+from datamodules.base import write_folder_atomically  # noqa: E402
 
 MIB = 2**20
 
@@ -66,8 +73,47 @@ def main() -> None:
         "whole_stacks_MiB": (stacks + entries - slots * 2 * 8 * 8) / MIB,  # the frame ids' 128 bytes become stacks
         "seconds_played": played,
     }
+    result.update(checkpoint_costs(data))
     for key, value in result.items():
         print(f"{key}: {value:,.3f}" if isinstance(value, float) else f"{key}: {value}")
+
+
+def checkpoint_costs(data) -> dict:
+    """Write, size and load of the buffer's folder beside a checkpoint; the same buffer pickled inline."""
+    with tempfile.TemporaryDirectory(prefix="replay-checkpoint-") as scratch:
+        folder = Path(scratch) / "last.ckpt.replay-rank0-step0"
+        start = time.perf_counter()
+        write_folder_atomically(folder, data._dump_buffer)
+        written = time.perf_counter() - start
+        size = sum(file.stat().st_size for file in folder.rglob("*") if file.is_file())
+        _, fresh = build([str(ROOT / "configs/mario_ddqn.yaml")], ["--data.init_args.num_workers", "1"])
+        fresh.setup("fit")
+        start = time.perf_counter()
+        fresh._load_buffer(folder)
+        loaded = time.perf_counter() - start
+        same = len(fresh.buffer) == len(data.buffer) and all(
+            torch.equal(a, b)
+            for a, b in [
+                (fresh.buffer.storage._storage["frame_ids"], data.buffer.storage._storage["frame_ids"]),
+                (fresh.frame_store.frames, data.frame_store.frames),
+                (fresh.buffer.sampler._priority, data.buffer.sampler._priority),
+            ]
+        )
+        inline = Path(scratch) / "inline.pt"
+        start = time.perf_counter()
+        with open(inline, "wb") as file:
+            torch.save(data.buffer.state_dict(), file)
+            file.flush()
+            os.fsync(file.fileno())
+        pickled = time.perf_counter() - start
+        return {
+            "beside_folder_MiB": size / MIB,
+            "beside_write_seconds": written,
+            "beside_load_seconds": loaded,
+            "beside_loaded_equal": same,
+            "inline_torch_save_MiB": inline.stat().st_size / MIB,
+            "inline_torch_save_seconds": pickled,
+        }
 
 
 if __name__ == "__main__":

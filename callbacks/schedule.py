@@ -7,6 +7,7 @@ which mean the same thing whatever the number of environments, the replay ratio 
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
-from datamodules.base import RLDataModule
+from datamodules.base import TEMPORARY_MARK, RLDataModule
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -35,7 +36,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             return
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_name(f".{path.name}{_TEMPORARY}{os.getpid()}")
+        temporary = path.with_name(f".{path.name}{TEMPORARY_MARK}{os.getpid()}")
         try:
             with open(temporary, "wb") as file:
                 torch.save(checkpoint, file)
@@ -46,20 +47,18 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             temporary.unlink(missing_ok=True)
 
 
-_TEMPORARY = ".tmp-"  # AtomicCheckpointIO's temporary files: .<name>.tmp-<pid of the writing process>
-
-
 def remove_stale_temporaries(folder: str | Path) -> list[Path]:
-    """Delete the temporary checkpoint files in ``folder`` whose writing process is gone; return what was deleted.
+    """Delete the temporary checkpoint files (and the folders of stores beside checkpoints) in ``folder`` whose
+    writing process is gone; return what was deleted.
 
     A file whose process is still alive (another run writing into the same folder) is left alone. The check is by
     process id on this machine, which is where the writer of a local checkpoint folder ran.
     """
     removed = []
-    for path in Path(folder).glob(f".*{_TEMPORARY}*"):
-        pid = path.name.rpartition(_TEMPORARY)[2]
+    for path in Path(folder).glob(f".*{TEMPORARY_MARK}*"):
+        pid = path.name.rpartition(TEMPORARY_MARK)[2]
         if pid.isdigit() and not _process_alive(int(pid)):
-            path.unlink(missing_ok=True)
+            shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
             removed.append(path)
     return removed
 
@@ -77,16 +76,18 @@ def _process_alive(pid: int) -> bool:
 class FrameCheckpoint(ModelCheckpoint):
     """Saves ``last.ckpt`` (and, with ``save_top_k``, numbered ones) every ``every_n_frames`` environment frames.
 
-    At the start of ``fit`` it removes temporary files left in its folder by killed processes. With several ranks,
-    each rank > 0 writes its own data-module state beside each checkpoint (``last.ckpt.rank1-step<N>``; see
-    :meth:`RLDataModule.save_rank_state <datamodules.base.RLDataModule.save_rank_state>`), before rank 0 writes the
-    checkpoint itself, so a checkpoint never exists without the states it needs.
+    At the start of ``fit`` it removes temporary files left in its folder by killed processes. Before rank 0 writes
+    a checkpoint, each rank writes what it keeps beside it (:meth:`RLDataModule.save_beside
+    <datamodules.base.RLDataModule.save_beside>`): its replay buffer as a memory-mapped folder
+    (``last.ckpt.replay-rank0-step<N>/``) and, on ranks > 0, its data-module state (``last.ckpt.rank1-step<N>``), so a
+    checkpoint never exists without the parts it needs; the parts of older checkpoints are deleted once it is in
+    place.
 
     Args:
         every_n_frames: frames between checkpoints (counted on rank 0's data module; all ranks collect alike).
         dirpath: folder for the checkpoints; default ``<log_dir>/checkpoints``.
         save_top_k: numbered ``frames=N.ckpt`` checkpoints kept besides ``last.ckpt`` (the most recent ones). 0 by
-            default: an off-policy checkpoint holds the whole replay buffer (130 MB for Snake-DQN).
+            default: each comes with a copy of the whole replay buffer (130 MB for Snake-DQN, 1 GB for Mario).
     """
 
     def __init__(
@@ -138,19 +139,19 @@ class FrameCheckpoint(ModelCheckpoint):
             self._save_last_checkpoint(trainer, candidates)
 
     def _save_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:
-        per_rank = trainer.world_size > 1 and isinstance(trainer.datamodule, RLDataModule)
-        if per_rank:
-            if trainer.global_rank > 0:
-                trainer.datamodule.save_rank_state(filepath)
-            trainer.strategy.barrier("FrameCheckpoint.rank_states")  # all ranks' states on disk before the checkpoint
+        data = trainer.datamodule if isinstance(trainer.datamodule, RLDataModule) else None
+        if data is not None:
+            data.save_beside(filepath)  # every rank: its large stores, and on ranks > 0 its state
+            if trainer.world_size > 1:
+                trainer.strategy.barrier("FrameCheckpoint.beside")  # all ranks' parts on disk before the checkpoint
         super()._save_checkpoint(trainer, filepath)  # rank 0 writes the checkpoint; all ranks wait for it
-        if per_rank and trainer.global_rank > 0:
-            trainer.datamodule.remove_rank_states(filepath, keep_updates=trainer.global_step)  # older, now superseded
+        if data is not None:
+            data.remove_beside(filepath, keep_updates=trainer.global_step)  # older, now superseded
 
     def _remove_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:
         super()._remove_checkpoint(trainer, filepath)
-        if trainer.world_size > 1 and trainer.global_rank > 0 and isinstance(trainer.datamodule, RLDataModule):
-            trainer.datamodule.remove_rank_states(filepath)
+        if isinstance(trainer.datamodule, RLDataModule):
+            trainer.datamodule.remove_beside(filepath)
 
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()

@@ -10,8 +10,9 @@ states, the position inside the current batch schedule) is in :meth:`state_dict`
 checkpoint.
 
 That state is per rank: with DDP each rank explores with its own seed, environments and store. Lightning writes only
-rank 0's into the checkpoint, so every other rank writes its own file beside it (:meth:`save_rank_state`, called by
-``FrameCheckpoint``; named by :func:`rank_state_path`) and reads it back in :meth:`load_state_dict`.
+rank 0's into the checkpoint, so every other rank writes its own file beside it (:meth:`RLDataModule.save_beside`,
+called by ``FrameCheckpoint``; named by :func:`rank_state_path`) and reads it back in :meth:`load_state_dict`.
+Stores too large to pickle into a checkpoint (replay buffers) go beside it the same way, as memory-mapped folders.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import glob
 import os
 import random
+import shutil
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from functools import partial
@@ -576,18 +578,21 @@ class RLDataModule(EnvSpecs, pl.LightningDataModule):
             state_dict = trainer.strategy.checkpoint_io.load_checkpoint(path, weights_only=True)
         self._load_state(state_dict)
 
-    def save_rank_state(self, checkpoint_path: str | Path) -> None:
-        """Write this rank's state beside the checkpoint at ``checkpoint_path`` (ranks > 0; rank 0's is inside it)."""
-        path = rank_state_path(checkpoint_path, self.trainer.global_rank, self.trainer.global_step)
-        self.trainer.strategy.checkpoint_io.save_checkpoint(self.state_dict(), path)
+    def save_beside(self, checkpoint_path: str | Path) -> None:
+        """Write what this rank keeps beside the checkpoint at ``checkpoint_path``, before the checkpoint is written:
+        on ranks > 0, the rank's whole state (rank 0's is inside the checkpoint). Subclasses with large stores write
+        them first (see ``ReplayDataModule``)."""
+        if self.trainer.global_rank > 0:
+            path = rank_state_path(checkpoint_path, self.trainer.global_rank, self.trainer.global_step)
+            self.trainer.strategy.checkpoint_io.save_checkpoint(self.state_dict(), path)
 
-    def remove_rank_states(self, checkpoint_path: str | Path, keep_updates: int | None = None) -> None:
-        """Delete this rank's files beside ``checkpoint_path``, except the one written at update ``keep_updates``."""
+    def remove_beside(self, checkpoint_path: str | Path, keep_updates: int | None = None) -> None:
+        """Delete this rank's files and folders beside ``checkpoint_path``, except those written at update
+        ``keep_updates`` (all of them without it: the checkpoint itself is being removed)."""
         checkpoint, rank = Path(checkpoint_path), self.trainer.global_rank
-        keep = rank_state_path(checkpoint, rank, keep_updates)
-        for path in checkpoint.parent.glob(f"{glob.escape(checkpoint.name)}.rank{rank}-step*"):
-            if path != keep:
-                path.unlink(missing_ok=True)
+        for path in checkpoint.parent.glob(f"{glob.escape(checkpoint.name)}.*rank{rank}-step*"):
+            if keep_updates is None or not path.name.endswith(f"rank{rank}-step{keep_updates}"):
+                shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
 
     def _load_state(self, state_dict: dict[str, Any]) -> None:
         """Subclasses restore their own parts here, then call this (the base parts)."""
@@ -633,6 +638,38 @@ def rank_state_path(checkpoint_path: str | Path, rank: int, updates: int | None)
     never pairs a checkpoint with newer files: the older ones are deleted only once the newer checkpoint is in place.
     """
     return Path(f"{checkpoint_path}.rank{rank}-step{updates}")
+
+
+def beside_path(checkpoint_path: str | Path, kind: str, rank: int, updates: int) -> Path:
+    """A folder beside a checkpoint holding rank ``rank``'s store ``kind`` (e.g. ``replay``) at update ``updates``:
+    ``last.ckpt.replay-rank0-step1200``. Named like :func:`rank_state_path`, for the same reason."""
+    return Path(f"{checkpoint_path}.{kind}-rank{rank}-step{updates}")
+
+
+TEMPORARY_MARK = ".tmp-"  # files and folders being written: .<name>.tmp-<pid of the writing process>
+
+
+def write_folder_atomically(folder: Path, write: Callable[[Path], None]) -> None:
+    """``write(temporary)`` fills a temporary folder beside ``folder``, whose files are then flushed to disk and
+    which is renamed into place (one rename: a process killed meanwhile leaves either no folder or a whole one; its
+    temporary is deleted by ``FrameCheckpoint`` when the next fit starts)."""
+    temporary = folder.with_name(f".{folder.name}{TEMPORARY_MARK}{os.getpid()}")
+    shutil.rmtree(temporary, ignore_errors=True)
+    try:
+        temporary.mkdir(parents=True)
+        write(temporary)
+        for file in temporary.rglob("*"):
+            if file.is_file():
+                descriptor = os.open(file, os.O_RDONLY)
+                try:
+                    os.fsync(descriptor)
+                finally:
+                    os.close(descriptor)
+        if folder.exists():  # the same update written again (a run resumed from an earlier checkpoint)
+            shutil.rmtree(folder)
+        os.replace(temporary, folder)
+    finally:
+        shutil.rmtree(temporary, ignore_errors=True)
 
 
 def to_plain(td: TensorDictBase | None) -> dict | None:

@@ -19,7 +19,8 @@ The ring holds ``capacity`` frames and overwrites the oldest. Each slot remember
 sample whose frames were overwritten (a ring too small for the buffer) is an error naming the option, never a wrong
 picture. As a TorchRL replay-buffer transform: ``extend`` calls :meth:`FrameStackStore.inv` (stacks → ids),
 ``sample`` calls :meth:`FrameStackStore.forward` (ids → stacks). Its state (the ring and its bookkeeping) is part of
-the replay buffer's ``state_dict``.
+the replay buffer's ``state_dict``; ``ReplayDataModule`` checkpoints it memory-mapped beside the checkpoint, with the
+buffer's storage.
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ import threading
 import warnings
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
@@ -17,7 +18,14 @@ from torch.compiler import is_dynamo_compiling
 from torchrl.data import LazyTensorStorage, RandomSampler, TensorDictReplayBuffer
 from torchrl.envs import EnvBase, Transform
 
-from datamodules.base import RLDataModule, check_positive, from_plain, to_plain
+from datamodules.base import (
+    RLDataModule,
+    beside_path,
+    check_positive,
+    from_plain,
+    to_plain,
+    write_folder_atomically,
+)
 from datamodules.frames import FrameStackStore
 from datamodules.prioritized import ProportionalSampler
 from datamodules.timing import PhaseTimer
@@ -86,6 +94,11 @@ class ReplayDataModule(RLDataModule):
     the model hands each update's absolute TD errors back through :meth:`after_update` as the sampled transitions'
     new priorities. The batches of every update a collection earns are drawn together, so they are drawn with the
     priorities as of that collection.
+
+    Checkpoints written by ``FrameCheckpoint`` keep the buffer beside them, not pickled inside: a folder
+    ``<checkpoint>.replay-rank<r>-step<N>/`` with the storage memory-mapped by TorchRL's storage checkpointer, the
+    sampler's and writer's state, and the frame store's ring memory-mapped too (written whole before the checkpoint,
+    then renamed into place; the checkpoint names it). A checkpoint saved any other way holds the buffer inline.
 
     Args:
         env: environment factory (see :class:`RLDataModule`).
@@ -163,6 +176,8 @@ class ReplayDataModule(RLDataModule):
         # The buffer slots of the batches served since the last update (one per batch it accumulates), in order.
         self._served_indices: list[torch.Tensor] = []
         self.buffer: TensorDictReplayBuffer | None = None
+        self.frame_store: FrameStackStore | None = None  # the buffer's transform, with store_frames_once
+        self._buffer_beside: tuple[int, str] | None = None  # (update, folder) of the buffer just written beside
         self.update_credit = 0.0  # updates earned by collected frames and not yet taken
         self.pending: list[TensorDictBase] | None = None  # batches drawn for the coming updates, served in order
         if prefetch and priority_alpha > 0:
@@ -193,7 +208,7 @@ class ReplayDataModule(RLDataModule):
                 if self.prioritized
                 else RandomSampler()
             )
-            frames = (
+            self.frame_store = frames = (
                 FrameStackStore(self.frame_capacity, self.observation_spec["observation"].shape, device=self.device)
                 if self.store_frames_once
                 else None
@@ -356,7 +371,11 @@ class ReplayDataModule(RLDataModule):
                 "credit": prepared.credit,
             }
         if self.buffer is not None and len(self.buffer) > 0:
-            state["buffer"] = self.buffer.state_dict()
+            beside = self._buffer_beside
+            if beside is not None and beside[0] == self.trainer.global_step:
+                state["buffer_folder"] = beside[1]
+            else:
+                state["buffer"] = self.buffer.state_dict()
         if self.store_transform is not None:
             state["store_window"] = to_plain(_window(self.store_transform))
         return state
@@ -371,15 +390,53 @@ class ReplayDataModule(RLDataModule):
         if prepared is not None:
             batches = [from_plain(b, batch_dims=1, device=self.device) for b in prepared["batches"]]
             self._prepared = _Round(batches, prepared["frames"], prepared["credit"])
+        if ("buffer" in state_dict or "buffer_folder" in state_dict) and self.buffer is None:
+            raise RuntimeError("the replay buffer is created in setup(); load the data module state after it")
         if "buffer" in state_dict:
-            if self.buffer is None:
-                raise RuntimeError("the replay buffer is created in setup(); load the data module state after it")
             self.buffer.load_state_dict(state_dict["buffer"])
+        elif "buffer_folder" in state_dict and self.trainer.state.fn == "fit":  # validation does not replay
+            self._load_buffer(Path(self.trainer.ckpt_path).parent / state_dict["buffer_folder"])
         if self.store_transform is not None:
             # A checkpoint written without the transform (or before its first call) has no window: start empty.
             window = from_plain(state_dict.get("store_window"), batch_dims=2, device=self.device)
             _set_window(self.store_transform, window)
         super()._load_state(state_dict)
+
+    # ------------------------------------------------------------------------------ the buffer beside checkpoints
+    def save_beside(self, checkpoint_path: str | Path) -> None:
+        self._buffer_beside = None
+        self.settle()  # a round being prepared in the background writes to the buffer
+        if self.buffer is not None and len(self.buffer) > 0:
+            step = self.trainer.global_step
+            folder = beside_path(checkpoint_path, "replay", self.trainer.global_rank, step)
+            write_folder_atomically(folder, self._dump_buffer)
+            self._buffer_beside = (step, folder.name)
+        super().save_beside(checkpoint_path)  # ranks > 0: their state, which names the folder
+
+    def remove_beside(self, checkpoint_path: str | Path, keep_updates: int | None = None) -> None:
+        super().remove_beside(checkpoint_path, keep_updates)
+        self._buffer_beside = None  # the checkpoint that names it is written: later states hold their own
+
+    def _dump_buffer(self, folder: Path) -> None:
+        # TorchRL's own checkpointers: the storage memory-mapped (TensorStorageCheckpointer), the sampler's state (the
+        # priorities, for ProportionalSampler) and the writer's cursor.
+        self.buffer.storage.dumps(folder / "storage")
+        self.buffer.sampler.dumps(folder / "sampler")
+        self.buffer.writer.dumps(folder / "writer")
+        if self.frame_store is not None:  # most of the buffer's bytes: memory-mapped as well
+            TensorDict(self.frame_store.state_dict()).memmap(folder / "frames")
+
+    def _load_buffer(self, folder: Path) -> None:
+        if not folder.is_dir():
+            raise FileNotFoundError(
+                f"--ckpt_path {self.trainer.ckpt_path}: its replay buffer is missing ({folder.name}, a folder that "
+                "must stay beside the checkpoint)"
+            )
+        self.buffer.storage.loads(folder / "storage")  # copied into the buffer's own memory, the files left alone
+        self.buffer.sampler.loads(folder / "sampler")
+        self.buffer.writer.loads(folder / "writer")
+        if self.frame_store is not None:
+            self.frame_store.load_state_dict(TensorDict.load_memmap(folder / "frames").to_dict())
 
 
 # MultiStepTransform keeps each environment's last n steps between calls in a private attribute and offers no

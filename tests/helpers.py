@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import torch
 import yaml
+from tensordict import TensorDict
 
 from app.cli import main
 
@@ -85,3 +87,12 @@ def short_snake_fit(config_name: str, *overrides: str):
 
 def weights(checkpoint: Path) -> dict[str, torch.Tensor]:
     return torch.load(checkpoint, weights_only=True)["state_dict"]
+
+
+def saved_replay(checkpoint: Path, data_state: dict) -> tuple[dict, dict]:
+    """The replay buffer a checkpoint keeps beside it (``FrameCheckpoint``; ``data_state`` is the data module's entry
+    of the checkpoint, or a rank's state file): its storage, read into memory, and its writer's cursor and count."""
+    folder = Path(checkpoint).parent / data_state["buffer_folder"]
+    storage = TensorDict.load_memmap(folder / "storage").clone().to_dict()
+    writer = json.loads((folder / "writer/metadata.json").read_text())
+    return storage, writer

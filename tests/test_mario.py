@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tensordict import MemoryMappedTensor, TensorDict
 
 from tests.helpers import chain_config, fit, weights, write_config
 
@@ -74,11 +75,23 @@ def test_the_frame_once_store_resumes_exactly(tmp_path):
     fit(full, "--trainer.max_steps", "24")
     half = write_config(mario_config(tmp_path / "half"), tmp_path / "half.yaml")
     fit(half, "--trainer.max_steps", "12")
-    state = torch.load(tmp_path / "half/checkpoints/last.ckpt", weights_only=True)["ReplayDataModule"]
-    store = state["buffer"]["_transforms"]
-    assert int(store["transforms.0.written"]) > 0  # the frames really are in the store, not in the transitions
+    checkpoints = tmp_path / "half/checkpoints"
+    state = torch.load(checkpoints / "last.ckpt", weights_only=True)["ReplayDataModule"]
+    # The buffer is beside the checkpoint, not in it: TorchRL's memory-mapped storage, the sampler's priorities and
+    # the frame store's ring, in the one folder the checkpoint names (earlier checkpoints' folders are gone).
+    assert "buffer" not in state and state["buffer_folder"] == "last.ckpt.replay-rank0-step12"
+    assert sorted(path.name for path in checkpoints.glob("last.ckpt*")) == ["last.ckpt", state["buffer_folder"]]
+    folder = checkpoints / state["buffer_folder"]
+    assert {path.suffix for path in (folder / "storage").rglob("*.memmap")} == {".memmap"}
+    assert (folder / "sampler/sampler_priorities.pt").is_file()
+    ring = TensorDict.load_memmap(folder / "frames")
+    assert isinstance(ring["frames"], MemoryMappedTensor) and int(ring["written"]) > 0  # the frames are in its ring
     cli = fit(half, "--trainer.max_steps", "24", "--ckpt_path", "last", "--seed_everything", "123")
     assert cli.trainer.global_step == 24
+    assert sorted(path.name for path in checkpoints.glob("last.ckpt*")) == [
+        "last.ckpt",
+        "last.ckpt.replay-rank0-step24",
+    ]
     a, b = weights(tmp_path / "full/checkpoints/last.ckpt"), weights(tmp_path / "half/checkpoints/last.ckpt")
     for key in a:
         assert torch.equal(a[key], b[key]), key
@@ -105,6 +118,8 @@ def test_the_shipped_config_trains_with_workers_and_resumes_in_its_run_folder(tm
     fit(config, *small, "--trainer.max_steps", "3")
     run = tmp_path / "runs/mario_ddqn/version_0"
     saved = torch.load(run / "checkpoints/last.ckpt", weights_only=True)
+    saved_folder = run / "checkpoints" / saved["ParallelReplayDataModule"]["buffer_folder"]
+    written = int(TensorDict.load_memmap(saved_folder / "frames")["written"])
     cli = fit(config, *small, "--trainer.max_steps", "5", "--ckpt_path", "last")
     assert cli.trainer.global_step == 5
     assert [path.name for path in (tmp_path / "runs/mario_ddqn").iterdir()] == ["version_0"]
@@ -121,7 +136,8 @@ def test_the_shipped_config_trains_with_workers_and_resumes_in_its_run_folder(tm
     assert data.frames >= state["frames"] > 0 and len(data.buffer) == data.frames
     assert data.samples == state["samples"] + 2 * 2 * 8  # 2 updates of 2 accumulated batches of 8
     store = data.buffer._transform[0]
-    assert int(store.written) >= int(state["buffer"]["_transforms"]["transforms.0.written"]) > 0
+    assert int(store.written) >= written > 0
+    assert not saved_folder.exists()  # superseded by the resumed run's checkpoint and its own folder
     assert (run / "collector_workers/worker0.log").exists()
     assert (run / "throughput.json").exists()
 

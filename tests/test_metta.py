@@ -11,6 +11,7 @@ from pathlib import Path
 import lightning.pytorch as pl
 import pytest
 import torch
+import yaml
 
 pytest.importorskip("mettagrid", reason='the metta extra: pip install -e ".[metta]"')
 
@@ -145,6 +146,20 @@ def test_the_ultra_fast_preset_runs_with_its_batch_geometry(tmp_path):
     assert (data.bptt, data.update_epochs, data.minibatches_per_rollout) == (32, 1, 8)
     assert model.compile_mode is True and model.lstm.lstm.hidden_size == 256
     assert cli.trainer.global_step == 16 and data.frames == 2 * 4 * 4 * 32
+
+
+def test_the_ultra_fast_preset_ships_the_seeds_geometry_and_schedule():
+    # SPEC §5: batch 262,144, minibatch 32,768, BPTT 32, checkpoint every 100 epochs and evaluation every 500, where
+    # Metta's epoch is one rollout and its training pass: counted here in frames (agent steps) of whole rollouts.
+    config = yaml.safe_load((ROOT / "configs/metta_ultra_fast.yaml").read_text())
+    data = config["data"]["init_args"]
+    batch = data["num_envs"] * data["env"]["init_args"]["num_agents"] * data["collect_steps"]
+    assert (batch, data["minibatch_size"], data["bptt"], data["update_epochs"]) == (262_144, 32_768, 32, 1)
+    every = {
+        c["class_path"].rsplit(".", 1)[1]: c.get("init_args", {}).get("every_n_frames")
+        for c in config["trainer"]["callbacks"]
+    }
+    assert (every["FrameCheckpoint"], every["PeriodicEvaluation"]) == (100 * batch, 500 * batch)
 
 
 @pytest.mark.parametrize(

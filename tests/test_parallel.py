@@ -11,7 +11,7 @@ from app.cli import main
 from datamodules.envs.chain import ChainEnv
 from datamodules.parallel import ParallelReplayDataModule
 from modules.dqn import DQN
-from tests.helpers import CHAIN, chain_config, fit, weights, write_config
+from tests.helpers import CHAIN, chain_config, fit, saved_replay, weights, write_config
 
 
 def parallel_config(tmp_path, **data) -> dict:
@@ -137,6 +137,7 @@ def test_resume_continues_the_buffer_counters_and_weights(tmp_path):
     path = write_config(config, tmp_path / "c.yaml")
     fit(path)
     saved = torch.load(tmp_path / "checkpoints/last.ckpt", weights_only=True)
+    saved_storage, _ = saved_replay(tmp_path / "checkpoints/last.ckpt", saved["ParallelReplayDataModule"])
     before = weights(tmp_path / "checkpoints/last.ckpt")
     cli = fit(path, "--trainer.max_steps", "35", "--ckpt_path", "last")
     data = cli.datamodule
@@ -145,7 +146,7 @@ def test_resume_continues_the_buffer_counters_and_weights(tmp_path):
     state = saved["ParallelReplayDataModule"]
     assert data.samples == state["samples"] + 15 * data.batch_size
     assert data.frames > state["frames"] and len(data.buffer) == data.frames
-    stored = state["buffer"]["_storage"]["_storage"]["observation"][: state["frames"]]
+    stored = saved_storage["observation"][: state["frames"]]
     assert torch.equal(data.buffer.storage._storage["observation"][: state["frames"]], stored)
     after = weights(tmp_path / "checkpoints/last.ckpt")
     assert not torch.equal(before["q_network.1.0.weight"], after["q_network.1.0.weight"])

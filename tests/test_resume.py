@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -14,7 +15,7 @@ import pytest
 import torch
 
 from callbacks.schedule import AtomicCheckpointIO
-from tests.helpers import chain_config, fit, weights, write_config
+from tests.helpers import chain_config, fit, saved_replay, weights, write_config
 
 
 @pytest.mark.parametrize("agent", ["dqn", "dqn-3-step", "dqn-prioritized", "dqn-prefetch", "ppo", "recurrent"])
@@ -64,7 +65,7 @@ def test_checkpoint_restores_counters_buffer_and_exploration(tmp_path):
     state = checkpoint["ReplayDataModule"]
     # The collect that completes the 64 warm-up frames already earns 8 / 2 = 4 updates; each later one 4 more.
     assert state["frames"] == cli.datamodule.frames == 64 + (40 - 4) * 2
-    assert state["buffer"]["_writer"]["_write_count"] == cli.datamodule.frames
+    assert saved_replay(tmp_path / "checkpoints/last.ckpt", state)[1]["write_count"] == cli.datamodule.frames
     assert set(state["env"]) == {"position", "steps"}
     assert checkpoint["state_dict"]["egreedy.eps"] == pytest.approx(cli.model.epsilon(state["frames"]))
 
@@ -225,31 +226,37 @@ def test_resume_from_a_mid_run_checkpoint_rewrites_the_lost_rows_exactly(tmp_pat
 # checkpoint when the process is killed (the wrapper only holds it there long enough to be killed mid-write).
 WRITE_AND_HANG = """
 import io, sys, time, torch
+from pathlib import Path
 from callbacks.schedule import AtomicCheckpointIO
+from datamodules.base import write_folder_atomically
 
-save = torch.save
-def save_half_then_hang(obj, file, *args, **kwargs):
-    whole = io.BytesIO()
-    save(obj, whole, *args, **kwargs)
-    file.write(whole.getvalue()[: len(whole.getvalue()) // 2])
-    file.flush()
+def write_half_then_hang(write):
+    write()
     print("half written", flush=True)
     time.sleep(600)
-torch.save = save_half_then_hang
 
-checkpoint = torch.load(sys.argv[1], weights_only=True)
-checkpoint["global_step"] = 10**6  # what a resume would report if it ever read this file
-AtomicCheckpointIO().save_checkpoint(checkpoint, sys.argv[1])
+if sys.argv[2] == "replay folder":  # what FrameCheckpoint writes first: the buffer's folder beside the checkpoint
+    def fill(temporary):
+        (temporary / "storage").mkdir()
+        write_half_then_hang(lambda: (temporary / "storage/observation.memmap").write_bytes(bytes(1 << 20)))
+    write_folder_atomically(Path(sys.argv[1] + ".replay-rank0-step30"), fill)
+else:  # then the checkpoint itself
+    save = torch.save
+    def save_half(obj, file, *args, **kwargs):
+        whole = io.BytesIO()
+        save(obj, whole, *args, **kwargs)
+        write_half_then_hang(lambda: (file.write(whole.getvalue()[: len(whole.getvalue()) // 2]), file.flush()))
+    torch.save = save_half
+    checkpoint = torch.load(sys.argv[1], weights_only=True)
+    checkpoint["global_step"] = 10**6  # what a resume would report if it ever read this file
+    AtomicCheckpointIO().save_checkpoint(checkpoint, sys.argv[1])
 """
 
 
-def test_kill_9_during_a_checkpoint_write_resumes_from_the_previous_checkpoint(tmp_path):
-    runs = tmp_path / "runs"
-    fit_shipped("snake_dqn", runs, "--trainer.max_steps", "20")
-    folder = runs / "snake_dqn/version_0/checkpoints"
-    before = (folder / "last.ckpt").read_bytes()
+def kill_9_while_writing(part: str, checkpoint: Path) -> Path:
+    """A process killed (-9) halfway through writing ``part`` of a checkpoint: the temporary it left behind."""
     writer = subprocess.Popen(
-        [sys.executable, "-c", WRITE_AND_HANG, str(folder / "last.ckpt")],
+        [sys.executable, "-c", WRITE_AND_HANG, str(checkpoint), part],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         text=True,
@@ -260,15 +267,49 @@ def test_kill_9_during_a_checkpoint_write_resumes_from_the_previous_checkpoint(t
     finally:
         writer.send_signal(signal.SIGKILL)
         writer.wait(timeout=30)
-    temporary = folder / f".last.ckpt.tmp-{writer.pid}"
-    assert temporary.stat().st_size > 0  # the kill left a partial file behind...
-    assert (folder / "last.ckpt").read_bytes() == before  # ...and the previous checkpoint untouched
+    name = f"{checkpoint.name}.replay-rank0-step30" if part == "replay folder" else checkpoint.name
+    return checkpoint.parent / f".{name}.tmp-{writer.pid}"
+
+
+def test_kill_9_during_a_checkpoint_write_resumes_from_the_previous_checkpoint(tmp_path, capsys):
+    runs = tmp_path / "runs"
+    fit_shipped("snake_dqn", runs, "--trainer.max_steps", "20")
+    folder = runs / "snake_dqn/version_0/checkpoints"
+    before = {path.relative_to(folder): path.stat().st_mtime_ns for path in folder.rglob("*")}
+    assert sorted(path.name for path in folder.glob("last.ckpt*")) == ["last.ckpt", "last.ckpt.replay-rank0-step20"]
+    # Killed while writing the replay buffer's folder, and (another process) while writing the checkpoint itself.
+    temporaries = [kill_9_while_writing(part, folder / "last.ckpt") for part in ("replay folder", "checkpoint")]
+    replay_temporary, checkpoint_temporary = temporaries
+    assert (replay_temporary / "storage/observation.memmap").stat().st_size > 0  # partial writes left behind...
+    assert checkpoint_temporary.stat().st_size > 0
+    assert {path.relative_to(folder): path.stat().st_mtime_ns for path in folder.rglob("*")} == {
+        **before,
+        **{
+            path.relative_to(folder): path.stat().st_mtime_ns
+            for temporary in temporaries
+            for path in (temporary, *temporary.rglob("*"))
+        },
+    }  # ...and nothing of the previous checkpoint touched
 
     cli = fit_shipped("snake_dqn", runs, "--trainer.max_steps", "40", "--ckpt_path", "last")
 
     assert start_step(cli) == 20 and cli.trainer.global_step == 40
-    assert sorted(path.name for path in folder.iterdir()) == ["last.ckpt"]  # the dead writer's file is gone
+    # The dead writers' temporaries are gone, and the previous checkpoint's folder with its checkpoint.
+    assert sorted(path.name for path in folder.glob("*ckpt*")) == ["last.ckpt", "last.ckpt.replay-rank0-step40"]
+    assert not any(path.exists() for path in temporaries)
     assert [path.name for path in (runs / "snake_dqn").iterdir()] == ["version_0"]
+
+    # A checkpoint copied without its buffer's folder: resuming it is one error naming the flag and the folder.
+    shutil.rmtree(folder / "last.ckpt.replay-rank0-step40")
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as stopped:
+        fit_shipped("snake_dqn", runs, "--trainer.max_steps", "60", "--ckpt_path", "last")
+    assert stopped.value.code == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert errors == [
+        f"error: --ckpt_path {folder / 'last.ckpt'}: its replay buffer's folder last.ckpt.replay-rank0-step40 is not "
+        "beside it (keep the folder with its checkpoint)"
+    ]
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -334,6 +375,12 @@ def test_ddp_resume_restores_each_ranks_own_state(tmp_path):
         "frames=96.ckpt.rank1-step17",
         "last.ckpt.rank1-step40",
     ]
+    # Each rank's replay buffer beside each checkpoint, likewise.
+    assert sorted(path.name for path in full.glob("*.replay-*")) == [
+        f"{checkpoint}.replay-rank{rank}-step{step}"
+        for checkpoint, step in (("frames=136.ckpt", 40), ("frames=96.ckpt", 17), ("last.ckpt", 40))
+        for rank in (0, 1)
+    ]
     config["trainer"]["default_root_dir"] = str(tmp_path / "resumed")
     config["trainer"]["callbacks"][1]["init_args"]["dirpath"] = str(tmp_path / "resumed")
     resumed_config = write_config(config, tmp_path / "resumed.yaml")
@@ -354,10 +401,18 @@ def test_ddp_resume_restores_each_ranks_own_state(tmp_path):
         run: torch.load(folder / "last.ckpt.rank1-step40", weights_only=True)
         for run, folder in (("full", full), ("resumed", resumed))
     }
-    # Rank by rank: frames, replay buffer, environments, carried observations, update credit, RNG states.
+    # Rank by rank: frames, environments, carried observations, update credit, RNG states, and the replay buffer
+    # each rank keeps in its own folder beside the checkpoint.
     assert_same(rank0["full"], rank0["resumed"], "rank 0 data")
     assert_same(rank1["full"], rank1["resumed"], "rank 1 data")
+    buffers = {}
+    for rank, states in (("0", rank0), ("1", rank1)):
+        assert states["resumed"]["buffer_folder"] == f"last.ckpt.replay-rank{rank}-step40"
+        full_buffer, resumed_buffer = (
+            saved_replay(folder / "last.ckpt", states[run]) for run, folder in (("full", full), ("resumed", resumed))
+        )
+        assert_same(full_buffer, resumed_buffer, f"rank {rank} replay buffer")
+        buffers[rank] = resumed_buffer[0]
     # ...and the ranks still explore on their own.
-    actions = [state["buffer"]["_storage"]["_storage"]["action"] for state in (rank0["resumed"], rank1["resumed"])]
-    assert not torch.equal(*actions)
+    assert not torch.equal(buffers["0"]["action"], buffers["1"]["action"])
     assert not torch.equal(rank0["resumed"]["rng"]["torch"], rank1["resumed"]["rng"]["torch"])
