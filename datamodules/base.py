@@ -172,6 +172,11 @@ class RLDataModule(EnvSpecs, pl.LightningDataModule):
             environments whose step holds the GIL (C++ simulators such as MettaGrid). 0: in this process. The
             policy still runs here, on the whole batch (on the trainer's GPU, if any); evaluation environments stay
             in this process.
+        act_precision: ``"32"``: the collector's policy acts in float32; ``"bf16"``: its forward pass runs under
+            bfloat16 autocast (:class:`AutocastPolicy`), what it writes returned in float32. For networks whose
+            acting forward pass is a large share of collection (Mario's CNN: 3.5 instead of 5.9 ms for 4 emulators
+            on this project's AVX-512 CPU); the update and evaluation keep the trainer's precision, so acting can
+            pick another action than float32 would only where two action values are within bfloat16's rounding.
     """
 
     def __init__(
@@ -185,8 +190,13 @@ class RLDataModule(EnvSpecs, pl.LightningDataModule):
         weight_sync_interval: int = 1,
         env_workers: int = 0,
         collector_workers: int = 0,
+        act_precision: str = "32",
     ) -> None:
         super().__init__()
+        if act_precision not in ACT_DTYPES:
+            raise ValueError(
+                f"--data.init_args.act_precision must be one of {', '.join(ACT_DTYPES)}, got {act_precision!r}"
+            )
         check_positive("num_envs", num_envs)
         check_positive("collect_steps", collect_steps)
         check_positive("eval_episodes", eval_episodes)
@@ -213,6 +223,7 @@ class RLDataModule(EnvSpecs, pl.LightningDataModule):
         self.weight_sync_interval = weight_sync_interval
         self.env_workers = env_workers
         self.collector_workers = collector_workers
+        self.act_precision = act_precision
         # A throw-away environment: its specs size the model's networks, and building it validates the env options.
         probe = self._probe(env, seed)
         if (env_workers or collector_workers) and not hasattr(probe, "init_kwargs"):
@@ -275,7 +286,8 @@ class RLDataModule(EnvSpecs, pl.LightningDataModule):
 
         Called once by the model in its ``setup``; the collector itself is built lazily in ``train_dataloader``.
         """
-        self.policy = policy
+        dtype = ACT_DTYPES[self.act_precision]
+        self.policy = policy if dtype is None else AutocastPolicy(policy, self.device.type, dtype)
         self.postprocess = postprocess
         self.batch_keys = None if batch_keys is None else list(batch_keys)
         if store_transform is not None and not self.accepts_store_transform:
@@ -638,6 +650,30 @@ def rank_state_path(checkpoint_path: str | Path, rank: int, updates: int | None)
     never pairs a checkpoint with newer files: the older ones are deleted only once the newer checkpoint is in place.
     """
     return Path(f"{checkpoint_path}.rank{rank}-step{updates}")
+
+
+#: ``act_precision`` values and the autocast dtype each acts in (None: no autocast).
+ACT_DTYPES: dict[str, torch.dtype | None] = {"32": None, "bf16": torch.bfloat16}
+
+
+class AutocastPolicy(TensorDictModuleBase):
+    """Runs ``policy`` under ``torch.autocast(device_type, dtype)``; the floating-point entries it writes come back in
+    float32, so collected batches keep the dtypes the update expects. The weights stay ``policy``'s own (float32,
+    shared with the learner as before); autocast casts them per call."""
+
+    def __init__(self, policy: TensorDictModuleBase, device_type: str, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.policy, self.device_type, self.dtype = policy, device_type, dtype
+        self.in_keys, self.out_keys = policy.in_keys, policy.out_keys
+
+    def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+        with torch.autocast(self.device_type, dtype=self.dtype):
+            out = self.policy(tensordict)
+        for key in self.out_keys:
+            value = out.get(key, None)
+            if isinstance(value, torch.Tensor) and value.dtype == self.dtype:
+                out.set(key, value.float())
+        return out
 
 
 def beside_path(checkpoint_path: str | Path, kind: str, rank: int, updates: int) -> Path:

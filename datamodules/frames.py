@@ -9,8 +9,9 @@ buffer takes about one frame per transition (≈ 0.8 GB for those 50k) plus its 
 It works by content, not by assuming an order of arrival, so it serves any collector (in-process or worker
 processes delivering in any order) and n-step transitions alike:
 
-- a stack equal to the next stack of one of the last few transitions written (the previous step of the same
-  episode, in whichever batch it came) reuses its frame ids;
+- a stack equal to the next stack of one of the last ``_OPEN_ENDS`` transitions written (the previous step of the
+  same episode, in whichever batch it came, however many workers' batches arrived in between) reuses its frame ids;
+  candidates are found by a fingerprint of the stack (a few thousand of its bytes), then compared whole;
 - a next stack that is the observation shifted by one frame writes only its newest frame;
 - anything else (an episode's first observation, an n-step next observation) writes its frames, each distinct frame
   of the stack once (a reset stack repeats one frame ``S`` times: one frame is written).
@@ -32,7 +33,11 @@ from tensordict import NestedKey, TensorDictBase
 from torchrl.envs import Transform
 
 FRAME_IDS = "frame_ids"  # [stack] ids of the observation's frames, then [stack] of the next observation's
-_OPEN_ENDS = 64  # recent next stacks an incoming observation is matched against
+# Recent next stacks an incoming observation is matched against. A worker's batch continues its environments' episodes
+# from its previous batch, with the other workers' batches in between: 64 was too few for two workers of 64-step
+# batches (each batch's first steps missed, wrote whole stacks, and the ring overflowed: 1.44 frames a transition).
+_OPEN_ENDS = 8192
+_FINGERPRINT_STRIDE = 61  # bytes of a stack between two that its fingerprint reads
 
 
 class FrameStackStore(Transform):
@@ -64,7 +69,11 @@ class FrameStackStore(Transform):
         self.register_buffer("slot_id", torch.full((capacity,), -1, dtype=torch.long, device=device))
         self.register_buffer("written", torch.zeros((), dtype=torch.long))  # frames written so far: the next id
         self.register_buffer("open_ends", torch.full((_OPEN_ENDS, stack), -1, dtype=torch.long))
+        self.register_buffer("open_keys", torch.zeros(_OPEN_ENDS, dtype=torch.long))  # the open ends' fingerprints
         self.register_buffer("open_count", torch.zeros((), dtype=torch.long))
+        sampled = len(range(0, stack * height * width, _FINGERPRINT_STRIDE))
+        # Fixed odd multipliers (no random state): a weighted sum of the sampled bytes, wrapping in int64.
+        self._fingerprint_weights = torch.arange(sampled, dtype=torch.long) * 2_654_435_761 + 1
 
     # ------------------------------------------------------------------------------------------- writing
     def _write(self, frames: torch.Tensor) -> torch.Tensor:
@@ -85,17 +94,24 @@ class FrameStackStore(Transform):
         # each frame takes the id of the last distinct frame at or before it
         return new[torch.cumsum((~same).long(), 0) - 1]
 
-    def _matching_open_end(self, stack: torch.Tensor) -> torch.Tensor | None:
-        """The ids of a recent next stack equal to ``stack`` (whose frames are still in the ring), or None."""
+    def _fingerprint(self, stack: torch.Tensor) -> int:
+        sampled = stack.reshape(-1)[::_FINGERPRINT_STRIDE].cpu().long()
+        return int((sampled * self._fingerprint_weights).sum())
+
+    def _matching_open_end(self, stack: torch.Tensor, key: int) -> torch.Tensor | None:
+        """The ids of a recent next stack equal to ``stack`` (fingerprint ``key``; its frames still in the ring), or
+        None. Candidates with the same fingerprint are compared whole, the most recent first."""
         count = int(self.open_count)
-        for row in range(count - 1, max(count - _OPEN_ENDS, 0) - 1, -1):
-            ids = self.open_ends[row % _OPEN_ENDS]
+        rows = (self.open_keys[: min(count, _OPEN_ENDS)] == key).nonzero().flatten().tolist()
+        for row in sorted(rows, key=lambda row: (count - 1 - row) % _OPEN_ENDS):
+            ids = self.open_ends[row]
             if int(ids.min()) >= int(self.written) - self.capacity and torch.equal(self._read(ids), stack):
                 return ids.clone()
         return None
 
-    def _remember(self, ids: torch.Tensor) -> None:
-        self.open_ends[int(self.open_count) % _OPEN_ENDS] = ids
+    def _remember(self, ids: torch.Tensor, key: int) -> None:
+        row = int(self.open_count) % _OPEN_ENDS
+        self.open_ends[row], self.open_keys[row] = ids, key
         self.open_count += 1
 
     def inv(self, tensordict: TensorDictBase) -> TensorDictBase:
@@ -108,16 +124,17 @@ class FrameStackStore(Transform):
         observations, nexts = tensordict.get(self.key), tensordict.get(("next", self.key))
         ids = torch.empty(observations.shape[0], 2 * self.stack, dtype=torch.long)
         for i, (observation, following) in enumerate(zip(observations, nexts, strict=True)):
-            current = self._matching_open_end(observation)
+            current = self._matching_open_end(observation, self._fingerprint(observation))
             if current is None:
                 current = self._write_stack(observation)
+            following_key = self._fingerprint(following)
             if torch.equal(following[:-1], observation[1:]):
                 upcoming = torch.cat((current[1:], self._write(following[-1:])))
             else:
-                upcoming = self._matching_open_end(following)
+                upcoming = self._matching_open_end(following, following_key)
                 upcoming = self._write_stack(following) if upcoming is None else upcoming
             ids[i, : self.stack], ids[i, self.stack :] = current, upcoming
-            self._remember(upcoming)
+            self._remember(upcoming, following_key)
         out = tensordict.exclude(self.key, ("next", self.key))
         out.set(FRAME_IDS, ids.to(tensordict.device) if tensordict.device is not None else ids)
         return out

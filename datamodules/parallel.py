@@ -9,7 +9,10 @@ through TorchRL's weight sync (shared memory on a CPU) every ``weight_sync_inter
 
 The replay ratio is a ceiling, not a schedule: there is at most one batch per ``frames_per_update`` frames (the
 learner waits for frames when it is faster), and when the learner is slower the workers still collect at full speed
-and the learner samples the freshest buffer (it never owes updates for frames it could not keep up with).
+and the learner samples the freshest buffer (it never owes updates for frames it could not keep up with). The queue
+holds at most a replay buffer's worth of transitions: a learner so far behind that more are waiting would overwrite
+the oldest of them in the buffer before it could sample them, so the feeder drops those oldest batches instead of
+holding them in memory (counted in ``data/dropped``, and in the frame counter: they were collected).
 
 **A worker that dies** (a crash in the emulator, an exception in its step, a kill) stops the run at once with one
 error naming it and its exception (each worker's stderr is also kept in ``<run>/collector_workers/worker<i>.log``);
@@ -165,7 +168,7 @@ class ParallelReplayDataModule(ReplayDataModule):
             frames_per_batch=(self.envs_per_worker if asynchronous else self.num_envs) * self.collect_steps,
             device=self.device,
         )
-        self._feeder = _Feeder(self.collector)
+        self._feeder = _Feeder(self.collector, max_batches=-(-self.buffer_size // self.worker_batch_frames))
         self._feeder.start()
         if self.learner_nice:  # after the workers and the feeder started: they keep the priority they had
             self._learner_priority = os.getpriority(os.PRIO_PROCESS, 0)  # Linux: this thread's
@@ -188,7 +191,7 @@ class ParallelReplayDataModule(ReplayDataModule):
                         raise RuntimeError("the collector feeder thread stopped without a word") from None
         if isinstance(item, BaseException):
             self._raise_worker_death(item)
-        self.frames += item.numel()
+        self.frames += item.numel() + self._feeder.take_dropped_frames()
         return item
 
     def _batches(self) -> Iterator[TensorDictBase]:
@@ -237,6 +240,7 @@ class ParallelReplayDataModule(ReplayDataModule):
         figures = {
             "data/buffer": float(len(self.buffer)) if self.buffer is not None else 0.0,
             "data/queued_batches": float(self.queued_batches),
+            "data/dropped": float(self._feeder.dropped_batches) if self._feeder is not None else 0.0,
             "data/experiences": float(self.frames),
         }
         ended = self._episodes_ended - self._episodes_reported
@@ -285,18 +289,35 @@ class ParallelReplayDataModule(ReplayDataModule):
 
 class _Feeder(threading.Thread):
     """Iterates the multi-process collector (each ``next`` also tells the delivering worker to go on) and queues what
-    arrives, or the exception that ended it, for the learner."""
+    arrives, or the exception that ended it, for the learner; beyond ``max_batches`` waiting, the oldest is dropped."""
 
-    def __init__(self, collector: Any) -> None:
+    def __init__(self, collector: Any, max_batches: int) -> None:
         super().__init__(name="collector-feeder", daemon=True)
-        self.collector = collector
+        self.collector, self.max_batches = collector, max_batches
         self.batches: queue.Queue = queue.Queue()
         self.stopping = False  # set before shutting the collector down: what breaks then is not an error
+        self.dropped_batches = 0
+        self._dropped_frames = 0  # not yet added to the learner's frame counter
+        self._lock = threading.Lock()
 
     def run(self) -> None:
         try:
             for batch in self.collector:
+                while self.batches.qsize() >= self.max_batches:  # only batches are queued before an exception
+                    try:
+                        oldest = self.batches.get_nowait()
+                    except queue.Empty:
+                        break
+                    with self._lock:
+                        self.dropped_batches += 1
+                        self._dropped_frames += oldest.numel()
                 self.batches.put(batch)
         except BaseException as error:  # noqa: BLE001 - handed to the learner, which raises it with context
             if not self.stopping:
                 self.batches.put(error)
+
+    def take_dropped_frames(self) -> int:
+        """Frames of the batches dropped since the last call."""
+        with self._lock:
+            frames, self._dropped_frames = self._dropped_frames, 0
+        return frames

@@ -53,6 +53,19 @@ def test_sampled_stacks_equal_the_written_ones_in_any_arrival_order(play):
     assert store.frames.nbytes == 1000 * 40 * 40 and "observation" not in rb.storage._storage
 
 
+def test_an_episode_continued_after_many_other_workers_batches_still_writes_one_frame_a_step(play):
+    # Environment 0's batches with 90 transitions of another worker between them (14 workers of 64-step batches put
+    # 832 between a worker's consecutive batches; the matching window is 8,192 stacks, found by fingerprint).
+    rb = buffer(capacity=1000, frames=1000)
+    pieces = [play[0, :20], play[1], play[0, 20:]]
+    for piece in pieces:
+        rb.extend(piece.select("observation", "action", ("next", "observation"), ("next", "reward")))
+    written = torch.cat(pieces)
+    assert torch.equal(rb[torch.arange(len(rb))]["observation"], written["observation"])
+    episodes = int(written["next", "done"].sum()) + 2
+    assert int(rb._transform[0].written) == written.shape[0] + episodes  # the continuation was matched
+
+
 def test_n_step_next_observations_are_rebuilt_too(play):
     rb = buffer(capacity=1000, frames=1000)
     n_step = MultiStepTransform(3, 0.9, done_keys=[])

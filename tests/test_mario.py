@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 from tensordict import MemoryMappedTensor, TensorDict
+from tensordict.nn import TensorDictModule
 
+from datamodules.base import AutocastPolicy
 from tests.helpers import chain_config, fit, weights, write_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -97,6 +99,20 @@ def test_the_frame_once_store_resumes_exactly(tmp_path):
         assert torch.equal(a[key], b[key]), key
 
 
+def test_bf16_acting_runs_the_policy_under_autocast_and_hands_back_float32():
+    seen = []
+
+    def q_values(observation: torch.Tensor) -> torch.Tensor:
+        seen.append((torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu")))
+        return torch.nn.functional.linear(observation, torch.ones(3, observation.shape[-1]))
+
+    policy = AutocastPolicy(TensorDictModule(q_values, ["observation"], ["action_value"]), "cpu", torch.bfloat16)
+    out = policy(TensorDict(observation=torch.randn(5, 4), batch_size=[5]))
+    assert seen == [(True, torch.bfloat16)]  # the forward pass ran in bfloat16...
+    assert out["action_value"].dtype == torch.float32  # ...and what it wrote comes back in float32
+    assert not torch.is_autocast_enabled("cpu")
+
+
 def test_bf16_mixed_and_compile_train_the_batch_norm_cnn(tmp_path):
     config = write_config(mario_config(tmp_path, compile=True), tmp_path / "c.yaml")
     cli = fit(config, "--trainer.max_steps", "6", "--trainer.precision", "bf16-mixed")
@@ -140,6 +156,7 @@ def test_the_shipped_config_trains_with_workers_and_resumes_in_its_run_folder(tm
     assert not saved_folder.exists()  # superseded by the resumed run's checkpoint and its own folder
     assert (run / "collector_workers/worker0.log").exists()
     assert (run / "throughput.json").exists()
+    assert isinstance(data.policy, AutocastPolicy) and data.policy.dtype == torch.bfloat16  # the config's bf16 acting
 
 
 @pytest.mark.parametrize(
@@ -147,6 +164,7 @@ def test_the_shipped_config_trains_with_workers_and_resumes_in_its_run_folder(tm
     [
         ("--data.init_args.num_workers", "0", "--data.init_args.num_workers must be >= 1, got 0"),
         ("--data.init_args.buffer_size", "100", "--data.init_args.batch_size (512) must be <= buffer_size (100)"),
+        ("--data.init_args.act_precision", "fp8", "--data.init_args.act_precision must be one of 32, bf16, got 'fp8'"),
     ],
 )
 def test_bad_options_of_the_shipped_config_are_one_error_line_naming_the_flag(tmp_path, capsys, flag, value, message):

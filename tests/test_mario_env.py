@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from torchrl.envs.utils import check_env_specs
 
 from app.cli import main
@@ -55,6 +56,20 @@ def test_specs_shapes_and_the_first_observation():
     first = td["observation"][0, -1]
     assert first.float().std() > 10  # a real picture, not a blank screen
     assert torch.equal(td["observation"], first.expand(2, 8, 128, 128))
+    env.close()
+
+
+def test_an_observation_is_the_luma_of_the_games_own_rgb_screen_area_resized():
+    # The environment reads the emulator's raw 32-bit pixels (contiguous, fast); here the reference is the game's
+    # own RGB view of them, in float64: ITU-R 601 luma, area-resized to 128 x 128, rounded.
+    env = MarioEnv(num_envs=1, noop_max=0)
+    last = play(env, [[RIGHT]] * 20)[-1]["next", "observation"][0, -1]
+    rgb = torch.from_numpy(env._emulators[0].screen.astype(np.float64))
+    luma = rgb @ torch.tensor([0.299, 0.587, 0.114], dtype=torch.float64)
+    expected = F.interpolate(luma[None, None], size=(128, 128), mode="area")[0, 0].round()
+    difference = (last.double() - expected).abs()
+    assert difference.max() <= 1 and (difference > 0).double().mean() < 0.01  # float32 rounding at .5 at most
+    assert last.double().std() > 10
     env.close()
 
 

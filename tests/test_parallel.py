@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tensordict import TensorDictBase
+from tensordict import TensorDict, TensorDictBase
 
 from app.cli import main
 from datamodules.envs.chain import ChainEnv
-from datamodules.parallel import ParallelReplayDataModule
+from datamodules.parallel import ParallelReplayDataModule, _Feeder
 from modules.dqn import DQN
 from tests.helpers import CHAIN, chain_config, fit, saved_replay, weights, write_config
 
@@ -246,3 +246,15 @@ def test_collector_workers_draw_their_own_exploration_noise(tmp_path, monkeypatc
     finally:
         again.teardown("fit")
     assert not torch.equal(actions[:2], actions[2:])  # worker 0's two environments against worker 1's
+
+
+def test_a_learner_far_behind_loses_the_oldest_queued_batches_not_memory():
+    # The feeder holds at most a replay buffer's worth of worker batches (the learner could not sample more before the
+    # buffer overwrote them): beyond that it drops the oldest, counting them and their frames.
+    batches = [TensorDict(step=torch.full((4, 16), i), batch_size=[4, 16]) for i in range(7)]
+    feeder = _Feeder(iter(batches), max_batches=3)
+    feeder.start()
+    feeder.join(timeout=30)
+    kept = [int(feeder.batches.get_nowait()["step"][0, 0]) for _ in range(feeder.batches.qsize())]
+    assert kept == [4, 5, 6] and feeder.dropped_batches == 4
+    assert feeder.take_dropped_frames() == 4 * 64 and feeder.take_dropped_frames() == 0

@@ -44,7 +44,7 @@ from datamodules.envs.nes_compat import ACTION_BUTTONS, ACTION_NAMES, MarioEmula
 __all__ = ["ACTION_NAMES", "MarioEnv"]
 
 SCREEN_SHAPE = (240, 256)
-_GRAY = torch.tensor([0.299, 0.587, 0.114])
+_PIXEL_LUMA = torch.tensor(MarioEmulator.PIXEL_LUMA)
 _STAGE = re.compile(r"^([1-8])-([1-4])$")
 # An agent step moves Mario at most a few pixels a frame; a larger jump is the game moving him (a pipe into another
 # area, the restart after death), not progress, and earns nothing (nes-py's own rule, per frame).
@@ -145,8 +145,8 @@ class MarioEnv(EnvBase):
     # ------------------------------------------------------------------------------------------- frames
     def _screens(self, envs: list[int]) -> torch.Tensor:
         """The emulators' current frames, grayscale ``[len(envs), size, size]`` uint8."""
-        rgb = torch.from_numpy(np.stack([self._emulators[env].screen for env in envs])).float()
-        gray = (rgb @ _GRAY).unsqueeze(1)
+        pixels = torch.from_numpy(np.stack([self._emulators[env].screen_pixels for env in envs])).float()
+        gray = (pixels @ _PIXEL_LUMA).unsqueeze(1)
         small = F.interpolate(gray, size=(self.size, self.size), mode="area")
         return small.squeeze(1).round_().to(torch.uint8)
 
@@ -179,7 +179,7 @@ class MarioEnv(EnvBase):
             out[key] = metrics.get(key, torch.zeros(n)).view(n, 1).float()
         if reward is not None:
             out["reward"] = reward.view(n, 1)
-        return TensorDict(out, batch_size=self.batch_size).to(self.device)
+        return TensorDict(out, batch_size=self.batch_size, device=self.device)  # moves the entries when not on CPU
 
     def _reset(self, tensordict: TensorDictBase | None = None, **kwargs: Any) -> TensorDictBase:
         """Restart the flagged environments (all, without ``_reset``) and those never started."""
