@@ -8,12 +8,12 @@ For each worker count W, in one run:
   thread each, resetting when an episode ends) for ``--seconds / 3``: emulator frames per second, all processes
   together. What W collector workers could do at most on this machine.
 - ``fit``: ``python -m app fit --config configs/mario_ddqn.yaml`` in its own process, with
-  ``--data.init_args.num_workers W`` (4 emulators each) for ``--seconds`` of wall time, the learner training all
-  along once the warm-up frames are in, with the throughput report: experiences (agent steps, 6 emulator frames
-  each) per second and updates per second in its steady state (after the first update: the evaluation environments'
-  start and the warm-up are left out). The learner updates on batches of ``--batch-size`` without accumulation, so
-  that its updates are frequent enough to frame that window (the shipped 4 × 512 takes about 13 s per update on this
-  CPU); it runs at a lower priority than the workers either way.
+  ``--data.init_args.num_workers W`` (the config's ``envs_per_worker`` emulators each) for ``--seconds`` of wall time,
+  the learner training all along once the warm-up frames are in, with the throughput report: experiences (agent steps, 6
+  emulator frames each) per second and updates per second in its steady state (after the first update: the evaluation
+  environments' start and the warm-up are left out). The learner updates on batches of ``--batch-size`` without
+  accumulation, so that its updates are frequent enough to frame that window (the shipped 4 × 512 takes about 13 s per
+  update on this CPU); it runs at a lower priority than the workers either way.
 
 The figure the issue asks for is ``collection / raw``: the emulator frames the workers turned into experiences per
 second while the learner trained, against the raw speed of W processes. Episodes' no-op starts (0-8 steps of 6
