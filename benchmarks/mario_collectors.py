@@ -7,18 +7,23 @@ For each worker count W, in one run:
 - ``raw``: W processes step the bare emulator at once (gym-super-mario-bros' own ``step`` with random buttons, one
   thread each, resetting when an episode ends) for ``--seconds / 3``: emulator frames per second, all processes
   together. What W collector workers could do at most on this machine.
+- ``alone``: the config's W collector workers feeding the replay buffer for ``--seconds / 2`` with no learner (this
+  process takes their batches and stores them, as the training process's feeder does): experiences per second and
+  training episodes ended. What the workers collect when nothing else runs beside them; against ``fit`` below, what
+  the learner costs them.
 - ``fit``: ``python -m app fit --config configs/mario_ddqn.yaml`` in its own process, with
-  ``--data.init_args.num_workers W`` (the config's ``envs_per_worker`` emulators each) for ``--seconds`` of wall time,
-  the learner training all along once the warm-up frames are in, with the throughput report: experiences (agent steps, 6
-  emulator frames each) per second and updates per second in its steady state (after the first update: the evaluation
-  environments' start and the warm-up are left out). The learner updates on batches of ``--batch-size`` without
-  accumulation, so that its updates are frequent enough to frame that window (the shipped 4 × 512 takes about 13 s per
-  update on this CPU); it runs at a lower priority than the workers either way.
+  ``--data.init_args.num_workers W`` (``--envs-per-worker`` emulators each, default the config's) for ``--seconds``
+  of wall time, the learner training all along once the warm-up frames are in, with the throughput report:
+  experiences (agent steps, 6 emulator frames each) per second and updates per second in its steady state (after the
+  first update: the evaluation environments' start and the warm-up are left out). The learner updates on batches of
+  ``--batch-size`` without accumulation, so that its updates are frequent enough to frame that window (the shipped
+  4 × 512 takes about 13 s per update on this CPU); it runs at a lower priority than the workers either way.
 
 The figure the issue asks for is ``collection / raw``: the emulator frames the workers turned into experiences per
 second while the learner trained, against the raw speed of W processes. Episodes' no-op starts (0-8 steps of 6
-frames each) run on the emulator but are not experiences, so the ratio slightly understates the workers' speed.
-Writes a JSON and a Markdown table beside ``--out``.
+frames each, 4 on average) run on the emulator but are not experiences, so the ratio understates the emulators'
+speed; ``alone`` counts the episodes, which tells by how much (``noop_share``: the expected no-op frames against
+all the emulator frames the workers ran). Writes a JSON and a Markdown table beside ``--out``.
 """
 
 from __future__ import annotations
@@ -69,9 +74,44 @@ def raw_speed(processes: int, seconds: float) -> float:
     return sum(speeds)
 
 
-def fit_speed(workers: int, seconds: float, batch_size: int, out: Path) -> dict:
+def collection_alone(workers: int, envs_per_worker: int | None, seconds: float) -> dict:
+    """The shipped config's ``workers`` collector workers feeding the replay buffer for ``seconds`` with no learner."""
+    import torch
+
+    from app.cli import build
+
+    torch.set_num_threads(1)
+    overrides = ["--data.init_args.num_workers", str(workers)]
+    if envs_per_worker is not None:
+        overrides += ["--data.init_args.envs_per_worker", str(envs_per_worker)]
+    model, data = build([str(ROOT / "configs/mario_ddqn.yaml")], overrides)
+    data.setup("fit")
+    data.connect(model.policy(), model.postprocess, model.batch_keys(), model.store_transform())  # as DQN.setup does
+    data._build_collector()
+    try:
+        data.delivered(wait=True)  # the workers' start-up, outside the window
+        experiences = episodes = 0
+        start = time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            batch = data.delivered(wait=True)
+            data._store(batch)
+            experiences += batch.numel()
+            episodes += int(batch.get(("next", "done")).sum())
+        elapsed = time.perf_counter() - start
+    finally:
+        data.teardown("fit")
+    noop_frames = episodes * 4 * 6  # 0-8 no-op steps per episode start, uniformly: 4 on average, 6 frames each
+    return {
+        "experiences_per_s": experiences / elapsed,
+        "episodes": episodes,
+        "noop_share": noop_frames / (noop_frames + 6 * experiences),
+    }
+
+
+def fit_speed(workers: int, seconds: float, batch_size: int, envs_per_worker: int | None, out: Path) -> dict:
     """The shipped config with ``workers`` collector workers for ``seconds``: its throughput report's figures."""
     run = out / f"workers{workers}"
+    emulators = [] if envs_per_worker is None else ["--data.init_args.envs_per_worker", str(envs_per_worker)]
     clock = time.strftime("%H:%M:%S", time.gmtime(seconds))
     subprocess.run(
         [
@@ -97,6 +137,7 @@ def fit_speed(workers: int, seconds: float, batch_size: int, out: Path) -> dict:
             "1",
             "--trainer.callbacks.init_args.bare_update_seconds",
             "0",
+            *emulators,
         ],
         cwd=ROOT,
         check=True,
@@ -111,18 +152,24 @@ def main() -> None:
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--seconds", type=float, default=150.0, help="wall time of each fit")
     parser.add_argument("--batch-size", type=int, default=32, help="the learner's batch (no accumulation)")
+    parser.add_argument("--envs-per-worker", type=int, help="emulators per worker (default: the config's)")
     parser.add_argument("--out", type=Path, default=ROOT / "runs/bench_mario_collectors")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
     for workers in args.workers:
         raw = raw_speed(workers, args.seconds / 3)
-        fit = fit_speed(workers, args.seconds, args.batch_size, args.out)
+        alone = collection_alone(workers, args.envs_per_worker, args.seconds / 2)
+        fit = fit_speed(workers, args.seconds, args.batch_size, args.envs_per_worker, args.out)
         collected = 6 * fit["experiences_per_s"]
         rows.append(
             {
                 "workers": workers,
+                "envs_per_worker": args.envs_per_worker or "config",
                 "raw_emulator_frames_per_s": raw,
+                "alone_experiences_per_s": alone["experiences_per_s"],
+                "alone_vs_raw": 6 * alone["experiences_per_s"] / raw,
+                "noop_share": alone["noop_share"],
                 "experiences_per_s": fit["experiences_per_s"],
                 "collected_emulator_frames_per_s": collected,
                 "collection_vs_raw": collected / raw,
@@ -138,13 +185,15 @@ def main() -> None:
     }
     (args.out / "mario_collectors.json").write_text(json.dumps(result, indent=2) + "\n")
     lines = [
-        "| workers | raw emulator frames/s | experiences/s | as emulator frames/s | collection / raw | updates/s |",
-        "|---:|---:|---:|---:|---:|---:|",
+        "| workers | raw emulator frames/s | experiences/s, no learner | alone / raw | no-op share | experiences/s, "
+        "learning | as emulator frames/s | collection / raw | updates/s |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
         lines.append(
-            f"| {row['workers']} | {row['raw_emulator_frames_per_s']:,.0f} | {row['experiences_per_s']:,.1f} | "
-            f"{row['collected_emulator_frames_per_s']:,.0f} | {row['collection_vs_raw']:.2f} | "
+            f"| {row['workers']} | {row['raw_emulator_frames_per_s']:,.0f} | {row['alone_experiences_per_s']:,.1f} | "
+            f"{row['alone_vs_raw']:.3f} | {row['noop_share']:.3f} | {row['experiences_per_s']:,.1f} | "
+            f"{row['collected_emulator_frames_per_s']:,.0f} | {row['collection_vs_raw']:.3f} | "
             f"{row['updates_per_s']:.3f} |"
         )
     (args.out / "mario_collectors.md").write_text("\n".join(lines) + "\n")

@@ -7,7 +7,6 @@ which mean the same thing whatever the number of environments, the replay ratio 
 from __future__ import annotations
 
 import os
-import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,7 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
-from datamodules.base import TEMPORARY_MARK, RLDataModule
+from datamodules.base import TEMPORARY_MARK, RLDataModule, remove_path
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -58,7 +57,7 @@ def remove_stale_temporaries(folder: str | Path) -> list[Path]:
     for path in Path(folder).glob(f".*{TEMPORARY_MARK}*"):
         pid = path.name.rpartition(TEMPORARY_MARK)[2]
         if pid.isdigit() and not _process_alive(int(pid)):
-            shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
+            remove_path(path)
             removed.append(path)
     return removed
 

@@ -604,7 +604,7 @@ class RLDataModule(EnvSpecs, pl.LightningDataModule):
         checkpoint, rank = Path(checkpoint_path), self.trainer.global_rank
         for path in checkpoint.parent.glob(f"{glob.escape(checkpoint.name)}.*rank{rank}-step*"):
             if keep_updates is None or not path.name.endswith(f"rank{rank}-step{keep_updates}"):
-                shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
+                remove_path(path)
 
     def _load_state(self, state_dict: dict[str, Any]) -> None:
         """Subclasses restore their own parts here, then call this (the base parts)."""
@@ -683,6 +683,11 @@ def beside_path(checkpoint_path: str | Path, kind: str, rank: int, updates: int)
 
 
 TEMPORARY_MARK = ".tmp-"  # files and folders being written: .<name>.tmp-<pid of the writing process>
+
+
+def remove_path(path: Path) -> None:
+    """Delete ``path``, a file or a folder with everything in it (nothing if it is gone already)."""
+    shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
 
 
 def write_folder_atomically(folder: Path, write: Callable[[Path], None]) -> None:

@@ -5,7 +5,9 @@ Each worker process runs its own environments and its own copy of the acting pol
 training process takes their batches as they arrive and queues them, so the workers never wait for the learner:
 collection overlaps learning (the seed's "a queue per collector, merged by a consolidation thread"). Before each
 update the learner moves every queued batch into the replay buffer and samples from it. Weights reach the workers
-through TorchRL's weight sync (shared memory on a CPU) every ``weight_sync_interval`` updates.
+through TorchRL's shared-memory weight sync: with the learner on a CPU its parameters themselves live in shared memory,
+so the workers act with every update's weights at once; with the learner on a GPU they are copied to the workers'
+shared memory every ``weight_sync_interval`` updates.
 
 The replay ratio is a ceiling, not a schedule: there is at most one batch per ``frames_per_update`` frames (the
 learner waits for frames when it is faster), and when the learner is slower the workers still collect at full speed
@@ -62,7 +64,8 @@ class ParallelReplayDataModule(ReplayDataModule):
         collector: ``async`` (each worker delivers as soon as its batch is full: TorchRL's ``MultiAsyncCollector``)
             or ``sync`` (one batch of every worker at a time: ``MultiSyncCollector``).
         collect_steps: environment steps in a worker's batch (``envs_per_worker * collect_steps`` frames).
-        weight_sync_interval: updates between pushes of the learner's weights to the workers.
+        weight_sync_interval: updates between pushes of the learner's weights to the workers, when the learner is on a
+            GPU (on a CPU the workers share its parameters: every update reaches them at once).
         learner_nice: the training thread's niceness while the workers run (restored at the end), so that on a
             machine without a spare core the learner takes only the CPU time the collectors leave (they must never
             wait for it: the seed's rule). Linux gives each thread its own priority, so the workers and the feeder,

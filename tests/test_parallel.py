@@ -58,7 +58,7 @@ def test_the_training_episodes_return_is_each_episodes_own_reward_sum(tmp_path, 
     assert figures["train/return_mean"] == pytest.approx(ended["terminated"] / ended["episodes"])
 
 
-def test_weights_pushed_by_the_learner_reach_the_workers(tmp_path, monkeypatch):
+def test_the_learners_weights_reach_the_workers_when_pushed_and_on_a_cpu_at_once(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     data = ParallelReplayDataModule(
         ChainEnv, num_workers=2, envs_per_worker=2, collect_steps=2, learner_nice=0, warmup_frames=1, batch_size=1
@@ -80,11 +80,14 @@ def test_weights_pushed_by_the_learner_reach_the_workers(tmp_path, monkeypatch):
     try:
         set_weights(0)
         data._build_collector()
-        for action in (1, 0, 1):
-            push(action)
+        for action, change in ((1, push), (0, push), (1, push), (0, set_weights)):
+            change(action)
             # Batches already under way may hold the old weights' actions; a few later ones all have the new ones.
             batches: list[TensorDictBase] = [data.delivered(wait=True) for _ in range(8)]
             assert all(bool((batch["action"] == action).all()) for batch in batches[-3:]), action
+        # The last change was not pushed: on a CPU the workers act with the learner's parameters themselves (TorchRL's
+        # shared-memory weight sync moved them there), so every update reaches them at once.
+        assert all(parameter.is_shared() for parameter in model.q_network.parameters())
     finally:
         data.teardown("fit")
 
