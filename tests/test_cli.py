@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,13 +18,17 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def run_app(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """``python -m app *args`` in a fresh process with a bare environment, but the test run's ``PATH``, home and
+    compiled-extensions folder: the Snake kernel built once for the suite is then the one every process loads (another
+    folder, or another ``ninja`` found on another ``PATH``, would compile it again: half a minute)."""
+    kept = {name: os.environ[name] for name in ("PATH", "HOME", "TORCH_EXTENSIONS_DIR") if name in os.environ}
     return subprocess.run(
         [sys.executable, "-m", "app", *args],
         cwd=cwd,
         capture_output=True,
         text=True,
         timeout=300,
-        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", **kept},
     )
 
 
