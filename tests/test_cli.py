@@ -86,12 +86,15 @@ def test_print_config_resolves_composed_configs_and_overrides(tmp_path):
         ),
     ],
 )
-def test_bad_input_exits_with_one_clear_message_before_any_output(tmp_path, args, message):
+def test_bad_input_exits_with_one_clear_message_before_any_output(tmp_path, capsys, args, message):
+    # In this process (the error path is the same code; the tests that run `python -m app` show it as a process).
     config = write_config(chain_config("dqn", tmp_path / "out"), tmp_path / "c.yaml")
-    result = run_app("fit", "--config", str(config), *args, cwd=tmp_path)
-    assert result.returncode != 0
-    assert message in result.stderr
-    assert "Traceback" not in result.stderr
+    with pytest.raises(SystemExit) as exited:
+        main(["fit", "--config", str(config), *args])
+    assert exited.value.code not in (0, None)
+    stderr = capsys.readouterr().err
+    assert message in stderr
+    assert "Traceback" not in stderr
     assert not (tmp_path / "out").exists()
 
 
