@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import signal
 import sys
 import warnings
 from collections.abc import Sequence
@@ -25,6 +26,7 @@ from jsonargparse import _parameter_resolvers
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.callbacks import Callback, TQDMProgressBar
 from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torchrl.envs import EnvBase
 
 from app.errors import COMPONENT_KEYS, OneLineErrorParser, constructor_error_line, tag_constructor_errors
@@ -225,17 +227,22 @@ def main(args: list[str] | None = None, extra_callbacks: Sequence[Callback] = ()
     defaults["callbacks"] = [*defaults["callbacks"], *extra_callbacks]
     if argv and argv[0] == "validate":
         defaults["limit_val_batches"] = 1
-    return RLCLI(
-        pl.LightningModule,
-        pl.LightningDataModule,
-        subclass_mode_model=True,
-        subclass_mode_data=True,
-        trainer_defaults=defaults,
-        save_config_callback=SaveRunConfig,
-        save_config_kwargs={"overwrite": True},
-        args=args,
-        auto_configure_optimizers=False,
-    )
+    try:
+        return RLCLI(
+            pl.LightningModule,
+            pl.LightningDataModule,
+            subclass_mode_model=True,
+            subclass_mode_data=True,
+            trainer_defaults=defaults,
+            save_config_callback=SaveRunConfig,
+            save_config_kwargs={"overwrite": True},
+            args=args,
+            auto_configure_optimizers=False,
+        )
+    except SIGTERMException:
+        # Lightning stops at the next step and exits with status 0, which a scheduler reads as a finished run.
+        print("stopped by SIGTERM; the checkpoints are as last saved (continue with --ckpt_path last)", file=sys.stderr)
+        raise SystemExit(128 + signal.SIGTERM) from None
 
 
 def build(config_paths: list[str], overrides: list[str] | tuple[str, ...] = ()) -> tuple[RLModule, RLDataModule]:

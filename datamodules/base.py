@@ -396,6 +396,11 @@ class RLDataModule(EnvSpecs, pl.LightningDataModule):
         # `validate` plays greedy evaluation episodes; the single item only makes Lightning call validation_step once.
         return DataLoader([0], batch_size=None, collate_fn=_identity)
 
+    def on_exception(self, exception: BaseException) -> None:
+        # Lightning calls `teardown` only when a stage ends normally. After an error, Ctrl-C or SIGTERM the collector
+        # must stop here: its worker processes are not daemons, so the interpreter would wait for them at exit forever.
+        self.teardown(self.trainer.state.fn if self.trainer is not None else "fit")
+
     def teardown(self, stage: str) -> None:
         self.settle()
         if self.collector is not None:

@@ -3,15 +3,23 @@ multi-process collectors and worker processes, a real Lightning loop."""
 
 from __future__ import annotations
 
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import time
+
 import pytest
 import torch
+from lightning.pytorch.callbacks import Callback
 from tensordict import TensorDict, TensorDictBase
 
 from app.cli import main
 from datamodules.envs.chain import ChainEnv
 from datamodules.parallel import ParallelReplayDataModule, _Feeder
 from modules.dqn import DQN
-from tests.helpers import CHAIN, chain_config, fit, saved_replay, weights, write_config
+from tests.helpers import CHAIN, ROOT, chain_config, fit, saved_replay, weights, write_config
 
 
 def parallel_config(tmp_path, **data) -> dict:
@@ -132,6 +140,61 @@ def test_a_worker_that_raises_stops_the_run_naming_it_and_its_exception_and_the_
     assert "the last checkpoint is intact: continue from it with --ckpt_path last" in message
     checkpoint = torch.load(tmp_path / "checkpoints/last.ckpt", weights_only=True)
     assert checkpoint["global_step"] > 0 and checkpoint["ParallelReplayDataModule"]["frames"] >= 64
+
+
+def test_an_error_in_the_learner_stops_the_workers_before_it_leaves_fit(tmp_path):
+    # Lightning tears the data module down only when a stage ends normally; the workers are not daemon processes,
+    # so unless the error stops them the interpreter waits for them at exit, forever.
+    class LearnerBug(Callback):
+        def on_train_batch_end(self, trainer, *args):
+            if trainer.global_step == 5:
+                raise RuntimeError("a bug in the learner")
+
+    config = parallel_config(tmp_path)
+    config["trainer"]["max_steps"] = 10_000
+    with pytest.raises(RuntimeError, match="a bug in the learner"):
+        main(["fit", "--config", str(write_config(config, tmp_path / "c.yaml"))], extra_callbacks=[LearnerBug()])
+    assert multiprocessing.active_children() == []
+
+
+def test_sigterm_stops_the_run_and_its_workers_with_the_signals_exit_status(tmp_path):
+    # What a scheduler or `kill` sends to the training process alone (Ctrl-C reaches the workers too).
+    config = parallel_config(tmp_path)
+    config["trainer"]["max_steps"] = 100_000
+    path = write_config(config, tmp_path / "c.yaml")
+    environment = {
+        "PYTHONPATH": str(ROOT),
+        **{name: os.environ[name] for name in ("PATH", "HOME") if name in os.environ},
+    }
+    run = subprocess.Popen(
+        [sys.executable, "-m", "app", "fit", "--config", str(path)],
+        cwd=tmp_path,
+        env=environment,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group, which the workers join
+    )
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "collector_workers" / "worker1.log").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(2.0)  # the workers deliver and the learner updates
+    assert run.poll() is None, run.stderr.read()
+    run.send_signal(signal.SIGTERM)
+    _, errors = run.communicate(timeout=60)
+    assert run.returncode == 128 + signal.SIGTERM, errors
+    assert errors.strip().splitlines()[-1] == (
+        "stopped by SIGTERM; the checkpoints are as last saved (continue with --ckpt_path last)"
+    )
+    deadline = time.monotonic() + 10  # the group empties once every worker has exited
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(run.pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.2)
+    else:
+        pytest.fail("collector workers outlived the run")
 
 
 def test_resume_continues_the_buffer_counters_and_weights(tmp_path):
