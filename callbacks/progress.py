@@ -80,12 +80,17 @@ class RLProgressBar(TQDMProgressBar):
         self._evaluation = next((cb for cb in trainer.callbacks if isinstance(cb, PeriodicEvaluation)), None)
         self._points = deque([(_clock(), self._frames(trainer), trainer.global_step)])
         self._next_redraw = 0.0
+        # A run resumed from a checkpoint continues its epoch without `on_train_epoch_start`: count from here too.
+        self._count_updates(trainer)
 
     def on_train_epoch_start(self, trainer: pl.Trainer, *_: Any) -> None:
-        # Not Lightning's "Epoch N" over the batches of an epoch: an RL stream has no epochs, so the bar counts
-        # updates, from where a resumed run stands, to max_steps.
         if self._leave:
             self.train_progress_bar = self.init_train_tqdm()
+        self._count_updates(trainer)
+
+    def _count_updates(self, trainer: pl.Trainer) -> None:
+        # Not Lightning's "Epoch N" over the batches of an epoch: an RL stream has no epochs, so the bar counts
+        # updates, from where a resumed run stands, to max_steps.
         bar = self.train_progress_bar
         bar.reset()
         bar.total = trainer.max_steps if trainer.max_steps > 0 else None

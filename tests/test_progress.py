@@ -45,6 +45,19 @@ def test_shipped_config_shows_frames_rates_and_the_latest_evaluation(tmp_path, m
     assert (tmp_path / "runs" / "snake_dqn" / "version_0" / "metrics.csv").exists()
 
 
+def test_a_resumed_run_counts_its_updates_towards_max_steps(tmp_path, capsys):
+    config = chain_config("dqn", tmp_path)
+    config["trainer"].update(max_steps=20, enable_progress_bar=True)
+    path = write_config(config, tmp_path / "c.yaml")
+    fit(path)
+    capsys.readouterr()
+    cli = fit(path, "--trainer.max_steps", "35", "--ckpt_path", "last")
+    bar = cli.trainer.progress_bar_callback.train_progress_bar
+    assert (bar.initial, bar.n, bar.total) == (20, 35, 35)  # Lightning skips on_train_epoch_start on a resume
+    drawn = capsys.readouterr().out  # Lightning's bars write to stdout
+    assert "35/35 updates" in drawn and "35/? updates" not in drawn  # before the fix: the count with no total
+
+
 def test_the_bar_redraws_by_the_clock_not_by_the_step(tmp_path):
     config = chain_config("ppo", tmp_path)
     config["trainer"]["enable_progress_bar"] = True
