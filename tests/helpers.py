@@ -81,9 +81,8 @@ def short_snake_fit(config_name: str, *overrides: str):
     there. The torch backend plays the same games as the default C++ kernel (``tests/test_snake_env.py``) without
     its first-use compilation.
     """
-    root = Path(__file__).resolve().parents[1]
     backend = ("--data.init_args.env.init_args.backend", "torch")
-    return fit(root / "configs" / config_name, "--threads", "1", "--trainer.max_time", "null", *backend, *overrides)
+    return fit(ROOT / "configs" / config_name, "--threads", "1", "--trainer.max_time", "null", *backend, *overrides)
 
 
 def weights(checkpoint: Path) -> dict[str, torch.Tensor]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib.util
-from pathlib import Path
 
 import pytest
 import torch
@@ -11,8 +10,8 @@ from tensordict import TensorDict
 
 from app.cli import build, main
 from modules.bare import as_replay_sample, bare_update, batch_pool, framework_free_update, ppo_batch
+from tests.helpers import ROOT, chain_config, write_config
 
-ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["--threads", "1", "--data.init_args.num_envs", "4"]
 
 
@@ -87,9 +86,6 @@ def test_bare_ppo_update_computes_clip_ppo_loss():
 def test_update_cost_interleaves_bare_slices_between_timed_fit_segments(tmp_path):
     # benchmarks/update_cost.py's instrument on a tiny run: segments of the fit alternate with slices of a stand-in
     # bare step, and the segments' time per update leaves the bare slices out.
-
-    from tests.helpers import chain_config, write_config
-
     spec = importlib.util.spec_from_file_location("update_cost", ROOT / "benchmarks" / "update_cost.py")
     update_cost = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(update_cost)

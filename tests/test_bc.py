@@ -20,9 +20,8 @@ from datamodules.envs.racing import STEERING_LIMIT, RacingEnv
 from export.cli import main as export_main
 from export.loader import TracedPolicy
 from modules.bc import BehaviourCloning
-from tests.helpers import fit, weights, write_config
+from tests.helpers import ROOT, fit, weights, write_config
 
-ROOT = Path(__file__).resolve().parents[1]
 SHORT_EPISODES = ("--data.init_args.env.init_args.max_steps", "200")  # closed-loop episodes of 4 s, not 100 s
 
 

@@ -12,9 +12,7 @@ import torch
 import yaml
 
 from app.cli import main
-from tests.helpers import chain_config, fit, write_config
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.helpers import ROOT, chain_config, fit, write_config
 
 
 def run_app(*args: str, cwd: Path) -> subprocess.CompletedProcess:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import lightning.pytorch as pl
 import pytest
 import torch
@@ -11,8 +9,8 @@ import torch
 from app.cli import build
 from datamodules.base import RLDataModule
 from modules.base import RLModule
+from tests.helpers import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 AGENT_CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
 PRESETS = sorted((ROOT / "configs" / "bench").glob("*.yaml"))
 

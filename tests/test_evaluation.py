@@ -6,15 +6,13 @@ The figures pinned here are the ones README.md and BENCHMARKS.md quote for a ran
 from __future__ import annotations
 
 import csv
-from pathlib import Path
 
 import pytest
 import torch
 
 from app.cli import build
-from tests.helpers import short_snake_fit
+from tests.helpers import ROOT, short_snake_fit
 
-ROOT = Path(__file__).resolve().parents[1]
 # The same games as the default C++ kernel (tests/test_snake_env.py), without its first-use compilation.
 TORCH_BACKEND = ("--data.init_args.env.init_args.backend", "torch")
 

@@ -33,9 +33,8 @@ from tests.export_helpers import (
     file_sha256,
     seed_mlp,
 )
-from tests.helpers import chain_config, fit, write_config
+from tests.helpers import ROOT, chain_config, fit, write_config
 
-ROOT = Path(__file__).resolve().parents[1]
 FIT_SIZES = [8, 32]
 SEED_SIZES = [512, 1024, 2048]
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.helpers import ROOT
 
 
 def imported_modules(path: Path) -> set[str]:

@@ -15,9 +15,7 @@ from tensordict import TensorDict
 from app.cli import main
 from modules.dqn import DQN
 from modules.ppo import PPO
-from tests.helpers import chain_config, fit, write_config
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.helpers import ROOT, chain_config, fit, write_config
 
 
 @pytest.mark.parametrize("agent", ["dqn", "ppo"])

@@ -12,9 +12,8 @@ from tensordict import MemoryMappedTensor, TensorDict
 from tensordict.nn import TensorDictModule
 
 from datamodules.base import AutocastPolicy
-from tests.helpers import chain_config, fit, weights, write_config
+from tests.helpers import ROOT, chain_config, fit, weights, write_config
 
-ROOT = Path(__file__).resolve().parents[1]
 # Small frames and short stacks keep the real emulator's tests quick; the network is the seed's at any frame size.
 SMALL_MARIO = {
     "class_path": "datamodules.envs.mario.MarioEnv",

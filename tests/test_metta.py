@@ -16,9 +16,8 @@ import yaml
 pytest.importorskip("mettagrid", reason='the metta extra: pip install -e ".[metta]"')
 
 from app.cli import main
-from tests.helpers import weights
+from tests.helpers import ROOT, weights
 
-ROOT = Path(__file__).resolve().parents[1]
 # configs/metta_ppo.yaml shrunk for a test (2 environments of 4 agents on a small map, 16-step rollouts cut into
 # 8-step segments), its worker processes, logger, checkpoints and evaluation left on.
 SMALL = [

@@ -11,9 +11,7 @@ import yaml
 
 from datamodules.envs.vehicle import VehicleEnv
 from modules.pirl import PhysicsInformedDQN
-from tests.helpers import fit, weights, write_config
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.helpers import ROOT, fit, weights, write_config
 
 
 def small_run(config_name: str, root: Path, **model: object) -> dict:

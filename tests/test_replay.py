@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
-from pathlib import Path
 
 import pytest
 import torch
@@ -15,9 +14,7 @@ from app.cli import build
 from datamodules.envs.chain import ChainEnv
 from datamodules.replay import _start_background_thread
 from datamodules.rollout import RolloutDataModule
-from tests.helpers import chain_config, fit, write_config
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.helpers import ROOT, chain_config, fit, write_config
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from callbacks.schedule import AtomicCheckpointIO
-from tests.helpers import chain_config, fit, saved_replay, weights, write_config
+from tests.helpers import ROOT, chain_config, fit, saved_replay, weights, write_config
 
 
 @pytest.mark.parametrize("agent", ["dqn", "dqn-3-step", "dqn-prioritized", "dqn-prefetch", "ppo", "recurrent"])
@@ -112,7 +112,6 @@ def test_nan_loss_stops_with_clear_error_and_keeps_last_good_checkpoint(tmp_path
 # ------------------------------------------------------------------------------------------------------------------
 # Resuming the shipped configs as README runs them: CSV logger on, `--ckpt_path last`, the run's own folder.
 
-ROOT = Path(__file__).resolve().parents[1]
 # Small enough to run in seconds; everything else (logger, callbacks, model) as shipped.
 SHORT = {
     "snake_ppo": [

@@ -18,9 +18,8 @@ from app.stages import MARKER, stage_folder
 from datamodules.envs.racing import RacingEnv
 from modules.bare import tanh_gaussian_sample
 from modules.sac import SAC
-from tests.helpers import fit, weights, write_config
+from tests.helpers import ROOT, fit, weights, write_config
 
-ROOT = Path(__file__).resolve().parents[1]
 ENV = RacingEnv(curvature_ahead=[5, 15, 30])
 SPECS = {"observation_spec": ENV.observation_spec[0], "action_spec": ENV.action_spec[0]}
 SHORT_EPISODES = {"max_steps": 200}  # evaluation episodes of 4 s instead of 100 s
