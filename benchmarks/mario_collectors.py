@@ -6,7 +6,9 @@ For each worker count W, in one run:
 
 - ``raw``: W processes step the bare emulator at once (gym-super-mario-bros' own ``step`` with random buttons, one
   thread each, resetting when an episode ends) for ``--seconds / 3``: emulator frames per second, all processes
-  together. What W collector workers could do at most on this machine.
+  together. What W collector workers could do at most on this machine. Measured before ``alone`` and again after
+  ``fit``: the machine's speed drifts by several per cent within minutes, so the ratios below are against the mean
+  of the two, which brackets the runs they compare.
 - ``alone``: the config's W collector workers feeding the replay buffer for ``--seconds / 2`` with no learner (this
   process takes their batches and stores them, as the training process's feeder does): experiences per second and
   training episodes ended. What the workers collect when nothing else runs beside them; against ``fit`` below, what
@@ -158,14 +160,18 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
     for workers in args.workers:
-        raw = raw_speed(workers, args.seconds / 3)
+        raw_before = raw_speed(workers, args.seconds / 3)
         alone = collection_alone(workers, args.envs_per_worker, args.seconds / 2)
         fit = fit_speed(workers, args.seconds, args.batch_size, args.envs_per_worker, args.out)
+        raw_after = raw_speed(workers, args.seconds / 3)
+        raw = (raw_before + raw_after) / 2
         collected = 6 * fit["experiences_per_s"]
         rows.append(
             {
                 "workers": workers,
                 "envs_per_worker": args.envs_per_worker or "config",
+                "raw_before_frames_per_s": raw_before,
+                "raw_after_frames_per_s": raw_after,
                 "raw_emulator_frames_per_s": raw,
                 "alone_experiences_per_s": alone["experiences_per_s"],
                 "alone_vs_raw": 6 * alone["experiences_per_s"] / raw,
@@ -185,13 +191,14 @@ def main() -> None:
     }
     (args.out / "mario_collectors.json").write_text(json.dumps(result, indent=2) + "\n")
     lines = [
-        "| workers | raw emulator frames/s | experiences/s, no learner | alone / raw | no-op share | experiences/s, "
-        "learning | as emulator frames/s | collection / raw | updates/s |",
+        "| workers | raw emulator frames/s (before, after) | experiences/s, no learner | alone / raw | no-op share | "
+        "experiences/s, learning | as emulator frames/s | collection / raw | updates/s |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
         lines.append(
-            f"| {row['workers']} | {row['raw_emulator_frames_per_s']:,.0f} | {row['alone_experiences_per_s']:,.1f} | "
+            f"| {row['workers']} | {row['raw_emulator_frames_per_s']:,.0f} ({row['raw_before_frames_per_s']:,.0f}, "
+            f"{row['raw_after_frames_per_s']:,.0f}) | {row['alone_experiences_per_s']:,.1f} | "
             f"{row['alone_vs_raw']:.3f} | {row['noop_share']:.3f} | {row['experiences_per_s']:,.1f} | "
             f"{row['collected_emulator_frames_per_s']:,.0f} | {row['collection_vs_raw']:.3f} | "
             f"{row['updates_per_s']:.3f} |"
