@@ -240,8 +240,9 @@ def main(args: list[str] | None = None, extra_callbacks: Sequence[Callback] = ()
             auto_configure_optimizers=False,
         )
     except SIGTERMException:
-        # Lightning stops at the next step and exits with status 0, which a scheduler reads as a finished run.
-        print("stopped by SIGTERM; the checkpoints are as last saved (continue with --ckpt_path last)", file=sys.stderr)
+        # Lightning stops after the current update (FrameCheckpoint saves then) and exits with status 0, which a
+        # scheduler would read as a finished run.
+        print("stopped by SIGTERM: continue with --ckpt_path last", file=sys.stderr)
         raise SystemExit(128 + signal.SIGTERM) from None
 
 

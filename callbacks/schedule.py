@@ -16,6 +16,8 @@ import torch
 from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
+from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from datamodules.base import TEMPORARY_MARK, RLDataModule, remove_path
@@ -80,7 +82,7 @@ class FrameCheckpoint(ModelCheckpoint):
     <datamodules.base.RLDataModule.save_beside>`): its replay buffer as a memory-mapped folder
     (``last.ckpt.replay-rank0-step<N>/``) and, on ranks > 0, its data-module state (``last.ckpt.rank1-step<N>``), so a
     checkpoint never exists without the parts it needs; the parts of older checkpoints are deleted once it is in
-    place.
+    place. A run stopped by SIGTERM is checkpointed where it stopped (Lightning stops it between updates).
 
     Args:
         every_n_frames: frames between checkpoints (counted on rank 0's data module; all ranks collect alike).
@@ -127,6 +129,13 @@ class FrameCheckpoint(ModelCheckpoint):
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         pass  # checkpoints follow frames, not validation runs
+
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        # Lightning raises SIGTERMException only between updates, where the run is as consistent as at a scheduled
+        # checkpoint: a preempted run saves and loses nothing. Ctrl-C and errors can land mid-update: nothing is saved.
+        if isinstance(exception, SIGTERMException) and trainer.state.fn == TrainerFn.FITTING:
+            self._save_now(trainer)
+            rank_zero_info(f"SIGTERM: saved {self.last_model_path} at update {trainer.global_step}")
 
     def _save_now(self, trainer: pl.Trainer) -> None:
         if self._last_global_step_saved == trainer.global_step:

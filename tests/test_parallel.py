@@ -157,7 +157,7 @@ def test_an_error_in_the_learner_stops_the_workers_before_it_leaves_fit(tmp_path
     assert multiprocessing.active_children() == []
 
 
-def test_sigterm_stops_the_run_and_its_workers_with_the_signals_exit_status(tmp_path):
+def test_sigterm_saves_and_stops_the_run_and_its_workers_with_the_signals_exit_status(tmp_path):
     # What a scheduler or `kill` sends to the training process alone (Ctrl-C reaches the workers too).
     config = parallel_config(tmp_path)
     config["trainer"]["max_steps"] = 100_000
@@ -183,9 +183,11 @@ def test_sigterm_stops_the_run_and_its_workers_with_the_signals_exit_status(tmp_
     run.send_signal(signal.SIGTERM)
     _, errors = run.communicate(timeout=60)
     assert run.returncode == 128 + signal.SIGTERM, errors
-    assert errors.strip().splitlines()[-1] == (
-        "stopped by SIGTERM; the checkpoints are as last saved (continue with --ckpt_path last)"
-    )
+    assert errors.strip().splitlines()[-1] == "stopped by SIGTERM: continue with --ckpt_path last"
+    # The run checkpointed where it stopped (its config's own interval is never reached), replay buffer beside.
+    saved = torch.load(tmp_path / "checkpoints/last.ckpt", weights_only=True)
+    assert saved["global_step"] > 0
+    assert (tmp_path / "checkpoints" / saved["ParallelReplayDataModule"]["buffer_folder"]).is_dir()
     deadline = time.monotonic() + 10  # the group empties once every worker has exited
     while time.monotonic() < deadline:
         try:

@@ -14,6 +14,7 @@ import lightning.pytorch as pl
 import pytest
 import torch
 
+from app.cli import main
 from callbacks.schedule import AtomicCheckpointIO
 from tests.helpers import ROOT, chain_config, fit, saved_replay, weights, write_config
 
@@ -56,6 +57,41 @@ def test_resumed_run_ends_with_identical_weights(tmp_path, agent):
         assert torch.equal(full[key], resumed[key]), key
     # ...and training really moved on after the resume.
     assert any(not torch.equal(first_half[key], resumed[key]) for key in resumed if resumed[key].is_floating_point())
+
+
+@pytest.mark.parametrize("agent", ["dqn-prefetch", "ppo"])
+def test_a_run_stopped_by_sigterm_saves_and_resumes_exactly(tmp_path, agent):
+    # SIGTERM (a scheduler's preemption, `kill`) reaches Lightning's handler, which stops the run after the current
+    # update; FrameCheckpoint saves there. The chain configs checkpoint every 1e9 frames, so this save is the only one.
+    # PPO stops inside a rollout; DQN with prefetch inside a round prepared in the background.
+    half = 36 if agent == "ppo" else 50
+
+    class Preempt(pl.Callback):
+        def on_train_batch_end(self, trainer, *args):
+            if trainer.global_step == half:
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    def config(root: Path) -> dict:
+        config = chain_config(agent.split("-")[0], root)
+        if agent == "dqn-prefetch":
+            config["data"]["init_args"]["prefetch"] = True
+        config["trainer"]["max_steps"] = 2 * half
+        return config
+
+    fit(write_config(config(tmp_path / "full"), tmp_path / "full.yaml"))
+    preempted = write_config(config(tmp_path / "stopped"), tmp_path / "stopped.yaml")
+    with pytest.raises(SystemExit) as exited:
+        main(["fit", "--config", str(preempted)], extra_callbacks=[Preempt()])
+    assert exited.value.code == 128 + signal.SIGTERM
+    assert torch.load(tmp_path / "stopped/checkpoints/last.ckpt", weights_only=True)["global_step"] == half
+    cli = fit(preempted, "--ckpt_path", "last")
+    assert cli.trainer.global_step == 2 * half
+    full, resumed = (
+        weights(tmp_path / "full/checkpoints/last.ckpt"),
+        weights(tmp_path / "stopped/checkpoints/last.ckpt"),
+    )
+    for key in full:
+        assert torch.equal(full[key], resumed[key]), key
 
 
 def test_checkpoint_restores_counters_buffer_and_exploration(tmp_path):
@@ -226,6 +262,7 @@ def test_resume_from_a_mid_run_checkpoint_rewrites_the_lost_rows_exactly(tmp_pat
 WRITE_AND_HANG = """
 import io, sys, time, torch
 from pathlib import Path
+from app.cli import main
 from callbacks.schedule import AtomicCheckpointIO
 from datamodules.base import write_folder_atomically
 
