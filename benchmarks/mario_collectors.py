@@ -22,10 +22,16 @@ For each worker count W, in one run:
   4 × 512 takes about 13 s per update on this CPU); it runs at a lower priority than the workers either way.
 
 The figure the issue asks for is ``collection / raw``: the emulator frames the workers turned into experiences per
-second while the learner trained, against the raw speed of W processes. Episodes' no-op starts (0-8 steps of 6
-frames each, 4 on average) run on the emulator but are not experiences, so the ratio understates the emulators'
-speed; ``alone`` counts the episodes, which tells by how much (``noop_share``: the expected no-op frames against
-all the emulator frames the workers ran). Writes a JSON and a Markdown table beside ``--out``.
+second while the learner trained, against the raw speed of W processes. The shipped config's training episodes start
+where the stage does (its evaluation episodes start after 0-8 no-op steps); where training episodes have no-op starts
+too (``noop_max`` of the environment), those run on the emulator but are not experiences: ``alone`` counts the
+episodes, and ``noop_share`` is the expected no-op frames against all the emulator frames the workers ran. Writes a
+JSON and a Markdown table beside ``--out``.
+
+ε: the workers draw which rows explore before they act and run the Q-network on the greedy rows only, so acting
+costs in proportion to 1 − ε. By default ε follows the config's schedule from 1 (``alone`` stays at 1, a short
+``fit`` reaches about 0.97: the first of the 500k annealing frames, where every run of ≤ 60 minutes on this CPU
+stays); ``--eps 0.05`` holds it at the seed's final value, where the network runs for nearly every row.
 """
 
 from __future__ import annotations
@@ -76,17 +82,24 @@ def raw_speed(processes: int, seconds: float) -> float:
     return sum(speeds)
 
 
-def collection_alone(workers: int, envs_per_worker: int | None, seconds: float) -> dict:
+def config_overrides(workers: int, envs_per_worker: int | None, eps: float | None) -> list[str]:
+    """The command-line options that set what ``--workers``, ``--envs-per-worker`` and ``--eps`` ask for."""
+    overrides = ["--data.init_args.num_workers", str(workers)]
+    if envs_per_worker is not None:
+        overrides += ["--data.init_args.envs_per_worker", str(envs_per_worker)]
+    if eps is not None:
+        overrides += ["--model.init_args.eps_start", str(eps), "--model.init_args.eps_end", str(eps)]
+    return overrides
+
+
+def collection_alone(workers: int, envs_per_worker: int | None, eps: float | None, seconds: float) -> dict:
     """The shipped config's ``workers`` collector workers feeding the replay buffer for ``seconds`` with no learner."""
     import torch
 
     from app.cli import build
 
     torch.set_num_threads(1)
-    overrides = ["--data.init_args.num_workers", str(workers)]
-    if envs_per_worker is not None:
-        overrides += ["--data.init_args.envs_per_worker", str(envs_per_worker)]
-    model, data = build([str(ROOT / "configs/mario_ddqn.yaml")], overrides)
+    model, data = build([str(ROOT / "configs/mario_ddqn.yaml")], config_overrides(workers, envs_per_worker, eps))
     data.setup("fit")
     data.connect(model.policy(), model.postprocess, model.batch_keys(), model.store_transform())  # as DQN.setup does
     data._build_collector()
@@ -102,18 +115,20 @@ def collection_alone(workers: int, envs_per_worker: int | None, seconds: float) 
         elapsed = time.perf_counter() - start
     finally:
         data.teardown("fit")
-    noop_frames = episodes * 4 * 6  # 0-8 no-op steps per episode start, uniformly: 4 on average, 6 frames each
+    options = data._env_options  # 0 ... noop_max no-op steps per episode start, uniformly: noop_max / 2 on average
+    noop_frames = episodes * options["noop_max"] / 2 * options["frame_skip"]
     return {
         "experiences_per_s": experiences / elapsed,
         "episodes": episodes,
-        "noop_share": noop_frames / (noop_frames + 6 * experiences),
+        "noop_share": noop_frames / (noop_frames + options["frame_skip"] * experiences),
     }
 
 
-def fit_speed(workers: int, seconds: float, batch_size: int, envs_per_worker: int | None, out: Path) -> dict:
+def fit_speed(
+    workers: int, seconds: float, batch_size: int, envs_per_worker: int | None, eps: float | None, out: Path
+) -> dict:
     """The shipped config with ``workers`` collector workers for ``seconds``: its throughput report's figures."""
     run = out / f"workers{workers}"
-    emulators = [] if envs_per_worker is None else ["--data.init_args.envs_per_worker", str(envs_per_worker)]
     clock = time.strftime("%H:%M:%S", time.gmtime(seconds))
     subprocess.run(
         [
@@ -123,8 +138,7 @@ def fit_speed(workers: int, seconds: float, batch_size: int, envs_per_worker: in
             "fit",
             "--config",
             str(ROOT / "configs/mario_ddqn.yaml"),
-            "--data.init_args.num_workers",
-            str(workers),
+            *config_overrides(workers, envs_per_worker, eps),
             "--data.init_args.batch_size",
             str(batch_size),
             "--model.init_args.accumulate_grad_batches",
@@ -139,7 +153,6 @@ def fit_speed(workers: int, seconds: float, batch_size: int, envs_per_worker: in
             "1",
             "--trainer.callbacks.init_args.bare_update_seconds",
             "0",
-            *emulators,
         ],
         cwd=ROOT,
         check=True,
@@ -155,14 +168,20 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=150.0, help="wall time of each fit")
     parser.add_argument("--batch-size", type=int, default=32, help="the learner's batch (no accumulation)")
     parser.add_argument("--envs-per-worker", type=int, help="emulators per worker (default: the config's)")
+    parser.add_argument(
+        "--eps",
+        type=float,
+        help="hold ε at this value for the whole run (default: the config's schedule, which starts at 1: the "
+        "workers act greedily in few rows, so the Q-network runs for few of them; 0.05 is the seed's final ε)",
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "runs/bench_mario_collectors")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
     for workers in args.workers:
         raw_before = raw_speed(workers, args.seconds / 3)
-        alone = collection_alone(workers, args.envs_per_worker, args.seconds / 2)
-        fit = fit_speed(workers, args.seconds, args.batch_size, args.envs_per_worker, args.out)
+        alone = collection_alone(workers, args.envs_per_worker, args.eps, args.seconds / 2)
+        fit = fit_speed(workers, args.seconds, args.batch_size, args.envs_per_worker, args.eps, args.out)
         raw_after = raw_speed(workers, args.seconds / 3)
         raw = (raw_before + raw_after) / 2
         collected = 6 * fit["experiences_per_s"]
@@ -170,6 +189,7 @@ def main() -> None:
             {
                 "workers": workers,
                 "envs_per_worker": args.envs_per_worker or "config",
+                "eps": args.eps if args.eps is not None else "config",
                 "raw_before_frames_per_s": raw_before,
                 "raw_after_frames_per_s": raw_after,
                 "raw_emulator_frames_per_s": raw,

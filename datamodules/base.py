@@ -165,6 +165,9 @@ class RLDataModule(EnvSpecs, pl.LightningDataModule):
             ``cpu`` or ``cuda[:i]``.
         seed: base seed; rank ``r`` seeds its environments with ``seed + r * num_envs``.
         eval_episodes: greedy episodes per evaluation (one evaluation environment each).
+        eval_env_options: options of the evaluation environments that differ from ``env``'s ``init_args`` (Mario:
+            ``{noop_max: 8}``, random no-op starts so that greedy episodes in a deterministic game differ, where
+            training explores with ε and needs none).
         weight_sync_interval: updates between pushes of the latest weights to the collector's policy. The policy is
             shared in memory when collector and model are on the same device, so this only matters across devices.
         env_workers: step the training environments in this many worker processes (TorchRL's ``ParallelEnv``, one
@@ -187,6 +190,7 @@ class RLDataModule(EnvSpecs, pl.LightningDataModule):
         device: str = "auto",
         seed: int = 0,
         eval_episodes: int = 32,
+        eval_env_options: dict[str, Any] | None = None,
         weight_sync_interval: int = 1,
         env_workers: int = 0,
         collector_workers: int = 0,
@@ -220,6 +224,7 @@ class RLDataModule(EnvSpecs, pl.LightningDataModule):
         self.device_name = device
         self.seed = seed
         self.eval_episodes = eval_episodes
+        self.eval_env_options = dict(eval_env_options or {})
         self.weight_sync_interval = weight_sync_interval
         self.env_workers = env_workers
         self.collector_workers = collector_workers
@@ -244,6 +249,11 @@ class RLDataModule(EnvSpecs, pl.LightningDataModule):
         #: how token observations decode into a grid (``datamodules.envs.tokens.ObservationLayout``), for token envs.
         self.observation_layout: Any = getattr(probe, "observation_layout", None)
         probe.close()
+        if self.eval_env_options:
+            try:  # fail now, not at the first evaluation
+                env(num_envs=1, seed=seed, device="cpu", **self.eval_env_options).close()
+            except (TypeError, ValueError) as error:
+                raise ValueError(f"--data.init_args.eval_env_options: {error}") from error
 
         self.timer = PhaseTimer()
         self.frames = 0  # environment frames collected by this rank
@@ -305,10 +315,12 @@ class RLDataModule(EnvSpecs, pl.LightningDataModule):
             self._eval_env.close()
             self._eval_env = None
 
-    def make_env(self, num_envs: int, seed: int, workers: int = 0) -> EnvBase:
+    def make_env(self, num_envs: int, seed: int, workers: int = 0, options: dict[str, Any] | None = None) -> EnvBase:
         """``num_envs`` environments seeded from ``seed`` (with the model's env transform), in this process or split
         over ``workers`` processes: worker ``w`` runs environments ``w * num_envs / workers ...`` of the batch with
-        their own seeds, so the batch plays what one in-process batch would."""
+        their own seeds, so the batch plays what one in-process batch would. ``options`` replace some of the
+        environment's own."""
+        options = options or {}
         if workers:
             per_worker = num_envs // workers
             env = ParallelEnv(
@@ -319,7 +331,7 @@ class RLDataModule(EnvSpecs, pl.LightningDataModule):
                         num_envs=per_worker,
                         seed=seed + w * per_worker,
                         device=self.device,
-                        **self._env_options,
+                        **{**self._env_options, **options},
                     )
                     for w in range(workers)
                 ],
@@ -327,7 +339,7 @@ class RLDataModule(EnvSpecs, pl.LightningDataModule):
                 num_sub_threads=1,
             )
         else:
-            env = self.env_factory(num_envs=num_envs, seed=seed, device=self.device)
+            env = self.env_factory(num_envs=num_envs, seed=seed, device=self.device, **options)
         if self.env_transform is None:
             return env
         return TransformedEnv(env, self.env_transform.clone())
@@ -557,7 +569,7 @@ class RLDataModule(EnvSpecs, pl.LightningDataModule):
         """One environment per episode, reset to the same start states at every evaluation."""
         episodes = episodes or self.eval_episodes
         if self._eval_env is None or self._eval_env.batch_size[0] != episodes:
-            self._eval_env = self.make_env(episodes, self.seed + EVAL_SEED_OFFSET)
+            self._eval_env = self.make_env(episodes, self.seed + EVAL_SEED_OFFSET, options=self.eval_env_options)
         self._eval_env.set_seed(self.seed + EVAL_SEED_OFFSET)
         return self._eval_env
 

@@ -8,6 +8,7 @@ import lightning.pytorch as pl
 import pytest
 import torch
 from tensordict import TensorDict
+from tensordict.nn import TensorDictSequential
 from torchrl.data import Binary, Categorical, Composite
 
 from modules.dqn import DQN
@@ -126,3 +127,23 @@ def test_soft_update_is_torchrl_soft_update():
     for key in expected.keys():  # noqa: SIM118 (iterating a TensorDict walks its batch)
         torch.testing.assert_close(actual[key], expected[key], rtol=0, atol=1e-7)
         assert not torch.equal(actual[key], before[key])  # an average, not a copy
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.3, 0.9, 1.0])
+def test_acting_evaluates_the_network_on_the_greedy_rows_only_and_chooses_what_egreedy_chooses(eps):
+    dqn = DQN(**SPECS, hidden_sizes=[8])
+    dqn.egreedy.eps.fill_(eps)
+    observations = TensorDict({"observation": torch.randint(0, 2, (64, 2), dtype=torch.uint8)}, batch_size=[64])
+    rows_seen = []
+    dqn.q_network.register_forward_hook(lambda module, args, out: rows_seen.append(out.shape[0]))
+    torch.manual_seed(7)
+    action = dqn.policy()(observations.clone())["action"]
+    torch.manual_seed(7)
+    explore = torch.rand(64) < eps  # the rows the policy drew to explore: its first draw
+    network_rows = sum(rows_seen)
+    # TorchRL's EGreedyModule after the actor (the network on all 64 rows), from the same generator state
+    torch.manual_seed(7)
+    reference = TensorDictSequential(dqn._acting_actor, dqn.egreedy)(observations.clone())["action"]
+    assert torch.equal(action, reference)
+    assert network_rows == int((~explore).sum())
+    assert 0 < network_rows < 64 if 0 < eps < 1 else network_rows == (64 if eps == 0 else 0)

@@ -158,12 +158,32 @@ def test_the_shipped_config_trains_with_workers_and_resumes_in_its_run_folder(tm
     assert isinstance(data.policy, AutocastPolicy) and data.policy.dtype == torch.bfloat16  # the config's bf16 acting
 
 
+def test_the_shipped_config_trains_from_the_stage_start_and_evaluates_from_no_op_starts():
+    from app.cli import build
+
+    _, data = build([str(ROOT / "configs/mario_ddqn.yaml")], [])
+    training = data.make_env(4, data.seed).reset()["observation"][:, -1]
+    evaluation = data._evaluation_env(4).reset()["observation"][:, -1]
+    assert all(torch.equal(frame, training[0]) for frame in training)  # the stage's first frame in every emulator
+    assert len({frame.sum().item() for frame in evaluation}) > 1  # 0-8 no-op steps: greedy episodes differ
+
+
 @pytest.mark.parametrize(
     ("flag", "value", "message"),
     [
         ("--data.init_args.num_workers", "0", "--data.init_args.num_workers must be >= 1, got 0"),
         ("--data.init_args.buffer_size", "100", "--data.init_args.batch_size (512) must be <= buffer_size (100)"),
         ("--data.init_args.act_precision", "fp8", "--data.init_args.act_precision must be one of 32, bf16, got 'fp8'"),
+        (
+            "--data.init_args.eval_env_options",
+            "{noop_max: -1}",
+            "--data.init_args.eval_env_options: noop_max must be >= 0, got -1",
+        ),
+        (
+            "--data.init_args.eval_env_options",
+            "{noop_steps: 4}",
+            "--data.init_args.eval_env_options: MarioEnv.__init__() got an unexpected keyword argument 'noop_steps'",
+        ),
     ],
 )
 def test_bad_options_of_the_shipped_config_are_one_error_line_naming_the_flag(tmp_path, capsys, flag, value, message):

@@ -19,9 +19,10 @@ endings are ``terminated`` (the seed ended the episode there; nothing is truncat
 on an episode's last step and 0 on the others, so an episode's sum is its value.
 
 **Starts.** The game is deterministic: every episode restores the same frame, the stage's first. So that episodes
-(and evaluation episodes) differ, each begins with ``0 … noop_max`` steps of no buttons, a number drawn from episode
-``k`` of environment ``i``'s own seed ``(seed + i, k)``: a batch plays what single environments seeded ``seed + i``
-play.
+differ where nothing else makes them (a greedy evaluation), each can begin with ``0 … noop_max`` steps of no buttons,
+a number drawn from episode ``k`` of environment ``i``'s own seed ``(seed + i, k)``: a batch plays what single
+environments seeded ``seed + i`` play. The shipped config evaluates with ``noop_max`` 8 and trains with 0: ε-greedy
+makes training episodes differ, and no-op steps are emulator frames that are not experiences.
 
 **State.** An emulator's state cannot be read out, so ``state_dict`` holds each running episode's number and the
 actions taken since its start; loading restores the start frame and replays them (about 0.15 s per 100 steps).
