@@ -10,8 +10,11 @@ It works by content, not by assuming an order of arrival, so it serves any colle
 processes delivering in any order) and n-step transitions alike:
 
 - a stack equal to the next stack of one of the last ``_OPEN_ENDS`` transitions written (the previous step of the
-  same episode, in whichever batch it came, however many workers' batches arrived in between) reuses its frame ids;
-  candidates are found by a fingerprint of the stack (a few thousand of its bytes), then compared whole;
+  same episode, in whichever batch it came, however many workers' batches arrived in between) reuses its frame ids,
+  if they are among the last ``reuse_window`` frames written; candidates are found by a fingerprint of the stack (a
+  few thousand of its bytes), then compared whole. The age limit matters in a deterministic game: later episodes
+  show stacks of earlier ones, and a transition that took their old ids (and the transitions after it, theirs)
+  would outlive those frames in the ring;
 - a next stack that is the observation shifted by one frame writes only its newest frame;
 - anything else (an episode's first observation, an n-step next observation) writes its frames, each distinct frame
   of the stack once (a reset stack repeats one frame ``S`` times: one frame is written).
@@ -50,6 +53,9 @@ class FrameStackStore(Transform):
         key: the observation's key (the next one is ``("next", key)``).
         flag: the option that sets ``capacity``, named in the error when the ring is too small.
         device: where the ring lives.
+        reuse_window: how recent (in frames written) the frames of a matched stack must be to be reused: the ring's
+            room beyond the buffer's transitions, ``capacity − transitions``, so that a new transition's frames stay
+            in the ring for as long as the buffer keeps it.
     """
 
     def __init__(
@@ -59,12 +65,15 @@ class FrameStackStore(Transform):
         key: NestedKey = "observation",
         flag: str = "--data.init_args.frame_capacity",
         device: torch.device | str = "cpu",
+        *,
+        reuse_window: int,
     ) -> None:
         super().__init__(in_keys=[], out_keys=[])
         stack, height, width = frame_shape
         if capacity < 2 * stack:
             raise ValueError(f"{flag} must be >= {2 * stack} (two stacks of frames), got {capacity}")
         self.capacity, self.stack, self.key, self.flag = capacity, stack, key, flag
+        self.reuse_window = min(reuse_window, capacity)
         self.register_buffer("frames", torch.zeros(capacity, height, width, dtype=torch.uint8, device=device))
         self.register_buffer("slot_id", torch.full((capacity,), -1, dtype=torch.long, device=device))
         self.register_buffer("written", torch.zeros((), dtype=torch.long))  # frames written so far: the next id
@@ -99,13 +108,14 @@ class FrameStackStore(Transform):
         return int((sampled * self._fingerprint_weights).sum())
 
     def _matching_open_end(self, stack: torch.Tensor, key: int) -> torch.Tensor | None:
-        """The ids of a recent next stack equal to ``stack`` (fingerprint ``key``; its frames still in the ring), or
-        None. Candidates with the same fingerprint are compared whole, the most recent first."""
+        """The ids of a recent next stack equal to ``stack`` (fingerprint ``key``; its frames among the last
+        ``reuse_window`` written), or None. Candidates with the same fingerprint are compared whole, the most recent
+        first."""
         count = int(self.open_count)
         rows = (self.open_keys[: min(count, _OPEN_ENDS)] == key).nonzero().flatten().tolist()
         for row in sorted(rows, key=lambda row: (count - 1 - row) % _OPEN_ENDS):
             ids = self.open_ends[row]
-            if int(ids.min()) >= int(self.written) - self.capacity and torch.equal(self._read(ids), stack):
+            if int(ids.min()) >= int(self.written) - self.reuse_window and torch.equal(self._read(ids), stack):
                 return ids.clone()
         return None
 

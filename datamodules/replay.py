@@ -166,10 +166,10 @@ class ReplayDataModule(RLDataModule):
                 "--data.init_args.store_frames_once needs stacked uint8 frames [stack, height, width], got "
                 f"{tuple(shape)} {self.observation_spec['observation'].dtype}"
             )
-        if frame_capacity is not None and frame_capacity < 2 * shape[0]:
+        if frame_capacity is not None and frame_capacity <= buffer_size:
             raise ValueError(
-                f"--data.init_args.frame_capacity must be >= {2 * shape[0]} (two stacks of frames), "
-                f"got {frame_capacity}"
+                f"--data.init_args.frame_capacity ({frame_capacity}) must be > buffer_size ({buffer_size}): about one "
+                "frame per stored transition, plus room for the episodes' first frames"
             )
         self.store_frames_once = store_frames_once
         self.frame_capacity = frame_capacity if frame_capacity is not None else buffer_size + buffer_size // 4
@@ -209,7 +209,12 @@ class ReplayDataModule(RLDataModule):
                 else RandomSampler()
             )
             self.frame_store = frames = (
-                FrameStackStore(self.frame_capacity, self.observation_spec["observation"].shape, device=self.device)
+                FrameStackStore(
+                    self.frame_capacity,
+                    self.observation_spec["observation"].shape,
+                    device=self.device,
+                    reuse_window=self.frame_capacity - self.buffer_size,
+                )
                 if self.store_frames_once
                 else None
             )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tensordict import TensorDict
 from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
 from torchrl.envs import MultiStepTransform
 
@@ -30,7 +31,7 @@ def play():
 
 
 def buffer(capacity: int, frames: int) -> TensorDictReplayBuffer:
-    store = FrameStackStore(frames, (4, 40, 40))
+    store = FrameStackStore(frames, (4, 40, 40), reuse_window=frames // 4)
     return TensorDictReplayBuffer(storage=LazyTensorStorage(capacity), transform=store, batch_size=8)
 
 
@@ -87,3 +88,29 @@ def test_a_ring_too_small_for_the_buffer_is_an_error_naming_the_option_not_a_wro
     with pytest.raises(RuntimeError, match=r"--data.init_args.frame_capacity \(40 frames\) is too small"):
         rb[torch.arange(len(rb))]
     assert rb[torch.arange(len(rb) - 20, len(rb))]["observation"].shape == (20, 4, 40, 40)  # recent ones still read
+
+
+def test_a_stack_seen_long_ago_is_written_again_not_pointed_at_frames_the_ring_will_overwrite_first():
+    # A deterministic game replays the same stacks in later episodes (the shipped Mario training starts every episode
+    # where the stage does). A stack equal to a next stack written long ago must not take that one's frame ids: the
+    # new transition would outlive those frames in the ring, and chains of such matches (a 24-minute Mario run hit
+    # one) end with the buffer pointing at overwritten frames.
+    generator = torch.Generator().manual_seed(0)
+
+    def episode(steps: int) -> TensorDict:
+        frames = torch.randint(0, 256, (steps + 4, 40, 40), dtype=torch.uint8, generator=generator)
+        stacks = torch.stack([frames[t : t + 4] for t in range(steps + 1)])
+        return TensorDict({"observation": stacks[:-1], ("next", "observation"): stacks[1:]}, batch_size=[steps])
+
+    store = FrameStackStore(125, (4, 40, 40), reuse_window=25)  # a buffer of 100 transitions, 1.25 frames each
+    rb = TensorDictReplayBuffer(storage=LazyTensorStorage(100), transform=store, batch_size=8)
+    seen = episode(1)
+    rb.extend(seen)
+    rb.extend(episode(80))  # 85 frames later the first episode's next stack is still in the ring...
+    again = seen["next", "observation"]
+    replay = TensorDict({"observation": again, ("next", "observation"): again.roll(-1, 1)}, batch_size=[1])
+    rb.extend(replay)  # ...and a later episode shows it again (stored at slot 81)
+    rb.extend(episode(40))  # the ring moves past the first episode's frames while slot 81 is still stored
+    stored = rb[torch.arange(len(rb))]  # every stored transition's frames read back (none overwritten)
+    assert torch.equal(stored["observation"][81], again[0])
+    assert torch.equal(stored["next", "observation"][81], replay["next", "observation"][0])

@@ -175,6 +175,11 @@ def test_the_shipped_config_trains_from_the_stage_start_and_evaluates_from_no_op
         ("--data.init_args.buffer_size", "100", "--data.init_args.batch_size (512) must be <= buffer_size (100)"),
         ("--data.init_args.act_precision", "fp8", "--data.init_args.act_precision must be one of 32, bf16, got 'fp8'"),
         (
+            "--data.init_args.frame_capacity",
+            "50000",
+            "--data.init_args.frame_capacity (50000) must be > buffer_size (50000): about one frame per stored",
+        ),
+        (
             "--data.init_args.eval_env_options",
             "{noop_max: -1}",
             "--data.init_args.eval_env_options: noop_max must be >= 0, got -1",
