@@ -53,9 +53,10 @@ class FrameStackStore(Transform):
         key: the observation's key (the next one is ``("next", key)``).
         flag: the option that sets ``capacity``, named in the error when the ring is too small.
         device: where the ring lives.
-        reuse_window: how recent (in frames written) the frames of a matched stack must be to be reused: the ring's
-            room beyond the buffer's transitions, ``capacity − transitions``, so that a new transition's frames stay
-            in the ring for as long as the buffer keeps it.
+        reuse_window: how recent (in frames written) the frames of a matched stack must be to be reused, so that a
+            new transition's frames stay in the ring for as long as the buffer keeps it: at most the ring's room
+            beyond one frame per stored transition, ``capacity − transitions``, less what the episodes' first frames
+            take of that room (``ReplayDataModule`` uses half of it).
     """
 
     def __init__(

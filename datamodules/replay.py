@@ -213,7 +213,9 @@ class ReplayDataModule(RLDataModule):
                     self.frame_capacity,
                     self.observation_spec["observation"].shape,
                     device=self.device,
-                    reuse_window=self.frame_capacity - self.buffer_size,
+                    # Half the ring's room beyond one frame per stored transition; the other half is for the
+                    # episodes' first frames, written while a transition stays in the buffer.
+                    reuse_window=(self.frame_capacity - self.buffer_size) // 2,
                 )
                 if self.store_frames_once
                 else None
