@@ -41,6 +41,23 @@ FRAME_IDS = "frame_ids"  # [stack] ids of the observation's frames, then [stack]
 # batches (each batch's first steps missed, wrote whole stacks, and the ring overflowed: 1.44 frames a transition).
 _OPEN_ENDS = 8192
 _FINGERPRINT_STRIDE = 61  # bytes of a stack between two that its fingerprint reads
+# Frames beyond one per stored transition that a buffer's store keeps at least. Half of them bounds how old a matched
+# stack's frames may be; a worker's episode continues after the other workers' batches (14 workers of 8 emulators × 16
+# steps put 1,792 frames between), so a quarter of a small buffer would miss those matches and write whole stacks.
+MIN_SPARE_FRAMES = 4096
+
+
+def ring_capacity(transitions: int, capacity: int | None = None) -> int:
+    """The frames a store for ``transitions`` stored transitions holds: ``capacity``, which must exceed them, or by
+    default a quarter more, at least :data:`MIN_SPARE_FRAMES` more."""
+    if capacity is None:
+        return transitions + max(transitions // 4, MIN_SPARE_FRAMES)
+    if capacity <= transitions:
+        raise ValueError(
+            f"--data.init_args.frame_capacity ({capacity}) must be > buffer_size ({transitions}): about one frame per "
+            "stored transition, plus room for the episodes' first frames"
+        )
+    return capacity
 
 
 class FrameStackStore(Transform):
@@ -84,6 +101,19 @@ class FrameStackStore(Transform):
         sampled = len(range(0, stack * height * width, _FINGERPRINT_STRIDE))
         # Fixed odd multipliers (no random state): a weighted sum of the sampled bytes, wrapping in int64.
         self._fingerprint_weights = torch.arange(sampled, dtype=torch.long) * 2_654_435_761 + 1
+
+    @classmethod
+    def for_buffer(
+        cls,
+        transitions: int,
+        frame_shape: Sequence[int],
+        capacity: int | None = None,
+        device: torch.device | str = "cpu",
+    ) -> FrameStackStore:
+        """The store of a replay buffer of ``transitions`` (:func:`ring_capacity` frames): of its room beyond one frame
+        per transition, half bounds the age of reused frames and half is for the episodes' first frames."""
+        capacity = ring_capacity(transitions, capacity)
+        return cls(capacity, frame_shape, device=device, reuse_window=(capacity - transitions) // 2)
 
     # ------------------------------------------------------------------------------------------- writing
     def _write(self, frames: torch.Tensor) -> torch.Tensor:

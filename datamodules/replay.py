@@ -26,7 +26,7 @@ from datamodules.base import (
     to_plain,
     write_folder_atomically,
 )
-from datamodules.frames import FrameStackStore
+from datamodules.frames import FrameStackStore, ring_capacity
 from datamodules.prioritized import ProportionalSampler
 from datamodules.timing import PhaseTimer
 
@@ -112,7 +112,8 @@ class ReplayDataModule(RLDataModule):
         store_frames_once: keep each frame of stacked-frame observations (``[stack, H, W]`` uint8, Mario's) once, and
             per transition only the ids of its frames (:class:`~datamodules.frames.FrameStackStore`): about one frame
             per transition instead of two whole stacks.
-        frame_capacity: frames that store holds; default 1.25 × ``buffer_size`` (the episodes' first frames are extra).
+        frame_capacity: frames that store holds, more than ``buffer_size``; default 1.25 × ``buffer_size``, at least
+            ``buffer_size`` + 4,096 (:func:`datamodules.frames.ring_capacity`).
         prefetch: prepare the next collection's round (collect, write, sample its batches) in a background thread
             while the model takes this round's updates, so that on a machine with a spare core the update does not
             wait for the data path; one Lightning step then takes the whole round. The round is collected with a
@@ -166,13 +167,8 @@ class ReplayDataModule(RLDataModule):
                 "--data.init_args.store_frames_once needs stacked uint8 frames [stack, height, width], got "
                 f"{tuple(shape)} {self.observation_spec['observation'].dtype}"
             )
-        if frame_capacity is not None and frame_capacity <= buffer_size:
-            raise ValueError(
-                f"--data.init_args.frame_capacity ({frame_capacity}) must be > buffer_size ({buffer_size}): about one "
-                "frame per stored transition, plus room for the episodes' first frames"
-            )
         self.store_frames_once = store_frames_once
-        self.frame_capacity = frame_capacity if frame_capacity is not None else buffer_size + buffer_size // 4
+        self.frame_capacity = ring_capacity(buffer_size, frame_capacity)
         # The buffer slots of the batches served since the last update (one per batch it accumulates), in order.
         self._served_indices: list[torch.Tensor] = []
         self.buffer: TensorDictReplayBuffer | None = None
@@ -209,13 +205,8 @@ class ReplayDataModule(RLDataModule):
                 else RandomSampler()
             )
             self.frame_store = frames = (
-                FrameStackStore(
-                    self.frame_capacity,
-                    self.observation_spec["observation"].shape,
-                    device=self.device,
-                    # Half the ring's room beyond one frame per stored transition; the other half is for the
-                    # episodes' first frames, written while a transition stays in the buffer.
-                    reuse_window=(self.frame_capacity - self.buffer_size) // 2,
+                FrameStackStore.for_buffer(
+                    self.buffer_size, self.observation_spec["observation"].shape, self.frame_capacity, self.device
                 )
                 if self.store_frames_once
                 else None

@@ -114,3 +114,32 @@ def test_a_stack_seen_long_ago_is_written_again_not_pointed_at_frames_the_ring_w
     stored = rb[torch.arange(len(rb))]  # every stored transition's frames read back (none overwritten)
     assert torch.equal(stored["observation"][81], again[0])
     assert torch.equal(stored["next", "observation"][81], replay["next", "observation"][0])
+
+
+def test_a_small_buffer_fed_by_interleaved_workers_still_matches_their_continuations():
+    # The store as ReplayDataModule builds it for 1,000 transitions, fed as two workers of 8 environments x 16 steps
+    # deliver: an environment's episode continues 240 frames after its previous step. A ring with only a quarter of the
+    # buffer to spare (125 frames for reuse) missed those continuations, wrote whole stacks (1.5 frames a transition)
+    # and overwrote frames the buffer still used.
+    generator = torch.Generator().manual_seed(0)
+    store = FrameStackStore.for_buffer(1000, (8, 16, 16))
+    rb = TensorDictReplayBuffer(storage=LazyTensorStorage(1000), transform=store, batch_size=8)
+    stacks = {
+        stream: torch.randint(0, 256, (8, 16, 16), dtype=torch.uint8, generator=generator) for stream in range(16)
+    }
+    transitions = 0
+    for _ in range(20):
+        for worker in range(2):
+            pieces = []
+            for stream in range(worker * 8, worker * 8 + 8):
+                observations = [stacks[stream]]
+                for _ in range(16):
+                    new = torch.randint(0, 256, (1, 16, 16), dtype=torch.uint8, generator=generator)
+                    observations.append(torch.cat((observations[-1][1:], new)))
+                stacks[stream] = observations[-1]
+                following = torch.stack(observations)
+                pieces.append(TensorDict({"observation": following[:-1], ("next", "observation"): following[1:]}, [16]))
+            rb.extend(torch.cat(pieces))
+            transitions += 128
+    assert int(store.written) == transitions + 16 * 8  # one frame a transition, plus each stream's first stack
+    assert rb[torch.arange(len(rb))]["observation"].shape == (1000, 8, 16, 16)  # no stored frame was overwritten
