@@ -45,6 +45,10 @@ from datamodules.base import check_positive
 from datamodules.replay import ReplayDataModule
 from datamodules.workers import multi_process_collector, worker_death_error, worker_env_factories, workers_log_dir
 
+# The workers step their emulators and act on the CPU whatever the learner's device: a CUDA context per worker costs
+# seconds to start and hundreds of MB each, and their small acting batches gain nothing from a GPU. A learner on a GPU
+# pushes its weights to their shared memory every weight_sync_interval updates; its batches move to it when stored.
+WORKER_DEVICE = torch.device("cpu")
 _POLL_S = 1.0  # how often a waiting learner checks that the workers and the feeder are alive
 
 
@@ -161,7 +165,7 @@ class ParallelReplayDataModule(ReplayDataModule):
             self.num_workers,
             self.envs_per_worker,
             self.rank_seed,
-            self.device,
+            WORKER_DEVICE,
         )
         asynchronous = self.collector_kind == "async"
         self.collector = multi_process_collector(
@@ -169,7 +173,7 @@ class ParallelReplayDataModule(ReplayDataModule):
             make_envs,
             self.policy,
             frames_per_batch=(self.envs_per_worker if asynchronous else self.num_envs) * self.collect_steps,
-            device=self.device,
+            device=WORKER_DEVICE,
         )
         self._feeder = _Feeder(self.collector, max_batches=-(-self.buffer_size // self.worker_batch_frames))
         self._feeder.start()
@@ -208,7 +212,7 @@ class ParallelReplayDataModule(ReplayDataModule):
                     break
                 self._count_episodes(batch)
                 with self.timer.phase("buffer_write"):
-                    self._store(batch)
+                    self._store(batch.to(self.device))
                 if self.frames >= self.warmup_frames:
                     self.update_credit += batch.numel() / self.frames_per_update
             # A learner slower than the workers does not owe the updates it could not take: it samples the freshest

@@ -26,13 +26,14 @@ from modules.pde import physics_losses
 
 POOL = 16  # at most this many distinct pre-drawn batches the bare loop cycles through ...
 POOL_TRANSITIONS = 2048  # ... and at most this many transitions in all (Mario's are 256 KiB each), but 2 batches
-MAX_ENVS = 16  # environments that play them: an emulator costs a third of a second to build
+MAX_ENVS = 16  # environments that play them: an emulator costs a third of a second to build ...
+MAX_STEPS = 64  # ... unless that takes more steps than this: a step of a batched env on a GPU costs milliseconds
 
 
 def transitions(data: Any, size: int, seed: int = 12_345) -> dict[str, torch.Tensor]:
-    """``size`` real transitions of random play in the agent's environment, as plain tensors: up to ``MAX_ENVS``
-    environments, stepped (and reset when done) as often as it takes."""
-    envs = min(size, MAX_ENVS)
+    """``size`` real transitions of random play in the agent's environment, as plain tensors: ``MAX_ENVS``
+    environments (more where that would take over ``MAX_STEPS`` steps), stepped and reset when done."""
+    envs = min(size, max(MAX_ENVS, math.ceil(size / MAX_STEPS)))
     env = data.make_env(envs, seed)
     steps = []
     with torch.random.fork_rng(devices=[]):  # the same batch for the same seed, and the global RNG left alone
@@ -71,7 +72,7 @@ def optimizer_step(parameters: list[nn.Parameter], optimizer: torch.optim.Optimi
 def bare_dqn(model: Any, data: Any) -> Callable[[int], torch.Tensor]:
     """Double-DQN (or plain DQN) target, forward, MSE (or Huber), backward — of each of the batches the update
     accumulates —, clip and fused Adam (AdamW with weight decay) on pre-drawn batches; PIRL adds its physics terms."""
-    online = copy.deepcopy(model.q_network)
+    online = copy.deepcopy(model.q_network).to(data.device)
     target = copy.deepcopy(online).requires_grad_(False)
     parameters = list(online.parameters())
     optimizer = make_adam(parameters, model)
@@ -178,7 +179,7 @@ def ppo_batch(data: Any, size: int, seed: int) -> dict[str, torch.Tensor]:
 
 def bare_ppo(model: Any, data: Any) -> Callable[[int], torch.Tensor]:
     """Clipped surrogate + entropy bonus + smooth-L1 value loss on one minibatch, backward, clip, fused Adam."""
-    actor, critic = copy.deepcopy(model.actor_network), copy.deepcopy(model.critic_network)
+    actor, critic = copy.deepcopy(model.actor_network).to(data.device), copy.deepcopy(model.critic_network).to(data.device)
     parameters = [*actor.parameters(), *critic.parameters()]
     optimizer = torch.optim.Adam(parameters, lr=model.lr, fused=True)
     hp = model.hparams
@@ -222,23 +223,24 @@ def bare_sac(model: Any, data: Any) -> Callable[[int], torch.Tensor]:
     Polyak step of the target critics. The tanh-Gaussian's log-density is computed by hand (tanh's and the action
     box's Jacobians), the critics run one after the other rather than vmapped. Same weights, same batches and the same
     random draws in the same order as the agent's loss."""
-    actor = copy.deepcopy(model.actor.module[0].module)  # observation -> (location, scale)
+    device = data.device
+    actor = copy.deepcopy(model.actor.module[0].module).to(device)  # observation -> (location, scale)
     critics, targets = [], []
     for index in range(model.loss_module.num_qvalue_nets):  # SACLoss's own critics and targets, as plain modules
         for copies, name in ((critics, "qvalue_network_params"), (targets, "target_qvalue_network_params")):
-            module = copy.deepcopy(model.qvalue)
+            module = copy.deepcopy(model.qvalue).to(device)
             state = getattr(model.loss_module, name).detach()[index].flatten_keys(".")
             module.load_state_dict({key: value.clone() for key, value in state.items()})
             copies.append(module.module)
     for target in targets:
         target.requires_grad_(False)
-    log_alpha = model.loss_module.log_alpha.detach().clone().requires_grad_(True)
+    log_alpha = model.loss_module.log_alpha.detach().to(device).clone().requires_grad_(True)
     parameters = [*actor.parameters(), *(p for critic in critics for p in critic.parameters()), log_alpha]
     optimizer = torch.optim.Adam(parameters, lr=model.lr, fused=True)
     gamma, tau = float(model.loss_module.value_estimator.gamma), model.tau
     target_entropy = float(model.loss_module.target_entropy)
     space = model.action_spec.space
-    centre, half_range = (space.high + space.low).float() / 2, (space.high - space.low).float() / 2
+    centre, half_range = ((space.high + space.low).float() / 2).to(device), ((space.high - space.low) / 2).float().to(device)
     target_pairs = (
         [p.data for target in targets for p in target.parameters()],
         [p.data for critic in critics for p in critic.parameters()],
@@ -321,7 +323,9 @@ def bare_update_ms(model: Any, data: Any, seconds: float) -> float | None:
 
     One thread whatever the run uses: the yardstick must not depend on what else the other cores are doing (with two
     threads, an update of the Snake MLP ran 2.7x slower than on one while another process held the second core).
-    Runs on copies of the networks, on the model's device; the model is left untouched.
+    Runs on copies of the networks, on the data module's device, where the run's batches live (by ``on_fit_end``,
+    where the throughput report calls this, Lightning has already moved the model back to the CPU); the model is left
+    untouched.
     """
     step = bare_update(model, data)
     if step is None:
