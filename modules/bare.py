@@ -179,7 +179,10 @@ def ppo_batch(data: Any, size: int, seed: int) -> dict[str, torch.Tensor]:
 
 def bare_ppo(model: Any, data: Any) -> Callable[[int], torch.Tensor]:
     """Clipped surrogate + entropy bonus + smooth-L1 value loss on one minibatch, backward, clip, fused Adam."""
-    actor, critic = copy.deepcopy(model.actor_network).to(data.device), copy.deepcopy(model.critic_network).to(data.device)
+    actor, critic = (
+        copy.deepcopy(model.actor_network).to(data.device),
+        copy.deepcopy(model.critic_network).to(data.device),
+    )
     parameters = [*actor.parameters(), *critic.parameters()]
     optimizer = torch.optim.Adam(parameters, lr=model.lr, fused=True)
     hp = model.hparams
@@ -240,7 +243,10 @@ def bare_sac(model: Any, data: Any) -> Callable[[int], torch.Tensor]:
     gamma, tau = float(model.loss_module.value_estimator.gamma), model.tau
     target_entropy = float(model.loss_module.target_entropy)
     space = model.action_spec.space
-    centre, half_range = ((space.high + space.low).float() / 2).to(device), ((space.high - space.low) / 2).float().to(device)
+    centre, half_range = (
+        ((space.high + space.low).float() / 2).to(device),
+        ((space.high - space.low).float() / 2).to(device),
+    )
     target_pairs = (
         [p.data for target in targets for p in target.parameters()],
         [p.data for critic in critics for p in critic.parameters()],

@@ -19,8 +19,8 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.plugins.precision import MixedPrecision
-from tensordict import NestedKey, TensorDictBase
-from tensordict.nn import TensorDictModuleBase
+from tensordict import NestedKey, TensorDict, TensorDictBase
+from tensordict.nn import CudaGraphModule, TensorDictModuleBase
 from torch import nn
 from torchrl.data import TensorSpec
 from torchrl.envs import Transform
@@ -51,6 +51,10 @@ def _batch_guards(entries: list[Any]) -> list[bool]:
     ]
 
 
+#: ``compile``'s string values: torch.compile's modes, and cudagraph (compiled, and on CUDA the whole update graphed).
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "cudagraph")
+
+
 class RLModule(pl.LightningModule):
     """Base class of the agents.
 
@@ -75,8 +79,11 @@ class RLModule(pl.LightningModule):
             loss divided by their number: the update of one batch that many times larger, in pieces (the Mario
             seed's 4 × 512). ``--trainer.accumulate_grad_batches`` is handed to this by the CLI.
         compile: ``False``, ``True`` or a ``torch.compile`` mode (``"default"``, ``"reduce-overhead"``,
-            ``"max-autotune"``): compile the loss with its backward.
-            The first updates then take seconds each while they compile.
+            ``"max-autotune"``): compile the loss with its backward. The first updates then take seconds each while
+            they compile. ``"cudagraph"``: compile it, and on a CUDA device capture the whole update (loss, backward,
+            clip, fused Adam step) as one CUDA graph that each later update replays (tensordict's
+            ``CudaGraphModule``: a few warm-up updates run eagerly, then one is captured); on a CPU it is ``True``.
+            Refused where a replayed graph could not do what the eager update does (see :meth:`check_datamodule`).
         max_grad_norm: clip the gradients' global L2 norm to this before each step; None: no clipping.
             (``--trainer.gradient_clip_val`` is turned into this by the CLI: Lightning clips only in its automatic
             optimization, and the update here is the model's own.)
@@ -122,14 +129,9 @@ class RLModule(pl.LightningModule):
             )
         if check_finite_every < 1:
             raise ValueError(f"--model.init_args.check_finite_every must be >= 1, got {check_finite_every}")
-        if not isinstance(compile, bool) and compile not in (
-            "default",
-            "reduce-overhead",
-            "max-autotune",
-        ):
+        if not isinstance(compile, bool) and compile not in COMPILE_MODES:
             raise ValueError(
-                "--model.init_args.compile must be true, false, default, reduce-overhead or max-autotune, "
-                f"got {compile}"
+                f"--model.init_args.compile must be true, false, {', '.join(COMPILE_MODES)}, got {compile}"
             )
         self.observation_spec = observation_spec
         self.action_spec = action_spec
@@ -140,6 +142,7 @@ class RLModule(pl.LightningModule):
         self.max_grad_norm = max_grad_norm
         self.check_finite_every = check_finite_every
         self._compiled_loss: Callable[[TensorDictBase], TensorDictBase] | None = None  # set in on_fit_start
+        self._graphed_update: CudaGraphModule | None = None  # compile: cudagraph on a CUDA device
         self._optimizer_step: FusedAdamStep | None = None
         self._lightning_optimizer: Any = None
 
@@ -208,7 +211,7 @@ class RLModule(pl.LightningModule):
         # Random ops inside the update (SAC's sampled actions) draw from the global generator as in eager, so a
         # compiled run takes the same random numbers as an eager one and checkpoints' RNG states mean the same.
         torch._inductor.config.fallback_random = True
-        mode = "default" if self.compile_mode is True else self.compile_mode
+        mode = "default" if self.compile_mode in (True, "cudagraph") else self.compile_mode
         # Before each call Dynamo checks guards on everything the function touched, which for a TorchRL loss module is
         # hundreds of attribute and parameter guards: 0.45 ms per call on the Snake DQN, a tenth of its update. The
         # update calls the loss with the same code, modules and flags every time, so the guards on the model are dropped
@@ -239,6 +242,24 @@ class RLModule(pl.LightningModule):
                 "collected beside it would draw from the same generator in an order that varies, so runs would not "
                 "repeat; use prefetch false"
             )
+        if self.compile_mode == "cudagraph":
+            self._check_cuda_graph(datamodule)
+
+    def _check_cuda_graph(self, datamodule: Any) -> None:
+        """Refuse ``compile: cudagraph`` where replaying one captured update would not do what the eager update
+        does: whatever changes from one update to the next outside the batch's tensors is baked into the graph."""
+        flag, agent = "--model.init_args.compile cudagraph", type(self).__name__
+        reasons = [
+            (self.accumulate_grad_batches > 1, "gradient accumulation (accumulate_grad_batches 1)"),
+            (self.lr_end is not None, "a learning-rate schedule: the step's lr is captured once (lr_end null)"),
+            (self.weight_decay > 0, "AdamW's step, which is not capturable here (weight_decay 0)"),
+            (getattr(datamodule, "prioritized", False), "prioritized replay's priorities (priority_alpha 0)"),
+            (self.update_draws_random, f"{agent}'s random draws inside the update"),
+            (type(self).loss_draws is not RLModule.loss_draws, f"{agent}'s loss inputs drawn each update"),
+        ]
+        refused = [reason for cannot, reason in reasons if cannot]
+        if refused:
+            raise ValueError(f"{flag} cannot capture {'; '.join(refused)}: use compile true")
 
     def env_transform(self) -> Transform | None:
         """A TorchRL transform every environment the policy acts in must carry (a recurrent policy's episode-start
@@ -281,6 +302,11 @@ class RLModule(pl.LightningModule):
         # TorchRL fills a loss's input keys on first use; doing it before compiling spares one recompilation.
         _ = self.loss_module.in_keys
         self._compiled_loss = self.compiled(self.training_loss())
+        if self.compile_mode == "cudagraph" and self.device.type == "cuda":
+            if self.trainer.world_size > 1:
+                raise ValueError("--model.init_args.compile cudagraph: not with DDP (the all-reduce runs in hooks)")
+            # Two eager warm-up updates (compilation, the optimizer's state), then one captured; the rest replay it.
+            self._graphed_update = CudaGraphModule(self._captured_update, warmup=3, in_keys=[], out_keys=[])
 
     def learning_rate(self, frames: int) -> float:
         """The learning rate after ``frames`` frames: ``lr``, or its cosine decay to ``lr_end`` over ``lr_frames``
@@ -375,6 +401,13 @@ class RLModule(pl.LightningModule):
         their mean), gradient clip, optimizer step, then :meth:`on_update`. Returns the detached total loss (the
         batches' mean) and the last batch's loss terms (not detached: a new TensorDict per update costs more than the
         few logged steps need)."""
+        if self._graphed_update is not None:
+            self._lightning_optimizer._on_before_step()
+            losses = self._graphed_update(batches[0])  # copies the batch into the graph's inputs, replays
+            self._lightning_optimizer._on_after_step()
+            self.on_update()
+            self.datamodule.after_update(None)
+            return losses["loss"], losses
         total, td_errors = None, []
         for batch in batches:
             losses = self._compiled_loss(batch, **self.loss_draws(batch))
@@ -396,6 +429,16 @@ class RLModule(pl.LightningModule):
         priority = None if td_errors[0] is None else td_errors[0] if len(batches) == 1 else torch.cat(td_errors)
         self.datamodule.after_update(priority)
         return total if len(batches) == 1 else total / len(batches), losses
+
+    def _captured_update(self, batch: TensorDictBase) -> TensorDictBase:
+        """The update ``compile: cudagraph`` captures: loss, backward, clip and fused Adam step, nothing that reads
+        a value back to the host. Its detached loss terms come out as a TensorDict (the graph's static outputs)."""
+        losses = self._compiled_loss(batch)
+        loss = sum(value for key, value in losses.items() if key.startswith("loss") and key not in self.held_losses)
+        loss.backward()  # not manual_backward: its Python hooks would run once, at capture (DDP is refused)
+        self._optimizer_step()
+        terms = {key: value.detach() for key, value in losses.items() if key != "loss"}
+        return TensorDict({**terms, "loss": loss.detach()}, batch_size=[])
 
     #: Loss terms computed but left out of the update's sum for now (SAC's actor during its critics' warm-up): the
     #: parameters only they reach get no gradient, and the optimizer skips them.

@@ -74,19 +74,53 @@ def test_compiled_update_trains_to_the_same_weights_as_eager(tmp_path):
     # The whole update compiled (loss with its backward, clip + fused Adam step, soft target update): after 40 updates
     # and the collection between them, the weights are those of the eager run up to float rounding.
     runs = {}
-    for compile_ in ("false", "true"):
+    for compile_ in ("false", "true", "cudagraph"):
         config = chain_config("dqn", tmp_path / compile_)
-        config["model"]["init_args"].update(compile=compile_ == "true", max_grad_norm=1.0, target_update="soft")
+        compile_option = {"false": False, "true": True}.get(compile_, compile_)
+        config["model"]["init_args"].update(compile=compile_option, max_grad_norm=1.0, target_update="soft")
         cli = fit(write_config(config, tmp_path / f"{compile_}.yaml"), "--trainer.max_steps", "40")
         assert cli.trainer.global_step == 40
+        assert cli.model._graphed_update is None  # no CUDA graph on a CPU: cudagraph is the compiled update there
         runs[compile_] = cli.model.state_dict()
     assert runs["true"].keys() == runs["false"].keys()  # compiling a function leaves parameter names alone
     for key, eager in runs["false"].items():
         torch.testing.assert_close(runs["true"][key], eager, rtol=0, atol=1e-6, msg=key)
+        assert torch.equal(runs["cudagraph"][key], runs["true"][key]), key
     assert not torch.equal(
         runs["true"]["q_network.1.0.weight"],
         runs["true"]["loss_module.target_value_network_params.module.0.module.1.0.weight"],
     )
+
+
+CUDA_GRAPH = ["--model.init_args.compile", "cudagraph"]
+
+
+@pytest.mark.parametrize(
+    ("configs", "args", "reason"),
+    [
+        ([], ["--model.init_args.accumulate_grad_batches", "2"], "gradient accumulation (accumulate_grad_batches 1)"),
+        ([], ["--model.init_args.lr_end", "1e-4"], "a learning-rate schedule: the step's lr is captured once"),
+        ([], ["--model.init_args.weight_decay", "0.01"], "AdamW's step, which is not capturable here"),
+        ([], ["--data.init_args.priority_alpha", "0.6"], "prioritized replay's priorities (priority_alpha 0)"),
+        (["configs/pirl_toy.yaml"], [], "PhysicsInformedDQN's loss inputs drawn each update"),
+        (["configs/racing_sac.yaml", "configs/bench/sac_scratch.yaml"], [], "SAC's random draws inside the update"),
+    ],
+)
+def test_a_whole_update_cuda_graph_is_refused_where_replaying_it_could_not_be_exact(
+    tmp_path, capsys, configs, args, reason
+):
+    # Checked when the model meets its data module, before anything runs, on any machine: a CPU test sees the rules.
+    paths = [str(ROOT / c) for c in configs] or [
+        str(write_config(chain_config("dqn", tmp_path / "out"), tmp_path / "c.yaml"))
+    ]
+    save_dir = ["--trainer.logger.init_args.save_dir", str(tmp_path / "out")] if configs else []  # shipped: logger on
+    with pytest.raises(SystemExit) as exited:
+        main(["fit", *(a for p in paths for a in ("--config", p)), *save_dir, *CUDA_GRAPH, *args])
+    assert exited.value.code == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if not line.startswith("Seed set to ")]
+    assert len(lines) == 1 and lines[0].startswith("error: --model.init_args.compile cudagraph cannot capture "), lines
+    assert reason in lines[0] and lines[0].endswith(": use compile true")
+    assert not (tmp_path / "out").exists()
 
 
 class DumpRankState(pl.Callback):

@@ -1,0 +1,59 @@
+"""The GPU suite's code runs on the CPU (--quick), so that it cannot rot between sessions that have a GPU."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tests.helpers import ROOT
+
+SUITE = ROOT / "benchmarks" / "gpu_suite.py"
+
+
+def run_suite(*args: str, cwd) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SUITE), *args], cwd=cwd, capture_output=True, text=True, timeout=600)
+
+
+def test_quick_mode_runs_every_item_from_any_folder_and_writes_both_reports(tmp_path):
+    out = tmp_path / "suite"
+    done = run_suite("--quick", "--out", str(out), cwd=tmp_path)  # not the checkout: the suite finds its configs
+    assert done.returncode == 0, done.stdout + done.stderr
+    sys.path.insert(0, str(SUITE.parent))
+    try:
+        from gpu_suite import ITEMS
+    finally:
+        sys.path.remove(str(SUITE.parent))
+    report = json.loads((out / "gpu_suite.json").read_text())
+    assert report["quick"] is True
+    assert list(report["items"]) == list(ITEMS)  # every item, in the suite's order
+    for name, item in report["items"].items():
+        assert item["status"] == "ok", (name, item.get("error"))
+        assert item["figures"], name
+        for target in item["targets"]:
+            assert isinstance(target["met"], bool) and target["value"] == target["value"], (name, target)
+    figures = {name: item["figures"] for name, item in report["items"].items()}
+    assert figures["snake_env"]["steps_per_s"]["256"]["torchrl"] > 0
+    assert figures["pirl_export"]["max_abs_exported_minus_eager"] == 0.0  # the exported files compute the network
+    assert set(figures["pirl_export"]["samples_per_s"]) == {"512", "1024", "2048", "4096", "16384"}
+    assert figures["snake_ppo"]["frames_per_s"] > 0 and figures["sac"]["updates_per_s"] > 0
+    assert set(figures["metta"]["by_worker_kind"]) == {"env_workers", "collector_workers"}
+    assert figures["mario"]["experiences_per_s"] > 0
+    assert "compile=false" in figures["dqn_update"]["ratio_to_bare"] and not figures["dqn_update"]["errors"]
+    markdown = (out / "gpu_suite.md").read_text()
+    assert all(f"| {name} | ok |" in markdown for name in ITEMS)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+def test_the_full_suite_without_cuda_is_one_error_line(tmp_path):
+    done = run_suite("--out", str(tmp_path / "suite"), cwd=tmp_path)
+    assert done.returncode == 2
+    assert (
+        done.stderr.strip()
+        .splitlines()[-1]
+        .endswith("no CUDA device on this machine: run with --quick to check the suite on the CPU")
+    )
+    assert not (tmp_path / "suite" / "gpu_suite.json").exists()
