@@ -251,45 +251,20 @@ def sac(ctx: Context) -> dict:
 def metta(ctx: Context) -> dict:
     """Agent steps/s of the ultra-fast config's whole rollouts through its data module's collector, in each worker
     kind, with the (untrained) recurrent policy on the device."""
-    import torch
+    from metta_throughput import collection
 
-    from app.cli import build
-
-    configs = [str(ROOT / p) for p in ("configs/metta_ultra_fast.yaml", "configs/bench/gpu_metta.yaml")]
+    configs = tuple(str(ROOT / p) for p in ("configs/metta_ultra_fast.yaml", "configs/bench/gpu_metta.yaml"))
     workers = 2 if ctx.quick else 16
-    sizes = ["--data.init_args.device", ctx.device]
+    flags = ["--data.init_args.device", ctx.device]
     if ctx.quick:
-        sizes += [*QUICK_CPU, "--data.init_args.num_envs", "4", "--data.init_args.collect_steps", "8"]
-        sizes += [
-            "--data.init_args.bptt",
-            "8",
-            "--data.init_args.minibatch_size",
-            "64",
-            "--model.init_args.compile",
-            "false",
-        ]
+        flags += [*QUICK_CPU, "--data.init_args.num_envs", "4", "--data.init_args.collect_steps", "8"]
+        flags += ["--data.init_args.bptt", "8", "--data.init_args.minibatch_size", "64"]
+        flags += ["--model.init_args.compile", "false"]
     batches = 1 if ctx.quick else 3
     rows = {}
     for kind in ("env_workers", "collector_workers"):
-        other = "collector_workers" if kind == "env_workers" else "env_workers"
-        flags = [*sizes, f"--data.init_args.{kind}", str(workers), f"--data.init_args.{other}", "0"]
-        model, data = build(configs, flags)
-        model.to(torch.device(ctx.device))
-        data.setup("fit")
-        data.use_env_transform(model.env_transform())
-        data.connect(model.policy())
-        data._build_collector()
-        try:
-            with torch.no_grad():
-                data.collect()  # worker start, first reset
-                ctx.sync()
-                start, steps = time.perf_counter(), 0
-                for _ in range(batches):
-                    steps += data.collect().numel()
-                ctx.sync()
-                rows[kind] = {"agent_steps_per_s": steps / (time.perf_counter() - start), "agent_steps": steps}
-        finally:
-            data.teardown("fit")
+        rate_ = collection(kind, workers, batches, configs, tuple(flags))
+        rows[kind] = {"agent_steps_per_s": rate_}
     best = max(rows, key=lambda k: rows[k]["agent_steps_per_s"])
     return {
         "figures": {"workers": workers, "rollouts_timed": batches, "by_worker_kind": rows, "faster": best},

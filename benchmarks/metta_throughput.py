@@ -54,11 +54,12 @@ def mode_flags(mode: str, workers: int) -> list[str]:
     ]
 
 
-def collection(mode: str, workers: int, batches: int) -> float:
-    """Agent steps per second of the shipped data module's ``collect`` over ``batches`` rollouts, after one untimed
-    (worker start, first reset)."""
-    model, data = build([CONFIG], mode_flags(mode, workers))
+def collection(mode: str, workers: int, batches: int, configs: tuple[str, ...] = (CONFIG,), flags: tuple = ()) -> float:
+    """Agent steps per second of the data module's ``collect`` over ``batches`` rollouts, after one untimed (worker
+    start, first reset), with the untrained policy on the data module's device (``--data.init_args.device``)."""
+    model, data = build(list(configs), [*flags, *mode_flags(mode, workers)])
     data.setup("fit")
+    model.to(data.device)
     data.use_env_transform(model.env_transform())
     data.connect(model.policy())
     data._build_collector()
@@ -68,6 +69,8 @@ def collection(mode: str, workers: int, batches: int) -> float:
             start, frames = time.perf_counter(), 0
             for _ in range(batches):
                 frames += data.collect().numel()
+            if data.device.type == "cuda":
+                torch.cuda.synchronize(data.device)
             return frames / (time.perf_counter() - start)
     finally:
         data.teardown("fit")
