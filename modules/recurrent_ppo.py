@@ -185,7 +185,9 @@ class RecurrentPPO(RLModule):
         boundary[:, -1] = True
         after = td["next"][boundary].select("observation", *_STATE_KEYS)
         after["is_init"] = torch.zeros(after.shape + (1,), dtype=torch.bool, device=after.device)
-        next_value[boundary] = self.critic(self.trunk(after))["state_value"]
+        # Under bf16 autocast (the training step's) the extra step computes in bf16, while values acted in worker
+        # processes, which run without autocast, are float32: store it in the rollout's dtype.
+        next_value[boundary] = self.critic(self.trunk(after))["state_value"].to(next_value.dtype)
         advantage, value_target = vec_generalized_advantage_estimate(
             self.gamma, self.gae_lambda, value, next_value, reward, done, terminated, time_dim=-2
         )

@@ -129,14 +129,15 @@ def test_a_dead_worker_process_stops_the_run_with_a_clear_error_and_the_last_che
 
 def test_the_ultra_fast_preset_runs_with_its_batch_geometry(tmp_path):
     # The seed's geometry: 8 minibatches of whole 32-step segments per rollout, 1 epoch, hidden 256, compile on. The
-    # environments are made small (test-sized); the batch is num_envs x num_agents x collect_steps.
+    # environments are made small (test-sized); the batch is num_envs x num_agents x collect_steps. Its collector
+    # workers stay on (2 instead of 16), so the path the preset ships is the path tested.
     cli = fit_metta(
         tmp_path,
         "--data.init_args.num_envs=4",
         "--data.init_args.collect_steps=32",
         "--data.init_args.bptt=32",
         "--data.init_args.minibatch_size=64",
-        "--data.init_args.env_workers=0",
+        "--data.init_args.collector_workers=2",
         "--model.init_args.lstm_hidden=256",
         "--trainer.max_steps=16",
         config="metta_ultra_fast",
@@ -145,6 +146,7 @@ def test_the_ultra_fast_preset_runs_with_its_batch_geometry(tmp_path):
     assert (data.bptt, data.update_epochs, data.minibatches_per_rollout) == (32, 1, 8)
     assert model.compile_mode is True and model.lstm.lstm.hidden_size == 256
     assert cli.trainer.global_step == 16 and data.frames == 2 * 4 * 4 * 32
+    assert data.collector_workers == 2 and data.env_workers == 0
 
 
 def test_the_ultra_fast_preset_ships_the_seeds_geometry_and_schedule():
