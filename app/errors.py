@@ -33,6 +33,26 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.cli import LightningArgumentParser
 from torchrl.envs import EnvBase
 
+#: Environment modules that moved into one sub-package per family: a class path under an old module is refused with
+#: one line naming its new path (``datamodules.envs.snake.SnakeEnv`` → ``datamodules.envs.snake.env.SnakeEnv``).
+MOVED_MODULES: dict[str, str] = {
+    "datamodules.envs.snake": "datamodules.envs.snake.env",
+    "datamodules.envs.snake_cpu": "datamodules.envs.snake.cpu_kernel",
+    "datamodules.envs.safety": "datamodules.envs.safety.base",
+    "datamodules.envs.vehicle": "datamodules.envs.safety.vehicle",
+    "datamodules.envs.toy": "datamodules.envs.safety.toy",
+    "datamodules.envs.physics": "datamodules.envs.safety.physics",
+    "datamodules.envs.racing": "datamodules.envs.racing.env",
+    "datamodules.envs.track": "datamodules.envs.racing.track",
+    "datamodules.envs.racing_expert": "datamodules.envs.racing.expert",
+    "datamodules.envs.mettagrid": "datamodules.envs.mettagrid.env",
+    "datamodules.envs.tokens": "datamodules.envs.mettagrid.tokens",
+    "datamodules.envs.mario": "datamodules.envs.mario.env",
+    "datamodules.envs.nes_compat": "datamodules.envs.mario.nes_compat",
+    "datamodules.envs.chain": "datamodules.envs.testing.chain",
+    "datamodules.envs.recall": "datamodules.envs.testing.recall",
+}
+
 #: Where each kind of nested object is configured, as config keys (each key after the first is inside ``init_args``).
 COMPONENT_KEYS: dict[type, tuple[str, ...]] = {EnvBase: ("data", "env"), Callback: ("trainer.callbacks",)}
 _LIST_KEY = "trainer.callbacks"
@@ -43,6 +63,7 @@ _CLASS_PATH = re.compile(r"class_path[ =]'([^']+)'")
 _UNION = "Does not validate against any of the Union subtypes"
 _UNKNOWN_OPTION = re.compile(r"Option '([^']+)' is not accepted")
 _EXPECTED = re.compile(r"Expected an? (.+?)\. Got value: (.*)", re.DOTALL)
+_NOT_A_PATH = re.compile(r"Expected a path but (\S+) either not accessible or invalid")
 
 
 class ComponentError(ValueError):
@@ -109,6 +130,12 @@ def _parameters(class_path: str | None) -> list[str]:
     ]
 
 
+def moved_class_path(class_path: str) -> str | None:
+    """The new path of a class whose module moved (:data:`MOVED_MODULES`), or None."""
+    module, _, name = class_path.rpartition(".")
+    return f"{MOVED_MODULES[module]}.{name}" if module in MOVED_MODULES else None
+
+
 def _expected(type_text: str, value: str) -> str:
     literal = re.fullmatch(r"typing\.Literal\[(.*)\]", type_text)
     if literal:
@@ -122,6 +149,7 @@ def parse_error_line(message: str, error: BaseException | None, argv: Sequence[s
     keys: list[str] = []
     class_path = None
     leaf = None
+    moved = None  # (old, new): a class path under a module that moved
     for leaf in _chain(error):
         text = str(leaf)
         key = _PARSER_KEY.match(text)
@@ -129,8 +157,13 @@ def parse_error_line(message: str, error: BaseException | None, argv: Sequence[s
             keys.append(key.group(1))
         mentioned = None if text.startswith(_UNION) else _CLASS_PATH.search(text)
         class_path = mentioned.group(1) if mentioned else class_path  # the deepest class mentioned is the owner
+        for given in (*_NOT_A_PATH.findall(text), *_CLASS_PATH.findall(text)):  # the flag's value, a config's
+            moved = (given, moved_class_path(given)) if moved_class_path(given) else moved
     if leaf is None or not keys:
         return _one_line(message)
+    if moved:
+        flag = _name(keys, class_path, argv)
+        return f"{flag}: {moved[0]} moved to {moved[1]}; give {flag} {moved[1]} (or class_path: {moved[1]} in a config)"
     reason = _one_line(str(leaf))
     unknown = _UNKNOWN_OPTION.fullmatch(reason)
     expected = _EXPECTED.fullmatch(reason)

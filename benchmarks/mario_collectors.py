@@ -56,7 +56,7 @@ def raw_emulator(seconds: float, seed: int, results: mp.Queue) -> None:
     import torch
 
     torch.set_num_threads(1)
-    from datamodules.envs.nes_compat import ACTION_BUTTONS, MarioEmulator
+    from datamodules.envs.mario.nes_compat import ACTION_BUTTONS, MarioEmulator
 
     emulator, rng = MarioEmulator(1, 1), random.Random(seed)
     emulator.reset()

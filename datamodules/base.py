@@ -38,6 +38,7 @@ from torchrl.data import Composite, TensorSpec
 from torchrl.envs import EnvBase, ParallelEnv, Transform, TransformedEnv
 from torchrl.envs.utils import ExplorationType, set_exploration_type, step_mdp
 
+from datamodules.envs.base import BatchedEnv
 from datamodules.timing import PhaseTimer
 from datamodules.workers import (
     DEAD_WORKER,
@@ -131,10 +132,16 @@ class EnvSpecs:
     _observation_spec: Composite
     _action_spec: TensorSpec
 
-    def _probe(self, env: Callable[..., EnvBase], seed: int) -> EnvBase:
+    def _probe(self, env: Callable[..., EnvBase], seed: int) -> BatchedEnv:
         """A throw-away environment of ``env`` (building it also validates its options); keeps the specs of one
         agent: a multi-agent environment's batch is ``[num_envs, num_agents]``, and its agents share one policy."""
         probe = env(num_envs=1, seed=seed, device="cpu")
+        if not isinstance(probe, BatchedEnv):
+            probe.close()
+            raise ValueError(
+                f"--data.init_args.env: {type(probe).__module__}.{type(probe).__qualname__} is not a "
+                "datamodules.envs.base.BatchedEnv (the environment contract: README, 'Adding an environment')"
+            )
         one_agent = (0,) * len(probe.batch_size)
         self._observation_spec = probe.observation_spec[one_agent].clone()
         self._action_spec = probe.action_spec[one_agent].clone()
@@ -231,23 +238,20 @@ class RLDataModule(EnvSpecs, pl.LightningDataModule):
         self.act_precision = act_precision
         # A throw-away environment: its specs size the model's networks, and building it validates the env options.
         probe = self._probe(env, seed)
-        if (env_workers or collector_workers) and not hasattr(probe, "init_kwargs"):
-            flag = "env_workers" if env_workers else "collector_workers"
-            raise ValueError(
-                f"--data.init_args.{flag}: {type(probe).__name__} cannot be rebuilt in a worker process (it "
-                "has no init_kwargs())"
-            )
         # What a worker process rebuilds the environment from: its class and options, plain and picklable (the
         # command line's factory is bound to objects of this process).
-        self._env_class, self._env_options = type(probe), getattr(probe, "init_kwargs", dict)()
-        self.episode_metric_keys: tuple[str, ...] = tuple(getattr(probe, "episode_metric_keys", ()))
+        self._env_class, self._env_options = type(probe), probe.init_kwargs()
+        # What the environment declares (datamodules.envs.base.BatchedEnv's class attributes), handed on.
+        self.episode_metric_keys: tuple[str, ...] = tuple(probe.episode_metric_keys)
         #: metrics averaged only over the episodes where another metric is positive (racing: a lap's time over the
         #: episodes that completed a lap), ``{metric: the metric that marks them}``.
-        self.episode_metric_over: dict[str, str] = dict(getattr(probe, "episode_metric_over", {}))
-        #: the environment's dynamics for physics-informed losses (``datamodules.envs.physics``), when it has them.
-        self.physics: Any = getattr(probe, "physics", None)
-        #: how token observations decode into a grid (``datamodules.envs.tokens.ObservationLayout``), for token envs.
-        self.observation_layout: Any = getattr(probe, "observation_layout", None)
+        self.episode_metric_over: dict[str, str] = dict(probe.episode_metric_over)
+        #: the environment's dynamics for physics-informed losses (``datamodules.envs.safety.physics``), when it has
+        #: them.
+        self.physics: Any = probe.physics
+        #: how token observations decode into a grid (``datamodules.envs.mettagrid.tokens.ObservationLayout``), for
+        #: token environments.
+        self.observation_layout: Any = probe.observation_layout
         probe.close()
         if self.eval_env_options:
             try:  # fail now, not at the first evaluation

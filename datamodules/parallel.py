@@ -62,7 +62,7 @@ class ParallelReplayDataModule(ReplayDataModule):
 
     Args:
         env: environment factory (see :class:`~datamodules.base.RLDataModule`); rebuilt in each worker from its class
-            and options, so it needs ``init_kwargs()``.
+            and options (its ``init_kwargs()``).
         num_workers: collector worker processes; default: the machine's cores less one, at least 1.
         envs_per_worker: environments each worker steps together (``num_envs`` is ``num_workers`` times this).
         collector: ``async`` (each worker delivers as soon as its batch is full: TorchRL's ``MultiAsyncCollector``)
@@ -120,11 +120,6 @@ class ParallelReplayDataModule(ReplayDataModule):
             weight_sync_interval=weight_sync_interval,
             **kwargs,
         )
-        if not hasattr(self._env_class, "init_kwargs"):
-            raise ValueError(
-                f"--data.init_args.env: {self._env_class.__name__} cannot be rebuilt in a worker process (it has no "
-                "init_kwargs())"
-            )
         check_positive("learner_nice", learner_nice, allow_zero=True)
         self.num_workers, self.envs_per_worker, self.collector_kind = num_workers, envs_per_worker, collector
         self.learner_nice = learner_nice

@@ -10,7 +10,7 @@ from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 from torch import nn
 
-from datamodules.envs.tokens import GLOBAL_LOCATION
+from datamodules.envs.mettagrid.tokens import GLOBAL_LOCATION
 
 
 class FlattenObservation(nn.Module):

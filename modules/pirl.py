@@ -3,7 +3,7 @@
 Hoshino et al., "Autonomous Drifting Based on Maximal Safety Probability Learning", ITSC 2024 (arXiv 2409.03160);
 the method: arXiv 2403.16391. With reward 1 for reaching the end of the horizon τ in the safe set, 0 for leaving it,
 and discount 1, ``Q(x, a)`` is the probability of staying safe, and ``V = maxₐ Q`` solves a PDE whose drift is the
-system's dynamics (the environment's, :mod:`datamodules.envs.physics`). The loss adds to the DQN error the PDE
+system's dynamics (the environment's, :mod:`datamodules.envs.safety.physics`). The loss adds to the DQN error the PDE
 residual (:mod:`modules.pde`) at random interior points and the boundary conditions (``V = 1`` when τ = 0, ``V = 0``
 on the unsafe boundary).
 
@@ -136,7 +136,7 @@ class PhysicsInformedDQN(DQN):
         if self.physics is None:
             raise ValueError(
                 "--model PhysicsInformedDQN needs an environment that exposes its dynamics (env.physics), such as "
-                "datamodules.envs.vehicle.VehicleEnv or datamodules.envs.toy.ToyEnv"
+                "datamodules.envs.safety.vehicle.VehicleEnv or datamodules.envs.safety.toy.ToyEnv"
             )
 
     def value(self, states: torch.Tensor) -> torch.Tensor:

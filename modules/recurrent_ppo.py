@@ -134,7 +134,7 @@ class RecurrentPPO(RLModule):
         if layout is None:
             raise ValueError(
                 "--model RecurrentPPO reads token observations: the environment must describe them (observation_layout"
-                ", as datamodules.envs.mettagrid.MettaGridEnv and datamodules.envs.recall.CueRecallEnv do)"
+                ", as datamodules.envs.mettagrid.env.MettaGridEnv and datamodules.envs.testing.recall.CueRecallEnv do)"
             )
         grid, features = self.encoder.grid, layout.num_features
         if features > grid.num_features:

@@ -13,8 +13,8 @@ from tensordict import TensorDict
 from app.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository
-CHAIN = {"class_path": "datamodules.envs.chain.ChainEnv", "init_args": {"length": 6, "max_steps": 30}}
-RECALL = {"class_path": "datamodules.envs.recall.CueRecallEnv", "init_args": {"num_agents": 4, "length": 4}}
+CHAIN = {"class_path": "datamodules.envs.testing.chain.ChainEnv", "init_args": {"length": 6, "max_steps": 30}}
+RECALL = {"class_path": "datamodules.envs.testing.recall.CueRecallEnv", "init_args": {"num_agents": 4, "length": 4}}
 
 
 def chain_config(agent: str, root: Path, **data: Any) -> dict:

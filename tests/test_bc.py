@@ -16,7 +16,7 @@ from lightning.pytorch.callbacks import TQDMProgressBar
 from tensordict import TensorDict
 
 from callbacks.progress import RLProgressBar
-from datamodules.envs.racing import STEERING_LIMIT, RacingEnv
+from datamodules.envs.racing.env import STEERING_LIMIT, RacingEnv
 from export.cli import main as export_main
 from export.loader import TracedPolicy
 from modules.bc import BehaviourCloning

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -12,13 +13,15 @@ import torch
 import yaml
 
 from app.cli import main
+from app.errors import MOVED_MODULES
 from tests.helpers import ROOT, chain_config, fit, write_config
 
 
-def run_app(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+def run_app(*args: str, cwd: Path, pythonpath: tuple[Path, ...] = ()) -> subprocess.CompletedProcess:
     """``python -m app *args`` in a fresh process with a bare environment, but the test run's ``PATH``, home and
     compiled-extensions folder: the Snake kernel built once for the suite is then the one every process loads (another
-    folder, or another ``ninja`` found on another ``PATH``, would compile it again: half a minute)."""
+    folder, or another ``ninja`` found on another ``PATH``, would compile it again: half a minute). ``pythonpath``:
+    folders importable after the repository."""
     kept = {name: os.environ[name] for name in ("PATH", "HOME", "TORCH_EXTENSIONS_DIR") if name in os.environ}
     return subprocess.run(
         [sys.executable, "-m", "app", *args],
@@ -26,7 +29,7 @@ def run_app(*args: str, cwd: Path) -> subprocess.CompletedProcess:
         capture_output=True,
         text=True,
         timeout=300,
-        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", **kept},
+        env={"PYTHONPATH": os.pathsep.join(map(str, (ROOT, *pythonpath))), "PATH": "/usr/bin:/bin", **kept},
     )
 
 
@@ -215,7 +218,7 @@ def test_a_bad_callback_in_a_config_list_is_named_by_position_and_class(tmp_path
         ),
         (
             ["--data.init_args.env.init_args.sise", "7"],
-            "--data.init_args.env.init_args.sise is not an option of datamodules.envs.snake.SnakeEnv; "
+            "--data.init_args.env.init_args.sise is not an option of datamodules.envs.snake.env.SnakeEnv; "
             "did you mean size?",
         ),
         (  # the flag sets the last callback of the list, here the throughput report
@@ -284,3 +287,34 @@ def test_prefetch_is_refused_for_an_update_that_draws_random_numbers(tmp_path):
     assert_one_error_line(result.returncode, result.stderr, result.stderr.strip().splitlines()[-1][len("error: ") :])
     assert "--data.init_args.prefetch:" in result.stderr and "draws random numbers" in result.stderr
     assert not (tmp_path / "runs").exists()
+
+
+# --------------------------------------------------------------------------------- environments that moved (issue 26)
+def test_every_moved_environment_module_is_gone_and_its_new_one_exists():
+    for old, new in MOVED_MODULES.items():
+        spec = importlib.util.find_spec(old)  # gone, or now the family's package (datamodules.envs.snake)
+        assert spec is None or spec.submodule_search_locations is not None, old
+        assert importlib.util.find_spec(new) is not None, new
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "where"),
+    [
+        ("datamodules.envs.chain.ChainEnv", "datamodules.envs.testing.chain.ChainEnv", "flag"),
+        ("datamodules.envs.snake.SnakeEnv", "datamodules.envs.snake.env.SnakeEnv", "config"),
+        ("datamodules.envs.racing.RacingEnv", "datamodules.envs.racing.env.RacingEnv", "flag"),
+        ("datamodules.envs.vehicle.VehicleEnv", "datamodules.envs.safety.vehicle.VehicleEnv", "config"),
+    ],
+)
+def test_an_old_environment_class_path_is_one_line_naming_the_new_one(tmp_path, capsys, old, new, where):
+    config = chain_config("dqn", tmp_path / "out")
+    args = ["--data.init_args.env", old]
+    if where == "config":  # as a run folder's saved config.yaml from before the move has it
+        config["data"]["init_args"]["env"] = {"class_path": old}
+        args = []
+    with pytest.raises(SystemExit) as exited:
+        main(["fit", "--config", str(write_config(config, tmp_path / "c.yaml")), *args])
+    flag = "--data.init_args.env"
+    message = f"{flag}: {old} moved to {new}; give {flag} {new} (or class_path: {new} in a config)"
+    assert_one_error_line(exited.value.code, capsys.readouterr().err, message)
+    assert not (tmp_path / "out").exists()

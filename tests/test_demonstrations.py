@@ -7,9 +7,9 @@ import torch
 from tensordict import TensorDict
 
 from datamodules.demonstrations import DemonstrationDataModule
-from datamodules.envs.chain import ChainEnv
-from datamodules.envs.racing import RacingEnv
-from datamodules.envs.racing_expert import TimeOptimalExpert
+from datamodules.envs.racing.env import RacingEnv
+from datamodules.envs.racing.expert import TimeOptimalExpert
+from datamodules.envs.testing.chain import ChainEnv
 
 
 def small(tmp_path, **kwargs) -> DemonstrationDataModule:

@@ -18,7 +18,7 @@ import torch
 import export.tracing as tracing
 from app.cli import build
 from callbacks.export import PolicyExport
-from datamodules.envs.physics import TAU
+from datamodules.envs.safety.physics import TAU
 from export.cli import main as export_main
 from export.inputs import environment_check_inputs
 from export.loader import TracedPolicy

@@ -9,7 +9,7 @@ from tensordict import TensorDict
 from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
 from torchrl.envs import MultiStepTransform
 
-from datamodules.envs.mario import MarioEnv
+from datamodules.envs.mario.env import MarioEnv
 from datamodules.frames import FrameStackStore
 
 

@@ -16,7 +16,7 @@ from tests.helpers import ROOT, chain_config, fit, weights, write_config
 
 # Small frames and short stacks keep the real emulator's tests quick; the network is the seed's at any frame size.
 SMALL_MARIO = {
-    "class_path": "datamodules.envs.mario.MarioEnv",
+    "class_path": "datamodules.envs.mario.env.MarioEnv",
     "init_args": {"size": 40, "frame_stack": 4, "stuck_steps": 15},
 }
 

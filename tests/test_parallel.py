@@ -16,7 +16,7 @@ from lightning.pytorch.callbacks import Callback
 from tensordict import TensorDict, TensorDictBase
 
 from app.cli import main
-from datamodules.envs.chain import ChainEnv
+from datamodules.envs.testing.chain import ChainEnv
 from datamodules.parallel import ParallelReplayDataModule, _Feeder
 from modules.dqn import DQN
 from tests.helpers import CHAIN, ROOT, chain_config, fit, saved_replay, weights, write_config

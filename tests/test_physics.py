@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from datamodules.envs.physics import (
+from datamodules.envs.safety.physics import (
     DEG,
     TAU,
     ToyPhysics,

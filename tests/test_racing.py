@@ -10,9 +10,9 @@ import torch
 from tensordict import TensorDict
 from torchrl.envs.utils import check_env_specs
 
-from datamodules.envs.racing import STEERING_LIMIT, RacingEnv
-from datamodules.envs.racing_expert import TimeOptimalExpert, speed_profile
-from datamodules.envs.track import Track
+from datamodules.envs.racing.env import STEERING_LIMIT, RacingEnv
+from datamodules.envs.racing.expert import TimeOptimalExpert, speed_profile
+from datamodules.envs.racing.track import Track
 
 
 def test_default_track_is_a_closed_smooth_loop():

@@ -15,7 +15,7 @@ from torchrl.envs.utils import ExplorationType, set_exploration_type
 from torchrl.modules import TanhNormal
 
 from app.stages import MARKER, stage_folder
-from datamodules.envs.racing import RacingEnv
+from datamodules.envs.racing.env import RacingEnv
 from modules.bare import tanh_gaussian_sample
 from modules.sac import SAC
 from tests.helpers import ROOT, fit, weights, write_config

@@ -1,19 +1,17 @@
 """The PIRL authors' 2-D toy system as a batched TorchRL environment: a tiny, fast safety task for tests.
 
 State ``(x₁, x₂, τ)``; the controlled diffusion ``dx = f(x, u) dt + σ dW`` with drift ``f = (−x₁³ − x₂, x₁ + x₂ + u)``
-(:class:`datamodules.envs.physics.ToyPhysics`, which the PDE loss also uses), σ = 0.4 on both coordinates,
+(:class:`datamodules.envs.safety.physics.ToyPhysics`, which the PDE loss also uses), σ = 0.4 on both coordinates,
 integrated by Euler–Maruyama steps of ``dt``. Unsafe when ``|x₂| > 1``; reward 1 when the horizon
 τ ~ U(0, ``tau_max``) runs out in the safe set. Actions pick ``u`` from ``controls``.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
-from datamodules.envs.physics import ToyPhysics
-from datamodules.envs.safety import SafetyEnv
+from datamodules.envs.safety.base import SafetyEnv
+from datamodules.envs.safety.physics import ToyPhysics
 
 
 class ToyEnv(SafetyEnv):
@@ -50,9 +48,6 @@ class ToyEnv(SafetyEnv):
         self.controls, self.sigma = tuple(controls), sigma
         #: the dynamics and collocation domain the PIRL loss uses: the same model as this environment.
         self.physics = ToyPhysics(controls=self.controls, tau_max=tau_max)
-
-    def init_kwargs(self) -> dict[str, Any]:
-        return {"controls": self.controls, "sigma": self.sigma, "tau_max": self.tau_max, "dt": self.dt}
 
     def _initial_state(self, uniforms: torch.Tensor) -> dict[str, torch.Tensor]:
         x1 = 1.5 * (2 * uniforms[:, 0] - 1)

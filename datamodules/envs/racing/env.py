@@ -39,11 +39,11 @@ from typing import Any
 
 import torch
 from tensordict import TensorDict, TensorDictBase
-from torchrl.data import Bounded, Categorical, Composite, Unbounded
-from torchrl.envs import EnvBase
+from torchrl.data import Bounded, Composite, Unbounded
 
+from datamodules.envs.base import BatchedEnv
 from datamodules.envs.counter_rng import random_bits, uniform
-from datamodules.envs.track import DEFAULT_CIRCUIT, Track, wrap_angle
+from datamodules.envs.racing.track import DEFAULT_CIRCUIT, Track, wrap_angle
 
 ACCELERATION_RANGE = (-6.0, 4.0)  # m/s²
 STEERING_LIMIT = math.radians(25.0)  # rad
@@ -52,12 +52,13 @@ CURVATURE_SCALE = 20.0  # 1/m → about unit scale: the default track's curvatur
 _START_DRAWS = 4  # uniforms per reset: arc, lateral offset, heading offset, speed
 
 
-class RacingEnv(EnvBase):
+class RacingEnv(BatchedEnv):
     """Batched race cars on a closed track.
 
     Args:
         num_envs: cars stepped together.
-        control_points: the track's centre line (:class:`~datamodules.envs.track.Track`); default: the 450 m circuit.
+        control_points: the track's centre line (:class:`~datamodules.envs.racing.track.Track`); default: the 450 m
+            circuit.
         width: track width (m).
         max_steps: episode length limit (steps of ``dt``).
         dt: seconds per step.
@@ -158,27 +159,6 @@ class RacingEnv(EnvBase):
         )
         self.action_spec = Bounded(low=low.expand(n, 2), high=high.expand(n, 2), shape=(*batch, 2), device=dev)
         self.reward_spec = Unbounded(shape=(*batch, 1), device=dev)
-        flag = Categorical(2, shape=(*batch, 1), dtype=torch.bool, device=dev)
-        self.done_spec = Composite(done=flag, terminated=flag.clone(), truncated=flag.clone(), shape=batch, device=dev)
-
-    def init_kwargs(self) -> dict[str, Any]:
-        """Constructor arguments (besides ``num_envs``, ``seed``, ``device``) that rebuild this environment."""
-        return {
-            "control_points": self.control_points,
-            "width": self.width,
-            "max_steps": self.max_steps,
-            "dt": self.dt,
-            "lf": self.lf,
-            "lr": self.lr,
-            "grip": self.grip,
-            "max_speed": self.max_speed,
-            "runoff": self.runoff,
-            "start_lateral": self.start_lateral,
-            "start_heading": self.start_heading,
-            "start_speed": self.start_speed,
-            "curvature_ahead": self.curvature_ahead,
-            **self.weights,
-        }
 
     # ---------------------------------------------------------------------------------------------- dynamics
     def slip_and_yaw_rate(self, speed: torch.Tensor, steering: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -11,10 +11,11 @@ from __future__ import annotations
 import torch
 from tensordict import TensorDict, TensorDictBase
 from torchrl.data import Binary, Categorical, Composite, Unbounded
-from torchrl.envs import EnvBase
+
+from datamodules.envs.base import BatchedEnv
 
 
-class ChainEnv(EnvBase):
+class ChainEnv(BatchedEnv):
     """Batched chain walk; all state lives in registered buffers, so ``state_dict`` captures it.
 
     Args:
@@ -51,10 +52,6 @@ class ChainEnv(EnvBase):
         )
         self.action_spec = Categorical(2, shape=batch, device=self.device)
         self.reward_spec = Unbounded(shape=(*batch, 1), device=self.device)
-
-    def init_kwargs(self) -> dict[str, int]:
-        """Constructor arguments (besides ``num_envs``, ``seed``, ``device``) that rebuild this environment."""
-        return {"length": self.length, "max_steps": self.max_steps}
 
     def _observation(self) -> torch.Tensor:
         return torch.nn.functional.one_hot(self.position, self.length).to(torch.uint8)

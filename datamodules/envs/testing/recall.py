@@ -19,16 +19,16 @@ from __future__ import annotations
 import torch
 from tensordict import TensorDict, TensorDictBase
 from torchrl.data import Bounded, Categorical, Composite, Unbounded
-from torchrl.envs import EnvBase
 
+from datamodules.envs.base import BatchedEnv
 from datamodules.envs.counter_rng import random_bits
-from datamodules.envs.tokens import ObservationLayout
+from datamodules.envs.mettagrid.tokens import ObservationLayout
 
 _VIEW = 11
 _CENTRE = (_VIEW // 2) << 4 | (_VIEW // 2)
 
 
-class CueRecallEnv(EnvBase):
+class CueRecallEnv(BatchedEnv):
     """Batched cue-recall episodes.
 
     Args:
@@ -71,12 +71,6 @@ class CueRecallEnv(EnvBase):
         )
         self.action_spec = Categorical(num_actions, shape=batch, device=dev)
         self.reward_spec = Unbounded(shape=(*batch, 1), device=dev)
-        flag = Categorical(2, shape=(*batch, 1), dtype=torch.bool, device=dev)
-        self.done_spec = Composite(done=flag, terminated=flag.clone(), truncated=flag.clone(), shape=batch, device=dev)
-
-    def init_kwargs(self) -> dict[str, int]:
-        """Constructor arguments (besides ``num_envs``, ``seed``, ``device``) that rebuild this environment."""
-        return {"num_agents": self.batch_size[1], "num_actions": self.num_actions, "length": self.length}
 
     def _set_seed(self, seed: int | None) -> None:
         seed = 0 if seed is None else seed

@@ -38,9 +38,9 @@ import torch
 import torch.nn.functional as F
 from tensordict import TensorDict, TensorDictBase
 from torchrl.data import Bounded, Categorical, Composite, Unbounded
-from torchrl.envs import EnvBase
 
-from datamodules.envs.nes_compat import ACTION_BUTTONS, ACTION_NAMES, MarioEmulator
+from datamodules.envs.base import BatchedEnv
+from datamodules.envs.mario.nes_compat import ACTION_BUTTONS, ACTION_NAMES, MarioEmulator
 
 __all__ = ["ACTION_NAMES", "MarioEnv"]
 
@@ -61,7 +61,7 @@ def parse_stage(stage: str) -> tuple[int, int]:
     return int(found.group(1)), int(found.group(2))
 
 
-class MarioEnv(EnvBase):
+class MarioEnv(BatchedEnv):
     """``num_envs`` Super Mario Bros emulators playing one stage, with the seed's frames, actions and reward.
 
     Args:
@@ -129,19 +129,6 @@ class MarioEnv(EnvBase):
         )
         self.action_spec = Categorical(len(ACTION_BUTTONS), shape=batch, device=dev)
         self.reward_spec = Unbounded(shape=(*batch, 1), device=dev)
-        flag = Categorical(2, shape=(*batch, 1), dtype=torch.bool, device=dev)
-        self.done_spec = Composite(done=flag, terminated=flag.clone(), truncated=flag.clone(), shape=batch, device=dev)
-
-    def init_kwargs(self) -> dict[str, Any]:
-        """Constructor arguments (besides ``num_envs``, ``seed``, ``device``) that rebuild this environment."""
-        return {
-            "stage": self.stage,
-            "frame_skip": self.frame_skip,
-            "frame_stack": self.frame_stack,
-            "size": self.size,
-            "stuck_steps": self.stuck_steps,
-            "noop_max": self.noop_max,
-        }
 
     # ------------------------------------------------------------------------------------------- frames
     def _screens(self, envs: list[int]) -> torch.Tensor:

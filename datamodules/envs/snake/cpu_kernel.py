@@ -1,6 +1,6 @@
 """Snake's step and reset as one C++ loop over the boards: the CPU fast path of :class:`SnakeEnv`.
 
-The torch implementation in ``snake.py`` is the reference (and the only path on CUDA); this kernel follows it rule
+The torch implementation in ``env.py`` is the reference (and the only path on CUDA); this kernel follows it rule
 for rule and draw for draw — the same ring buffer, the same counter-based hash, the same candidate order — so both
 produce identical games (``tests/test_snake_env.py`` checks it). On 4,096 boards the torch path spends its time
 dispatching ~45 small ops per step; here a step is one pass over the boards, split across torch's threads.

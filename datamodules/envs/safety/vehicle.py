@@ -1,10 +1,10 @@
 """The PIRL vehicle as a batched TorchRL environment: thousands of cars on a road, stepped by tensor ops (CPU or CUDA).
 
 The seed drove a CARLA car; CARLA cannot run here, so this environment integrates the same dynamic bicycle model
-with Pacejka tyres (:mod:`datamodules.envs.physics`, which the PDE loss also differentiates) on a synthetic road and
-produces the same 16-dimensional state: ``(vx, β, ω, e, ψ, Δx₁…₅, Δy₁…₅, τ)`` — speed (m/s), slip angle (deg), yaw
-rate (deg/s), lateral error (m) and heading error (deg) relative to the centre line, the 5 next waypoints in the car's
-frame (m), and the remaining horizon (s).
+with Pacejka tyres (:mod:`datamodules.envs.safety.physics`, which the PDE loss also differentiates) on a synthetic
+road and produces the same 16-dimensional state: ``(vx, β, ω, e, ψ, Δx₁…₅, Δy₁…₅, τ)`` — speed (m/s), slip angle
+(deg), yaw rate (deg/s), lateral error (m) and heading error (deg) relative to the centre line, the 5 next waypoints
+in the car's frame (m), and the remaining horizon (s).
 
 The road is a **fixed course**, the same for every environment: a closed circuit of four identical quarters, each a
 30 m straight, a 120° left curve of radius 25 m, a 10 m straight and a 30° right curve of radius 30 m (432 m in
@@ -22,11 +22,11 @@ of a state a probability rather than 0 or 1. The episode ends with reward 1 when
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import torch
 
-from datamodules.envs.physics import (
+from datamodules.envs.safety.base import SafetyEnv
+from datamodules.envs.safety.physics import (
     BETA,
     DEG,
     HEADING,
@@ -39,7 +39,6 @@ from datamodules.envs.physics import (
     vehicle_controls,
     vehicle_dynamics,
 )
-from datamodules.envs.safety import SafetyEnv
 
 # One quarter of the circuit: (length m, turn rad). Four quarters turn 4 × 90° and close the loop.
 _QUARTER = ((30.0, 0.0), (25.0 * 2 * math.pi / 3, 2 * math.pi / 3), (10.0, 0.0), (30.0 * math.pi / 6, -math.pi / 6))
@@ -70,7 +69,7 @@ class VehicleEnv(SafetyEnv):
         lateral_bound: |e| above it ends the episode (m).
         min_speed: vx below it ends the episode (m/s).
         start_spread: start states are drawn uniformly from the PDE's collocation box (vx 5–20 m/s, β ±10°,
-            ω ±30°/s, e ±0.95 × lateral_bound, ψ ±30°: :class:`~datamodules.envs.physics.VehiclePhysics`) shrunk
+            ω ±30°/s, e ±0.95 × lateral_bound, ψ ±30°: :class:`~datamodules.envs.safety.physics.VehiclePhysics`) shrunk
             around its centre by this factor; 1 is the whole box, where the learned V is checked against Monte Carlo.
         noise_std: process noise on (vx, β, ω, e, ψ), per √s, in state units.
         dt: seconds per step.
@@ -140,18 +139,6 @@ class VehicleEnv(SafetyEnv):
         ahead = torch.arange(1, _WAYPOINTS + 1, dtype=torch.float32) * waypoint_spacing
         self.register_buffer("waypoint_ahead", ahead.to(self.device), persistent=False)
         self.register_buffer("noise_scale", torch.tensor(noise_std, device=self.device) * dt**0.5, persistent=False)
-
-    def init_kwargs(self) -> dict[str, Any]:
-        return {
-            "tau_max": self.tau_max,
-            "lateral_bound": self.lateral_bound,
-            "min_speed": self.min_speed,
-            "start_spread": self.start_spread,
-            "noise_std": self.noise_std,
-            "dt": self.dt,
-            "substeps": self.substeps,
-            "waypoint_spacing": self.waypoint_spacing,
-        }
 
     # ------------------------------------------------------------------------------------------------- road
     def _road(self, arc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

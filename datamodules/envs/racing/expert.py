@@ -23,7 +23,7 @@ import torch
 from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 
-from datamodules.envs.racing import ACCELERATION_RANGE, STEERING_LIMIT, RacingEnv
+from datamodules.envs.racing.env import ACCELERATION_RANGE, STEERING_LIMIT, RacingEnv
 
 
 def speed_profile(
@@ -43,7 +43,7 @@ def speed_profile(
 
 
 class TimeOptimalExpert(TensorDictModuleBase):
-    """The expert driver of a :class:`~datamodules.envs.racing.RacingEnv`'s track and car.
+    """The expert driver of a :class:`~datamodules.envs.racing.env.RacingEnv`'s track and car.
 
     Args:
         env: the environment whose track and car it drives (any batch size; only its parameters are read).

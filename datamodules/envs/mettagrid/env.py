@@ -67,9 +67,9 @@ from mettagrid.mapgen.scenes.random import Random
 from mettagrid.mettagrid_c import MettaGrid
 from tensordict import TensorDict, TensorDictBase
 from torchrl.data import Bounded, Categorical, Composite, Unbounded
-from torchrl.envs import EnvBase
 
-from datamodules.envs.tokens import ObservationLayout
+from datamodules.envs.base import BatchedEnv
+from datamodules.envs.mettagrid.tokens import ObservationLayout
 
 # Objects each task places on its map by default (the ``objects`` option overrides counts by name).
 TASK_OBJECTS = {"altars": {"wall": 10, "altar": 20}, "arena": {"wall": 10}}
@@ -113,7 +113,7 @@ def altars_game(num_agents: int, altar_cooldown: int) -> GameConfig:
     )
 
 
-class MettaGridEnv(EnvBase):
+class MettaGridEnv(BatchedEnv):
     """Batched MettaGrid: ``num_envs`` engines of ``num_agents`` agents each, stepped one after the other.
 
     Args:
@@ -219,21 +219,6 @@ class MettaGridEnv(EnvBase):
         )
         self.action_spec = Categorical(self.num_actions, shape=shape, device=dev)
         self.reward_spec = Unbounded(shape=(*shape, 1), device=dev)
-        flag = Categorical(2, shape=(*shape, 1), dtype=torch.bool, device=dev)
-        self.done_spec = Composite(done=flag, terminated=flag.clone(), truncated=flag.clone(), shape=shape, device=dev)
-
-    def init_kwargs(self) -> dict[str, Any]:
-        """Constructor arguments (besides ``num_envs``, ``seed``, ``device``) that rebuild this environment."""
-        return {
-            "task": self.task,
-            "num_agents": self.num_agents,
-            "map_width": self.map_width,
-            "map_height": self.map_height,
-            "objects": dict(self.objects),
-            "altar_cooldown": self.altar_cooldown,
-            "max_steps": self.max_steps,
-            "num_tokens": self.num_tokens,
-        }
 
     # ------------------------------------------------------------------------------------------- episodes
     def _engine_buffers(self, env: int | slice) -> tuple[np.ndarray, ...]:

@@ -12,17 +12,18 @@ independent continuations of the same states (Monte-Carlo estimates of the safet
 
 from __future__ import annotations
 
+import abc
 from typing import Any
 
 import torch
 from tensordict import TensorDict, TensorDictBase
 from torchrl.data import Categorical, Composite, Unbounded
-from torchrl.envs import EnvBase
 
+from datamodules.envs.base import BatchedEnv
 from datamodules.envs.counter_rng import normal, random_bits, uniform
 
 
-class SafetyEnv(EnvBase):
+class SafetyEnv(BatchedEnv):
     """Base class: the state vector (the observation) and the random streams live in buffers.
 
     Args:
@@ -66,10 +67,9 @@ class SafetyEnv(EnvBase):
         )
         self.action_spec = Categorical(num_actions, shape=batch, device=dev)
         self.reward_spec = Unbounded(shape=(*batch, 1), device=dev)
-        flag = Categorical(2, shape=(*batch, 1), dtype=torch.bool, device=dev)
-        self.done_spec = Composite(done=flag, terminated=flag.clone(), truncated=flag.clone(), shape=batch, device=dev)
 
     # ----------------------------------------------------------------------------------------- subclass hooks
+    @abc.abstractmethod
     def _initial_state(self, uniforms: torch.Tensor) -> dict[str, torch.Tensor]:
         """Initial states from uniforms ``[rows, initial_draws]``: ``{"state": [rows, state_dim], <extra>: [rows]}``
         (τ included in ``state``)."""
@@ -78,6 +78,7 @@ class SafetyEnv(EnvBase):
     #: uniforms :meth:`_initial_state` consumes per environment.
     initial_draws: int = 1
 
+    @abc.abstractmethod
     def _advance(self, action: torch.Tensor, noise: torch.Tensor) -> None:
         """Integrate one step of ``dt`` in place (τ excluded) given standard normals ``[num_envs, noise_dims]``."""
         raise NotImplementedError
@@ -85,6 +86,7 @@ class SafetyEnv(EnvBase):
     #: standard normals :meth:`_advance` consumes per environment and step.
     noise_dims: int = 1
 
+    @abc.abstractmethod
     def _unsafe(self) -> torch.Tensor:
         """Boolean ``[num_envs]``: the current state is outside the safe set."""
         raise NotImplementedError
@@ -149,10 +151,6 @@ class SafetyEnv(EnvBase):
         )
 
     # ---------------------------------------------------------------------------------------- Monte Carlo
-    def init_kwargs(self) -> dict[str, Any]:
-        """Constructor arguments (besides ``num_envs``, ``seed``, ``device``) that rebuild this environment."""
-        raise NotImplementedError
-
     def replicate(self, repeats: int, seed: int) -> SafetyEnv:
         """A new batch of ``num_envs × repeats`` environments: ``repeats`` copies of each current state, in order,
         each continuing on its own random stream (``seed``, ``seed + 1``, ...). Used for Monte-Carlo estimates."""

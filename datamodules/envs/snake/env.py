@@ -17,7 +17,7 @@ Speed: every step is O(1) work per environment. The observation planes *are* the
 (head, tail and food cells only) through flat indices; writes an environment must skip go to a scratch byte at the
 end of its row, so no old value is read back. A ring buffer of body cells gives the tail in O(1). Two backends
 play identical games: ``torch`` updates every board under masks (fixed shapes, no host sync: the CUDA path), and
-``cpp`` (``snake_cpu.py``, the CPU default) runs the same rules as one compiled loop over the boards.
+``cpp`` (``cpu_kernel.py``, the CPU default) runs the same rules as one compiled loop over the boards.
 
 Randomness is counter-based: environment ``i`` of a batch seeded with ``seed`` draws from a hash of
 ``(seed + i, its own draw counter, slot)``. A batch of N environments therefore replays exactly the games of N
@@ -32,10 +32,10 @@ from typing import Literal
 import torch
 from tensordict import TensorDict, TensorDictBase
 from torchrl.data import Bounded, Categorical, Composite, Unbounded
-from torchrl.envs import EnvBase
 
-from datamodules.envs import snake_cpu
+from datamodules.envs.base import BatchedEnv
 from datamodules.envs.counter_rng import random_bits
+from datamodules.envs.snake import cpu_kernel
 
 # Row and column offsets of the 4 absolute actions: up, right, down, left.
 _DROW = (-1, 0, 1, 0)
@@ -47,7 +47,7 @@ _FOOD_CANDIDATES = 16
 _DEFAULT_SPAWN_MARGIN = 3
 
 
-class SnakeEnv(EnvBase):
+class SnakeEnv(BatchedEnv):
     """Batched Snake. All state lives in registered buffers, so ``state_dict`` captures a game exactly.
 
     Args:
@@ -98,7 +98,7 @@ class SnakeEnv(EnvBase):
         self.size, self.cells, self.max_steps, self.spawn_margin = size, size * size, max_steps, spawn_margin
         if backend == "cpp" and self.device.type != "cpu":
             raise ValueError(f"backend 'cpp' runs on the CPU only, got device {self.device}")
-        self._kernel = snake_cpu.load() if backend != "torch" and self.device.type == "cpu" else None
+        self._kernel = cpu_kernel.load() if backend != "torch" and self.device.type == "cpu" else None
         if backend == "cpp" and self._kernel is None:
             raise RuntimeError("backend 'cpp': the C++ kernel could not be built (see the warning above)")
         n, dev, cells = num_envs, self.device, size * size
@@ -131,8 +131,6 @@ class SnakeEnv(EnvBase):
         )
         self.action_spec = Categorical(4, shape=batch, device=dev)
         self.reward_spec = Unbounded(shape=(*batch, 1), device=dev)
-        flag = Categorical(2, shape=(*batch, 1), dtype=torch.bool, device=dev)
-        self.done_spec = Composite(done=flag, terminated=flag.clone(), truncated=flag.clone(), shape=batch, device=dev)
 
     def _start_layouts(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Every legal initial snake: 3 cells in a line, inside the margins, for each heading.

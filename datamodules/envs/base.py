@@ -1,0 +1,107 @@
+"""The batched-environment contract every environment here follows, and :class:`BatchedEnv`, which gives most of it.
+
+An environment is a TorchRL ``EnvBase`` that steps a whole batch of environments at once, built as
+``Env(num_envs=..., seed=..., device=..., **options)``:
+
+- **Constructor.** ``__init__(self, num_envs=1, <options, each with a default>, seed=0, device="cpu")``. The batch is
+  ``[num_envs]``, or ``[num_envs, num_agents]`` when several agents share one policy. Options are keyword arguments
+  a YAML config can hold; a bad one raises ``ValueError`` starting with the option's name (``size must be >= 3, got
+  2``), and the command line puts the flag in front of it. :class:`BatchedEnv` records the options a constructor was
+  called with: :meth:`BatchedEnv.init_kwargs` returns them, and ``type(env)(num_envs=n, seed=s, device=d,
+  **env.init_kwargs())`` builds the same environment again (in a worker process, for evaluation, for Monte Carlo).
+- **Specs.** The constructor sets the observation, action and reward specs; the done spec (``done``, ``terminated``,
+  ``truncated``, bool ``[*batch, 1]``) is :class:`BatchedEnv`'s. ``_reset`` and ``_step`` return every entry of the
+  specs.
+- **Seeding.** The same seed and the same actions play the same episodes. The environments here draw from
+  counter-based streams (:mod:`datamodules.envs.counter_rng`), so environment ``i`` of a batch seeded ``seed`` plays
+  what a single environment seeded ``seed + i`` plays.
+- **State.** Everything the continuation depends on is in ``state_dict()`` (registered buffers, or
+  ``get_extra_state`` for an engine that cannot be read out): loaded into a new environment of the same options, it
+  continues exactly. Checkpoints and worker processes rely on it.
+- **Declarations**, class attributes with defaults here: ``episode_metric_keys`` (per-step entries an evaluation sums
+  over each episode and reports), ``episode_metric_over`` (metrics averaged only over the episodes where another is
+  positive), ``physics`` (the dynamics a physics-informed loss differentiates) and ``observation_layout`` (how token
+  observations decode into a grid). The data module reads them from its throw-away environment and hands them on.
+
+``tests/test_env_contract.py`` checks the contract for every environment in this package; README's "Adding an
+environment" shows a complete one.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import inspect
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+from torchrl.data import Categorical, Composite
+from torchrl.envs import EnvBase
+
+if TYPE_CHECKING:
+    from datamodules.envs.mettagrid.tokens import ObservationLayout
+
+#: Constructor arguments that say how many environments, from which seed and where, rather than which environment.
+BATCH_ARGUMENTS = ("num_envs", "seed", "device")
+
+
+class BatchedEnv(EnvBase):
+    """Base class of the batched environments: records the constructor's options and builds the done spec.
+
+    A subclass calls ``super().__init__(batch_size=torch.Size([num_envs]), device=device)``, then sets its
+    observation, action and reward specs; it overrides the class attributes below that it has.
+    """
+
+    #: per-step entries (``[*batch, 1]``, 0 except where an episode ends, so an episode's sum is its value) that the
+    #: evaluation reports as ``<key>_mean``; each is also in the observation spec.
+    episode_metric_keys: ClassVar[tuple[str, ...]] = ()
+    #: ``{metric: marker}``: ``metric`` is averaged over the episodes whose ``marker`` sum is positive only.
+    episode_metric_over: ClassVar[Mapping[str, str]] = MappingProxyType({})
+    #: the dynamics a physics-informed loss uses (:mod:`datamodules.envs.safety.physics`); None: none.
+    physics: Any = None
+    #: how token observations decode into a grid (:class:`~datamodules.envs.mettagrid.tokens.ObservationLayout`).
+    observation_layout: ObservationLayout | None = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "__init__" in cls.__dict__:
+            cls.__init__ = _recording_options(cls.__init__)
+
+    def __init__(self, *, batch_size: torch.Size, device: str | torch.device, **kwargs: Any) -> None:
+        super().__init__(batch_size=batch_size, device=device, **kwargs)
+        batch, dev = self.batch_size, self.device
+        flag = Categorical(2, shape=(*batch, 1), dtype=torch.bool, device=dev)
+        self.done_spec = Composite(done=flag, terminated=flag.clone(), truncated=flag.clone(), shape=batch, device=dev)
+
+    def init_kwargs(self) -> dict[str, Any]:
+        """The constructor's options (all but ``num_envs``, ``seed`` and ``device``), defaults included: what rebuilds
+        this environment."""
+        return copy.deepcopy(self._init_options)
+
+
+def _recording_options(init: Callable[..., None]) -> Callable[..., None]:
+    """``init``, saving the options it was called with on the instance once it returns.
+
+    A subclass's constructor calls its parent's: both record, the outermost last, so its options are the ones kept.
+    """
+    signature = inspect.signature(init)
+    parameters = list(signature.parameters.values())[1:]
+    if any(parameter.kind is inspect.Parameter.VAR_POSITIONAL for parameter in parameters):
+        raise TypeError(f"{init.__qualname__}: an environment's options are named; it cannot take *args")
+    keyword = [parameter.name for parameter in parameters if parameter.kind is inspect.Parameter.VAR_KEYWORD]
+
+    @functools.wraps(init)
+    def __init__(self: BatchedEnv, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        bound = signature.bind(self, *args, **kwargs)
+        bound.apply_defaults()
+        options = {parameter.name: bound.arguments[parameter.name] for parameter in parameters}
+        for name in keyword:
+            options.update(options.pop(name))
+        for name in BATCH_ARGUMENTS:
+            options.pop(name, None)
+        self._init_options = copy.deepcopy(options)  # the caller's lists and dicts stay the caller's
+
+    return __init__

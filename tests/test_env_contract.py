@@ -1,0 +1,177 @@
+"""The environment contract (``datamodules/envs/base.py``), checked for every environment in ``datamodules.envs``.
+
+The environments are found by walking the package, so a new one is covered as soon as its file exists. Each is built
+small (``OPTIONS``: short episodes, so a few dozen steps cross several resets; options off their defaults, so a
+rebuild that dropped one would show) and checked: its specs match what it returns (TorchRL's ``check_env_specs``),
+the same seed plays the same episodes, a copy rebuilt from ``init_kwargs()`` plays them too, and ``state_dict()``
+loaded into a new environment continues exactly. An optional family (MettaGrid, Mario) is skipped only when its
+package is not installed.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import pkgutil
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+import torch
+from tensordict import TensorDictBase
+from torchrl.envs.utils import check_env_specs
+
+import datamodules.envs
+from datamodules.envs.base import BATCH_ARGUMENTS, BatchedEnv
+
+#: Options for the environments here: short episodes, small batches; a new environment runs with its defaults.
+OPTIONS: dict[str, dict[str, Any]] = {
+    "SnakeEnv": {"size": 6, "max_steps": 15},
+    "ChainEnv": {"length": 4, "max_steps": 6},
+    "CueRecallEnv": {"num_agents": 3, "length": 3},
+    "ToyEnv": {"tau_max": 0.5, "sigma": 0.3},
+    "VehicleEnv": {"tau_max": 0.5, "start_spread": 0.5},
+    "RacingEnv": {"max_steps": 15, "curvature_ahead": [5.0, 15.0]},
+    "MettaGridEnv": {
+        "num_agents": 3,
+        "map_width": 8,
+        "map_height": 8,
+        "max_steps": 10,
+        "objects": {"altar": 4, "wall": 2},
+    },
+    "MarioEnv": {"frame_skip": 2, "size": 32, "frame_stack": 2, "stuck_steps": 4, "noop_max": 2},  # 0.3 s an emulator
+}
+NUM_ENVS, STEPS = 2, 30
+
+
+def environment_classes() -> list[Any]:
+    """Every concrete :class:`BatchedEnv` defined in the package, as pytest params; a module whose third-party
+    package is missing is one skipped param (any other import error fails the collection)."""
+    params = []
+    for info in pkgutil.walk_packages(datamodules.envs.__path__, "datamodules.envs."):
+        try:
+            module = importlib.import_module(info.name)
+        except ModuleNotFoundError as error:
+            if error.name is None or error.name.split(".")[0] == "datamodules":
+                raise
+            reason = f"{info.name} needs {error.name}, which is not installed"
+            params.append(pytest.param(None, id=info.name, marks=pytest.mark.skip(reason=reason)))
+            continue
+        for _, cls in inspect.getmembers(module, inspect.isclass):
+            if issubclass(cls, BatchedEnv) and cls.__module__ == module.__name__ and not inspect.isabstract(cls):
+                params.append(pytest.param(cls, id=cls.__name__))
+    return params
+
+
+ENVIRONMENTS = environment_classes()
+
+
+def build(cls: type[BatchedEnv], seed: int = 3, **options: Any) -> BatchedEnv:
+    return cls(num_envs=NUM_ENVS, seed=seed, device="cpu", **(options or OPTIONS.get(cls.__name__, {})))
+
+
+def random_actions(env: BatchedEnv, steps: int = STEPS, seed: int = 0) -> list[torch.Tensor]:
+    torch.manual_seed(seed)
+    return [env.action_spec.rand() for _ in range(steps)]
+
+
+def play(
+    env: BatchedEnv, actions: Sequence[torch.Tensor], td: TensorDictBase | None = None
+) -> tuple[list[TensorDictBase], TensorDictBase]:
+    """Each step's tensordict (with its ``next``) under ``actions``, resetting finished environments as a collector
+    does, from a reset or from ``td``; and the tensordict carried after the last step."""
+    td = env.reset() if td is None else td
+    steps = []
+    for action in actions:
+        td["action"] = action.clone()
+        stepped, td = env.step_and_maybe_reset(td)
+        steps.append(stepped.clone())
+    return steps, td
+
+
+def assert_same_episodes(first: list[TensorDictBase], second: list[TensorDictBase]) -> None:
+    assert len(first) == len(second)
+    for step, (a, b) in enumerate(zip(first, second, strict=True)):
+        keys = set(a.keys(True, True))
+        assert keys == set(b.keys(True, True)), step
+        for key in keys:
+            assert torch.equal(a[key], b[key]), (step, key)
+
+
+def assert_episodes_ended(cls: type[BatchedEnv], steps: list[TensorDictBase]) -> None:
+    """With the short episodes of ``OPTIONS`` the steps cross resets, so the checks above cover them too."""
+    if cls.__name__ in OPTIONS:
+        assert any(bool(step["next", "done"].any()) for step in steps), f"{cls.__name__}: no episode ended"
+
+
+def test_the_walk_finds_the_environments():
+    names = {param.values[0].__name__ for param in ENVIRONMENTS if param.values[0] is not None}
+    assert {"SnakeEnv", "ChainEnv", "CueRecallEnv", "ToyEnv", "VehicleEnv", "RacingEnv"} <= names
+    assert len(ENVIRONMENTS) >= len(OPTIONS)  # the optional two found or skipped, never missed
+
+
+@pytest.mark.parametrize("cls", ENVIRONMENTS)
+def test_the_constructor_takes_the_batch_and_named_options(cls):
+    # The constructor's own signature (TorchRL's EnvBase defines a __new__ that would hide it).
+    parameters = dict(list(inspect.signature(cls.__init__).parameters.items())[1:])
+    for name in BATCH_ARGUMENTS:
+        assert name in parameters and parameters[name].default is not inspect.Parameter.empty, name
+    env = build(cls)
+    options = env.init_kwargs()
+    assert not set(options) & set(BATCH_ARGUMENTS)
+    assert options.items() >= OPTIONS.get(cls.__name__, {}).items()  # what it was given, defaults beside
+    assert set(options) == set(parameters) - set(BATCH_ARGUMENTS)
+    assert set(env.full_done_spec.keys()) == {"done", "terminated", "truncated"}
+    assert set(cls.episode_metric_keys) <= set(env.observation_spec.keys())
+    assert set(cls.episode_metric_over) | set(cls.episode_metric_over.values()) <= set(cls.episode_metric_keys)
+    env.close()
+
+
+@pytest.mark.parametrize("cls", ENVIRONMENTS)
+def test_specs_match_what_the_environment_returns(cls):
+    env = build(cls)
+    check_env_specs(env, seed=0)
+    env.close()
+
+
+@pytest.mark.parametrize("cls", ENVIRONMENTS)
+def test_the_same_seed_and_a_rebuild_from_init_kwargs_play_the_same_episodes(cls):
+    env = build(cls)
+    actions = random_actions(env)
+    episodes, _ = play(env, actions)
+    assert_episodes_ended(cls, episodes)
+    again, _ = play(build(cls), actions)
+    assert_same_episodes(episodes, again)
+    rebuilt = build(cls, **env.init_kwargs())
+    assert rebuilt.init_kwargs() == env.init_kwargs()
+    assert_same_episodes(episodes, play(rebuilt, actions)[0])
+    for each in (env, rebuilt):
+        each.close()
+
+
+@pytest.mark.parametrize("cls", ENVIRONMENTS)
+def test_state_dict_continues_exactly(cls):
+    env = build(cls)
+    actions = random_actions(env, steps=2 * STEPS)
+    _, td = play(env, actions[: STEPS // 2])
+    state = env.state_dict()
+    restored = build(cls, seed=99)  # another seed: the streams must come from the state too
+    restored.load_state_dict(state)
+    continued, _ = play(env, actions[STEPS // 2 :], td.clone())
+    assert_episodes_ended(cls, continued)
+    assert_same_episodes(continued, play(restored, actions[STEPS // 2 :], td.clone())[0])
+    for each in (env, restored):
+        each.close()
+
+
+def test_the_data_module_refuses_an_environment_outside_the_contract():
+    from torchrl.envs import StepCounter, TransformedEnv
+
+    from datamodules.envs.testing.chain import ChainEnv
+    from datamodules.replay import ReplayDataModule
+
+    def wrapped(**kwargs: Any) -> TransformedEnv:
+        return TransformedEnv(ChainEnv(**kwargs), StepCounter())
+
+    with pytest.raises(ValueError, match=r"^--data.init_args.env: torchrl\..*TransformedEnv is not a .*BatchedEnv"):
+        ReplayDataModule(wrapped)
