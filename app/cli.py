@@ -8,6 +8,7 @@ Commands::
     python -m app fit --config configs/snake_dqn.yaml --ckpt_path last     # continue its newest run, in its folder
     python -m app validate --config configs/snake_dqn.yaml --ckpt_path runs/snake_dqn/.../last.ckpt
     python -m app fit --config configs/snake_dqn.yaml --print_config       # the fully resolved config
+    python -m app export --checkpoint runs/snake_dqn/.../last.ckpt          # trace the policy (app/export.py)
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import signal
 import sys
 import warnings
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
@@ -38,6 +40,7 @@ from app.run_folder import (
     missing_beside,
     resolve_resume,
 )
+from app.stages import run_stage, stage_configs, stage_folder
 from callbacks.progress import RLProgressBar
 from datamodules.base import RLDataModule, rank_state_path
 from modules.base import RLModule
@@ -97,6 +100,11 @@ class RLCLI(LightningCLI):
         torch.set_num_threads(threads)
         self._move_gradient_clipping(config)
         self._resume_checkpoint(config)
+        for option, stage in self._stages(config).items():
+            try:
+                stage_folder(stage, _model_flag(option))  # readable, with a logger that names its folder
+            except ValueError as error:
+                self.parser.error(str(error))
         callbacks = list(self.trainer_defaults.get("callbacks", []))
         if config["trainer"].get("enable_progress_bar") is False:  # the flag also turns off the default bar
             callbacks = [c for c in callbacks if not isinstance(c, RLProgressBar)]
@@ -146,7 +154,26 @@ class RLCLI(LightningCLI):
             except ValueError as error:
                 self.parser.error(str(error))
 
+    def _stages(self, config) -> dict[str, Path]:
+        """The earlier stages a fresh ``fit`` runs first (``{model option: stage config}``, app/stages.py). A resumed
+        run (any ``--ckpt_path``) has its weights already, and ``validate`` trains nothing: no stage for them."""
+        if self.subcommand != "fit" or config.get("ckpt_path") is not None:
+            return {}
+        return stage_configs(config["model"])
+
+    def _run_stages(self, config) -> None:
+        # After every option has been checked (the constructors, the trainer) and before anything is written. Rank 0
+        # runs a stage; the other ranks reuse it, waiting for it when they were started beside rank 0 rather than by it.
+        for option, stage in self._stages(config).items():
+            flag = _model_flag(option)
+            try:
+                checkpoint = run_stage(stage, flag, wait=not self.trainer.is_global_zero)
+            except ValueError as error:
+                self.parser.error(str(error))
+            setattr(self.model, option, str(checkpoint))  # the model reads that checkpoint when fit starts
+
     def before_fit(self) -> None:
+        self._run_stages(self.config.get(self.subcommand))
         if self.resume_from is None:
             return
         try:
@@ -202,6 +229,10 @@ class RLCLI(LightningCLI):
             raise ValueError(f"{flags}: {error}") from error
 
 
+def _model_flag(option: str) -> str:
+    return f"--model.init_args.{option}"
+
+
 def _is_subclass(component: Any, base: type) -> bool:
     """Whether a ``class_path`` component of the parsed config names a subclass of ``base``."""
     class_path = getattr(component, "class_path", None)
@@ -249,7 +280,7 @@ def main(args: list[str] | None = None, extra_callbacks: Sequence[Callback] = ()
 def build(config_paths: list[str], overrides: list[str] | tuple[str, ...] = ()) -> tuple[RLModule, RLDataModule]:
     """The model and data module a config describes, built as ``main`` builds them but without running anything.
 
-    For tools that need a trained run's networks outside ``fit`` (``python -m callbacks.export``): load a
+    For tools that need a trained run's networks outside ``fit`` (``python -m app export``): load a
     checkpoint's ``state_dict`` into the returned model.
 
     Args:

@@ -1,7 +1,9 @@
 """Earlier stages of a pipeline: run a config's ``fit`` once, reuse its finished run after.
 
 The racing pipeline is demonstrations → behaviour cloning → SAC; SAC's ``actor_init`` may name the BC config instead
-of a checkpoint, and :func:`run_stage` makes sure that stage has run. Each stage is an ordinary ``python -m app fit``
+of a checkpoint. A model lists such options in its class attribute ``stage_options``; before ``fit`` starts a fresh
+run, the CLI (:mod:`app.cli`) has :func:`run_stage` make sure that stage has run and sets the option on the model to
+the stage's checkpoint, so the model only ever reads checkpoints. Each stage is an ordinary ``python -m app fit``
 in its own process (its own threads, seed and console output, nothing shared with the calling run's random state)
 and its own folder: ``<save_dir>/<name>/stage-<key>/``, from the stage config's CSV logger, where ``<key>`` is the
 sha256 of the config file's text. So:
@@ -18,13 +20,32 @@ import hashlib
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import yaml
 
-from app.run_folder import LAST
+from app.run_folder import LAST, import_class
 
 MARKER = "stage.json"
+STAGE_SUFFIXES = (".yaml", ".yml")
+
+
+def stage_configs(model: Any) -> dict[str, Path]:
+    """``{option: config}`` for the options of the parsed ``model`` config (``class_path`` and ``init_args``) that
+    name an earlier stage's config: those in the class's ``stage_options`` whose value is a ``.yaml`` file."""
+    class_path = getattr(model, "class_path", None)
+    if class_path is None:
+        return {}
+    init_args = model.get("init_args") or {}
+    options = getattr(import_class(class_path), "stage_options", ())
+    values = {option: init_args.get(option) for option in options}
+    return {
+        option: Path(value)
+        for option, value in values.items()
+        if isinstance(value, str | Path) and Path(value).suffix in STAGE_SUFFIXES
+    }
 
 
 def stage_folder(config: Path, flag: str) -> Path:
@@ -44,12 +65,19 @@ def stage_folder(config: Path, flag: str) -> Path:
     return Path(init_args["save_dir"]) / init_args.get("name", "lightning_logs") / f"stage-{key}"
 
 
-def run_stage(config: str | Path, flag: str) -> Path:
+def run_stage(config: str | Path, flag: str, wait: bool = False, poll_seconds: float = 5.0) -> Path:
     """The ``last.ckpt`` of ``config``'s finished run: reused when there is one, else made by running (or resuming)
-    ``python -m app fit --config <config>`` now. Errors name ``flag``, the option that asked for the stage."""
+    ``python -m app fit --config <config>`` now. Errors name ``flag``, the option that asked for the stage.
+
+    ``wait``: another process runs the stage (the other ranks of a DDP run wait for rank 0): wait until it has
+    finished, then reuse it."""
     config = Path(config)
     folder = stage_folder(config, flag)
     checkpoint = folder / "checkpoints" / LAST
+    if wait and not (folder / MARKER).is_file():
+        print(f"Stage {config}: waiting for rank 0 to finish it in {folder}", flush=True)
+        while not (folder / MARKER).is_file():
+            time.sleep(poll_seconds)
     if (folder / MARKER).is_file() and checkpoint.is_file():
         print(f"Stage {config}: reusing its finished run {folder}")
         return checkpoint

@@ -1,13 +1,13 @@
 """PolicyExport: after ``fit``, trace the trained policy network for fixed-batch inference, check it and benchmark it.
 
 The tracing itself is :mod:`export.tracing`, the loader :mod:`export.loader`, the benchmark report
-:mod:`export.report`, and the same export from a checkpoint alone is the command-line tool :mod:`export.cli`.
+:mod:`export.report`, and the same export from a checkpoint alone is the command ``python -m app export``
+(app/export.py).
 
 Commands::
 
     python -m app fit --config configs/snake_dqn.yaml --trainer.callbacks+=callbacks.export.PolicyExport
-    python -m export --checkpoint runs/snake_dqn/version_0/checkpoints/last.ckpt --threads 1
-    python -m callbacks.export --checkpoint ...     # the same tool, under the name it had before
+    python -m app export --checkpoint runs/snake_dqn/version_0/checkpoints/last.ckpt --threads 1
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ class PolicyExport(Callback):
     """After ``fit``, traces the policy network at fixed batch sizes, checks it against eager, and benchmarks it.
 
     Runs :func:`export.tracing.export_policy` on ``pl_module.export_network()`` (a CPU, fp32, eval-mode copy) on
-    rank zero, in ``on_fit_end``, after the final checkpoint: if the export fails, ``python -m export --checkpoint``
+    rank zero, in ``on_fit_end``, after the final checkpoint: if the export fails, ``python -m app export --checkpoint``
     redoes it from that checkpoint. Traced and eager outputs are compared on random inputs and on the data module's
     own observations: its environment's start states and, when it exposes its dynamics, its collocation box
     (:mod:`export.inputs`). Load the result with :class:`export.loader.TracedPolicy`.
@@ -100,7 +100,13 @@ class PolicyExport(Callback):
         print(f"Policy export: {len(self.batch_sizes)} traced modules and {eager} in {dirpath}")
 
 
-if __name__ == "__main__":  # `python -m callbacks.export`, the command's name before the export package existed
-    from export.cli import main
+if __name__ == "__main__":  # `python -m callbacks.export`, the export tool's name before `python -m app export`
+    import shlex
+    import sys
 
-    main(prog="python -m callbacks.export")
+    command = shlex.join(["python", "-m", "app", "export", *sys.argv[1:]])
+    print(
+        f"python -m callbacks.export: error: the export tool is now python -m app export (same flags): {command}",
+        file=sys.stderr,
+    )
+    raise SystemExit(2)

@@ -5,8 +5,9 @@
 - :mod:`export.inputs`: what the check feeds (random inputs, the environment's start states, its collocation box);
 - :mod:`export.report`: the benchmark (``export_benchmark.json`` / ``.md``);
 - :mod:`export.loader`: :class:`~export.loader.TracedPolicy`, which verifies every file's sha256 and serves any
-  batch size (needs only torch);
-- :mod:`export.cli`: ``python -m export --checkpoint ...``.
+  batch size (needs only torch).
 
-:class:`callbacks.export.PolicyExport` runs the export after ``fit``.
+Library code: it imports nothing of the app, the agents, the data modules or the callbacks (tests/test_layout.py).
+:class:`callbacks.export.PolicyExport` runs the export after ``fit``, and ``python -m app export --checkpoint ...``
+(app/export.py) from a checkpoint alone.
 """

@@ -93,7 +93,7 @@ def verify(path: Path, expected: str, remedy: str) -> Path:
 def reexport_command(metadata: dict[str, Any]) -> str:
     """How to rebuild the folder: from the checkpoint the export recorded, else the run's usual one."""
     checkpoint = metadata.get("checkpoint") or "<run folder>/checkpoints/last.ckpt"
-    return f"re-export with python -m export --checkpoint {checkpoint}"
+    return f"re-export with python -m app export --checkpoint {checkpoint}"
 
 
 class TracedPolicy:
@@ -143,7 +143,9 @@ class TracedPolicy:
         """
         dirpath = Path(dirpath)
         if not (dirpath / METADATA).is_file():
-            raise FileNotFoundError(f"{dirpath / METADATA}: no such file (python -m export --checkpoint writes one)")
+            raise FileNotFoundError(
+                f"{dirpath / METADATA}: no such file (python -m app export --checkpoint writes one)"
+            )
         metadata = json.loads((dirpath / METADATA).read_text())
         shape, dtype = metadata["input"]["shape"], getattr(torch, metadata["input"]["dtype"])
         kind = metadata["output"].get("kind", "scores")  # exports before the field held discrete agents' scores

@@ -18,7 +18,7 @@ Files in the export folder:
   exported; versions, machine.
 - ``export_benchmark.json`` and ``.md`` (:mod:`export.report`): eager vs traced samples/s per batch size.
 
-:class:`export.loader.TracedPolicy` loads the folder; ``python -m export`` (:mod:`export.cli`) runs this from a
+:class:`export.loader.TracedPolicy` loads the folder; ``python -m app export`` (app/export.py) runs this from a
 checkpoint, and :class:`callbacks.export.PolicyExport` after ``fit``.
 """
 

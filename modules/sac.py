@@ -9,8 +9,9 @@ towards a target entropy (−action dims by default), as in Haarnoja et al. 2018
 
 ``actor_init`` starts the actor from a behaviour-cloning run: its hidden layers, and its output layer as the
 Gaussian's location, so the deterministic action is the clone's from the first step; the scale starts at
-``init_scale`` everywhere and the critics start from scratch. It takes a BC checkpoint, or a BC config, which runs
-that stage first (or reuses its finished run: :func:`app.stages.run_stage`).
+``init_scale`` everywhere and the critics start from scratch. It takes a BC checkpoint, or a BC config: an earlier
+stage, which ``python -m app fit`` runs first (or reuses its finished run: app/stages.py) and replaces with that
+stage's checkpoint before training starts. The model itself only ever reads checkpoints.
 
 Usage::
 
@@ -78,8 +79,9 @@ class SAC(RLModule):
         init_scale: the Gaussian's scale (before tanh, in [−1, 1] action units) where the scale layer outputs 0; with
             ``actor_init`` the scale starts there everywhere.
         actor_init: None (a randomly initialised actor), a behaviour-cloning checkpoint (``.ckpt``) whose network
-            has this actor's layer sizes, or a behaviour-cloning config (``.yaml``) run first as its own stage (or
-            reused when that stage already finished; see :func:`app.stages.run_stage`). Ignored when a run resumes.
+            has this actor's layer sizes, or a behaviour-cloning config (``.yaml``) that ``python -m app fit`` runs
+            first as its own stage (or reuses when that stage already finished) and replaces with the stage's
+            checkpoint (``stage_options``; app/stages.py). Ignored when a run resumes.
         actor_warmup_updates: updates at the start that train the critics (and α) but not the actor. An actor
             started from behaviour cloning would otherwise follow the gradients of critics that know nothing yet,
             and unlearn its driving before they do.
@@ -96,6 +98,10 @@ class SAC(RLModule):
     """
 
     update_draws_random = True  # the reparameterised actions of the actor loss
+
+    # Options that may name an earlier stage's config instead of its checkpoint: the app runs that stage and sets the
+    # attribute of the same name to the stage's checkpoint before fit starts.
+    stage_options = ("actor_init",)
 
     target_networks = ("qvalue_network",)
 
@@ -207,10 +213,6 @@ class SAC(RLModule):
         self.target_updater = SoftUpdate(self.loss_module, tau=tau)
         if actor_init is not None and Path(actor_init).suffix == ".ckpt":
             self.read_clone(Path(actor_init))  # a wrong file fails now, not after the run has started
-        elif actor_init is not None:
-            from app.stages import stage_folder
-
-            stage_folder(Path(actor_init), ACTOR_INIT_FLAG)  # readable, with a logger that names its folder
 
     @property
     def actor_network(self) -> nn.Sequential:
@@ -253,26 +255,21 @@ class SAC(RLModule):
     def on_fit_start(self) -> None:
         # After Lightning restored a checkpoint (on resume the actor is the checkpoint's) and before any collection.
         if self.actor_init is not None and self.trainer.ckpt_path is None:
-            # Rank 0 runs the BC stage if it must; the other ranks wait for it, then reuse its run.
-            if not self.trainer.is_global_zero:
-                self.trainer.strategy.barrier()
             self.load_behaviour_cloning(self.actor_init)
-            if self.trainer.is_global_zero:
-                self.trainer.strategy.barrier()
         super().on_fit_start()
 
     def load_behaviour_cloning(self, source: str | Path) -> Path:
         """Copy a behaviour-cloning network into the actor; returns the checkpoint used.
 
-        ``source`` is a BC checkpoint or a BC config (run first, or its finished run reused). The hidden layers are
-        copied as they are, the output layer into the location's rows; the scale's rows are zeroed (the scale is
-        then ``init_scale`` everywhere).
+        ``source`` is a BC checkpoint. The hidden layers are copied as they are, the output layer into the location's
+        rows; the scale's rows are zeroed (the scale is then ``init_scale`` everywhere).
         """
-        from app.stages import run_stage  # the app imports the modules, not the other way round
-
         checkpoint = Path(source)
-        if checkpoint.suffix in (".yaml", ".yml"):
-            checkpoint = run_stage(checkpoint, flag=ACTOR_INIT_FLAG)
+        if checkpoint.suffix in (".yaml", ".yml"):  # a stage config the app did not replace with its checkpoint
+            raise ValueError(
+                f"{ACTOR_INIT_FLAG} {checkpoint}: a behaviour-cloning config is run as an earlier stage by "
+                "`python -m app fit`, which passes its checkpoint on; a model trained another way needs the .ckpt"
+            )
         clone = self.read_clone(checkpoint)
         ours = self.actor_network.state_dict(keep_vars=True)
         output = list(ours)[-2:]  # the last layer's weight and bias

@@ -15,9 +15,9 @@ import yaml
 from lightning.pytorch.callbacks import TQDMProgressBar
 from tensordict import TensorDict
 
+from app.export import main as export_main
 from callbacks.progress import RLProgressBar
 from datamodules.envs.racing.env import STEERING_LIMIT, RacingEnv
-from export.cli import main as export_main
 from export.loader import TracedPolicy
 from modules.bc import BehaviourCloning
 from tests.helpers import ROOT, fit, weights, write_config
@@ -128,7 +128,7 @@ def test_fit_export_and_checkpoint_export_trace_the_clones_actions(tmp_path, mon
     torch.testing.assert_close(traced(observation), clone)
     torch.testing.assert_close(traced.act(observation), clone)  # the action itself, not an argmax
 
-    # The same export from last.ckpt and the run's config.yaml alone, as `python -m export --checkpoint` does.
+    # The same export from last.ckpt and the run's config.yaml alone, as `python -m app export --checkpoint` does.
     out = tmp_path / "from_checkpoint"
     argv = ["--checkpoint", str(run / "checkpoints" / "last.ckpt"), "--batch-sizes", "4"]
     metadata = export_main([*argv, "--backend", "torchscript", "--no-benchmark", "--out", str(out)])

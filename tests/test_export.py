@@ -1,7 +1,7 @@
 """PolicyExport and the export package: traced modules from real fits (the chain, and the shipped pirl_toy config),
 their metadata and benchmark, the equality check on the environment's own states (the vehicle's start states and
-collocation box), the Neuron path (with a stand-in ``torch_neuronx``), AOTInductor, and ``python -m export`` from a
-checkpoint alone. The loader's own tests are in test_export_loader.py."""
+collocation box), the Neuron path (with a stand-in ``torch_neuronx``), AOTInductor, and ``python -m app export`` from
+a checkpoint alone. The loader's own tests are in test_export_loader.py."""
 
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ import torch
 
 import export.tracing as tracing
 from app.cli import build
+from app.export import main as export_main
 from callbacks.export import PolicyExport
 from datamodules.envs.safety.physics import TAU
-from export.cli import main as export_main
 from export.inputs import environment_check_inputs
 from export.loader import TracedPolicy
 from export.tracing import ExportMismatchError, export_network_of, export_policy
@@ -148,7 +148,7 @@ def test_seed_mlp_matches_eager_at_its_batch_sizes_and_the_report_shows_the_seed
 # ------------------------------------------------------------------------------------------- the environment's states
 @pytest.fixture(scope="module")
 def vehicle():
-    """The model and data module of the shipped PIRL vehicle config, as ``python -m export`` builds them."""
+    """The model and data module of the shipped PIRL vehicle config, as ``python -m app export`` builds them."""
     return build([str(ROOT / "configs" / "pirl_vehicle.yaml")])
 
 
@@ -311,7 +311,7 @@ def test_export_from_a_checkpoint_alone(trained, tmp_path, capsys):
     folder = run / "export"
     assert json.loads((folder / "export.json").read_text())["artifacts"] == metadata["artifacts"]
     report = json.loads((folder / "export_benchmark.json").read_text())
-    assert report["command"] == ["python -m export", *argv]
+    assert report["command"] == ["python -m app export", *argv]
     policy = TracedPolicy.load(folder)
     assert_close_to_eager(policy, cli.model.q_network.eval(), torch.randint(0, 2, (21, 6), dtype=torch.uint8))
 
@@ -341,11 +341,12 @@ def test_cli_bad_input_is_one_line_naming_the_flag(trained, tmp_path, capsys, ar
         export_main([arg.format(tmp=tmp_path, ckpt=ckpt) for arg in args])
     assert exit_.value.code == 2
     error = capsys.readouterr().err.strip().splitlines()[-1]
-    assert error.startswith("python -m export: error: " + message.format(tmp=tmp_path, ckpt=ckpt))
+    assert error.startswith("python -m app export: error: " + message.format(tmp=tmp_path, ckpt=ckpt))
 
 
-def test_both_command_names_run_the_tool(trained, tmp_path):
-    """``python -m export`` and the name README used before, ``python -m callbacks.export``, as real processes."""
+def test_the_export_command_runs_and_its_old_names_say_where_it_went(trained, tmp_path):
+    """``python -m app export`` as a real process; its old names, ``python -m export`` and
+    ``python -m callbacks.export``, only print the new command, in one line, with exit status 2."""
     cli, _ = trained
     run = tmp_path / "run"
     (run / "checkpoints").mkdir(parents=True)
@@ -353,20 +354,27 @@ def test_both_command_names_run_the_tool(trained, tmp_path):
     shutil.copy(Path(cli.trainer.default_root_dir) / "checkpoints" / "last.ckpt", run / "checkpoints" / "last.ckpt")
     environment = {**os.environ, "PYTHONPATH": str(ROOT)}
 
-    def command(module: str, *args: str) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            [sys.executable, "-m", module, *args], cwd=ROOT, env=environment, capture_output=True, text=True
-        )
+    def command(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", *args], cwd=ROOT, env=environment, capture_output=True, text=True)
 
-    missing = command("export", "--checkpoint", str(tmp_path / "nope.ckpt"))
+    missing = command("app", "export", "--checkpoint", str(tmp_path / "nope.ckpt"))
     assert missing.returncode == 2 and "Traceback" not in missing.stderr
     assert (
         missing.stderr.strip().splitlines()[-1]
-        == f"python -m export: error: --checkpoint {tmp_path}/nope.ckpt: no such file"
+        == f"python -m app export: error: --checkpoint {tmp_path}/nope.ckpt: no such file"
     )
     args = ["--checkpoint", str(run / "checkpoints" / "last.ckpt"), "--batch-sizes", "4", "--backend", "torchscript"]
     args += ["--no-benchmark"]
-    done = command("callbacks.export", *args)
+    done = command("app", "export", *args)
     assert done.returncode == 0, done.stderr
     assert f"Wrote {run / 'export' / 'export.json'}" in done.stdout
     assert TracedPolicy.load(run / "export").batch_sizes == (4,)
+    report = json.loads((run / "export" / "export.json").read_text())
+    for old in ("export", "callbacks.export"):
+        renamed = command(old, *args)
+        assert renamed.returncode == 2 and renamed.stdout == ""
+        assert renamed.stderr.splitlines() == [
+            f"python -m {old}: error: the export tool is now python -m app export (same flags): "
+            f"python -m app export {' '.join(args)}"
+        ]
+    assert json.loads((run / "export" / "export.json").read_text()) == report  # the old names wrote nothing

@@ -1,10 +1,13 @@
-"""The packages' import directions, read from the source: environments never import the agents, and the export loader
-needs nothing of the training stack."""
+"""The packages' import directions, read from the source: app/ (the entry points) is the top and nothing below imports
+it, not even through another of the project's modules; environments never import the agents; export/ is library code
+that imports nothing of the training stack, and its loader needs only torch."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
+
+import pytest
 
 from tests.helpers import ROOT
 
@@ -30,6 +33,47 @@ def offending_imports(files: list[Path], forbidden: tuple[str, ...], root: Path 
     return found
 
 
+def module_files(name: str, root: Path = ROOT) -> list[Path]:
+    """The project's files that importing the dotted ``name`` runs: each package's ``__init__.py`` on the way and the
+    module itself (``export.tracing`` → ``export/__init__.py``, ``export/tracing.py``); none for other packages."""
+    files, parts = [], name.split(".")
+    for depth in range(1, len(parts) + 1):
+        folder = root.joinpath(*parts[:depth])
+        for candidate in (folder / "__init__.py", folder.with_suffix(".py")):
+            if candidate.is_file():
+                files.append(candidate)
+    return files
+
+
+def project_imports(path: Path, root: Path = ROOT) -> list[Path]:
+    """The project's files that ``path`` imports, at any depth; ``from package import name`` counts the submodule
+    ``name`` when there is one."""
+    names = set(imported_modules(path))
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return sorted({file for name in names for file in module_files(name, root)})
+
+
+def offending_chains(files: list[Path], forbidden: tuple[str, ...], root: Path = ROOT) -> list[str]:
+    """Every import of a forbidden top-level package that ``files`` make, directly or through the project's own
+    modules, as ``a.py -> b.py: the.import``: a lazy import in a function counts, and so does one made by a module
+    that a file imports (``callbacks/x.py -> export/y.py: app.cli`` puts app/ under callbacks/ all the same)."""
+    found = []
+    for start in files:
+        chains = {start: [start]}
+        queue = [start]
+        while queue:
+            path = queue.pop(0)
+            chain = " -> ".join(str(p.relative_to(root)) for p in chains[path])
+            found += [f"{chain}: {name}" for name in sorted(imported_modules(path)) if name.split(".")[0] in forbidden]
+            for target in project_imports(path, root):
+                if target not in chains and target.parts[len(root.parts)] not in forbidden:
+                    chains[target] = [*chains[path], target]
+                    queue.append(target)
+    return found
+
+
 def test_the_scanner_sees_top_level_and_nested_imports(tmp_path):
     # Without this, a scanner that saw nothing would let every layout test below pass.
     sample = tmp_path / "sample.py"
@@ -48,3 +92,34 @@ def test_the_export_loader_needs_only_torch():
     # A deployment loads a traced policy without Lightning, TorchRL or this project's training code.
     training = ("lightning", "torchrl", "tensordict", "app", "modules", "datamodules", "callbacks")
     assert offending_imports([ROOT / "export" / "loader.py"], training) == {}
+
+
+def test_the_chain_scanner_follows_the_projects_own_imports(tmp_path):
+    # Without this, a scanner that followed nothing would let the layer tests below pass.
+    for folder in ("low", "mid", "app"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "__init__.py").write_text("")
+    (tmp_path / "low" / "a.py").write_text("from mid import b\nimport torch\n")
+    (tmp_path / "mid" / "b.py").write_text("def f():\n    from app.c import g\n")
+    (tmp_path / "app" / "c.py").write_text("")
+    assert module_files("mid.b", tmp_path) == [tmp_path / "mid" / "__init__.py", tmp_path / "mid" / "b.py"]
+    assert project_imports(tmp_path / "low" / "a.py", tmp_path) == module_files("mid.b", tmp_path)
+    assert offending_chains([tmp_path / "low" / "a.py"], ("app",), tmp_path) == ["low/a.py -> mid/b.py: app.c"]
+    assert offending_chains([tmp_path / "low" / "a.py"], ("torch",), tmp_path) == ["low/a.py: torch"]
+
+
+# Below the entry points (app/), each package and what it never imports, directly or through the project's own
+# modules. The app builds the model and data module, resolves pipeline stages and runs the command-line tools; the
+# agents, callbacks and export library are handed what they need.
+LAYERS = {
+    "modules": ("app",),
+    "callbacks": ("app",),
+    "export": ("app", "modules", "datamodules", "callbacks"),
+}
+
+
+@pytest.mark.parametrize("package", sorted(LAYERS))
+def test_nothing_below_the_app_imports_it(package):
+    files = sorted((ROOT / package).rglob("*.py"))
+    assert len(files) > 2
+    assert offending_chains(files, LAYERS[package]) == []

@@ -130,6 +130,11 @@ def test_one_command_runs_the_bc_stage_once_then_reuses_it(tmp_path, monkeypatch
     expected = torch.tanh(torch.func.functional_call(_bc_network(), _prefixed(clone), (observation,)))
     run = Path("runs/racing_sac/version_0")
     assert cli.trainer.global_step == 40 and (run / "checkpoints" / "last.ckpt").is_file()
+    # The app ran the stage and handed the model its checkpoint; the run's config and hyperparameters keep the
+    # stage config as given, so that the saved config.yaml runs (or reuses) the same stage again.
+    assert cli.model.actor_init == str(stage / "checkpoints" / "last.ckpt")
+    assert yaml.safe_load((run / "config.yaml").read_text())["model"]["init_args"]["actor_init"] == str(bc)
+    assert yaml.safe_load((run / "hparams.yaml").read_text())["actor_init"] == str(bc)
     assert (run / "checkpoints" / "best.ckpt").is_file()  # the best evaluation's actor
     assert "Stage" in capfd.readouterr().out
     # Run again: the finished stage is reused, not run again.
@@ -312,16 +317,53 @@ def test_bc_term_is_zero_at_the_clone_and_pulls_a_moved_actor_back(bc_checkpoint
     assert model.clone_network[-1].bias.grad is None  # the clone itself stays as it was
 
 
-def test_a_stage_that_fails_or_cannot_be_found_again_is_an_error_naming_the_flag(tmp_path, monkeypatch):
+def test_a_stage_that_fails_or_cannot_be_found_again_is_an_error_naming_the_flag(tmp_path, monkeypatch, capsys):
     from app.stages import run_stage
 
     monkeypatch.chdir(tmp_path)
     no_logger = write_config({"trainer": {"logger": False}}, tmp_path / "no_logger.yaml")
     with pytest.raises(ValueError, match="--flag .*no_logger.yaml: a stage config needs a trainer logger"):
         run_stage(no_logger, "--flag")
+    # Through the command line: one line naming the flag, exit code 2, before anything is built or written.
+    with pytest.raises(SystemExit) as exit_info:
+        fit(sac_config(tmp_path, str(no_logger)))
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert error == [
+        f"error: --model.init_args.actor_init {no_logger}: a stage config needs a trainer logger "
+        "with init_args.save_dir (and name), where its run is kept and found again"
+    ]
+    assert not Path("runs").exists()
+    # A model built in code cannot run a stage: it needs the checkpoint, and says so naming the flag.
+    with pytest.raises(ValueError, match=r"--model.init_args.actor_init .*no_logger.yaml: .*needs the \.ckpt"):
+        SAC(**SPECS, actor_init=str(no_logger)).load_behaviour_cloning(no_logger)
     failing = yaml.safe_load(bc_config(tmp_path).read_text())
     failing["model"]["init_args"]["lr"] = -1.0  # the stage's own CLI refuses it: exit code 2
     failing = write_config(failing, tmp_path / "failing.yaml")
     with pytest.raises(RuntimeError, match="--flag .*failing.yaml: the stage exited with code 2"):
         run_stage(failing, "--flag")
     assert not (stage_folder(failing, "--flag") / MARKER).exists()  # never taken for a finished stage
+
+
+def test_other_ranks_wait_for_the_stage_rank_zero_runs_then_reuse_it(tmp_path, monkeypatch, capsys):
+    import threading
+
+    from app.stages import run_stage
+
+    monkeypatch.chdir(tmp_path)
+    bc = bc_config(tmp_path)
+    stage = stage_folder(bc, "--flag")
+
+    def rank_zero_finishes() -> None:  # what run_stage leaves behind on rank 0
+        (stage / "checkpoints").mkdir(parents=True)
+        (stage / "checkpoints" / "last.ckpt").write_bytes(b"")
+        (stage / MARKER).write_text("{}")
+
+    timer = threading.Timer(0.3, rank_zero_finishes)
+    timer.start()
+    assert run_stage(bc, "--flag", wait=True, poll_seconds=0.05) == stage / "checkpoints" / "last.ckpt"
+    timer.join()
+    assert capsys.readouterr().out.splitlines() == [
+        f"Stage {bc}: waiting for rank 0 to finish it in {stage}",
+        f"Stage {bc}: reusing its finished run {stage}",
+    ]

@@ -1,14 +1,15 @@
-"""``python -m export``: trace a trained policy from a checkpoint alone, check it against eager, benchmark it.
+"""``python -m app export``: trace a trained policy from a checkpoint alone, check it against eager, benchmark it.
 
 Commands::
 
-    python -m export --checkpoint runs/pirl_vehicle/version_0/checkpoints/last.ckpt --threads 1
-    python -m export --checkpoint last.ckpt --config configs/snake_dqn.yaml --batch-sizes 256 --out export
+    python -m app export --checkpoint runs/pirl_vehicle/version_0/checkpoints/last.ckpt --threads 1
+    python -m app export --checkpoint last.ckpt --config configs/snake_dqn.yaml --batch-sizes 256 --out export
 
-The model and data module are rebuilt from the run's config (``config.yaml`` beside the checkpoint, or ``--config``),
-the checkpoint's weights loaded, and :func:`export.tracing.export_policy` run on ``export_network()``, checked on
-random inputs and on the environment's own states (:mod:`export.inputs`). Flags it does not know
-(``--data.init_args.env.init_args.size 12``) override the config. ``python -m callbacks.export`` is the same tool.
+The model and data module are rebuilt from the run's config (``config.yaml`` beside the checkpoint, or ``--config``)
+as ``fit`` builds them (:func:`app.cli.build`), the checkpoint's weights loaded, and
+:func:`export.tracing.export_policy` run on ``export_network()``, checked on random inputs and on the environment's
+own states (:mod:`export.inputs`). Flags it does not know (``--data.init_args.env.init_args.size 12``) override the
+config. The work is the export library's (export/); this is its command line.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ def find_config(checkpoint: Path, levels: int = 3) -> Path | None:
     return None
 
 
-def main(argv: Sequence[str] | None = None, prog: str = "python -m export") -> dict[str, Any]:
+def main(argv: Sequence[str] | None = None, prog: str = "python -m app export") -> dict[str, Any]:
     """Parses ``argv`` (default ``sys.argv[1:]``), exports, and returns the metadata written to ``export.json``.
     Bad input exits with status 2 and one line ``<prog>: error: ...`` naming the flag."""
     argv = list(sys.argv[1:] if argv is None else argv)
