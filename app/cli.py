@@ -24,7 +24,6 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from jsonargparse import _parameter_resolvers
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.callbacks import Callback, TQDMProgressBar
 from lightning.pytorch.cli import LightningCLI
@@ -42,6 +41,8 @@ from app.run_folder import (
 )
 from app.stages import run_stage, stage_configs, stage_folder
 from callbacks.progress import RLProgressBar
+from compat.jsonargparse import read_init_of_subclasses
+from compat.lightning import cli_config_get
 from datamodules.base import RLDataModule, rank_state_path
 from modules.base import RLModule
 
@@ -53,19 +54,10 @@ warnings.filterwarnings("ignore", message=".*`IterableDataset` has `__len__` def
 warnings.filterwarnings("ignore", message=".*Total length of `DataLoader` across ranks is zero.*")
 
 
-_has_dunder_new_method = _parameter_resolvers.has_dunder_new_method
-
-
-def _env_aware_has_dunder_new_method(cls, attr_name: str) -> bool:
-    # TorchRL's EnvBase defines __new__ as a classmethod; jsonargparse compares bound methods by identity, concludes
-    # that every env subclass overrides __new__, and reads its (*args, **kwargs) instead of the env's __init__.
-    # Env options (`--data.init_args.env.init_args.size`) are then neither documented nor checked.
-    if inspect.isclass(cls) and issubclass(cls, EnvBase):
-        return False
-    return _has_dunder_new_method(cls, attr_name)
-
-
-_parameter_resolvers.has_dunder_new_method = _env_aware_has_dunder_new_method
+# TorchRL's EnvBase defines __new__ as a classmethod; jsonargparse compares bound methods by identity, concludes that
+# every env subclass overrides __new__, and reads its (*args, **kwargs) instead of the env's __init__. Env options
+# (`--data.init_args.env.init_args.size`) are then neither documented nor checked.
+read_init_of_subclasses(EnvBase)
 
 
 class RLCLI(LightningCLI):
@@ -221,7 +213,7 @@ class RLCLI(LightningCLI):
         try:
             return super().instantiate_trainer(**kwargs)
         except (ValueError, MisconfigurationException) as error:
-            trainer = self._get(self.config_init, "trainer")
+            trainer = cli_config_get(self, self.config_init, "trainer")
             if any(word in str(error).lower() for word in ("gpu", "cuda", "device", "accelerator", "backend")):
                 flags = f"--trainer.accelerator {trainer.accelerator} --trainer.devices {trainer.devices}"
             else:

@@ -20,16 +20,26 @@ import importlib
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from jsonargparse import Namespace
 from lightning.fabric.loggers.logger import rank_zero_experiment
-from lightning.fabric.utilities.cloud_io import _is_local_file_protocol, get_filesystem
+from lightning.fabric.utilities.cloud_io import get_filesystem
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
+
+from compat.lightning import (
+    ExperimentWriterLogDirCheck,
+    is_local_path,
+    set_csv_logger_writer,
+    tensorboard_available,
+)
+
+if TYPE_CHECKING:
+    from fsspec import AbstractFileSystem
 
 LAST = "last.ckpt"
 _LIGHTNING_CSV = "lightning.pytorch.loggers.CSVLogger"
@@ -48,7 +58,7 @@ def resolve_resume(config: Namespace, subcommand: str) -> Path | None:
         ValueError: a one-line message naming ``--ckpt_path`` when there is nothing to resume.
     """
     requested = config.get("ckpt_path")
-    if requested is None or requested in ("best", "hpc", "registry") or not _is_local_file_protocol(requested):
+    if requested is None or requested in ("best", "hpc", "registry") or not is_local_path(requested):
         return None  # a fresh run, or a path Lightning resolves (best checkpoint, SLURM, remote stores)
     trainer = config.trainer
     logger = _folder_logger(trainer)
@@ -99,7 +109,7 @@ def _folder_logger(trainer: Namespace) -> Namespace | None:
     logger = trainer.get("logger")
     if logger is None or logger is True:
         # Lightning's default logger, spelled out so that its version can be set like any other's.
-        default = TensorBoardLogger if _has_tensorboard() else CSVLogger
+        default = TensorBoardLogger if tensorboard_available() else CSVLogger
         logger = Namespace(
             class_path=f"{default.__module__}.{default.__name__}",
             init_args=Namespace(save_dir=trainer.get("default_root_dir") or ".", name="lightning_logs", version=None),
@@ -156,12 +166,6 @@ def import_class(class_path: str) -> type:
     return getattr(importlib.import_module(module), name)
 
 
-def _has_tensorboard() -> bool:
-    from lightning.fabric.loggers.tensorboard import _TENSORBOARD_AVAILABLE, _TENSORBOARDX_AVAILABLE
-
-    return bool(_TENSORBOARD_AVAILABLE or _TENSORBOARDX_AVAILABLE)
-
-
 class ResumableCSVLogger(CSVLogger):
     """Lightning's ``CSVLogger``, able to continue the ``metrics.csv`` of the run it resumes.
 
@@ -184,33 +188,32 @@ class ResumableCSVLogger(CSVLogger):
     @property
     @rank_zero_experiment
     def experiment(self) -> ExperimentWriter:
-        if self._experiment is None and self._continue_after is not None:
-            self._fs.makedirs(self.root_dir, exist_ok=True)
-            self._experiment = _ContinuedExperimentWriter(self.log_dir, self._continue_after)
+        if self._continue_after is not None:
+            set_csv_logger_writer(self, lambda: _ContinuedExperimentWriter(self.log_dir, self._continue_after))
         return super().experiment
 
 
-class _ContinuedExperimentWriter(ExperimentWriter):
+class _ContinuedExperimentWriter(ExperimentWriterLogDirCheck):
     """Lightning's CSV writer, keeping the rows of an existing ``metrics.csv`` up to an update, and its columns."""
 
     def __init__(self, log_dir: str, global_step: int) -> None:
         self._global_step = global_step
         super().__init__(log_dir)
 
-    def _check_log_dir_exists(self) -> None:  # Lightning's deletes metrics.csv here
-        if not self._fs.isfile(self.metrics_file_path):
+    def check_log_dir(self, fs: AbstractFileSystem) -> None:  # Lightning's deletes metrics.csv here
+        if not fs.isfile(self.metrics_file_path):
             return
-        with self._fs.open(self.metrics_file_path, "r", newline="") as file:
+        with fs.open(self.metrics_file_path, "r", newline="") as file:
             reader = csv.DictReader(file)
             rows, self.metrics_keys = list(reader), list(reader.fieldnames or [])
         kept = [row for row in rows if self._before_checkpoint(row)]
         if len(kept) < len(rows):
             temporary = f"{self.metrics_file_path}.tmp-{os.getpid()}"
-            with self._fs.open(temporary, "w", newline="") as file:
+            with fs.open(temporary, "w", newline="") as file:
                 writer = csv.DictWriter(file, fieldnames=self.metrics_keys)
                 writer.writeheader()
                 writer.writerows(kept)
-            self._fs.mv(temporary, self.metrics_file_path)  # a rename: the old file stays whole until replaced
+            fs.mv(temporary, self.metrics_file_path)  # a rename: the old file stays whole until replaced
 
     def _before_checkpoint(self, row: dict[str, str]) -> bool:
         # The trainer logs an update's metrics (rows with an `epoch`) at the number of updates *before* it, so its row

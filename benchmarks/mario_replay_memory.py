@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from app.cli import build  # noqa: E402
+from compat.torchrl import storage_contents  # noqa: E402
 from datamodules.base import write_folder_atomically  # noqa: E402
 
 MIB = 2**20
@@ -51,8 +52,8 @@ def main() -> None:
         out, td = env.step_and_maybe_reset(td)
         data._store(out.unsqueeze(1))  # [envs, 1 step], as a collector batch
     played = time.perf_counter() - start
-    storage = data.buffer.storage._storage
-    store = data.buffer._transform[0]
+    storage = storage_contents(data.buffer.storage)
+    store = data.frame_store  # the buffer's transform
     slots = data.buffer_size
     entries = sum(leaf.nbytes for leaf in storage.values(include_nested=True, leaves_only=True))
     ring = store.frames.nbytes + store.slot_id.nbytes
@@ -94,7 +95,10 @@ def checkpoint_costs(data) -> dict:
         same = len(fresh.buffer) == len(data.buffer) and all(
             torch.equal(a, b)
             for a, b in [
-                (fresh.buffer.storage._storage["frame_ids"], data.buffer.storage._storage["frame_ids"]),
+                (
+                    storage_contents(fresh.buffer.storage)["frame_ids"],
+                    storage_contents(data.buffer.storage)["frame_ids"],
+                ),
                 (fresh.frame_store.frames, data.frame_store.frames),
                 (fresh.buffer.sampler._priority, data.buffer.sampler._priority),
             ]

@@ -14,6 +14,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import TQDMProgressBar
 
 from callbacks.schedule import PeriodicEvaluation
+from compat.lightning import progress_bar_leaves
 
 # Module-level so tests can drive time by hand; looked up at each call, never bound at import.
 _clock = time.perf_counter
@@ -84,7 +85,7 @@ class RLProgressBar(TQDMProgressBar):
         self._count_updates(trainer)
 
     def on_train_epoch_start(self, trainer: pl.Trainer, *_: Any) -> None:
-        if self._leave:
+        if progress_bar_leaves(self):
             self.train_progress_bar = self.init_train_tqdm()
         self._count_updates(trainer)
 
@@ -103,7 +104,7 @@ class RLProgressBar(TQDMProgressBar):
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._redraw(trainer, pl_module, _clock())  # the final figures, whatever the time since the last redraw
-        if self._leave:
+        if progress_bar_leaves(self):
             self.train_progress_bar.close()
 
     def get_metrics(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, Any]:

@@ -13,13 +13,13 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
-from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
+from compat.lightning import ModelCheckpointSteps, is_local_path
 from datamodules.base import TEMPORARY_MARK, RLDataModule, remove_path
 
 
@@ -32,7 +32,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     """
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any = None) -> None:
-        if not _is_local_file_protocol(path):
+        if not is_local_path(path):
             super().save_checkpoint(checkpoint, path, storage_options)  # remote stores have their own semantics
             return
         path = Path(path)
@@ -74,7 +74,7 @@ def _process_alive(pid: int) -> bool:
     return True
 
 
-class FrameCheckpoint(ModelCheckpoint):
+class FrameCheckpoint(ModelCheckpointSteps):
     """Saves ``last.ckpt`` (and, with ``save_top_k``, numbered ones) every ``every_n_frames`` environment frames.
 
     At the start of ``fit`` it removes temporary files left in its folder by killed processes. Before rank 0 writes
@@ -113,7 +113,7 @@ class FrameCheckpoint(ModelCheckpoint):
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         super().setup(trainer, pl_module, stage)
-        if stage == "fit" and trainer.is_global_zero and _is_local_file_protocol(self.dirpath):
+        if stage == "fit" and trainer.is_global_zero and is_local_path(self.dirpath):
             for path in remove_stale_temporaries(self.dirpath):
                 rank_zero_info(f"Removed {path}, a checkpoint being written when its process was killed")
 
@@ -138,26 +138,25 @@ class FrameCheckpoint(ModelCheckpoint):
             rank_zero_info(f"SIGTERM: saved {self.last_model_path} at update {trainer.global_step}")
 
     def _save_now(self, trainer: pl.Trainer) -> None:
-        if self._last_global_step_saved == trainer.global_step:
+        if self.saved_at(trainer.global_step):
             return
         with trainer.datamodule.timer.phase("checkpoint"):  # its own phase in the throughput report
-            candidates = self._monitor_candidates(trainer)
+            candidates = self.monitor_candidates(trainer)
             candidates["frames"] = torch.tensor(trainer.datamodule.frames)
-            self._save_topk_checkpoint(trainer, candidates)
-            self._save_last_checkpoint(trainer, candidates)
+            self.save_top_k_and_last(trainer, candidates)
 
-    def _save_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:
+    def write_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:
         data = trainer.datamodule if isinstance(trainer.datamodule, RLDataModule) else None
         if data is not None:
             data.save_beside(filepath)  # every rank: its large stores, and on ranks > 0 its state
             if trainer.world_size > 1:
                 trainer.strategy.barrier("FrameCheckpoint.beside")  # all ranks' parts on disk before the checkpoint
-        super()._save_checkpoint(trainer, filepath)  # rank 0 writes the checkpoint; all ranks wait for it
+        super().write_checkpoint(trainer, filepath)  # rank 0 writes the checkpoint; all ranks wait for it
         if data is not None:
             data.remove_beside(filepath, keep_updates=trainer.global_step)  # older, now superseded
 
-    def _remove_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:
-        super()._remove_checkpoint(trainer, filepath)
+    def delete_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:
+        super().delete_checkpoint(trainer, filepath)
         if isinstance(trainer.datamodule, RLDataModule):
             trainer.datamodule.remove_beside(filepath)
 

@@ -38,6 +38,7 @@ from torchrl.data import Composite, TensorSpec
 from torchrl.envs import EnvBase, ParallelEnv, Transform, TransformedEnv
 from torchrl.envs.utils import ExplorationType, set_exploration_type, step_mdp
 
+from compat.torchrl import collector_carrier, parallel_env_lower_done_flags
 from datamodules.envs.base import BatchedEnv
 from datamodules.timing import PhaseTimer
 from datamodules.workers import (
@@ -595,7 +596,7 @@ class RLDataModule(EnvSpecs, pl.LightningDataModule):
             return {"workers": self.collector.state_dict()}
         return {
             "env": dict(self._stateful_env().state_dict()),
-            "carrier": to_plain(self._carrier().exclude("collector")),
+            "carrier": to_plain(collector_carrier(self.collector).exclude("collector")),
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -643,25 +644,17 @@ class RLDataModule(EnvSpecs, pl.LightningDataModule):
             env.load_state_dict(state["env"])
             if isinstance(env, ParallelEnv):
                 # TorchRL 0.14's workers raise their shared "step done" flag after loading a state and nothing lowers
-                # it, so the next step would read the workers' buffers before they are written. Lowered here (a
-                # private attribute, like _carrier below; the ParallelEnv resume test fails if it moves).
-                for worker in range(env.num_workers):
-                    env._shm_done_flags[worker] = 0
+                # it, so the next step would read the workers' buffers before they are written (the ParallelEnv
+                # resume test fails if this moves).
+                parallel_env_lower_done_flags(env)
             # The collector carries the last observations (and recurrent states) between calls; with them restored
             # too, collection continues exactly where the checkpointed run stood.
-            self._carrier().update(from_plain(state["carrier"], batch_dims=1, device=self.collector.env.device))
+            carrier = from_plain(state["carrier"], batch_dims=1, device=self.collector.env.device)
+            collector_carrier(self.collector).update(carrier)
         set_rng_state(state["rng"])
 
     def _stateful_env(self) -> EnvBase:
         return stateful_env(self.collector.env)
-
-    def _carrier(self) -> TensorDictBase:
-        # TorchRL's Collector keeps its between-calls tensordict in a private attribute and offers no public accessor;
-        # torchrl is pinned below 0.15 in pyproject.toml, and the resume tests fail loudly if this ever moves.
-        carrier = getattr(self.collector, "_carrier", None)
-        if carrier is None:
-            raise RuntimeError("this torchrl version's Collector has no `_carrier`: exact resume is not supported")
-        return carrier
 
 
 def rank_state_path(checkpoint_path: str | Path, rank: int, updates: int | None) -> Path:

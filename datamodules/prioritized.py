@@ -28,6 +28,8 @@ import torch
 from torchrl.data.replay_buffers.samplers import Sampler
 from torchrl.data.replay_buffers.storages import Storage
 
+from compat.torchrl import sampler_generator
+
 
 class ProportionalSampler(Sampler):
     """Proportional prioritized sampling with importance weights, vectorised in torch.
@@ -72,7 +74,7 @@ class ProportionalSampler(Sampler):
             raise RuntimeError("cannot sample from an empty replay buffer")
         priority = self._priority[:filled]
         cumulative = priority.cumsum(0)
-        mass = torch.rand(batch_size, generator=self._rng, dtype=torch.float64, device=priority.device)
+        mass = torch.rand(batch_size, generator=sampler_generator(self), dtype=torch.float64, device=priority.device)
         # Slot i owns [cumulative[i-1], cumulative[i]): drawn with probability p_i^α / Σ p^α; empty slots own nothing.
         index = torch.searchsorted(cumulative, mass * cumulative[-1], right=True).clamp_max_(filled - 1)
         weight = (priority[index] / priority.min()).pow(-self.beta)

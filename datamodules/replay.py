@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import threading
 import warnings
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -12,12 +11,12 @@ from typing import Any, NamedTuple
 
 import torch
 from tensordict import TensorDict, TensorDictBase
-from tensordict.nn import TensorDictModuleBase, probabilistic
-from tensordict.utils import _ContextManager
-from torch.compiler import is_dynamo_compiling
+from tensordict.nn import TensorDictModuleBase
 from torchrl.data import LazyTensorStorage, RandomSampler, TensorDictReplayBuffer
-from torchrl.envs import EnvBase, Transform
+from torchrl.envs import EnvBase
 
+from compat.tensordict import own_interaction_type
+from compat.torchrl import multistep_window, set_multistep_window
 from datamodules.base import (
     RLDataModule,
     beside_path,
@@ -35,39 +34,15 @@ from datamodules.timing import PhaseTimer
 warnings.filterwarnings("ignore", message="Got conflicting batch_sizes in constructor")
 
 
-# TensorDict keeps its interaction type (which TorchRL's exploration type is) in one process-wide holder, and every
-# TorchRL loss sets it to "deterministic" for the length of its forward pass: a collection running in another thread
-# meanwhile would act greedily (and a loss could read a collector's "random"). The prefetch thread gets a value of its
-# own, as TorchRL 0.14 already does for its recurrent mode (a context variable, read as the plain attribute while
-# Dynamo traces); the training thread's holder, and compiled code, read and write it as before.
-_BACKGROUND = threading.local()  # `interaction_type`: the prefetch thread's own value (set there only)
-
-
-class _PerThreadInteractionType(_ContextManager):
-    # is_dynamo_compiling(), not is_compiling(): the latter is a process-wide flag, True in every thread while any
-    # thread compiles, which would hand the prefetch thread the training thread's value during a recompilation;
-    # the former is False at run time in every thread and True only while Dynamo traces.
-    def get_mode(self) -> Any:
-        if is_dynamo_compiling() or not hasattr(_BACKGROUND, "interaction_type"):
-            return super().get_mode()
-        return _BACKGROUND.interaction_type
-
-    def set_mode(self, mode: Any) -> None:
-        if is_dynamo_compiling() or not hasattr(_BACKGROUND, "interaction_type"):
-            super().set_mode(mode)
-        else:
-            _BACKGROUND.interaction_type = mode
-
-
 def _start_background_thread(threads: int) -> None:
     """The prefetch thread's start: its own interaction type, and the training thread's intra-op thread count (a new
-    thread starts with OpenMP's default, not the one --threads set)."""
-    holder = probabilistic._interaction_type
-    if type(holder) is _ContextManager:
-        holder.__class__ = _PerThreadInteractionType
-    elif not isinstance(holder, _PerThreadInteractionType):  # tensordict is pinned: fail loudly if this ever moves
-        raise RuntimeError(f"unexpected interaction-type holder {type(holder).__name__}: prefetch cannot isolate it")
-    _BACKGROUND.interaction_type = None  # TorchRL's default: explore
+    thread starts with OpenMP's default, not the one --threads set).
+
+    Every TorchRL loss sets the process-wide interaction type (TorchRL's exploration type) to "deterministic" for the
+    length of its forward pass: a collection running in another thread meanwhile would act greedily (and a loss could
+    read a collector's "random"). The prefetch thread gets a value of its own (compat.tensordict says how); the
+    training thread, and compiled code, read and write the process-wide one as before."""
+    own_interaction_type(None)  # TorchRL's default: explore
     torch.set_num_threads(threads)
 
 
@@ -375,7 +350,7 @@ class ReplayDataModule(RLDataModule):
             else:
                 state["buffer"] = self.buffer.state_dict()
         if self.store_transform is not None:
-            state["store_window"] = to_plain(_window(self.store_transform))
+            state["store_window"] = to_plain(multistep_window(self.store_transform))
         return state
 
     def _load_state(self, state_dict: dict[str, Any]) -> None:
@@ -397,7 +372,7 @@ class ReplayDataModule(RLDataModule):
         if self.store_transform is not None:
             # A checkpoint written without the transform (or before its first call) has no window: start empty.
             window = from_plain(state_dict.get("store_window"), batch_dims=2, device=self.device)
-            _set_window(self.store_transform, window)
+            set_multistep_window(self.store_transform, window)
         super()._load_state(state_dict)
 
     # ------------------------------------------------------------------------------ the buffer beside checkpoints
@@ -435,17 +410,3 @@ class ReplayDataModule(RLDataModule):
         self.buffer.writer.loads(folder / "writer")
         if self.frame_store is not None:
             self.frame_store.load_state_dict(TensorDict.load_memmap(folder / "frames").to_dict())
-
-
-# MultiStepTransform keeps each environment's last n steps between calls in a private attribute and offers no
-# accessor; an exact resume must carry them (as it carries the collector's). torchrl is pinned below 0.15 in
-# pyproject.toml, and tests/test_replay.py's resume test fails loudly if this ever moves.
-def _window(transform: Transform) -> TensorDictBase | None:
-    if not hasattr(transform, "_buffer"):
-        raise RuntimeError(f"this torchrl version's {type(transform).__name__} has no `_buffer`: exact resume fails")
-    return transform._buffer
-
-
-def _set_window(transform: Transform, window: TensorDictBase | None) -> None:
-    _window(transform)  # the same check
-    transform._buffer = window

@@ -34,6 +34,8 @@ from torchrl.collectors import Collector, MultiAsyncCollector, MultiSyncCollecto
 from torchrl.envs import EnvBase, TransformedEnv
 from torchrl.weight_update import SharedMemWeightSyncScheme
 
+from compat.torchrl import collector_carrier, collector_counters, set_collector_counters
+
 # How TorchRL's ParallelEnv and multi-process collectors name a worker process that died.
 DEAD_WORKER = re.compile(r"worker (\d+) \(exit code -?\d+\)")
 
@@ -108,20 +110,21 @@ class ResumableCollector(Collector):
     """
 
     def state_dict(self) -> dict[str, Any]:
+        frames, iterations = collector_counters(self)
         return {
             "env": dict(stateful_env(self.env).state_dict()),
-            "carrier": self._carrier.exclude("collector").to_dict(),
+            "carrier": collector_carrier(self).exclude("collector").to_dict(),
             "rng": torch.get_rng_state(),
-            "frames": self._frames,
-            "iter": self._iter,
+            "frames": frames,
+            "iter": iterations,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         stateful_env(self.env).load_state_dict(state["env"])
-        carried = TensorDict.from_dict(state["carrier"], batch_dims=1, device=self._carrier.device)
-        self._carrier.update(carried)
+        carrier = collector_carrier(self)
+        carrier.update(TensorDict.from_dict(state["carrier"], batch_dims=1, device=carrier.device))
         torch.set_rng_state(state["rng"])
-        self._frames, self._iter = int(state["frames"]), int(state["iter"])
+        set_collector_counters(self, int(state["frames"]), int(state["iter"]))
 
 
 def worker_death_error(error: BaseException, log_dir: Path | None, frames: int) -> RuntimeError | None:

@@ -30,6 +30,8 @@ from typing import Any
 
 import torch
 
+from compat.torch import aoti_load_package
+
 log = logging.getLogger("lightrl.export")
 
 METADATA, EAGER = "export.json", "eager.pt2"
@@ -67,7 +69,7 @@ def quiet() -> Iterator[None]:
 def load_artifact(backend: str, path: Path) -> Callable[[torch.Tensor], torch.Tensor]:
     """Loads one traced module (``neuron``, ``torchscript`` or ``aot``) without checking it: see :func:`verify`."""
     if backend == "aot":
-        return torch._inductor.aoti_load_package(str(path))
+        return aoti_load_package(str(path))
     if backend == "neuron":
         if neuron() is None:  # the Neuron ops register on import; torch.jit.load fails obscurely without them
             raise ModuleNotFoundError("torch_neuronx does not import, and Neuron artifacts need it")

@@ -37,6 +37,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
+from compat.torch import aoti_compile_and_package
 from export.inputs import CheckInputs, random_check_inputs, random_inputs
 from export.loader import EAGER, METADATA, load_artifact, load_eager, log, neuron, quiet, sha256
 from export.report import benchmark_row, machine, samples_per_s, write_benchmark
@@ -116,7 +117,7 @@ def _compile(network: nn.Module, example: torch.Tensor, backend: str, path: Path
             torch.jit.save(traced, str(path))
     elif backend == "aot":
         program = torch.export.export(network, (example,))
-        torch._inductor.aoti_compile_and_package(program, package_path=str(path))
+        aoti_compile_and_package(program, str(path))
     else:
         raise ValueError(f"unknown export backend {backend!r}")
 

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from tensordict import TensorDict
 from torch import nn
 
+from compat.torch import foreach_lerp_
 from modules.optim import FusedAdamStep
 from modules.pde import physics_losses
 
@@ -279,7 +280,7 @@ def bare_sac(model: Any, data: Any) -> Callable[[int], torch.Tensor]:
         loss = critic_loss + actor_loss + alpha_loss
         loss.backward()
         optimizer_step(parameters, optimizer, model.max_grad_norm)
-        torch._foreach_lerp_(*target_pairs, tau)
+        foreach_lerp_(*target_pairs, tau)
         return loss.detach()
 
     return step

@@ -25,6 +25,8 @@ from torch import nn
 from torchrl.data import TensorSpec
 from torchrl.envs import Transform
 
+from compat.lightning import count_batches_stepped, optimizer_step_with_hooks
+from compat.torch import foreach_lerp_, inductor_fallback_random, inductor_mode_options
 from modules.optim import FusedAdamStep
 
 # training_step takes the dataloader iterator on purpose (see RLModule.training_step); Lightning flags that
@@ -210,13 +212,13 @@ class RLModule(pl.LightningModule):
             return function
         # Random ops inside the update (SAC's sampled actions) draw from the global generator as in eager, so a
         # compiled run takes the same random numbers as an eager one and checkpoints' RNG states mean the same.
-        torch._inductor.config.fallback_random = True
+        inductor_fallback_random()
         mode = "default" if self.compile_mode in (True, "cudagraph") else self.compile_mode
         # Before each call Dynamo checks guards on everything the function touched, which for a TorchRL loss module is
         # hundreds of attribute and parameter guards: 0.45 ms per call on the Snake DQN, a tenth of its update. The
         # update calls the loss with the same code, modules and flags every time, so the guards on the model are dropped
         # (_batch_guards): a batch of another shape, or with other entries, still recompiles.
-        options = {**torch._inductor.list_mode_options(mode), "guard_filter_fn": _batch_guards}
+        options = {**inductor_mode_options(mode), "guard_filter_fn": _batch_guards}
         if self.device.type == "cpu":
             # Inductor's default wrapper is Python: between two of the graph's kernels it returns to the interpreter
             # and takes the GIL back, and while a prefetch thread holds the GIL (its collection is mostly Python) the
@@ -352,7 +354,7 @@ class RLModule(pl.LightningModule):
             batches = [self.datamodule.next_ready_batch() for _ in range(self.accumulate_grad_batches)]
         # Lightning counts one "batch that stepped" per training_step and logs metrics at that count: keep it equal to
         # the update count (metrics.csv's step column, and the logging steps, in updates as before).
-        self.trainer.fit_loop.epoch_loop._batches_that_stepped += self.global_step - updates_before - 1
+        count_batches_stepped(self.trainer, self.global_step - updates_before - 1)
         return loss
 
     def _next_update_in_this_step(self) -> bool:
@@ -402,9 +404,8 @@ class RLModule(pl.LightningModule):
         batches' mean) and the last batch's loss terms (not detached: a new TensorDict per update costs more than the
         few logged steps need)."""
         if self._graphed_update is not None:
-            self._lightning_optimizer._on_before_step()
-            losses = self._graphed_update(batches[0])  # copies the batch into the graph's inputs, replays
-            self._lightning_optimizer._on_after_step()
+            # The batch is copied into the graph's inputs, and the graph replayed, as the optimizer's step.
+            losses = optimizer_step_with_hooks(self._lightning_optimizer, lambda: self._graphed_update(batches[0]))
             self.on_update()
             self.datamodule.after_update(None)
             return losses["loss"], losses
@@ -420,9 +421,7 @@ class RLModule(pl.LightningModule):
             td_errors.append(losses.get("td_error", None))
         # Lightning's own bookkeeping around a step (global_step, the profiler), the calls LightningOptimizer.step
         # makes, without its closure machinery, so that the step itself is the fused kernels (modules/optim.py).
-        self._lightning_optimizer._on_before_step()
-        self._optimizer_step()
-        self._lightning_optimizer._on_after_step()
+        optimizer_step_with_hooks(self._lightning_optimizer, self._optimizer_step)
         self.on_update()
         # A loss may give each sample's |TD error| (`td_error`): a prioritized replay store's new priorities, in the
         # order the batches were served.
@@ -463,7 +462,7 @@ class RLModule(pl.LightningModule):
                         targets.append(target.get(key).data)
                         sources.append(online.get(key).data)
             pairs = self._soft_pairs = (targets, sources)
-        torch._foreach_lerp_(*pairs, self.tau)
+        foreach_lerp_(*pairs, self.tau)
 
     def extra_metrics(self) -> dict[str, torch.Tensor | float]:
         """Agent-specific training metrics beyond the loss terms (ε, ...). Default: none."""

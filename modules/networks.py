@@ -10,6 +10,7 @@ from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 from torch import nn
 
+from compat.torch import is_batch_norm
 from datamodules.envs.mettagrid.tokens import GLOBAL_LOCATION
 
 
@@ -180,7 +181,7 @@ class BatchNormCNN(nn.Module):
 
 def has_batch_norm(network: nn.Module) -> bool:
     """Whether ``network``'s output depends on its train/eval mode through BatchNorm."""
-    return any(isinstance(module, nn.modules.batchnorm._BatchNorm) for module in network.modules())
+    return any(is_batch_norm(module) for module in network.modules())
 
 
 class EvalModeActor(TensorDictModuleBase):

@@ -5,13 +5,15 @@ lookup per parameter, grouping by device and dtype, profiler records), and ``cli
 again. On the Snake MLP at the seed's setting (batch 128, one thread) that wrapping cost 0.5 ms of a 5 ms update
 (clip 0.25 ms against 0.11 ms here, step 0.55 ms against 0.17 ms). ``torch.compile`` does not remove it: the fused
 optimizer is excluded from tracing (a graph break around it), and the traced non-fused Adam compiled to a slower CPU
-kernel (1.3 ms). So the step calls the kernels directly, on the optimizer's own state: checkpoints, resume and
-``optimizer.state_dict()`` are those of the plain ``torch.optim.Adam``.
+kernel (1.3 ms). So the step calls the kernels directly (:mod:`compat.torch`), on the optimizer's own state:
+checkpoints, resume and ``optimizer.state_dict()`` are those of the plain ``torch.optim.Adam``.
 """
 
 from __future__ import annotations
 
 import torch
+
+from compat.torch import clip_grads_by_global_norm_, fused_adam_step_
 
 
 class FusedAdamStep:
@@ -42,9 +44,7 @@ class FusedAdamStep:
         if any(grad is None for grad in grads):
             grads = [grad for grad in grads if grad is not None]
         if self.max_grad_norm is not None and grads:
-            # clip_grads_with_norm_'s arithmetic: scale by min(1, max_norm / (norm + 1e-6)).
-            total_norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
-            torch._foreach_mul_(grads, (self.max_grad_norm / (total_norm + 1e-6)).clamp_(max=1.0))
+            clip_grads_by_global_norm_(grads, self.max_grad_norm)  # clip_grads_with_norm_'s arithmetic
         if self._state is None or len(grads) != len(self.params):
             self.optimizer.step()
             self._state = self._bind_state() if self.direct and len(grads) == len(self.params) else None
@@ -53,21 +53,17 @@ class FusedAdamStep:
             for group, (exp_avgs, exp_avg_sqs, steps) in zip(self.optimizer.param_groups, self._state, strict=True):
                 count = len(group["params"])
                 beta1, beta2 = group["betas"]
-                torch._foreach_add_(steps, 1)
-                torch._fused_adam_(
+                fused_adam_step_(
                     group["params"],
                     grads[start : start + count],
                     exp_avgs,
                     exp_avg_sqs,
-                    [],
                     steps,
                     lr=group["lr"],  # read every step: a scheduler may change it
                     beta1=beta1,
                     beta2=beta2,
                     weight_decay=group["weight_decay"],
                     eps=group["eps"],
-                    amsgrad=False,
-                    maximize=False,
                 )
                 start += count
         for p in self.params:

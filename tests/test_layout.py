@@ -89,9 +89,12 @@ def test_datamodules_never_import_the_agents_package():
 
 
 def test_the_export_loader_needs_only_torch():
-    # A deployment loads a traced policy without Lightning, TorchRL or this project's training code.
-    training = ("lightning", "torchrl", "tensordict", "app", "modules", "datamodules", "callbacks")
-    assert offending_imports([ROOT / "export" / "loader.py"], training) == {}
+    # A deployment loads a traced policy without Lightning, TorchRL or this project's training code; of compat/ it
+    # imports the torch module alone (compat/__init__.py imports nothing).
+    training = ("lightning", "torchrl", "tensordict", "jsonargparse", "app", "modules", "datamodules", "callbacks")
+    loader = ROOT / "export" / "loader.py"
+    assert {name for name in imported_modules(loader) if name.split(".")[0] == "compat"} == {"compat.torch"}
+    assert offending_imports([loader, ROOT / "compat" / "__init__.py", ROOT / "compat" / "torch.py"], training) == {}
 
 
 def test_the_chain_scanner_follows_the_projects_own_imports(tmp_path):
@@ -123,3 +126,11 @@ def test_nothing_below_the_app_imports_it(package):
     files = sorted((ROOT / package).rglob("*.py"))
     assert len(files) > 2
     assert offending_chains(files, LAYERS[package]) == []
+
+
+def test_compat_imports_nothing_of_the_project():
+    # The dependencies' private API behind one boundary, below everything else: it may import only the dependencies.
+    files = sorted((ROOT / "compat").rglob("*.py"))
+    assert ROOT / "compat" / "torchrl.py" in files
+    project = ("app", "modules", "datamodules", "callbacks", "export", "benchmarks", "tests", "configs")
+    assert offending_imports(files, project) == {}

@@ -65,9 +65,11 @@ from mettagrid.config.tag import typeTag
 from mettagrid.mapgen.mapgen import MapGen
 from mettagrid.mapgen.scenes.random import Random
 from mettagrid.mettagrid_c import MettaGrid
-from tensordict import TensorDict, TensorDictBase
+from tensordict import TensorDictBase
 from torchrl.data import Bounded, Categorical, Composite, Unbounded
 
+from compat.tensordict import tensordict_unchecked
+from compat.torchrl import StepOutputComplete
 from datamodules.envs.base import BatchedEnv
 from datamodules.envs.mettagrid.tokens import ObservationLayout
 
@@ -113,7 +115,7 @@ def altars_game(num_agents: int, altar_cooldown: int) -> GameConfig:
     )
 
 
-class MettaGridEnv(BatchedEnv):
+class MettaGridEnv(StepOutputComplete, BatchedEnv):
     """Batched MettaGrid: ``num_envs`` engines of ``num_agents`` agents each, stepped one after the other.
 
     Args:
@@ -258,7 +260,7 @@ class MettaGridEnv(BatchedEnv):
         }
         if reward:
             out["reward"] = torch.from_numpy(self._rewards[..., None].copy())
-        data = TensorDict._new_unsafe(out, batch_size=self.batch_size, device=_CPU)
+        data = tensordict_unchecked(out, self.batch_size, _CPU)
         return data if self.device == _CPU else data.to(self.device)
 
     def _reset(self, tensordict: TensorDictBase | None = None, **kwargs: Any) -> TensorDictBase:
@@ -301,11 +303,6 @@ class MettaGridEnv(BatchedEnv):
             engine.step()
         steps += 1
         return self._output(reward=True)
-
-    def _step_proc_data(self, next_tensordict: TensorDictBase) -> TensorDictBase:
-        """``_step``'s output already holds every reward and done entry of the specs, in their shapes and dtypes:
-        TorchRL's completion pass over it (about 40 µs a step) is skipped unless type checks are on."""
-        return super()._step_proc_data(next_tensordict) if self.run_type_checks else next_tensordict
 
     def _set_seed(self, seed: int | None) -> None:
         """Environment ``i`` starts stream ``seed + i`` from its first episode at its next reset."""

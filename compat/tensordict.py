@@ -1,0 +1,76 @@
+"""tensordict's private API: the constructor without checks, and the process-wide holder of the interaction type.
+
+- ``TensorDict._new_unsafe`` builds a TensorDict from a dict of tensors without validating shapes or devices: an
+  environment whose step output is right by construction skips that cost on every step;
+- tensordict keeps its interaction type (which TorchRL's exploration type is) in one process-wide holder,
+  ``tensordict.nn.probabilistic._interaction_type``, an instance of ``tensordict.utils._ContextManager``, and every
+  TorchRL loss sets it to "deterministic" for the length of its forward pass: a collection running in another thread
+  meanwhile would act greedily (and a loss could read a collector's "random"). :func:`own_interaction_type` gives a
+  thread a value of its own, as TorchRL 0.14 already does for its recurrent mode (a context variable, read as the
+  plain attribute while Dynamo traces); other threads, and compiled code, read and write the holder as before.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import torch
+from tensordict import TensorDict
+from tensordict.nn import probabilistic
+from tensordict.utils import _ContextManager
+from torch.compiler import is_dynamo_compiling
+
+DISTRIBUTION = "tensordict"
+#: The tensordict version every function here was written against (tests/test_compat.py: same minor, any patch).
+WRITTEN_AGAINST = "0.14.3"
+
+#: Every private name used here: (where it lives, the name, the function of this module that uses it).
+PRIVATE_API = (
+    ("tensordict.TensorDict", "_new_unsafe", "tensordict_unchecked"),
+    ("tensordict.nn.probabilistic", "_interaction_type", "own_interaction_type"),
+    ("tensordict.utils", "_ContextManager", "own_interaction_type"),
+    ("tensordict.utils._ContextManager", "get_mode", "own_interaction_type"),
+    ("tensordict.utils._ContextManager", "set_mode", "own_interaction_type"),
+)
+
+
+def tensordict_unchecked(
+    source: dict[str, torch.Tensor], batch_size: torch.Size, device: torch.device | None
+) -> TensorDict:
+    """``TensorDict(source, batch_size, device)`` without its checks: the caller guarantees the shapes and devices."""
+    # TensorDict._new_unsafe (private; tensordict 0.14.3).
+    return TensorDict._new_unsafe(source, batch_size=batch_size, device=device)
+
+
+_BACKGROUND = threading.local()  # `interaction_type`: the value of a thread that has its own (set there only)
+
+
+# tensordict.utils._ContextManager (private; tensordict 0.14.3): the holder's class; get_mode/set_mode its interface.
+class _PerThreadInteractionType(_ContextManager):
+    # is_dynamo_compiling(), not is_compiling(): the latter is a process-wide flag, True in every thread while any
+    # thread compiles, which would hand the prefetch thread the training thread's value during a recompilation;
+    # the former is False at run time in every thread and True only while Dynamo traces.
+    def get_mode(self) -> Any:
+        if is_dynamo_compiling() or not hasattr(_BACKGROUND, "interaction_type"):
+            return super().get_mode()
+        return _BACKGROUND.interaction_type
+
+    def set_mode(self, mode: Any) -> None:
+        if is_dynamo_compiling() or not hasattr(_BACKGROUND, "interaction_type"):
+            super().set_mode(mode)
+        else:
+            _BACKGROUND.interaction_type = mode
+
+
+def own_interaction_type(mode: Any = None) -> None:
+    """Give the calling thread an interaction type of its own, starting at ``mode`` (None: TorchRL's default,
+    explore); the other threads keep sharing the process-wide one."""
+    # tensordict.nn.probabilistic._interaction_type (private; tensordict 0.14.3): the process-wide holder, whose
+    # class is switched in place so that every reference to it sees the per-thread value.
+    holder = probabilistic._interaction_type
+    if type(holder) is _ContextManager:
+        holder.__class__ = _PerThreadInteractionType
+    elif not isinstance(holder, _PerThreadInteractionType):  # tensordict is pinned: fail loudly if this ever moves
+        raise RuntimeError(f"unexpected interaction-type holder {type(holder).__name__}: prefetch cannot isolate it")
+    _BACKGROUND.interaction_type = mode

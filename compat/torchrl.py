@@ -1,0 +1,110 @@
+"""TorchRL's private API: the state an exact resume must carry, which TorchRL keeps in private attributes with no
+accessor, and two private hooks.
+
+- a ``Collector`` carries the last observations (and recurrent states) between calls in ``_carrier`` and counts in
+  ``_frames`` and ``_iter``; its own ``state_dict`` holds neither the carrier nor the environments' state;
+- a ``MultiStepTransform`` keeps each environment's last n steps in ``_buffer``;
+- a ``ParallelEnv`` signals "step done" through shared flags, ``_shm_done_flags``, which loading a state leaves up;
+- a replay buffer hands its sampler the generator to draw with as ``Sampler._rng``;
+- a ``TensorStorage`` holds its whole preallocated tensordict in ``_storage`` (a benchmark measures its bytes);
+- ``EnvBase._step_proc_data`` completes a step's output (rewards, dones) against the specs.
+
+The resume tests (tests/test_resume.py, tests/test_replay.py, tests/test_parallel.py) fail if any of these changes
+meaning; tests/test_compat.py fails first, when TorchRL's minor version moves or a name is gone.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from tensordict import TensorDictBase
+from torchrl.collectors import Collector
+from torchrl.envs import ParallelEnv, Transform
+
+DISTRIBUTION = "torchrl"
+#: The TorchRL version every function here was written against (tests/test_compat.py: same minor version, any patch).
+WRITTEN_AGAINST = "0.14.1"
+
+#: Every private name used here: (where it lives, the name, the function of this module that uses it).
+PRIVATE_API = (
+    ("torchrl.collectors.Collector", "_carrier", "collector_carrier"),
+    ("torchrl.collectors.Collector", "_frames", "collector_counters, set_collector_counters"),
+    ("torchrl.collectors.Collector", "_iter", "collector_counters, set_collector_counters"),
+    ("torchrl.envs.MultiStepTransform", "_buffer", "multistep_window, set_multistep_window"),
+    ("torchrl.envs.ParallelEnv", "_shm_done_flags", "parallel_env_lower_done_flags"),
+    ("torchrl.data.replay_buffers.samplers.Sampler", "_rng", "sampler_generator"),
+    ("torchrl.data.TensorStorage", "_storage", "storage_contents"),
+    ("torchrl.envs.EnvBase", "_step_proc_data", "StepOutputComplete"),
+)
+
+
+def collector_carrier(collector: Collector) -> TensorDictBase:
+    """The tensordict ``collector`` carries between calls (last observations, recurrent states); update it in place
+    to restore them."""
+    # Collector._carrier (private; torchrl 0.14.1): made in the collector's constructor, never replaced after.
+    carrier = getattr(collector, "_carrier", None)
+    if carrier is None:
+        raise RuntimeError("this torchrl version's Collector has no `_carrier`: exact resume is not supported")
+    return carrier
+
+
+def collector_counters(collector: Collector) -> tuple[int, int]:
+    """``collector``'s frame and batch counters, ``(frames, iterations)``."""
+    # Collector._frames, Collector._iter (private; torchrl 0.14.1).
+    return collector._frames, collector._iter
+
+
+def set_collector_counters(collector: Collector, frames: int, iterations: int) -> None:
+    """Restore the counters :func:`collector_counters` read."""
+    # Collector._frames, Collector._iter (private; torchrl 0.14.1).
+    collector._frames, collector._iter = frames, iterations
+
+
+def multistep_window(transform: Transform) -> TensorDictBase | None:
+    """The last n steps of each environment a ``MultiStepTransform`` holds between calls (None before its first)."""
+    # MultiStepTransform._buffer (private; torchrl 0.14.1).
+    if not hasattr(transform, "_buffer"):
+        raise RuntimeError(f"this torchrl version's {type(transform).__name__} has no `_buffer`: exact resume fails")
+    return transform._buffer
+
+
+def set_multistep_window(transform: Transform, window: TensorDictBase | None) -> None:
+    """Restore the window :func:`multistep_window` read."""
+    multistep_window(transform)  # the same check
+    # MultiStepTransform._buffer (private; torchrl 0.14.1).
+    transform._buffer = window
+
+
+def parallel_env_lower_done_flags(env: ParallelEnv) -> None:
+    """Lower every worker's shared "step done" flag of ``env``.
+
+    TorchRL 0.14's workers raise it after loading a state and nothing lowers it, so the next step would read the
+    workers' buffers before they are written.
+    """
+    # ParallelEnv._shm_done_flags (private; torchrl 0.14.1): one shared byte per worker.
+    for worker in range(env.num_workers):
+        env._shm_done_flags[worker] = 0
+
+
+def sampler_generator(sampler: Any) -> torch.Generator | None:
+    """The generator a replay buffer gave ``sampler`` to draw with (None: the global one), as TorchRL's own samplers
+    read it."""
+    # Sampler._rng (private; torchrl 0.14.1): set by ReplayBuffer.set_rng, None by default.
+    return sampler._rng
+
+
+def storage_contents(storage: Any) -> TensorDictBase:
+    """The whole tensordict a ``TensorStorage`` preallocated (every slot, filled or not), not a copy."""
+    # TensorStorage._storage (private; torchrl 0.14.1).
+    return storage._storage
+
+
+class StepOutputComplete:
+    """Mixin, before ``EnvBase`` in an environment's bases: its ``_step`` output already holds every reward and done
+    entry of the specs, in their shapes and dtypes, so TorchRL's completion pass over it (about 40 µs a step on
+    MettaGrid) is skipped unless type checks are on."""
+
+    # EnvBase._step_proc_data (private; torchrl 0.14.1): called by EnvBase.step on _step's output.
+    def _step_proc_data(self, next_tensordict: TensorDictBase) -> TensorDictBase:
+        return super()._step_proc_data(next_tensordict) if self.run_type_checks else next_tensordict  # type: ignore[misc]
