@@ -78,7 +78,7 @@ def short_snake_fit(config_name: str, *overrides: str):
     """A shipped Snake config (``configs/<config_name>``) run as README runs it, shortened by ``overrides``.
 
     Run it in a temporary folder (``monkeypatch.chdir``): the config's CSV logger writes ``runs/<name>/version_0``
-    there. The torch backend plays the same games as the default C++ kernel (``tests/test_snake_env.py``) without
+    there. The torch backend plays the same games as the default C++ kernel (``tests/envs/test_snake_env.py``) without
     its first-use compilation.
     """
     backend = ("--data.init_args.env.init_args.backend", "torch")

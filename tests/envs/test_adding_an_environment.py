@@ -11,7 +11,7 @@ import torch
 
 from tests import test_env_contract as contract
 from tests.helpers import ROOT
-from tests.test_cli import run_app
+from tests.app.test_cli import run_app
 
 
 def readme_example() -> dict[str, str]:

@@ -116,7 +116,7 @@ def test_a_dead_worker_process_stops_the_run_with_a_clear_error_and_the_last_che
     callbacks.write_text(
         "trainer:\n  callbacks:\n"
         "    - {class_path: callbacks.schedule.FrameCheckpoint, init_args: {every_n_frames: 128}}\n"
-        "    - {class_path: tests.test_metta.KillWorker}\n"
+        "    - {class_path: tests.app.test_metta.KillWorker}\n"
     )
     with pytest.raises(RuntimeError, match=error):
         fit_metta(tmp_path, "--trainer.max_steps=40", *workers, "--config", str(callbacks))

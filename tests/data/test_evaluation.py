@@ -13,7 +13,7 @@ import torch
 from app.cli import build
 from tests.helpers import ROOT, short_snake_fit
 
-# The same games as the default C++ kernel (tests/test_snake_env.py), without its first-use compilation.
+# The same games as the default C++ kernel (tests/envs/test_snake_env.py), without its first-use compilation.
 TORCH_BACKEND = ("--data.init_args.env.init_args.backend", "torch")
 
 

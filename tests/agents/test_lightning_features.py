@@ -47,7 +47,7 @@ def loss_batch(size: int) -> TensorDict:
 
 @pytest.mark.parametrize("cls", [DQN, PPO])
 def test_compiled_and_eager_losses_agree_on_the_same_batch(cls):
-    from tests.test_dqn import SPECS
+    from tests.agents.test_dqn import SPECS
 
     torch.manual_seed(0)
     model = cls(**SPECS, hidden_sizes=[16], compile=True)
@@ -145,7 +145,7 @@ class DumpRankState(pl.Callback):
 def test_ddp_on_cpu_keeps_weights_identical_while_ranks_collect_differently(tmp_path):
     config = chain_config("dqn", tmp_path)
     config["trainer"]["callbacks"].append(
-        {"class_path": "tests.test_lightning_features.DumpRankState", "init_args": {"dirpath": str(tmp_path)}}
+        {"class_path": "tests.agents.test_lightning_features.DumpRankState", "init_args": {"dirpath": str(tmp_path)}}
     )
     path = write_config(config, tmp_path / "c.yaml")
     result = subprocess.run(

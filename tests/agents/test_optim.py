@@ -12,7 +12,7 @@ from torch import nn
 from modules.dqn import DQN
 from modules.optim import FusedAdamStep
 from tests.helpers import chain_config, fit, write_config
-from tests.test_dqn import SPECS
+from tests.agents.test_dqn import SPECS
 
 
 def two_copies() -> tuple[nn.Module, nn.Module]:

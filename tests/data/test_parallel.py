@@ -128,7 +128,7 @@ class ExplodingChainEnv(ChainEnv):
 def test_a_worker_that_raises_stops_the_run_naming_it_and_its_exception_and_the_checkpoint_is_intact(tmp_path):
     config = parallel_config(tmp_path)
     config["data"]["init_args"]["env"] = {
-        "class_path": "tests.test_parallel.ExplodingChainEnv",
+        "class_path": "tests.data.test_parallel.ExplodingChainEnv",
         "init_args": {**CHAIN["init_args"], "explode_after": 60},
     }
     config["trainer"]["max_steps"] = 10_000
@@ -165,7 +165,7 @@ def test_sigterm_saves_and_stops_the_run_and_its_workers_with_the_signals_exit_s
     run = subprocess.Popen(
         [sys.executable, "-m", "app", "fit", "--config", str(path)],
         cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},  # as tests/test_resume.py runs its killed process
+        env={**os.environ, "PYTHONPATH": str(ROOT)},  # as tests/app/test_resume.py runs its killed process
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,

@@ -136,7 +136,7 @@ def test_nan_loss_stops_with_clear_error_and_keeps_last_good_checkpoint(tmp_path
     config = chain_config("dqn", tmp_path)
     config["trainer"]["callbacks"] = [
         {"class_path": "callbacks.schedule.FrameCheckpoint", "init_args": {"every_n_frames": 40}},
-        {"class_path": "tests.test_resume.PoisonWeights"},
+        {"class_path": "tests.app.test_resume.PoisonWeights"},
     ]
     path = write_config(config, tmp_path / "c.yaml")
     with pytest.raises(FloatingPointError, match=r"loss is nan at update 30"):
@@ -174,7 +174,7 @@ def fit_shipped(name: str, runs: Path, *overrides: str):
     args += ["--trainer.log_every_n_steps", "5", "--trainer.enable_progress_bar", "false"]
     # Appended after the overrides, which may replace the whole callback list (`--config preset.yaml`).
     return fit(
-        ROOT / "configs" / f"{name}.yaml", *args, *overrides, "--trainer.callbacks+=tests.test_resume.RecordStart"
+        ROOT / "configs" / f"{name}.yaml", *args, *overrides, "--trainer.callbacks+=tests.app.test_resume.RecordStart"
     )
 
 
@@ -397,7 +397,7 @@ def test_ddp_resume_restores_each_ranks_own_state(tmp_path):
     config = chain_config("dqn", tmp_path / "full")
     config["trainer"]["callbacks"] = [
         {"class_path": "callbacks.schedule.FrameCheckpoint", "init_args": {"every_n_frames": 96, "save_top_k": -1}},
-        {"class_path": "tests.test_resume.DumpRankWeights", "init_args": {"dirpath": str(tmp_path / "full")}},
+        {"class_path": "tests.app.test_resume.DumpRankWeights", "init_args": {"dirpath": str(tmp_path / "full")}},
     ]
     full_config = write_config(config, tmp_path / "full.yaml")
     fit_ddp(full_config, "--trainer.max_steps", "40")

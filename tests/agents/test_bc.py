@@ -84,7 +84,7 @@ def test_resumed_run_ends_with_identical_weights(tmp_path, monkeypatch):
     # last epoch (3), which the uninterrupted one does not: the closed-loop evaluation must leave that stream alone.
     monkeypatch.chdir(tmp_path)
     config = yaml.safe_load(shortened(tmp_path).read_text())
-    config["trainer"]["callbacks"].append({"class_path": "tests.test_bc.DrawsAtFitStart"})
+    config["trainer"]["callbacks"].append({"class_path": "tests.agents.test_bc.DrawsAtFitStart"})
     config = write_config(config, tmp_path / "racing_bc.yaml")
     fit(config, *SHORT_EPISODES, "--trainer.max_epochs", "6", "--trainer.logger.init_args.name", "full")
     fit(config, *SHORT_EPISODES, "--trainer.max_epochs", "3", "--trainer.logger.init_args.name", "half")

@@ -13,8 +13,8 @@ from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
 from datamodules.prioritized import ProportionalSampler
 from datamodules.replay import ReplayDataModule
 from tests.helpers import chain_config, fit, write_config
-from tests.test_dqn import linear_q, make_dqn, transition
-from tests.test_pirl import small_run
+from tests.agents.test_dqn import linear_q, make_dqn, transition
+from tests.agents.test_pirl import small_run
 
 ALPHA, BETA, EPS = 0.7, 0.4, 1e-6
 
@@ -128,7 +128,7 @@ def test_fit_writes_each_updates_td_errors_into_the_slots_it_drew(tmp_path, run)
     else:
         config = chain_config("dqn", tmp_path, **priority)
         config["model"]["init_args"]["compile"] = run.endswith("compiled")
-    config["data"]["class_path"] = "tests.test_prioritized.RecordingReplay"
+    config["data"]["class_path"] = "tests.data.test_prioritized.RecordingReplay"
     cli = fit(write_config(config, tmp_path / "c.yaml"), "--trainer.max_steps", "60")
     data, model = cli.datamodule, cli.model
     batch, weights_before = data.served
@@ -136,7 +136,7 @@ def test_fit_writes_each_updates_td_errors_into_the_slots_it_drew(tmp_path, run)
     assert data.buffer.sampler.beta == 1.0  # risen from 0.4 over 40 updates
 
     # The model's |δ| for the last batch, recomputed eagerly by TorchRL's DQNLoss (squared TD error) with the weights
-    # it was computed with (PIRL's written-out error equals DQNLoss's at discount 1: tests/test_pirl.py).
+    # it was computed with (PIRL's written-out error equals DQNLoss's at discount 1: tests/agents/test_pirl.py).
     model.loss_module.load_state_dict(weights_before)
     recomputed = batch.clone()
     model.loss_module(recomputed)

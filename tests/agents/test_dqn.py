@@ -94,7 +94,7 @@ def test_epsilon_follows_collected_frames_during_training(tmp_path):
 def test_hard_target_sync_happens_exactly_at_the_interval(tmp_path, interval):
     config = chain_config("dqn", tmp_path)
     config["model"]["init_args"].update(target_update="hard", target_update_interval=interval)
-    config["trainer"]["callbacks"].append({"class_path": "tests.test_dqn.RecordTargetSyncs"})
+    config["trainer"]["callbacks"].append({"class_path": "tests.agents.test_dqn.RecordTargetSyncs"})
     cli = fit(write_config(config, tmp_path / "c.yaml"), "--trainer.max_steps", "30")
     recorder = next(cb for cb in cli.trainer.callbacks if isinstance(cb, RecordTargetSyncs))
     assert recorder.synced_at == [step for step in range(1, 31) if step % interval == 0]

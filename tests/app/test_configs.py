@@ -31,7 +31,7 @@ def test_agent_config_instantiates(config, tmp_path, monkeypatch):
 @pytest.mark.parametrize("preset", PRESETS, ids=lambda path: path.name)
 def test_bench_preset_composes_with_its_agent_config(preset, tmp_path, monkeypatch):
     if "accelerator: gpu" in preset.read_text() and not torch.cuda.is_available():
-        pytest.skip("a GPU preset: its trainer needs a GPU (tests/test_presets.py builds it with a CPU trainer)")
+        pytest.skip("a GPU preset: its trainer needs a GPU (tests/app/test_presets.py builds it with a CPU trainer)")
     monkeypatch.chdir(tmp_path)
     # A preset names the agent config it is meant for in its first lines (`--config configs/<agent>.yaml`).
     header = preset.read_text().split("\n", 4)[:4]
