@@ -15,7 +15,7 @@ import inspect
 from jsonargparse import _parameter_resolvers
 
 DISTRIBUTION = "jsonargparse"
-#: The jsonargparse version every function here was written against (tests/test_compat.py: same minor, any patch).
+#: The jsonargparse version every function here was written against (tests/app/test_compat.py: same minor, any patch).
 WRITTEN_AGAINST = "4.53.0"
 
 #: Every private name used here: (where it lives, the name, the function of this module that uses it).

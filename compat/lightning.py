@@ -34,7 +34,7 @@ if TYPE_CHECKING:  # annotations only: importing compat.lightning costs no more 
 T = TypeVar("T")
 
 DISTRIBUTION = "lightning"
-#: The Lightning version every function here was written against (tests/test_compat.py: same minor, any patch).
+#: The Lightning version every function here was written against (tests/app/test_compat.py: same minor, any patch).
 WRITTEN_AGAINST = "2.6.6"
 
 #: Every private name used here: (where it lives, the name, the function or class of this module that uses it).

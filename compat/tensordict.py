@@ -22,7 +22,7 @@ from tensordict.utils import _ContextManager
 from torch.compiler import is_dynamo_compiling
 
 DISTRIBUTION = "tensordict"
-#: The tensordict version every function here was written against (tests/test_compat.py: same minor, any patch).
+#: The tensordict version every function here was written against (tests/app/test_compat.py: same minor, any patch).
 WRITTEN_AGAINST = "0.14.3"
 
 #: Every private name used here: (where it lives, the name, the function of this module that uses it).

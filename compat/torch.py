@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 DISTRIBUTION = "torch"
-#: The torch version every function here was written against (tests/test_compat.py: same minor version, any patch).
+#: The torch version every function here was written against (tests/app/test_compat.py: same minor version, any patch).
 WRITTEN_AGAINST = "2.13.0"
 
 #: Every private name used here: (where it lives, the name, the function of this module that uses it).

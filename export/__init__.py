@@ -7,7 +7,7 @@
 - :mod:`export.loader`: :class:`~export.loader.TracedPolicy`, which verifies every file's sha256 and serves any
   batch size (needs only torch).
 
-Library code: it imports nothing of the app, the agents, the data modules or the callbacks (tests/test_layout.py).
+Library code: it imports nothing of the app, the agents, the data modules or the callbacks (tests/app/test_layout.py).
 :class:`callbacks.export.PolicyExport` runs the export after ``fit``, and ``python -m app export --checkpoint ...``
 (app/export.py) from a checkpoint alone.
 """

@@ -23,7 +23,7 @@ An environment is a TorchRL ``EnvBase`` that steps a whole batch of environments
   positive), ``physics`` (the dynamics a physics-informed loss differentiates) and ``observation_layout`` (how token
   observations decode into a grid). The data module reads them from its throw-away environment and hands them on.
 
-``tests/test_env_contract.py`` checks the contract for every environment in this package; README's "Adding an
+``tests/envs/test_env_contract.py`` checks the contract for every environment in this package; README's "Adding an
 environment" shows a complete one.
 """
 

@@ -9,7 +9,7 @@ import sys
 
 import torch
 
-from tests import test_env_contract as contract
+from tests.envs import test_env_contract as contract
 from tests.helpers import ROOT
 from tests.app.test_cli import run_app
 

@@ -2,7 +2,7 @@
 
 The torch implementation in ``env.py`` is the reference (and the only path on CUDA); this kernel follows it rule
 for rule and draw for draw — the same ring buffer, the same counter-based hash, the same candidate order — so both
-produce identical games (``tests/test_snake_env.py`` checks it). On 4,096 boards the torch path spends its time
+produce identical games (``tests/envs/test_snake_env.py`` checks it). On 4,096 boards the torch path spends its time
 dispatching ~45 small ops per step; here a step is one pass over the boards, split across torch's threads.
 
 The extension is compiled on first use with ``torch.utils.cpp_extension.load_inline`` (ninja and a C++ compiler;
