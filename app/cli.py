@@ -39,7 +39,8 @@ from app.run_folder import (
     resolve_resume,
 )
 from callbacks.progress import RLProgressBar
-from datamodules.base import RLDataModule, rank_state_path
+from datamodules.base import RLDataModule
+from datamodules.checkpoint_files import rank_state_path
 from modules.base import RLModule
 
 # TorchRL announces every storage it allocates at INFO level; keep the console for what the user asked for.
