@@ -43,7 +43,8 @@ from app.stages import run_stage, stage_configs, stage_folder
 from callbacks.progress import RLProgressBar
 from compat.jsonargparse import read_init_of_subclasses
 from compat.lightning import cli_config_get
-from datamodules.base import RLDataModule, rank_state_path
+from datamodules.base import RLDataModule
+from datamodules.checkpoint_files import rank_state_path
 from modules.base import RLModule
 
 # TorchRL announces every storage it allocates at INFO level; keep the console for what the user asked for.

@@ -33,6 +33,8 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.cli import LightningArgumentParser
 from torchrl.envs import EnvBase
 
+from datamodules.collection import MOVED_OPTIONS
+
 #: Environment modules that moved into one sub-package per family: a class path under an old module is refused with
 #: one line naming its new path (``datamodules.envs.snake.SnakeEnv`` → ``datamodules.envs.snake.env.SnakeEnv``).
 MOVED_MODULES: dict[str, str] = {
@@ -51,6 +53,16 @@ MOVED_MODULES: dict[str, str] = {
     "datamodules.envs.nes_compat": "datamodules.envs.mario.nes_compat",
     "datamodules.envs.chain": "datamodules.envs.testing.chain",
     "datamodules.envs.recall": "datamodules.envs.testing.recall",
+}
+
+#: Classes that moved into another module: a class path naming the old one is refused with one line naming the new one
+#: and what else changed (issue 26: collection is the data modules' ``collection`` option).
+MOVED_CLASSES: dict[str, tuple[str, str]] = {
+    "datamodules.parallel.ParallelReplayDataModule": (
+        "datamodules.replay.ReplayDataModule",
+        "; its worker processes are --data.init_args.collection AsyncCollectorWorkers "
+        "--data.init_args.collection.workers N, with --data.init_args.num_envs the workers' environments together",
+    ),
 }
 
 #: Where each kind of nested object is configured, as config keys (each key after the first is inside ``init_args``).
@@ -131,7 +143,9 @@ def _parameters(class_path: str | None) -> list[str]:
 
 
 def moved_class_path(class_path: str) -> str | None:
-    """The new path of a class whose module moved (:data:`MOVED_MODULES`), or None."""
+    """The new path of a class whose module moved (:data:`MOVED_MODULES`, :data:`MOVED_CLASSES`), or None."""
+    if class_path in MOVED_CLASSES:
+        return MOVED_CLASSES[class_path][0]
     module, _, name = class_path.rpartition(".")
     return f"{MOVED_MODULES[module]}.{name}" if module in MOVED_MODULES else None
 
@@ -163,13 +177,19 @@ def parse_error_line(message: str, error: BaseException | None, argv: Sequence[s
         return _one_line(message)
     if moved:
         flag = _name(keys, class_path, argv)
-        return f"{flag}: {moved[0]} moved to {moved[1]}; give {flag} {moved[1]} (or class_path: {moved[1]} in a config)"
+        note = MOVED_CLASSES[moved[0]][1] if moved[0] in MOVED_CLASSES else ""
+        return (
+            f"{flag}: {moved[0]} moved to {moved[1]}; give {flag} {moved[1]} (or class_path: {moved[1]} in a config)"
+            + note
+        )
     reason = _one_line(str(leaf))
     unknown = _UNKNOWN_OPTION.fullmatch(reason)
     expected = _EXPECTED.fullmatch(reason)
     if unknown:
         keys.append(unknown.group(1))
         name = _name(keys, class_path, argv)
+        if keys[:-1] == ["data"] and unknown.group(1) in MOVED_OPTIONS:  # a data-module option from before issue 26
+            return f"{name} moved: {MOVED_OPTIONS[unknown.group(1)]}"
         close = difflib.get_close_matches(unknown.group(1), _parameters(class_path), n=1)
         owner = "" if not class_path or class_path in name else f" of {class_path}"
         if name.startswith(f"--{_LIST_KEY}."):

@@ -277,8 +277,8 @@ def mario(ctx: Context) -> dict:
 
     flags = ["--trainer.max_steps", "1" if ctx.quick else "100000", "--trainer.max_time", ctx.fit_time]
     if ctx.quick:
-        flags += [*QUICK_CPU, "--model.init_args.compile", "false", "--data.init_args.num_workers", "1"]
-        flags += ["--data.init_args.envs_per_worker", "2", "--data.init_args.batch_size", "8"]
+        flags += [*QUICK_CPU, "--model.init_args.compile", "false", "--data.init_args.collection.workers", "1"]
+        flags += ["--data.init_args.num_envs", "2", "--data.init_args.batch_size", "8"]
         flags += ["--data.init_args.buffer_size", "512", "--data.init_args.warmup_frames", "64"]
         flags += ["--model.init_args.accumulate_grad_batches", "1"]
     report = fit(ctx, "mario", ["configs/mario_ddqn.yaml", "configs/bench/gpu_mario.yaml"], flags)

@@ -14,10 +14,11 @@ For each worker count W, in one run:
   training episodes ended. What the workers collect when nothing else runs beside them; against ``fit`` below, what
   the learner costs them.
 - ``fit``: ``python -m app fit --config configs/mario_ddqn.yaml`` in its own process, with
-  ``--data.init_args.num_workers W`` (``--envs-per-worker`` emulators each, default the config's) for ``--seconds``
-  of wall time, the learner training all along once the warm-up frames are in, with the throughput report:
-  experiences (agent steps, 6 emulator frames each) per second and updates per second in its steady state (after the
-  first update: the evaluation environments' start and the warm-up are left out). The learner updates on batches of
+  ``--data.init_args.collection.workers W`` (``--envs-per-worker`` emulators each, default the config's: together
+  ``--data.init_args.num_envs``) for ``--seconds`` of wall time, the learner training all along once the warm-up
+  frames are in, with the throughput report: experiences (agent steps, 6 emulator frames each) per second and
+  updates per second in its steady state (after the first update: the evaluation environments' start and the
+  warm-up are left out). The learner updates on batches of
   ``--batch-size`` without accumulation, so that its updates are frequent enough to frame that window (the shipped
   4 × 512 takes about 13 s per update on this CPU); it runs at a lower priority than the workers either way.
 
@@ -82,11 +83,20 @@ def raw_speed(processes: int, seconds: float) -> float:
     return sum(speeds)
 
 
+def mario_config_envs_per_worker() -> int:
+    """Environments per worker in the shipped config."""
+    import yaml
+
+    data = yaml.safe_load((ROOT / "configs/mario_ddqn.yaml").read_text())["data"]["init_args"]
+    return data["num_envs"] // data["collection"]["init_args"]["workers"]
+
+
 def config_overrides(workers: int, envs_per_worker: int | None, eps: float | None) -> list[str]:
     """The command-line options that set what ``--workers``, ``--envs-per-worker`` and ``--eps`` ask for."""
-    overrides = ["--data.init_args.num_workers", str(workers)]
-    if envs_per_worker is not None:
-        overrides += ["--data.init_args.envs_per_worker", str(envs_per_worker)]
+    overrides = ["--data.init_args.collection.workers", str(workers)]
+    # The config's environments per worker (num_envs is all the workers' environments together).
+    per_worker = envs_per_worker if envs_per_worker is not None else mario_config_envs_per_worker()
+    overrides += ["--data.init_args.num_envs", str(workers * per_worker)]
     if eps is not None:
         overrides += ["--model.init_args.eps_start", str(eps), "--model.init_args.eps_end", str(eps)]
     return overrides

@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 from app.cli import build  # noqa: E402
 from compat.torchrl import storage_contents  # noqa: E402
-from datamodules.base import write_folder_atomically  # noqa: E402
+from datamodules.checkpoint_files import write_folder_atomically  # noqa: E402
 
 MIB = 2**20
 
@@ -42,7 +42,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=300, help="steps of each of the 4 emulators")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    model, data = build([str(ROOT / "configs/mario_ddqn.yaml")], ["--data.init_args.num_workers", "1"])
+    model, data = build([str(ROOT / "configs/mario_ddqn.yaml")], ["--data.init_args.collection.workers", "1"])
     data.setup("fit")
     data.batch_keys = model.batch_keys()
     env = data.make_env(4, seed=0)
@@ -87,7 +87,7 @@ def checkpoint_costs(data) -> dict:
         write_folder_atomically(folder, data._dump_buffer)
         written = time.perf_counter() - start
         size = sum(file.stat().st_size for file in folder.rglob("*") if file.is_file())
-        _, fresh = build([str(ROOT / "configs/mario_ddqn.yaml")], ["--data.init_args.num_workers", "1"])
+        _, fresh = build([str(ROOT / "configs/mario_ddqn.yaml")], ["--data.init_args.collection.workers", "1"])
         fresh.setup("fit")
         start = time.perf_counter()
         fresh._load_buffer(folder)

@@ -33,7 +33,7 @@ def megabytes(td) -> float:
 
 def main() -> None:
     torch.set_num_threads(1)
-    model, data = build([CONFIG], ["--data.init_args.env_workers", "0"])
+    model, data = build([CONFIG], ["--data.init_args.collection", "InProcess"])
     data.setup("fit")
     data.use_env_transform(model.env_transform())
     data.connect(model.policy(), model.postprocess, model.batch_keys())

@@ -10,12 +10,12 @@ has 2 cores):
    (``benchmarks/metta_env_speed.py``): what the wrapper adds to the C++ step.
 2. Collection with the untrained policy of ``configs/metta_ppo.yaml`` (tokens → grid → CNN → LSTM, 192 agents per
    step), ``--collect-batches`` rollouts of its size after one warm-up rollout, through the data module's own
-   collector (``RolloutDataModule.collect``) in its three modes:
-   - ``in-process``: the environments and the policy in this process;
-   - ``env_workers``: the environments split across ``--workers`` processes (TorchRL's ``ParallelEnv``); the policy
-     runs here on the whole batch;
-   - ``collector_workers``: ``--workers`` processes, each with its environments and its own copy of the policy
-     (TorchRL's ``MultiSyncCollector``).
+   collector (``RolloutDataModule.collect``) in its three modes, each a ``collection`` strategy:
+   - ``in-process`` (``InProcess``): the environments and the policy in this process;
+   - ``env_workers`` (``EnvWorkers``): the environments split across ``--workers`` processes (TorchRL's
+     ``ParallelEnv``); the policy runs here on the whole batch;
+   - ``collector_workers`` (``CollectorWorkers``): ``--workers`` processes, each with its environments and its own
+     copy of the policy (TorchRL's ``MultiSyncCollector``).
 3. ``fit``: ``configs/metta_ppo.yaml`` for ``--fit-seconds`` in each of the three modes, each in its own process
    (``python -m app fit``), with its throughput report (collection + learning).
 """
@@ -45,13 +45,15 @@ CONFIG = "configs/metta_ppo.yaml"
 MODES = ("in-process", "env_workers", "collector_workers")
 
 
+#: Each mode's collection strategy (datamodules/collection.py).
+STRATEGIES = {"in-process": "InProcess", "env_workers": "EnvWorkers", "collector_workers": "CollectorWorkers"}
+
+
 def mode_flags(mode: str, workers: int) -> list[str]:
-    """Both worker options, set explicitly: the shipped config's own choice (collector_workers) must not leak into the
-    other modes."""
-    return [
-        *("--data.init_args.env_workers", str(workers if mode == "env_workers" else 0)),
-        *("--data.init_args.collector_workers", str(workers if mode == "collector_workers" else 0)),
-    ]
+    """The mode's collection strategy, set explicitly: the shipped config's own (CollectorWorkers) must not leak into
+    the other modes."""
+    flags = ["--data.init_args.collection", STRATEGIES[mode]]
+    return flags if mode == "in-process" else [*flags, "--data.init_args.collection.workers", str(workers)]
 
 
 def collection(mode: str, workers: int, batches: int, configs: tuple[str, ...] = (CONFIG,), flags: tuple = ()) -> float:
@@ -87,7 +89,7 @@ def fit(mode: str, workers: int, seconds: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--workers", type=int, default=2, help="worker processes of env_workers and collector_workers")
+    parser.add_argument("--workers", type=int, default=2, help="worker processes of EnvWorkers and CollectorWorkers")
     parser.add_argument("--collect-batches", type=int, default=8, help="timed rollouts per collection mode")
     parser.add_argument("--fit-seconds", type=int, default=180, help="length of the training run")
     args = parser.parse_args()

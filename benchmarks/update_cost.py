@@ -235,7 +235,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "fit",
         nargs=argparse.REMAINDER,
-        help="after --: more flags for the fit, e.g. -- --data.init_args.prefetch false",
+        help="after --: more flags for the fit, e.g. -- --data.init_args.collection.prefetch false",
     )
     args = parser.parse_args(argv)
     args.fit = [flag for flag in args.fit if flag != "--"]

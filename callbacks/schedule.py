@@ -20,7 +20,8 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from compat.lightning import ModelCheckpointSteps, is_local_path
-from datamodules.base import TEMPORARY_MARK, RLDataModule, remove_path
+from datamodules.base import RLDataModule
+from datamodules.checkpoint_files import TEMPORARY_MARK, remove_path
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):

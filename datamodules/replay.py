@@ -17,14 +17,8 @@ from torchrl.envs import EnvBase
 
 from compat.tensordict import own_interaction_type
 from compat.torchrl import multistep_window, set_multistep_window
-from datamodules.base import (
-    RLDataModule,
-    beside_path,
-    check_positive,
-    from_plain,
-    to_plain,
-    write_folder_atomically,
-)
+from datamodules.base import RLDataModule, check_positive
+from datamodules.checkpoint_files import beside_path, from_plain, to_plain, write_folder_atomically
 from datamodules.frames import FrameStackStore, ring_capacity
 from datamodules.prioritized import ProportionalSampler
 from datamodules.timing import PhaseTimer
@@ -89,19 +83,25 @@ class ReplayDataModule(RLDataModule):
             per transition instead of two whole stacks.
         frame_capacity: frames that store holds, more than ``buffer_size``; default 1.25 × ``buffer_size``, at least
             ``buffer_size`` + 4,096 (:func:`datamodules.frames.ring_capacity`).
-        prefetch: prepare the next collection's round (collect, write, sample its batches) in a background thread
-            while the model takes this round's updates, so that on a machine with a spare core the update does not
-            wait for the data path; one Lightning step then takes the whole round. The round is collected with a
-            copy of the weights (and ε) taken after the current round's first update, where without prefetch it is
-            collected after the round's last: a lag of one round of updates, the same at every run, so runs stay
-            reproducible and resume exactly. Not with prioritized replay (the next round would be drawn before this
-            round's priorities are written), collector workers (they take the live weights), or models whose update
-            draws random numbers (PIRL, SAC: both threads would draw from the one global generator in an order that
-            varies).
-        **kwargs: the base options (``num_envs``, ``collect_steps``, ``device``, ``seed``, ...).
+        **kwargs: the base options (``num_envs``, ``collect_steps``, ``device``, ``seed``, ``collection``, ...).
+
+    **Prefetch** (``collection: InProcess`` or ``EnvWorkers`` with ``prefetch: true``): the next collection's round
+    (collect, write, sample its batches) is prepared in a background thread while the model takes this round's
+    updates, so that on a machine with a spare core the update does not wait for the data path; one Lightning step
+    then takes the whole round. The round is collected with a copy of the weights (and ε) taken after the current
+    round's first update, where without prefetch it is collected after the round's last: a lag of one round of
+    updates, the same at every run, so runs stay reproducible and resume exactly. Not with prioritized replay (the
+    next round would be drawn before this round's priorities are written), or models whose update draws random
+    numbers from the global generator (SAC: both threads would draw from it in an order that varies). Collector
+    workers take the live weights, so their strategies have no prefetch.
+
+    **Asynchronous collector workers** (``collection: AsyncCollectorWorkers``): the workers' batches are stored as
+    they arrive and the replay ratio is a ceiling (:class:`~datamodules.collection.AsyncCollectorWorkers`); n-step
+    returns are refused (worker batches arrive interleaved).
     """
 
     accepts_store_transform = True
+    accepts_prefetch = True
 
     def __init__(
         self,
@@ -115,7 +115,6 @@ class ReplayDataModule(RLDataModule):
         priority_beta_updates: int = 100_000,
         store_frames_once: bool = False,
         frame_capacity: int | None = None,
-        prefetch: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(env, **kwargs)
@@ -151,17 +150,11 @@ class ReplayDataModule(RLDataModule):
         self._buffer_beside: tuple[int, str] | None = None  # (update, folder) of the buffer just written beside
         self.update_credit = 0.0  # updates earned by collected frames and not yet taken
         self.pending: list[TensorDictBase] | None = None  # batches drawn for the coming updates, served in order
-        if prefetch and priority_alpha > 0:
+        if self.prefetch and priority_alpha > 0:
             raise ValueError(
-                "--data.init_args.prefetch: not with prioritized replay (priority_alpha > 0): the next round would be "
-                "drawn before this round's new priorities are written"
+                "--data.init_args.collection.init_args.prefetch: not with prioritized replay (priority_alpha > 0): the "
+                "next round would be drawn before this round's new priorities are written"
             )
-        if prefetch and self.collector_workers:
-            raise ValueError(
-                "--data.init_args.prefetch and collector_workers: choose one (collector workers take the live weights "
-                "at every batch, which a background round would read while an update writes them)"
-            )
-        self.prefetch = prefetch
         #: the phases of the rounds prepared in the background (the training thread's `collect` is its wait for them)
         self.background_timer = PhaseTimer()
         self._background: ThreadPoolExecutor | None = None
@@ -207,13 +200,26 @@ class ReplayDataModule(RLDataModule):
         """β after ``updates`` updates: ``priority_beta`` rising linearly to 1 over ``priority_beta_updates``."""
         return self.priority_beta + (1.0 - self.priority_beta) * min(updates / self.priority_beta_updates, 1.0)
 
-    def connect(self, policy: TensorDictModuleBase, *args: Any, **kwargs: Any) -> None:
+    def connect(
+        self,
+        policy: TensorDictModuleBase,
+        postprocess: Any = None,
+        batch_keys: Any = None,
+        store_transform: Transform | None = None,
+    ) -> None:
+        if store_transform is not None and self.collection.asynchronous:
+            # TorchRL's MultiStepTransform keeps a window of steps per batch row, and batches of different workers
+            # arrive interleaved: their episodes would be summed together.
+            raise ValueError(
+                "--model.init_args.n_steps: n-step returns need the in-process collection or workers in step with the "
+                "learner (asynchronous worker batches arrive interleaved); use n_steps 1 with AsyncCollectorWorkers"
+            )
         if self.prefetch:
             # The collector acts with a copy, whose weights are set at fixed points (see _start_next_round), never
             # while an update writes them.
             live, policy = policy, copy.deepcopy(policy)
             self._live_params, self._acting_params = TensorDict.from_module(live), TensorDict.from_module(policy)
-        super().connect(policy, *args, **kwargs)
+        super().connect(policy, postprocess, batch_keys, store_transform)
 
     @property
     def batches_ready(self) -> int:
@@ -222,6 +228,8 @@ class ReplayDataModule(RLDataModule):
         return len(self.pending) if self.prefetch and self.pending is not None else 0
 
     def _batches(self) -> Iterator[TensorDictBase]:
+        if self.collection.asynchronous:
+            yield from self._batches_as_delivered()
         while True:
             if self.pending is None:
                 self.pending = self._take_round()
@@ -317,6 +325,61 @@ class ReplayDataModule(RLDataModule):
                 )
             served, self._served_indices = self._served_indices, []
             self.buffer.update_priority(served[0] if len(served) == 1 else torch.cat(served), priority)
+
+    # ------------------------------------------------------------------------ asynchronous collector workers
+    def delivered(self, wait: bool) -> TensorDictBase | None:
+        """The next batch an asynchronous worker delivered (counted in ``frames``, with the frames of batches the
+        feeder dropped); None when none is waiting and ``wait`` is false."""
+        with self.timer.phase("collect"):
+            delivered = self.collection.delivered(wait)
+        if delivered is None:
+            return None
+        batch, dropped_frames = delivered
+        self.frames += batch.numel() + dropped_frames
+        return batch
+
+    def _batches_as_delivered(self) -> Iterator[TensorDictBase]:
+        """The batches of :class:`~datamodules.collection.AsyncCollectorWorkers`: what the workers delivered since the
+        last update goes into the buffer, and one batch is sampled per update, at most one per ``frames_per_update``
+        frames."""
+        while True:
+            # Everything delivered since the last update goes into the buffer; wait only while the buffer is short
+            # of its warm-up or the learner is a whole update ahead of the frames.
+            while True:
+                wait = self.frames < self.warmup_frames or self.update_credit < 1.0
+                batch = self.delivered(wait)
+                if batch is None:
+                    break
+                self.collection.count_episodes(batch, self.episode_metric_keys)
+                with self.timer.phase("buffer_write"):
+                    self._store(batch.to(self.device))
+                if self.frames >= self.warmup_frames:
+                    self.update_credit += batch.numel() / self.frames_per_update
+            # A learner slower than the workers does not owe the updates it could not take: it samples the freshest
+            # buffer instead. (At most one worker batch's worth of updates is kept as credit.)
+            batch_frames = self.collection.batch_frames
+            self.update_credit = min(self.update_credit, max(1.0, batch_frames / self.frames_per_update))
+            if self.prioritized:
+                self.buffer.sampler.beta = self.importance_beta(self.trainer.global_step if self.trainer else 0)
+            with self.timer.phase("sample"):
+                sample = self.buffer.sample(self.batch_size)
+            self.update_credit -= 1.0
+            self.samples += sample.numel()
+            if self.prioritized:
+                self._served_indices.append(sample["index"])
+            yield sample
+
+    def monitor(self) -> dict[str, float]:
+        """With asynchronous collector workers, the seed's monitoring: replay buffer fill, worker batches queued for
+        the buffer and dropped, experiences collected, training episodes ended, and their return and episode metrics
+        (:meth:`~datamodules.collection.AsyncCollectorWorkers.monitor`). Otherwise none."""
+        if not self.collection.asynchronous:
+            return super().monitor()
+        return {
+            "data/buffer": float(len(self.buffer)) if self.buffer is not None else 0.0,
+            **self.collection.monitor(),
+            "data/experiences": float(self.frames),
+        }
 
     def _store(self, batch: TensorDictBase) -> None:
         # Only what the update reads (Snake-DQN: 6 of the 14 collected entries): every entry costs memory and an

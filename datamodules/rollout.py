@@ -9,7 +9,8 @@ import torch
 from tensordict import TensorDictBase
 from torchrl.envs import EnvBase
 
-from datamodules.base import RLDataModule, check_positive, from_plain, to_plain
+from datamodules.base import RLDataModule, check_positive
+from datamodules.checkpoint_files import from_plain, to_plain
 
 
 class RolloutDataModule(RLDataModule):

@@ -240,9 +240,9 @@ class RLModule(pl.LightningModule):
         Trainer driven directly). Subclasses extend it."""
         if getattr(datamodule, "prefetch", False) and self.update_draws_random:
             raise ValueError(
-                f"--data.init_args.prefetch: {type(self).__name__}'s update draws random numbers, and a round "
-                "collected beside it would draw from the same generator in an order that varies, so runs would not "
-                "repeat; use prefetch false"
+                f"--data.init_args.collection.init_args.prefetch: {type(self).__name__}'s update draws random numbers, "
+                "and a round collected beside it would draw from the same generator in an order that varies, so runs "
+                "would not repeat; use prefetch false"
             )
         if self.compile_mode == "cudagraph":
             self._check_cuda_graph(datamodule)

@@ -17,6 +17,10 @@ CHAIN = {"class_path": "datamodules.envs.testing.chain.ChainEnv", "init_args": {
 RECALL = {"class_path": "datamodules.envs.testing.recall.CueRecallEnv", "init_args": {"num_agents": 4, "length": 4}}
 
 
+#: ``collection`` of a replay data module that prepares each round in a background thread.
+PREFETCH = {"class_path": "datamodules.collection.InProcess", "init_args": {"prefetch": True}}
+
+
 def chain_config(agent: str, root: Path, **data: Any) -> dict:
     """A tiny DQN or PPO run on the chain env, or a recurrent PPO one (``recurrent``) on cue recall, writing under
     ``root``; ``data`` overrides data init_args."""

@@ -156,7 +156,10 @@ def test_resumed_vehicle_run_ends_with_identical_weights(tmp_path, prefetch):
         run["trainer"]["callbacks"] = run["trainer"]["callbacks"][:1]  # the checkpoint only
         run["trainer"]["max_steps"] = steps
         run["trainer"]["logger"] = False
-        run["data"]["init_args"]["prefetch"] = prefetch
+        run["data"]["init_args"]["collection"] = {
+            "class_path": "datamodules.collection.InProcess",
+            "init_args": {"prefetch": prefetch},
+        }
         return write_config(run, root.parent / f"{root.name}.yaml")
 
     fit(config(tmp_path / "full", 82))

@@ -78,12 +78,22 @@ def test_print_config_resolves_composed_configs_and_overrides(tmp_path):
         (["--threads", "0"], "--threads must be >= 1, got 0"),
         (["--model.init_args.n_steps", "0"], "--model.init_args.n_steps must be >= 1, got 0"),
         (
-            ["--data.init_args.prefetch", "true", "--data.init_args.priority_alpha", "0.6"],
-            "--data.init_args.prefetch: not with prioritized replay (priority_alpha > 0)",
+            ["--data.init_args.collection.prefetch", "true", "--data.init_args.priority_alpha", "0.6"],
+            "--data.init_args.collection.init_args.prefetch: not with prioritized replay (priority_alpha > 0)",
+        ),
+        (  # prefetch is no option of collector workers: the combination cannot be written
+            ["--data.init_args.collection", "CollectorWorkers", "--data.init_args.collection.workers", "2"]
+            + ["--data.init_args.collection.prefetch", "true"],
+            "--data.init_args.collection.init_args.prefetch is not an option of "
+            "datamodules.collection.CollectorWorkers",
         ),
         (
-            ["--data.init_args.prefetch", "true", "--data.init_args.collector_workers", "2"],
-            "--data.init_args.prefetch and collector_workers: choose one",
+            ["--data.init_args.collection", "EnvWorkers", "--data.init_args.collection.workers", "3"],
+            "--data.init_args.collection.init_args.workers (3) must divide --data.init_args.num_envs (8)",
+        ),
+        (
+            ["--data.init_args.collection", "CollectorWorkers", "--data.init_args.collection.workers", "0"],
+            "--data.init_args.collection.init_args.workers must be >= 1, got 0",
         ),
     ],
 )
@@ -283,9 +293,10 @@ def test_prefetch_is_refused_for_an_update_that_draws_random_numbers(tmp_path):
         for name in ("racing_sac.yaml", "bench/sac_scratch.yaml")
         for arg in ("--config", str(ROOT / "configs" / name))
     ]
-    result = run_app("fit", *paths, "--data.init_args.prefetch", "true", cwd=tmp_path)
+    result = run_app("fit", *paths, "--data.init_args.collection.prefetch", "true", cwd=tmp_path)
     assert_one_error_line(result.returncode, result.stderr, result.stderr.strip().splitlines()[-1][len("error: ") :])
-    assert "--data.init_args.prefetch:" in result.stderr and "draws random numbers" in result.stderr
+    assert "--data.init_args.collection.init_args.prefetch:" in result.stderr
+    assert "draws random numbers" in result.stderr
     assert not (tmp_path / "runs").exists()
 
 
@@ -318,3 +329,42 @@ def test_an_old_environment_class_path_is_one_line_naming_the_new_one(tmp_path, 
     message = f"{flag}: {old} moved to {new}; give {flag} {new} (or class_path: {new} in a config)"
     assert_one_error_line(exited.value.code, capsys.readouterr().err, message)
     assert not (tmp_path / "out").exists()
+
+
+# --------------------------------------------------------------------- collection options that moved (issue 26)
+@pytest.mark.parametrize(
+    ("agent", "old", "value", "new"),
+    [
+        ("ppo", "env_workers", 2, "--data.init_args.collection EnvWorkers --data.init_args.collection.workers N"),
+        ("ppo", "collector_workers", 2, "--data.init_args.collection CollectorWorkers"),
+        ("dqn", "prefetch", True, "--data.init_args.collection.prefetch true"),
+        ("dqn", "num_workers", 2, "--data.init_args.collection AsyncCollectorWorkers"),
+        ("dqn", "envs_per_worker", 8, "--data.init_args.num_envs the workers' environments together"),
+        ("dqn", "collector", "async", "--data.init_args.collection AsyncCollectorWorkers (async) or CollectorWorkers"),
+        ("dqn", "learner_nice", 10, "--data.init_args.collection.learner_nice"),
+    ],
+)
+@pytest.mark.parametrize("where", ["flag", "config"])
+def test_an_old_collection_option_is_one_line_naming_the_new_flag(tmp_path, capsys, agent, old, value, new, where):
+    config = chain_config(agent, tmp_path / "out")
+    args = [f"--data.init_args.{old}", str(value)]
+    if where == "config":  # as a run folder's saved config.yaml from before the move has it
+        config["data"]["init_args"][old] = value
+        args = []
+    with pytest.raises(SystemExit) as exited:
+        main(["fit", "--config", str(write_config(config, tmp_path / "c.yaml")), *args])
+    assert exited.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: --data.init_args.{old} moved: give "), lines
+    assert new in lines[0]
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_removed_parallel_replay_module_names_the_replay_module_and_its_collection():
+    from app.errors import MOVED_CLASSES, moved_class_path
+
+    old = "datamodules.parallel.ParallelReplayDataModule"
+    assert importlib.util.find_spec("datamodules.collection") is not None
+    assert moved_class_path(old) == "datamodules.replay.ReplayDataModule"
+    assert "--data.init_args.collection AsyncCollectorWorkers" in MOVED_CLASSES[old][1]
+    assert not (ROOT / "datamodules/parallel.py").exists()

@@ -124,7 +124,7 @@ def test_bf16_mixed_and_compile_train_the_batch_norm_cnn(tmp_path):
 
 def test_the_shipped_config_trains_with_workers_and_resumes_in_its_run_folder(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    small = ["--data.init_args.num_workers", "1", "--data.init_args.envs_per_worker", "2"]
+    small = ["--data.init_args.collection.workers", "1", "--data.init_args.num_envs", "2"]
     small += ["--data.init_args.batch_size", "8", "--data.init_args.warmup_frames", "64"]
     small += ["--model.init_args.accumulate_grad_batches", "2", "--data.init_args.buffer_size", "2000"]
     small += ["--trainer.enable_progress_bar", "false", "--trainer.log_every_n_steps", "1"]
@@ -133,7 +133,7 @@ def test_the_shipped_config_trains_with_workers_and_resumes_in_its_run_folder(tm
     fit(config, *small, "--trainer.max_steps", "3")
     run = tmp_path / "runs/mario_ddqn/version_0"
     saved = torch.load(run / "checkpoints/last.ckpt", weights_only=True)
-    saved_folder = run / "checkpoints" / saved["ParallelReplayDataModule"]["buffer_folder"]
+    saved_folder = run / "checkpoints" / saved["ReplayDataModule"]["buffer_folder"]
     written = int(TensorDict.load_memmap(saved_folder / "frames")["written"])
     cli = fit(config, *small, "--trainer.max_steps", "5", "--ckpt_path", "last")
     assert cli.trainer.global_step == 5
@@ -147,7 +147,7 @@ def test_the_shipped_config_trains_with_workers_and_resumes_in_its_run_folder(tm
     assert len(steps) == 5 and steps == sorted(set(steps))  # both processes' rows, in one file, once each
     # The buffer, its frame store and the counters carry on from the checkpoint (whether the resumed updates waited
     # for new frames depends on the update credit the checkpoint restored and on when the worker delivers).
-    data, state = cli.datamodule, saved["ParallelReplayDataModule"]
+    data, state = cli.datamodule, saved["ReplayDataModule"]
     assert data.frames >= state["frames"] > 0 and len(data.buffer) == data.frames
     assert data.samples == state["samples"] + 2 * 2 * 8  # 2 updates of 2 accumulated batches of 8
     store = data.buffer._transform[0]
@@ -171,7 +171,11 @@ def test_the_shipped_config_trains_from_the_stage_start_and_evaluates_from_no_op
 @pytest.mark.parametrize(
     ("flag", "value", "message"),
     [
-        ("--data.init_args.num_workers", "0", "--data.init_args.num_workers must be >= 1, got 0"),
+        (
+            "--data.init_args.collection.workers",
+            "0",
+            "--data.init_args.collection.init_args.workers must be >= 1, got 0",
+        ),
         ("--data.init_args.buffer_size", "100", "--data.init_args.batch_size (512) must be <= buffer_size (100)"),
         ("--data.init_args.act_precision", "fp8", "--data.init_args.act_precision must be one of 32, bf16, got 'fp8'"),
         (

@@ -16,6 +16,7 @@ import yaml
 pytest.importorskip("mettagrid", reason='the metta extra: pip install -e ".[metta]"')
 
 from app.cli import main
+from datamodules.collection import CollectorWorkers
 from tests.helpers import ROOT, weights
 
 # configs/metta_ppo.yaml shrunk for a test (2 environments of 4 agents on a small map, 16-step rollouts cut into
@@ -53,8 +54,8 @@ def fit_metta(runs: Path, *overrides: str, config: str = "metta_ppo"):
 # The two kinds of worker processes: environments alone (configs/metta_ultra_fast.yaml, the policy on the learner's
 # device) and environments with a copy of the policy (configs/metta_ppo.yaml, the faster on a CPU).
 WORKERS = [
-    ("--data.init_args.env_workers=2", "--data.init_args.collector_workers=0"),
-    ("--data.init_args.collector_workers=2",),
+    ("--data.init_args.collection=EnvWorkers", "--data.init_args.collection.workers=2"),
+    ("--data.init_args.collection=CollectorWorkers", "--data.init_args.collection.workers=2"),
 ]
 
 
@@ -70,8 +71,9 @@ def test_metta_ppo_trains_logs_and_resumes_exactly_with_its_worker_processes(tmp
         tmp_path / "half", "--trainer.max_steps=24", "--ckpt_path=last", "--seed_everything=123", *workers
     )
 
-    kind = workers[0].split("=")[0].rsplit(".", 1)[1]
-    assert getattr(full.datamodule, kind) == 2 and resumed.trainer.global_step == 24
+    kind = workers[0].split("=")[1]
+    collection = full.datamodule.collection
+    assert type(collection).__name__ == kind and collection.workers == 2 and resumed.trainer.global_step == 24
     run = tmp_path / "half/metta_ppo/version_0"
     assert sorted(path.name for path in run.parent.iterdir()) == ["version_0"]  # continued in its own folder
     a = weights(tmp_path / "full/metta_ppo/version_0/checkpoints/last.ckpt")
@@ -97,7 +99,8 @@ class KillWorker(pl.Callback):
     def on_train_batch_end(self, trainer, *args) -> None:
         if trainer.global_step == 20:
             data = trainer.datamodule
-            worker = data.collector.procs[1] if data.collector_workers else data.collector.env.base_env._workers[1]
+            collector_workers = isinstance(data.collection, CollectorWorkers)
+            worker = data.collector.procs[1] if collector_workers else data.collector.env.base_env._workers[1]
             os.kill(worker.pid, signal.SIGKILL)
 
 
@@ -137,7 +140,7 @@ def test_the_ultra_fast_preset_runs_with_its_batch_geometry(tmp_path):
         "--data.init_args.collect_steps=32",
         "--data.init_args.bptt=32",
         "--data.init_args.minibatch_size=64",
-        "--data.init_args.collector_workers=2",
+        "--data.init_args.collection.workers=2",
         "--model.init_args.lstm_hidden=256",
         "--trainer.max_steps=16",
         config="metta_ultra_fast",
@@ -146,7 +149,7 @@ def test_the_ultra_fast_preset_runs_with_its_batch_geometry(tmp_path):
     assert (data.bptt, data.update_epochs, data.minibatches_per_rollout) == (32, 1, 8)
     assert model.compile_mode is True and model.lstm.lstm.hidden_size == 256
     assert cli.trainer.global_step == 16 and data.frames == 2 * 4 * 4 * 32
-    assert data.collector_workers == 2 and data.env_workers == 0
+    assert isinstance(data.collection, CollectorWorkers) and data.collection.workers == 2
 
 
 def test_the_ultra_fast_preset_ships_the_seeds_geometry_and_schedule():
@@ -190,17 +193,18 @@ def test_the_ultra_fast_preset_ships_the_seeds_geometry_and_schedule():
             "128 frames",
         ),
         (
-            ["--data.init_args.env_workers=3", "--data.init_args.collector_workers=0"],
-            "--data.init_args.env_workers (3) must divide --data.init_args.num_envs (2)",
+            ["--data.init_args.collection=EnvWorkers", "--data.init_args.collection.workers=3"],
+            "--data.init_args.collection.init_args.workers (3) must divide --data.init_args.num_envs (2)",
         ),
         (
-            ["--data.init_args.collector_workers=3"],
-            "--data.init_args.collector_workers (3) must divide --data.init_args.num_envs (2)",
+            ["--data.init_args.collection.workers=3"],
+            "--data.init_args.collection.init_args.workers (3) must divide --data.init_args.num_envs (2)",
         ),
         (
-            ["--data.init_args.collector_workers=2", "--data.init_args.env_workers=2"],
-            "--data.init_args.env_workers and collector_workers: choose one (environments alone in worker processes, "
-            "or environments with a copy of the policy)",
+            ["--data.init_args.collection=AsyncCollectorWorkers", "--data.init_args.collection.workers=2"],
+            "--data.init_args.collection AsyncCollectorWorkers: RolloutDataModule has no replay buffer to feed "
+            "(asynchronous workers need datamodules.replay.ReplayDataModule; CollectorWorkers collects in step with "
+            "the learner)",
         ),
     ],
 )

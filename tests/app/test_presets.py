@@ -143,7 +143,7 @@ def test_gpu_preset_says_why_for_every_setting(preset):
     [
         (["--data.init_args.num_envs", "4096"], "num_envs"),  # what the old generic GPU preset set
         (["--model.init_args.compiled", "true"], "compiled"),  # a misspelt key
-        (["--data.init_args.num_workers", "0"], "num_workers"),  # a value the constructor rejects
+        (["--data.init_args.collection.workers", "0"], "workers must be >= 1"),  # a value the constructor rejects
     ],
 )
 def test_a_refused_setting_fails_the_build(setting, refusal, tmp_path, monkeypatch, capsys):

@@ -16,7 +16,7 @@ import torch
 
 from app.cli import main
 from callbacks.schedule import AtomicCheckpointIO
-from tests.helpers import ROOT, chain_config, fit, saved_replay, weights, write_config
+from tests.helpers import PREFETCH, ROOT, chain_config, fit, saved_replay, weights, write_config
 
 
 @pytest.mark.parametrize("agent", ["dqn", "dqn-3-step", "dqn-prioritized", "dqn-prefetch", "ppo", "recurrent"])
@@ -39,7 +39,7 @@ def test_resumed_run_ends_with_identical_weights(tmp_path, agent):
         if agent == "dqn-prioritized":
             config["data"]["init_args"].update(priority_alpha=0.7, priority_beta=0.4, priority_beta_updates=150)
         if agent == "dqn-prefetch":
-            config["data"]["init_args"]["prefetch"] = True
+            config["data"]["init_args"]["collection"] = PREFETCH
             config["trainer"]["log_every_n_steps"] = 7  # rounds of 4 updates, cut at the logging steps too
         return config
 
@@ -74,7 +74,7 @@ def test_a_run_stopped_by_sigterm_saves_and_resumes_exactly(tmp_path, agent):
     def config(root: Path) -> dict:
         config = chain_config(agent.split("-")[0], root)
         if agent == "dqn-prefetch":
-            config["data"]["init_args"]["prefetch"] = True
+            config["data"]["init_args"]["collection"] = PREFETCH
         config["trainer"]["max_steps"] = 2 * half
         return config
 
@@ -214,7 +214,7 @@ def test_a_step_takes_every_update_a_collection_earns_and_logs_and_resumes_in_up
     # the next collection runs beside them). Steps still end at the logging steps (every 5 updates) and at max_steps,
     # so metrics.csv counts updates as with one update per step, and a resume continues the run in its folder.
     runs, run_dir = tmp_path / "runs", tmp_path / "runs/snake_dqn/version_0"
-    rounds = ("--data.init_args.frames_per_update", "2", "--data.init_args.prefetch", "true")
+    rounds = ("--data.init_args.frames_per_update", "2", "--data.init_args.collection.prefetch", "true")
     cli = fit_shipped("snake_dqn", runs, *rounds, "--trainer.max_steps", "22")
     assert cli.trainer.global_step == 22
     steps_taken = cli.trainer.fit_loop.epoch_loop.batch_progress.total.completed
@@ -264,7 +264,7 @@ import io, sys, time, torch
 from pathlib import Path
 from app.cli import main
 from callbacks.schedule import AtomicCheckpointIO
-from datamodules.base import write_folder_atomically
+from datamodules.checkpoint_files import write_folder_atomically
 
 def write_half_then_hang(write):
     write()

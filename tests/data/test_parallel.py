@@ -1,5 +1,6 @@
-"""Replay fed by collector worker processes (datamodules/parallel.py), on the chain world: real TorchRL
-multi-process collectors and worker processes, a real Lightning loop."""
+"""Replay fed by asynchronous collector worker processes (datamodules/collection.py's AsyncCollectorWorkers) and
+rollouts from workers in step with the learner (CollectorWorkers), on the chain world: real TorchRL multi-process
+collectors and worker processes, a real Lightning loop."""
 
 from __future__ import annotations
 
@@ -16,8 +17,9 @@ from lightning.pytorch.callbacks import Callback
 from tensordict import TensorDict, TensorDictBase
 
 from app.cli import main
+from datamodules.collection import AsyncCollectorWorkers, CollectorWorkers, _Feeder
 from datamodules.envs.testing.chain import ChainEnv
-from datamodules.parallel import ParallelReplayDataModule, _Feeder
+from datamodules.replay import ReplayDataModule
 from modules.dqn import DQN
 from tests.helpers import CHAIN, ROOT, chain_config, fit, saved_replay, weights, write_config
 
@@ -25,10 +27,16 @@ from tests.helpers import CHAIN, ROOT, chain_config, fit, saved_replay, weights,
 def parallel_config(tmp_path, **data) -> dict:
     config = chain_config("dqn", tmp_path)
     init = config["data"]["init_args"]
-    init.pop("num_envs")
-    init.update(num_workers=2, envs_per_worker=2, collect_steps=4, learner_nice=0, **data)
-    config["data"]["class_path"] = "datamodules.parallel.ParallelReplayDataModule"
+    workers = {"class_path": "datamodules.collection.AsyncCollectorWorkers"}
+    workers["init_args"] = {"workers": 2, "learner_nice": 0}
+    init.update(num_envs=4, collect_steps=4, collection=workers, **data)
     return config
+
+
+def async_replay(workers: int, **options) -> ReplayDataModule:
+    """A replay module on the chain world fed by ``workers`` asynchronous workers of 2 environments each."""
+    collection = AsyncCollectorWorkers(workers=workers, learner_nice=0)
+    return ReplayDataModule(ChainEnv, num_envs=2 * workers, collection=collection, **options)
 
 
 def test_the_learner_trains_on_what_the_workers_deliver_and_stores_every_frame(tmp_path):
@@ -49,15 +57,15 @@ def test_the_training_episodes_return_is_each_episodes_own_reward_sum(tmp_path, 
     # The chain pays 1 on reaching its end and nothing else, so an episode's return is 1 if it ended there
     # (terminated) and 0 if it ran out of steps: the workers' RewardSum must restart at every episode.
     ended = {"episodes": 0, "terminated": 0}
-    count = ParallelReplayDataModule._count_episodes
+    count = AsyncCollectorWorkers.count_episodes
 
-    def count_and_check(self, batch):
+    def count_and_check(self, batch, metric_keys):
         done = batch["next", "done"].reshape(-1)
         ended["episodes"] += int(done.sum())
         ended["terminated"] += int(batch["next", "terminated"].reshape(-1)[done].sum())
-        count(self, batch)
+        count(self, batch, metric_keys)
 
-    monkeypatch.setattr(ParallelReplayDataModule, "_count_episodes", count_and_check)
+    monkeypatch.setattr(AsyncCollectorWorkers, "count_episodes", count_and_check)
     config = parallel_config(tmp_path)
     config["trainer"].update(max_steps=80, log_every_n_steps=1000)  # nothing reads the figures before the end
     data = fit(write_config(config, tmp_path / "c.yaml")).datamodule
@@ -68,9 +76,7 @@ def test_the_training_episodes_return_is_each_episodes_own_reward_sum(tmp_path, 
 
 def test_the_learners_weights_reach_the_workers_when_pushed_and_on_a_cpu_at_once(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    data = ParallelReplayDataModule(
-        ChainEnv, num_workers=2, envs_per_worker=2, collect_steps=2, learner_nice=0, warmup_frames=1, batch_size=1
-    )
+    data = async_replay(2, collect_steps=2, warmup_frames=1, batch_size=1)
     model = DQN(data.observation_spec, data.action_spec, hidden_sizes=[8], eps_start=0.0, eps_end=0.0)
     data.setup("fit")
     data.connect(model.policy(), batch_keys=model.batch_keys())
@@ -139,7 +145,7 @@ def test_a_worker_that_raises_stops_the_run_naming_it_and_its_exception_and_the_
     assert message.startswith("collector worker ") and "died: RuntimeError: the emulator exploded, at " in message
     assert "the last checkpoint is intact: continue from it with --ckpt_path last" in message
     checkpoint = torch.load(tmp_path / "checkpoints/last.ckpt", weights_only=True)
-    assert checkpoint["global_step"] > 0 and checkpoint["ParallelReplayDataModule"]["frames"] >= 64
+    assert checkpoint["global_step"] > 0 and checkpoint["ReplayDataModule"]["frames"] >= 64
 
 
 def test_an_error_in_the_learner_stops_the_workers_before_it_leaves_fit(tmp_path):
@@ -183,7 +189,7 @@ def test_sigterm_saves_and_stops_the_run_and_its_workers_with_the_signals_exit_s
     # The run checkpointed where it stopped (its config's own interval is never reached), replay buffer beside.
     saved = torch.load(tmp_path / "checkpoints/last.ckpt", weights_only=True)
     assert saved["global_step"] > 0
-    assert (tmp_path / "checkpoints" / saved["ParallelReplayDataModule"]["buffer_folder"]).is_dir()
+    assert (tmp_path / "checkpoints" / saved["ReplayDataModule"]["buffer_folder"]).is_dir()
     deadline = time.monotonic() + 10  # the group empties once every worker has exited
     while time.monotonic() < deadline:
         try:
@@ -201,13 +207,13 @@ def test_resume_continues_the_buffer_counters_and_weights(tmp_path):
     path = write_config(config, tmp_path / "c.yaml")
     fit(path)
     saved = torch.load(tmp_path / "checkpoints/last.ckpt", weights_only=True)
-    saved_storage, _ = saved_replay(tmp_path / "checkpoints/last.ckpt", saved["ParallelReplayDataModule"])
+    saved_storage, _ = saved_replay(tmp_path / "checkpoints/last.ckpt", saved["ReplayDataModule"])
     before = weights(tmp_path / "checkpoints/last.ckpt")
     cli = fit(path, "--trainer.max_steps", "35", "--ckpt_path", "last")
     data = cli.datamodule
     assert cli.trainer.global_step == 35
     # Frames, samples and the buffer continue from the checkpoint's (the workers start new episodes).
-    state = saved["ParallelReplayDataModule"]
+    state = saved["ReplayDataModule"]
     assert data.samples == state["samples"] + 15 * data.batch_size
     assert data.frames > state["frames"] and len(data.buffer) == data.frames
     stored = saved_storage["observation"][: state["frames"]]
@@ -219,12 +225,16 @@ def test_resume_continues_the_buffer_counters_and_weights(tmp_path):
 @pytest.mark.parametrize(
     ("flag", "value", "message"),
     [
-        ("--data.init_args.num_workers", "0", "--data.init_args.num_workers must be >= 1, got 0"),
+        (
+            "--data.init_args.collection.workers",
+            "0",
+            "--data.init_args.collection.init_args.workers must be >= 1, got 0",
+        ),
         ("--data.init_args.buffer_size", "16", "--data.init_args.batch_size (32) must be <= buffer_size (16)"),
         (
-            "--data.init_args.collector",
-            "eager",
-            "--data.init_args.collector must be one of 'async', 'sync', got 'eager'",
+            "--data.init_args.collection.learner_nice",
+            "-1",
+            "--data.init_args.collection.init_args.learner_nice must be >= 0, got -1",
         ),
     ],
 )
@@ -241,20 +251,20 @@ def test_n_step_returns_are_refused_naming_the_flag(tmp_path):
     # Worker batches arrive interleaved, and TorchRL's n-step window is kept per batch row.
     config = parallel_config(tmp_path)
     config["model"]["init_args"]["n_steps"] = 3
-    with pytest.raises(ValueError, match=r"^--model.init_args.n_steps: n-step returns need the in-process"):
+    with pytest.raises(ValueError, match=r"^--model.init_args.n_steps: n-step returns need the in-process collection"):
         fit(write_config(config, tmp_path / "c.yaml"))
 
 
 def test_monitor_reports_the_buffer_the_queue_and_the_ended_episodes_metrics(tmp_path):
     from tensordict import TensorDict
 
-    data = ParallelReplayDataModule(ChainEnv, num_workers=1, learner_nice=0, warmup_frames=1, batch_size=1)
+    data = async_replay(1, warmup_frames=1, batch_size=1)
     data.episode_metric_keys = ("x_pos",)  # as Mario's env declares it
     done = torch.tensor([[False, True, False], [True, False, True]]).unsqueeze(-1)
     x_pos = torch.tensor([[0.0, 300.0, 0.0], [120.0, 0.0, 90.0]]).unsqueeze(-1)
     returns = torch.tensor([[1.0, 45.0, 0.0], [-3.0, 0.0, 12.0]]).unsqueeze(-1)  # RewardSum's running sums
     batch = TensorDict({"next": {"done": done, "x_pos": x_pos, "episode_reward": returns}}, batch_size=[2, 3])
-    data._count_episodes(batch)
+    data.collection.count_episodes(batch, data.episode_metric_keys)
     figures = data.monitor()
     assert figures["data/episodes"] == 3 and figures["train/x_pos_mean"] == pytest.approx(170.0)
     assert figures["train/return_mean"] == pytest.approx(18.0)  # (45 - 3 + 12) / 3
@@ -270,7 +280,13 @@ def _rollout_workers(tmp_path, monkeypatch, **options):
 
     monkeypatch.chdir(tmp_path)
     data = RolloutDataModule(
-        ChainEnv, num_envs=4, collect_steps=8, minibatch_size=32, collector_workers=2, eval_episodes=1, **options
+        ChainEnv,
+        num_envs=4,
+        collect_steps=8,
+        minibatch_size=32,
+        collection=CollectorWorkers(workers=2),
+        eval_episodes=1,
+        **options,
     )
     torch.manual_seed(0)  # the same untrained network in every call
     model = PPO(data.observation_spec, data.action_spec, hidden_sizes=[8])

@@ -14,7 +14,7 @@ from app.cli import build
 from datamodules.envs.testing.chain import ChainEnv
 from datamodules.replay import _start_background_thread
 from datamodules.rollout import RolloutDataModule
-from tests.helpers import ROOT, chain_config, fit, write_config
+from tests.helpers import PREFETCH, ROOT, chain_config, fit, write_config
 
 
 @pytest.mark.parametrize(
@@ -102,7 +102,7 @@ def test_a_compilation_elsewhere_in_the_process_does_not_derail_a_prefetch_round
     # TorchRL's code consults it. A round being prepared in the prefetch thread meanwhile (the loss recompiles on its
     # second call, right when the first background round starts) must still write the replay buffer as usual and act
     # with its own exploration type, not the "deterministic" a TorchRL loss sets during its forward pass.
-    config = chain_config("dqn", tmp_path, prefetch=True)
+    config = chain_config("dqn", tmp_path, collection=PREFETCH)
     data = fit(write_config(config, tmp_path / "c.yaml"), "--trainer.max_steps", "4").datamodule
     batch = data.buffer.sample(8)
     stored = len(data.buffer)

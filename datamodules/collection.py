@@ -1,0 +1,585 @@
+"""How experience is collected: one strategy object per way, chosen by the data module's ``collection`` option.
+
+- :class:`InProcess` (the default): the environments step in the training process and the policy acts on the whole
+  batch; ``prefetch: true`` prepares the next round in a background thread beside the updates (replay modules).
+- :class:`EnvWorkers`: ``workers`` processes step the environments (TorchRL's ``ParallelEnv``); the policy acts in
+  the training process on the whole batch; ``prefetch`` as above.
+- :class:`CollectorWorkers`: ``workers`` processes, each with its environments and a copy of the policy (TorchRL's
+  ``MultiSyncCollector``), in step with the learner: every batch collected with the latest weights, resumed exactly.
+- :class:`AsyncCollectorWorkers`: ``workers`` processes as above (``MultiAsyncCollector``) that never wait for the
+  learner: a feeder thread queues what they deliver for the replay buffer (emulators: Mario). Replay modules only.
+
+In a config::
+
+    data:
+      init_args:
+        num_envs: 32                # all the workers' environments together
+        collection:
+          class_path: datamodules.collection.CollectorWorkers
+          init_args: {workers: 16}
+
+and on the command line ``--data.init_args.collection CollectorWorkers --data.init_args.collection.workers 16``
+(``--data.init_args.collection.prefetch true`` for the default :class:`InProcess`). What cannot be combined cannot
+be written: prefetch is an option of the two strategies that collect in this process only, and each kind of worker
+is its own strategy. The rest is checked against the data module when it is built (:meth:`Collection.check`).
+
+Each strategy builds its collector (:meth:`Collection.build`), hands out batches (:meth:`Collection.collect`), holds
+what continues its collection exactly (:meth:`Collection.state_dict`), stops its processes and threads
+(:meth:`Collection.teardown`) and turns a dead worker into one error naming it (:meth:`Collection.check_workers_alive`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import threading
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from tensordict import TensorDictBase
+from tensordict.nn import TensorDictModuleBase
+from torchrl.collectors import Collector, MultiAsyncCollector, MultiSyncCollector
+from torchrl.envs import Compose, EnvBase, ParallelEnv, RewardSum
+
+from compat.torchrl import collector_carrier, parallel_env_lower_done_flags
+from datamodules.checkpoint_files import from_plain, to_plain
+from datamodules.workers import (
+    DEAD_WORKER,
+    ResumableCollector,
+    multi_process_collector,
+    stateful_env,
+    worker_death_error,
+    worker_env_factories,
+    workers_log_dir,
+)
+
+if TYPE_CHECKING:
+    from datamodules.base import RLDataModule
+
+FLAG = "--data.init_args.collection"
+
+# AsyncCollectorWorkers' workers step their emulators and act on the CPU whatever the learner's device: a CUDA context
+# per worker costs seconds to start and hundreds of MB each, and their small acting batches gain nothing from a GPU. A
+# learner on a GPU pushes its weights to their shared memory every weight_sync_interval updates; its batches move to
+# it when stored.
+WORKER_DEVICE = torch.device("cpu")
+_POLL_S = 1.0  # how often a waiting learner checks that the workers and the feeder are alive
+
+
+class Collection:
+    """How a data module collects: the base of the strategies (the module docstring lists them).
+
+    A strategy is configured first (its constructor: only its own options), then checked against the data module
+    that owns it (:meth:`check`, in the data module's constructor), then built when the first batch is asked for
+    (:meth:`build`). One strategy object serves one data module.
+    """
+
+    #: prepares the next round in a background thread (:class:`InProcess`, :class:`EnvWorkers` with ``prefetch``)
+    prefetch: bool = False
+    #: delivers batches as workers fill them, beside the learner (:class:`AsyncCollectorWorkers`)
+    asynchronous: bool = False
+
+    def __init__(self) -> None:
+        self.collector: Collector | MultiSyncCollector | MultiAsyncCollector | None = None
+        self._iterator: Any = None
+        self._log_dir: Path | None = None  # collector workers' stderr, under the run's folder
+
+    def __repr__(self) -> str:
+        options = ", ".join(f"{key}={value!r}" for key, value in self._options().items())
+        return f"{type(self).__name__}({options})"
+
+    def _options(self) -> dict[str, Any]:
+        return {}
+
+    # ------------------------------------------------------------------------------------------- lifecycle
+    def check(self, data: RLDataModule) -> None:
+        """Refuse, with one line naming the flag, what this strategy cannot do for ``data`` (before anything runs)."""
+
+    def build(self, data: RLDataModule) -> None:
+        """Build the collector for ``data`` (connected: it has the model's policy)."""
+        raise NotImplementedError
+
+    def collect(self) -> TensorDictBase:
+        """The next collected batch (the training thread, or the prefetch thread)."""
+        try:
+            return next(self._iterator)
+        except Exception as error:
+            self.check_workers_alive(error, self._frames())
+            raise
+
+    def sync_weights(self, device: torch.device) -> None:
+        """Push the learner's weights to the collector's policy, where it does not share them (another device)."""
+        if self.collector.policy_device != device:
+            self.collector.update_policy_weights_()
+
+    def state_dict(self) -> dict[str, Any]:
+        """What continues collection exactly (entries of the data module's state)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` wrote (``state`` is the data module's whole state)."""
+
+    def teardown(self) -> None:
+        """Stop the collector and whatever runs beside it; the strategy can be built again after."""
+        if self.collector is not None:
+            self.collector.shutdown()
+            self.collector = None
+        self._iterator = None
+
+    def check_workers_alive(self, error: BaseException, frames: int) -> None:
+        """Raise one error naming the worker when ``error`` reports a dead worker process. Nothing is saved after it,
+        so the last checkpoint is the one to continue from. (Workers are not restarted: a restarted worker's
+        environments would not continue the episodes the checkpointed run was playing.) Default: no workers."""
+
+    def monitor(self) -> dict[str, float]:
+        """Figures about the collection that the model logs with its losses. Default: none."""
+        return {}
+
+    # ------------------------------------------------------------------------------------------- shared parts
+    _data: RLDataModule | None = None
+
+    def _frames(self) -> int:
+        return self._data.frames if self._data is not None else 0
+
+    def _check_workers(self, data: RLDataModule, workers: int) -> None:
+        if workers < 1:
+            raise ValueError(f"{FLAG}.init_args.workers must be >= 1, got {workers}")
+        if data.num_envs % workers:
+            raise ValueError(
+                f"{FLAG}.init_args.workers ({workers}) must divide --data.init_args.num_envs ({data.num_envs})"
+            )
+
+    def _in_process_collector(self, data: RLDataModule, env: EnvBase) -> None:
+        self._data = data
+        self.collector = Collector(
+            env,
+            data.policy,
+            frames_per_batch=data.frames_per_batch,
+            total_frames=-1,
+            device=data.device,
+            policy_device=data.device,  # the model's own device: the collector then runs the policy in place
+            trust_policy=True,
+            track_traj_ids=False,
+            auto_register_policy_transforms=False,
+        )
+        self._iterator = iter(self.collector)
+
+    def _in_process_state(self) -> dict[str, Any]:
+        return {
+            "env": dict(stateful_env(self.collector.env).state_dict()),
+            "carrier": to_plain(collector_carrier(self.collector).exclude("collector")),
+        }
+
+    def _load_in_process_state(self, state: dict[str, Any]) -> None:
+        if "env" not in state:
+            return
+        env = stateful_env(self.collector.env)
+        env.load_state_dict(state["env"])
+        if isinstance(env, ParallelEnv):
+            # TorchRL 0.14's workers raise their shared "step done" flag after loading a state and nothing lowers
+            # it, so the next step would read the workers' buffers before they are written (the ParallelEnv resume
+            # test fails if this moves).
+            parallel_env_lower_done_flags(env)
+        # The collector carries the last observations (and recurrent states) between calls; with them restored
+        # too, collection continues exactly where the checkpointed run stood.
+        carrier = from_plain(state["carrier"], batch_dims=1, device=self.collector.env.device)
+        collector_carrier(self.collector).update(carrier)
+
+
+class InProcess(Collection):
+    """The environments step in the training process and the policy acts on the whole batch (the default).
+
+    Args:
+        prefetch: prepare the next collection's round (collect, write, draw the batches of the updates it earns) in a
+            background thread while the model takes this round's updates (replay data modules only; see
+            :class:`~datamodules.replay.ReplayDataModule`). The round acts with a copy of the weights taken after
+            the current round's first update, the same in every run, so runs repeat and resume exactly.
+    """
+
+    def __init__(self, prefetch: bool = False) -> None:
+        super().__init__()
+        self.prefetch = prefetch
+
+    def _options(self) -> dict[str, Any]:
+        return {"prefetch": self.prefetch} if self.prefetch else {}
+
+    def build(self, data: RLDataModule) -> None:
+        self._in_process_collector(data, data.make_env(data.num_envs, data.rank_seed))
+
+    def state_dict(self) -> dict[str, Any]:
+        return self._in_process_state()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._load_in_process_state(state)
+
+
+class EnvWorkers(Collection):
+    """The training environments step in ``workers`` processes (TorchRL's ``ParallelEnv``, one thread each,
+    ``num_envs / workers`` environments per worker, seeded as one batch would be); the policy acts in the training
+    process on the whole batch (on the trainer's GPU, if any). For environments whose step holds the GIL (C++
+    simulators such as MettaGrid). Evaluation environments stay in the training process. Resumes exactly.
+
+    Args:
+        workers: environment worker processes; must divide ``num_envs``.
+        prefetch: as :class:`InProcess`'s.
+    """
+
+    def __init__(self, workers: int, prefetch: bool = False) -> None:
+        super().__init__()
+        self.workers, self.prefetch = workers, prefetch
+
+    def _options(self) -> dict[str, Any]:
+        return {"workers": self.workers, **({"prefetch": True} if self.prefetch else {})}
+
+    def check(self, data: RLDataModule) -> None:
+        self._check_workers(data, self.workers)
+
+    def build(self, data: RLDataModule) -> None:
+        # Worker w runs environments w * num_envs / workers ... of the batch with their own seeds, so the batch plays
+        # what one in-process batch would.
+        per_worker, seed = data.num_envs // self.workers, data.rank_seed
+        env = ParallelEnv(
+            self.workers,
+            [
+                partial(
+                    data._env_class,
+                    num_envs=per_worker,
+                    seed=seed + w * per_worker,
+                    device=data.device,
+                    **data._env_options,
+                )
+                for w in range(self.workers)
+            ],
+            num_threads=torch.get_num_threads(),  # ParallelEnv would otherwise change this process's threads
+            num_sub_threads=1,
+        )
+        self._in_process_collector(data, data.with_env_transform(env))
+
+    def state_dict(self) -> dict[str, Any]:
+        return self._in_process_state()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._load_in_process_state(state)
+
+    def check_workers_alive(self, error: BaseException, frames: int) -> None:
+        # TorchRL's ParallelEnv notices the death, closes its workers and raises "worker i (exit code c)" somewhere
+        # in the exception chain; that is what is matched.
+        while error is not None:
+            found = DEAD_WORKER.search(str(error))
+            if found:
+                raise RuntimeError(
+                    f"environment worker process died: {found.group(0)}, at {frames:,} frames; training stopped "
+                    "without saving, so the last checkpoint is intact: continue from it with --ckpt_path last"
+                ) from error
+            error = error.__cause__ or error.__context__
+
+
+class CollectorWorkers(Collection):
+    """``workers`` processes, each with its own ``num_envs / workers`` environments and its own copy of the policy
+    (TorchRL's ``MultiSyncCollector``, one thread each), in step with the learner: the latest weights reach them
+    through shared memory before every batch, so the data stays on-policy, and a batch is all workers' environments
+    in the order of one in-process batch. Each worker's generator is seeded from its environments' seed. Resumes
+    exactly: the checkpoint holds each worker's environments, carried observations (and recurrent states) and
+    generator. Each worker's stderr is kept in ``<run>/collector_workers/worker<i>.log``.
+
+    Args:
+        workers: collector worker processes; must divide ``num_envs``.
+    """
+
+    def __init__(self, workers: int) -> None:
+        super().__init__()
+        self.workers = workers
+
+    def _options(self) -> dict[str, Any]:
+        return {"workers": self.workers}
+
+    def check(self, data: RLDataModule) -> None:
+        self._check_workers(data, self.workers)
+
+    def build(self, data: RLDataModule) -> None:
+        self._data = data
+        self._log_dir = workers_log_dir(data.trainer)
+        self.collector = multi_process_collector(
+            MultiSyncCollector,
+            worker_env_factories(
+                self._log_dir,
+                data._env_class,
+                data._env_options,
+                data.env_transform,
+                self.workers,
+                data.num_envs // self.workers,
+                data.rank_seed,
+                data.device,
+            ),
+            data.policy,
+            data.frames_per_batch,
+            data.device,
+            collector_class=ResumableCollector,
+            cat_results=0,  # [num_envs, ...]: the workers' environments in the order of one in-process batch
+            use_buffers=True,  # each worker writes its batch into shared memory (TorchRL's default, said)
+            update_at_each_batch=True,  # the latest weights before every batch: on-policy data, fewest pushes
+        )
+        self._iterator = iter(self.collector)
+
+    def sync_weights(self, device: torch.device) -> None:
+        """Nothing: the workers get the latest weights before each batch (``update_at_each_batch``)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"workers": self.collector.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if "workers" in state:
+            self.collector.load_state_dict(state["workers"])
+
+    def check_workers_alive(self, error: BaseException, frames: int) -> None:
+        death = worker_death_error(error, self._log_dir, frames)
+        if death is not None:
+            raise death from error
+
+
+class AsyncCollectorWorkers(Collection):
+    """``workers`` processes, each stepping ``num_envs / workers`` environments with its own copy of the policy, one
+    thread each (TorchRL's ``MultiAsyncCollector``), that never wait for the learner: for environments that cost
+    milliseconds a step (emulators). Replay data modules only.
+
+    A feeder thread in the training process takes their batches as they arrive and queues them (the seed's "a queue
+    per collector, merged by a consolidation thread"); before each update the learner moves every queued batch into
+    the replay buffer. The replay ratio is then a ceiling: at most one batch per ``frames_per_update`` frames (a
+    learner faster than collection waits; a slower one samples the freshest buffer and never holds the workers up).
+    The queue holds at most a replay buffer's worth of transitions: a learner so far behind that more are waiting
+    would overwrite the oldest of them in the buffer before it could sample them, so the feeder drops those oldest
+    batches instead (counted in ``data/dropped``, and in the frame counter: they were collected).
+
+    The workers act on the CPU whatever the learner's device; with the learner on a CPU its parameters themselves
+    live in shared memory, so every update reaches them at once; with the learner on a GPU the weights are copied
+    to them every ``weight_sync_interval`` updates. Each worker's environments sum their episodes' rewards (TorchRL's
+    ``RewardSum``), which :meth:`monitor` reports with the environment's episode metrics.
+
+    **Resume** restores the replay buffer, the frame and update counters and the learner's RNG, not the workers'
+    episodes: a resumed run's workers start new episodes (the order in which asynchronous workers deliver is not
+    reproducible anyway; the other strategies resume exactly).
+
+    Args:
+        workers: collector worker processes; must divide ``num_envs``.
+        learner_nice: the training thread's niceness while the workers run (restored at the end), so that on a
+            machine without a spare core the learner takes only the CPU time the collectors leave (they must never
+            wait for it: the seed's rule). Linux gives each thread its own priority, so the workers and the feeder,
+            started before, keep theirs. 0: leave it.
+    """
+
+    asynchronous = True
+
+    def __init__(self, workers: int, learner_nice: int = 10) -> None:
+        super().__init__()
+        self.workers, self.learner_nice = workers, learner_nice
+        self._feeder: _Feeder | None = None
+        self._learner_priority: int | None = None  # the training thread's niceness before collection started
+        self._episodes_ended, self._episodes_reported = 0, 0  # training episodes that ended, for monitor()
+        self._episode_sums: dict[str, float] = {}
+
+    def _options(self) -> dict[str, Any]:
+        return {"workers": self.workers, "learner_nice": self.learner_nice}
+
+    def check(self, data: RLDataModule) -> None:
+        self._check_workers(data, self.workers)
+        if self.learner_nice < 0:
+            raise ValueError(f"{FLAG}.init_args.learner_nice must be >= 0, got {self.learner_nice}")
+        if not getattr(data, "accepts_store_transform", False):
+            raise ValueError(
+                f"{FLAG} AsyncCollectorWorkers: {type(data).__name__} has no replay buffer to feed (asynchronous "
+                "workers need datamodules.replay.ReplayDataModule; CollectorWorkers collects in step with the learner)"
+            )
+
+    @property
+    def envs_per_worker(self) -> int:
+        return self._data.num_envs // self.workers
+
+    @property
+    def batch_frames(self) -> int:
+        """Frames of one worker's batch."""
+        return self.envs_per_worker * self._data.collect_steps * self._data.agents_per_env
+
+    def build(self, data: RLDataModule) -> None:
+        self._data = data
+        self._log_dir = workers_log_dir(data.trainer)
+        # Each worker's environments sum their episodes' rewards (TorchRL's RewardSum): the training episodes' return,
+        # which monitor() reports with their other metrics.
+        episode_return = RewardSum()
+        transform = (
+            episode_return if data.env_transform is None else Compose(data.env_transform.clone(), episode_return)
+        )
+        make_envs = worker_env_factories(
+            self._log_dir,
+            data._env_class,
+            data._env_options,
+            transform,
+            self.workers,
+            self.envs_per_worker,
+            data.rank_seed,
+            WORKER_DEVICE,
+        )
+        self.collector = multi_process_collector(
+            MultiAsyncCollector,
+            make_envs,
+            data.policy,
+            frames_per_batch=self.envs_per_worker * data.collect_steps,
+            device=WORKER_DEVICE,
+        )
+        self._feeder = _Feeder(self.collector, max_batches=-(-data.buffer_size // self.batch_frames))
+        self._feeder.start()
+        if self.learner_nice:  # after the workers and the feeder started: they keep the priority they had
+            self._learner_priority = os.getpriority(os.PRIO_PROCESS, 0)  # Linux: this thread's
+            os.setpriority(os.PRIO_PROCESS, 0, max(self._learner_priority, self.learner_nice))
+
+    def collect(self) -> TensorDictBase:
+        raise RuntimeError("AsyncCollectorWorkers delivers batches as the workers fill them: use delivered()")
+
+    def delivered(self, wait: bool) -> tuple[TensorDictBase, int] | None:
+        """The next batch a worker delivered, shaped ``[num_envs / workers, collect_steps]``, and the frames of the
+        batches dropped since the last call; None when none is waiting and ``wait`` is false."""
+        while True:
+            try:
+                item = self._feeder.batches.get(timeout=_POLL_S if wait else 0)
+                break
+            except queue.Empty:
+                if not wait:
+                    return None
+                if not self._feeder.is_alive():
+                    raise RuntimeError("the collector feeder thread stopped without a word") from None
+        if isinstance(item, BaseException):
+            self.check_workers_alive(item, self._frames())
+            # not a death TorchRL reported: the feeder's own error, as it is
+            raise RuntimeError(f"collecting from the workers failed: {item}") from item
+        return item, self._feeder.take_dropped_frames()
+
+    def sync_weights(self, device: torch.device) -> None:
+        self.collector.update_policy_weights_()
+
+    @property
+    def queued_batches(self) -> int:
+        """Worker batches delivered and not yet in the replay buffer."""
+        return 0 if self._feeder is None else self._feeder.batches.qsize()
+
+    def count_episodes(self, batch: TensorDictBase, metric_keys: tuple[str, ...]) -> None:
+        """Add the training episodes that ended in ``batch`` to the figures :meth:`monitor` reports (their episode
+        metrics, e.g. Mario's ``x_pos``, which the environment writes on an episode's last step)."""
+        done = batch.get(("next", "done")).reshape(-1)
+        ended = int(done.sum())
+        if ended:
+            for key, name in (("episode_reward", "return"), *((key, key) for key in metric_keys)):
+                self._episode_sums[name] = self._episode_sums.get(name, 0.0) + float(
+                    batch.get(("next", key)).reshape(-1)[done].sum()
+                )
+        self._episodes_ended += ended
+
+    def monitor(self) -> dict[str, float]:
+        """Worker batches queued for the buffer and dropped, training episodes ended, and their return and episode
+        metrics (means over those ended since the last report: ``train/return_mean``, e.g. ``train/x_pos_mean``)."""
+        figures = {
+            "data/queued_batches": float(self.queued_batches),
+            "data/dropped": float(self._feeder.dropped_batches) if self._feeder is not None else 0.0,
+        }
+        ended = self._episodes_ended - self._episodes_reported
+        if ended:
+            figures.update({f"train/{key}_mean": total / ended for key, total in self._episode_sums.items()})
+        figures["data/episodes"] = float(self._episodes_ended)
+        self._episodes_reported, self._episode_sums = self._episodes_ended, {}
+        return figures
+
+    def teardown(self) -> None:
+        if self._feeder is not None:
+            self._feeder.stopping = True
+        super().teardown()  # shuts the collector down, which ends the feeder
+        if self._feeder is not None:
+            self._feeder.join(timeout=5 * _POLL_S)
+            self._feeder = None
+        if self._learner_priority is not None:
+            with contextlib.suppress(PermissionError):  # only a privileged user may lower a niceness again
+                os.setpriority(os.PRIO_PROCESS, 0, self._learner_priority)
+            self._learner_priority = None
+
+    def check_workers_alive(self, error: BaseException, frames: int) -> None:
+        death = worker_death_error(error, self._log_dir, frames)
+        if death is not None:
+            raise death from error
+
+
+class _Feeder(threading.Thread):
+    """Iterates the multi-process collector (each ``next`` also tells the delivering worker to go on) and queues what
+    arrives, or the exception that ended it, for the learner; beyond ``max_batches`` waiting, the oldest is dropped."""
+
+    def __init__(self, collector: Any, max_batches: int) -> None:
+        super().__init__(name="collector-feeder", daemon=True)
+        self.collector, self.max_batches = collector, max_batches
+        self.batches: queue.Queue = queue.Queue()
+        self.stopping = False  # set before shutting the collector down: what breaks then is not an error
+        self.dropped_batches = 0
+        self._dropped_frames = 0  # not yet added to the learner's frame counter
+        self._lock = threading.Lock()
+
+    def run(self) -> None:
+        try:
+            for batch in self.collector:
+                while self.batches.qsize() >= self.max_batches:  # only batches are queued before an exception
+                    try:
+                        oldest = self.batches.get_nowait()
+                    except queue.Empty:
+                        break
+                    with self._lock:
+                        self.dropped_batches += 1
+                        self._dropped_frames += oldest.numel()
+                self.batches.put(batch)
+        except BaseException as error:  # noqa: BLE001 - handed to the learner, which raises it with context
+            if not self.stopping:
+                self.batches.put(error)
+
+    def take_dropped_frames(self) -> int:
+        """Frames of the batches dropped since the last call."""
+        with self._lock:
+            frames, self._dropped_frames = self._dropped_frames, 0
+        return frames
+
+
+#: ``act_precision`` values and the autocast dtype each acts in (None: no autocast).
+ACT_DTYPES: dict[str, torch.dtype | None] = {"32": None, "bf16": torch.bfloat16}
+
+
+class AutocastPolicy(TensorDictModuleBase):
+    """Runs ``policy`` under ``torch.autocast(device_type, dtype)``; the floating-point entries it writes come back in
+    float32, so collected batches keep the dtypes the update expects. The weights stay ``policy``'s own (float32,
+    shared with the learner as before); autocast casts them per call."""
+
+    def __init__(self, policy: TensorDictModuleBase, device_type: str, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.policy, self.device_type, self.dtype = policy, device_type, dtype
+        self.in_keys, self.out_keys = policy.in_keys, policy.out_keys
+
+    def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+        with torch.autocast(self.device_type, dtype=self.dtype):
+            out = self.policy(tensordict)
+        for key in self.out_keys:
+            value = out.get(key, None)
+            if isinstance(value, torch.Tensor) and value.dtype == self.dtype:
+                out.set(key, value.float())
+        return out
+
+
+#: An old option of the data modules, and the line that says where it went (``app/errors.py`` prints it).
+MOVED_OPTIONS: dict[str, str] = {
+    "env_workers": f"give {FLAG} EnvWorkers {FLAG}.workers N "
+    "(collection: {class_path: datamodules.collection.EnvWorkers, init_args: {workers: N}} in a config)",
+    "collector_workers": f"give {FLAG} CollectorWorkers {FLAG}.workers N "
+    "(collection: {class_path: datamodules.collection.CollectorWorkers, init_args: {workers: N}} in a config)",
+    "prefetch": f"give {FLAG}.prefetch true (collection: {{class_path: datamodules.collection.InProcess, init_args: "
+    "{prefetch: true}} in a config; EnvWorkers takes it too)",
+    "num_workers": f"give {FLAG} AsyncCollectorWorkers {FLAG}.workers N (collection: {{class_path: "
+    "datamodules.collection.AsyncCollectorWorkers, init_args: {workers: N}} in a config), with "
+    "--data.init_args.num_envs the workers' environments together",
+    "envs_per_worker": "give --data.init_args.num_envs the workers' environments together (workers x environments "
+    f"per worker), with {FLAG}.workers the workers",
+    "collector": f"give {FLAG} AsyncCollectorWorkers (async) or CollectorWorkers (sync: in step with the learner)",
+    "learner_nice": f"give {FLAG}.learner_nice (an option of datamodules.collection.AsyncCollectorWorkers)",
+}

@@ -1,0 +1,122 @@
+"""Greedy and random-policy evaluation: one episode per evaluation environment, always from the same seeds.
+
+:class:`Evaluation` is a part of every :class:`~datamodules.base.RLDataModule` (a base class of it): the evaluation
+environments take the training environment's options, except those in the data module's ``eval_env_options``, and
+seeds offset from the training ones so that they never replay a training episode.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from tensordict import TensorDictBase
+from torchrl.collectors import RandomPolicy
+from torchrl.envs import EnvBase
+from torchrl.envs.utils import ExplorationType, set_exploration_type, step_mdp
+
+# Seeds of the evaluation environments are offset so they never replay a training episode.
+EVAL_SEED_OFFSET = 1_000_003
+
+
+@contextmanager
+def fixed_seed(seed: int, device: torch.device) -> Iterator[None]:
+    """Draw from the global generators (CPU, and ``device`` when it is a GPU) seeded with ``seed``, then put them back.
+
+    For measurements that must be repeatable and must not move the training run's random stream (an exact resume
+    replays that stream).
+    """
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(seed)
+        yield
+
+
+class Evaluation:
+    """Evaluation episodes of a data module: what it needs is its ``make_env``, ``seed``, ``eval_episodes``,
+    ``eval_env_options``, ``episode_metric_keys`` and ``episode_metric_over``, and its ``settle`` (collection running
+    off the training thread must not draw from the global generator while an evaluation seeds it)."""
+
+    _eval_env: EnvBase | None = None
+
+    @torch.no_grad()
+    def evaluate(
+        self,
+        policy: Callable[[TensorDictBase], TensorDictBase],
+        episodes: int | None = None,
+    ) -> dict[str, float]:
+        """Play one episode of ``policy`` in each of ``episodes`` evaluation environments, always from the same seeds.
+
+        Returns ``return_mean``, ``length_mean`` and ``<key>_mean`` for each of the env's ``episode_metric_keys``
+        (for Snake, ``food_mean``: food eaten per game). A key the env's ``episode_metric_over`` maps to another is
+        averaged over the episodes where that one is positive (racing: ``lap_time_mean`` over the episodes that
+        completed a lap; NaN if none did). Policies with exploration act deterministically here.
+
+        In a multi-agent environment an episode is one environment's, and every figure is per agent: ``return_mean``
+        is the mean over its agents of each agent's return; the episode lasts until all its agents are done.
+        """
+        self.settle()  # nothing else may draw from the global generator while an evaluation seeds it
+        env = self._evaluation_env(episodes)
+        episodes = env.batch_size[0]
+        sums = {key: torch.zeros(episodes, device=env.device) for key in ("reward", *self.episode_metric_keys)}
+        length = torch.zeros(episodes, device=env.device)
+        running = torch.ones(episodes, dtype=torch.bool, device=env.device)
+        td = env.reset()
+        with set_exploration_type(ExplorationType.DETERMINISTIC):
+            while bool(running.any()):
+                td = env.step(policy(td))
+                for key, total in sums.items():
+                    total += td["next", key].reshape(episodes, -1).mean(-1) * running
+                length += running
+                running &= ~td["next", "done"].reshape(episodes, -1).all(-1)
+                td = step_mdp(td)
+        metrics = {
+            "return_mean": sums.pop("reward").mean().item(),
+            "length_mean": length.mean().item(),
+        }
+        for key, total in sums.items():
+            counted = sums[self.episode_metric_over[key]] > 0 if key in self.episode_metric_over else None
+            if counted is None:
+                metrics[f"{key}_mean"] = total.mean().item()
+            else:  # NaN when no episode counts: a missing point of the curve, not a zero
+                metrics[f"{key}_mean"] = total[counted].mean().item() if bool(counted.any()) else float("nan")
+        return metrics
+
+    def evaluate_random(self, episodes: int | None = None) -> dict[str, float]:
+        """:meth:`evaluate` with uniformly random actions (TorchRL's ``RandomPolicy`` over the action spec).
+
+        The baseline a learned policy is measured against: same boards, same metrics. The actions are drawn from a
+        generator seeded like the boards, so the figure is the same at every call, and the training run's own random
+        stream is left where it was.
+        """
+        self.settle()
+        env = self._evaluation_env(episodes)
+        with fixed_seed(self.seed + EVAL_SEED_OFFSET, env.device):
+            return self.evaluate(RandomPolicy(env.action_spec), episodes)
+
+    def _evaluation_env(self, episodes: int | None) -> EnvBase:
+        """One environment per episode, reset to the same start states at every evaluation."""
+        episodes = episodes or self.eval_episodes
+        if self._eval_env is None or self._eval_env.batch_size[0] != episodes:
+            self._eval_env = self.make_env(episodes, self.seed + EVAL_SEED_OFFSET, options=self.eval_env_options)
+        self._eval_env.set_seed(self.seed + EVAL_SEED_OFFSET)
+        return self._eval_env
+
+    def close_evaluation_env(self) -> None:
+        """Close the evaluation environments (rebuilt at the next evaluation)."""
+        if self._eval_env is not None:
+            self._eval_env.close()
+            self._eval_env = None
+
+    # Provided by the data module.
+    seed: int
+    eval_episodes: int
+    eval_env_options: dict[str, Any]
+    episode_metric_keys: tuple[str, ...]
+    episode_metric_over: dict[str, str]
+
+    def settle(self) -> None: ...
+
+    def make_env(self, num_envs: int, seed: int, options: dict[str, Any] | None = None) -> EnvBase:
+        raise NotImplementedError
