@@ -8,8 +8,8 @@
 
 Each module names its distribution (``DISTRIBUTION``), the version it was written against (``WRITTEN_AGAINST``) and
 every private name it uses (``PRIVATE_API``: where it lives, the name, the function here that uses it). Each function
-holds the private access, with a comment naming the attribute and the version. ``tests/app/test_compat.py`` fails when an
-installed version's minor version moves away from ``WRITTEN_AGAINST`` (naming the functions to re-check) or a name in
+holds the private access, with a comment naming the attribute and the version. ``tests/app/test_compat.py`` fails when
+an installed version's minor version moves away from ``WRITTEN_AGAINST`` (naming the functions to re-check) or a name in
 ``PRIVATE_API`` is gone, and asserts that no code outside this package uses these dependencies' private API.
 
 Nothing here imports the project's own packages, and this file imports nothing: the export loader, which needs only

@@ -9,8 +9,8 @@ accessor, and two private hooks.
 - a ``TensorStorage`` holds its whole preallocated tensordict in ``_storage`` (a benchmark measures its bytes);
 - ``EnvBase._step_proc_data`` completes a step's output (rewards, dones) against the specs.
 
-The resume tests (tests/app/test_resume.py, tests/data/test_replay.py, tests/data/test_parallel.py) fail if any of these changes
-meaning; tests/app/test_compat.py fails first, when TorchRL's minor version moves or a name is gone.
+The resume tests (tests/app/test_resume.py, tests/data/test_replay.py, tests/data/test_parallel.py) fail if any of
+these changes meaning; tests/app/test_compat.py fails first, when TorchRL's minor version moves or a name is gone.
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ from torchrl.collectors import Collector
 from torchrl.envs import ParallelEnv, Transform
 
 DISTRIBUTION = "torchrl"
-#: The TorchRL version every function here was written against (tests/app/test_compat.py: same minor version, any patch).
+#: The TorchRL version every function here was written against (tests/app/test_compat.py: same minor version, any
+#: patch).
 WRITTEN_AGAINST = "0.14.1"
 
 #: Every private name used here: (where it lives, the name, the function of this module that uses it).

@@ -11,8 +11,8 @@ from torch import nn
 
 from modules.dqn import DQN
 from modules.optim import FusedAdamStep
-from tests.helpers import chain_config, fit, write_config
 from tests.agents.test_dqn import SPECS
+from tests.helpers import chain_config, fit, write_config
 
 
 def two_copies() -> tuple[nn.Module, nn.Module]:

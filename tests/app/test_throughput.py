@@ -301,7 +301,10 @@ def with_report(config: dict, evaluation: dict, evaluation_first: bool = True) -
 def test_evaluation_and_checkpoints_are_their_own_phases_whatever_the_callback_order(tmp_path, evaluation_first):
     config = chain_config("dqn", tmp_path / "out")
     config["trainer"]["callbacks"][0]["init_args"]["every_n_frames"] = 40  # a checkpoint every 40 frames
-    slow = {"class_path": "tests.app.test_throughput.SlowEvaluation", "init_args": {"every_n_frames": 40, "episodes": 2}}
+    slow = {
+        "class_path": "tests.app.test_throughput.SlowEvaluation",
+        "init_args": {"every_n_frames": 40, "episodes": 2},
+    }
     cli = fit(
         write_config(with_report(config, slow, evaluation_first), tmp_path / "c.yaml"), "--trainer.max_steps", "30"
     )

@@ -12,9 +12,9 @@ from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
 
 from datamodules.prioritized import ProportionalSampler
 from datamodules.replay import ReplayDataModule
-from tests.helpers import chain_config, fit, write_config
 from tests.agents.test_dqn import linear_q, make_dqn, transition
 from tests.agents.test_pirl import small_run
+from tests.helpers import chain_config, fit, write_config
 
 ALPHA, BETA, EPS = 0.7, 0.4, 1e-6
 

@@ -9,9 +9,9 @@ import sys
 
 import torch
 
+from tests.app.test_cli import run_app
 from tests.envs import test_env_contract as contract
 from tests.helpers import ROOT
-from tests.app.test_cli import run_app
 
 
 def readme_example() -> dict[str, str]:
