@@ -13,7 +13,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 from torchrl.data import LazyTensorStorage, RandomSampler, TensorDictReplayBuffer
-from torchrl.envs import EnvBase
+from torchrl.envs import EnvBase, Transform
 
 from compat.tensordict import own_interaction_type
 from compat.torchrl import multistep_window, set_multistep_window
