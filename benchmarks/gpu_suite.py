@@ -169,7 +169,7 @@ def dqn_update(ctx: Context) -> dict:
     from app.cli import build
     from modules.bare import bare_update, framework_free_update
 
-    configs = [str(ROOT / p) for p in ("configs/snake_dqn.yaml", "configs/bench/dqn_seed_ratio.yaml")]
+    configs = [str(ROOT / p) for p in ("configs/snake_dqn.yaml", "configs/bench/dqn_reference_ratio.yaml")]
     # reduce-overhead (torch.compile's CUDA graphs) failed inside TorchRL's DQNLoss on the first GPU run (an output
     # of one replay read after the next); cudagraph is the model's own whole-update graph.
     modes = ["false", "cudagraph"] if ctx.quick else ["false", "true", "cudagraph"]

@@ -8,7 +8,7 @@
 #
 # Then on the GPU machine, from the checkout with .whl copied beside it:
 #
-#   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD
+#   python3 -m pip install -q --no-index --no-deps --target .site .whl/*.whl && export PYTHONPATH=$PWD/.site:$PWD
 #   python3 benchmarks/gpu_suite.py --out runs/gpu_suite
 #
 # The NES emulator (nes-py) publishes no wheels: it is built here, with a Python of the target version (found as
@@ -18,6 +18,7 @@ version="${PYTHON_VERSION:-3.12}"
 out=.whl
 mkdir -p "$out"
 grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/exclude
+grep -qx '/.site/' .git/info/exclude 2>/dev/null || echo '/.site/' >> .git/info/exclude
 platforms=()
 for glibc in 2_39 2_35 2_34 2_31 2_28 2_27 2_24 2_17; do platforms+=(--platform "manylinux_${glibc}_x86_64"); done
 platforms+=(--platform manylinux2014_x86_64)

@@ -32,7 +32,7 @@ JSON and a Markdown table beside ``--out``.
 ε: the workers draw which rows explore before they act and run the Q-network on the greedy rows only, so acting
 costs in proportion to 1 − ε. By default ε follows the config's schedule from 1 (``alone`` stays at 1, a short
 ``fit`` reaches about 0.97: the first of the 500k annealing frames, where every run of ≤ 60 minutes on this CPU
-stays); ``--eps 0.05`` holds it at the seed's final value, where the network runs for nearly every row.
+stays); ``--eps 0.05`` holds it at the reference's final value, where the network runs for nearly every row.
 """
 
 from __future__ import annotations
@@ -182,7 +182,7 @@ def main() -> None:
         "--eps",
         type=float,
         help="hold ε at this value for the whole run (default: the config's schedule, which starts at 1: the "
-        "workers act greedily in few rows, so the Q-network runs for few of them; 0.05 is the seed's final ε)",
+        "workers act greedily in few rows, so the Q-network runs for few of them; 0.05 is the reference's final ε)",
     )
     parser.add_argument("--out", type=Path, default=ROOT / "runs/bench_mario_collectors")
     args = parser.parse_args()

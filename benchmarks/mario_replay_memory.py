@@ -1,4 +1,4 @@
-"""Memory of the Mario replay buffer (the seed's 50k transitions) with frames stored once, against whole stacks.
+"""Memory of the Mario replay buffer (the reference's 50k transitions) with frames stored once, against whole stacks.
 
     python benchmarks/mario_replay_memory.py --steps 300
 

@@ -1,4 +1,4 @@
-"""One PIRL training step, timed part by part on the 3,481-parameter vehicle network (the seed's "gradient
+"""One PIRL training step, timed part by part on the 3,481-parameter vehicle network (the reference's "gradient
 computation 1.455 ms; forward 0.096 ms").
 
     python benchmarks/pirl_step.py --threads 1
@@ -10,7 +10,7 @@ A replay batch of real vehicle transitions (random actions) is collected first; 
 - ``forward``: Q-values of the batch (256 × 16 → 25);
 - ``dqn_loss_backward``: TorchRL's ``DQNLoss`` on the batch, backward;
 - ``pirl_loss_backward``: the whole PIRL loss — DQN + PDE residual at 32 collocation points (∇ₓV with its graph)
-  + boundary terms at 32 + 32 points — and its backward: the seed's "gradient computation";
+  + boundary terms at 32 + 32 points — and its backward: the reference's "gradient computation";
 - ``pirl_update``: the same plus the fused Adam step and the zeroing of gradients: one full update, minus Lightning.
 
 The Lightning loop around the update (hooks, logging, target sync) is measured by ``fit`` with the throughput
@@ -62,8 +62,8 @@ def best_time(function, iterations: int, repeats: int) -> float:
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--batch-size", type=int, default=256, help="DQN batch (the seed: 256)")
-    parser.add_argument("--collocation-points", type=int, default=32, help="interior points (the seed: 32)")
+    parser.add_argument("--batch-size", type=int, default=256, help="DQN batch (the reference: 256)")
+    parser.add_argument("--collocation-points", type=int, default=32, help="interior points (the reference: 32)")
     parser.add_argument("--gradient", choices=["autograd", "func"], default="autograd", help="how ∇ₓV is taken")
     parser.add_argument("--iterations", type=int, default=500)
     parser.add_argument("--repeats", type=int, default=5)

@@ -1,6 +1,6 @@
 """What an update costs inside the whole training loop, against the bare arithmetic of that update.
 
-    python benchmarks/update_cost.py --agent dqn                  # the seed's DQN setting, eager update
+    python benchmarks/update_cost.py --agent dqn                  # the reference's DQN setting, eager update
     python benchmarks/update_cost.py --agent dqn --compile true   # the same with the compiled update
     python benchmarks/update_cost.py --agent ppo --compile true   # Snake-PPO, minibatch 2,048
     python benchmarks/update_cost.py --agent pirl --compile true  # PIRL on the vehicle, batch 1,024
@@ -20,7 +20,7 @@ outside the segments' time). This machine's speed moves by up to 50 % within a m
 before or after the fit does not describe the fit; the ratio is each segment's time per update over the bare slice
 right after it, and the figure reported is the median of those ratios. Each segment's time per update is also split
 into the data module's phases (collect, buffer_write, sample, update; other is the rest), without the bare slices.
-The DQN runs at the seed's setting (``configs/bench/dqn_seed_ratio.yaml``: batch 128, one update per 4 frames, 1
+The DQN runs at the reference's setting (``configs/bench/dqn_reference_ratio.yaml``: batch 128, one update per 4 frames, 1
 thread). Writes ``update_cost_<agent>_compile-<c>.json`` and prints one summary line.
 
 ``--arithmetic`` runs no fit: it alternates the bare update with the agent's own update step taken out of the loop
@@ -53,7 +53,7 @@ from app.cli import build, main  # noqa: E402
 from modules.bare import bare_update, framework_free_update  # noqa: E402
 
 CONFIGS = {
-    "dqn": ["configs/snake_dqn.yaml", "configs/bench/throughput.yaml", "configs/bench/dqn_seed_ratio.yaml"],
+    "dqn": ["configs/snake_dqn.yaml", "configs/bench/throughput.yaml", "configs/bench/dqn_reference_ratio.yaml"],
     "ppo": ["configs/snake_ppo.yaml", "configs/bench/throughput.yaml"],
     "pirl": ["configs/pirl_vehicle.yaml", "configs/bench/throughput.yaml"],
     "sac": ["configs/racing_sac.yaml", "configs/bench/throughput.yaml", "configs/bench/sac_update.yaml"],

@@ -1,6 +1,6 @@
 """Frame-based schedules: checkpoint every N frames, evaluate every M frames, and atomic checkpoint writes.
 
-The seeds made checkpoints and evaluations rare to save time; here both are knobs counted in environment frames,
+The reference implementations made checkpoints and evaluations rare to save time; here both are knobs counted in environment frames,
 which mean the same thing whatever the number of environments, the replay ratio or the batch size.
 """
 

@@ -345,7 +345,7 @@ class AsyncCollectorWorkers(Collection):
     thread each (TorchRL's ``MultiAsyncCollector``), that never wait for the learner: for environments that cost
     milliseconds a step (emulators). Replay data modules only.
 
-    A feeder thread in the training process takes their batches as they arrive and queues them (the seed's "a queue
+    A feeder thread in the training process takes their batches as they arrive and queues them (the reference's "a queue
     per collector, merged by a consolidation thread"); before each update the learner moves every queued batch into
     the replay buffer. The replay ratio is then a ceiling: at most one batch per ``frames_per_update`` frames (a
     learner faster than collection waits; a slower one samples the freshest buffer and never holds the workers up).
@@ -366,7 +366,7 @@ class AsyncCollectorWorkers(Collection):
         workers: collector worker processes; must divide ``num_envs``.
         learner_nice: the training thread's niceness while the workers run (restored at the end), so that on a
             machine without a spare core the learner takes only the CPU time the collectors leave (they must never
-            wait for it: the seed's rule). Linux gives each thread its own priority, so the workers and the feeder,
+            wait for it: the reference's rule). Linux gives each thread its own priority, so the workers and the feeder,
             started before, keep theirs. 0: leave it.
     """
 

@@ -49,7 +49,7 @@ class DemonstrationDataModule(EnvSpecs, pl.LightningDataModule):
         env: environment factory, called as ``env(num_envs=..., seed=..., device="cpu")`` (``class_path`` +
             ``init_args`` in YAML, like the RL data modules).
         episodes: cars driven at once, each from its own start: one episode each.
-        steps: steps per episode (the seed's 100 episodes of ~500 steps: 50k pairs).
+        steps: steps per episode (the reference's 100 episodes of ~500 steps: 50k pairs).
         root: folder under which collections are kept.
         batch_size: pairs per training batch.
         val_fraction: share of the pairs held out for validation.

@@ -2,7 +2,7 @@
 
 An observation of ``S`` stacked frames shares ``S − 1`` of them with the observation before it, and the next
 observation is the observation shifted by one frame. Stored as they come, a transition holds ``2 S`` frames; the
-Mario seed's 50k transitions of two 8 × 128 × 128 stacks take 13 GB. :class:`FrameStackStore` writes each distinct
+Mario reference's 50k transitions of two 8 × 128 × 128 stacks take 13 GB. :class:`FrameStackStore` writes each distinct
 frame once into a ring of frames and keeps per transition only the ids of its ``2 S`` frames (128 bytes), so the
 buffer takes about one frame per transition (≈ 0.8 GB for those 50k) plus its small entries.
 

@@ -36,7 +36,7 @@ class ProportionalSampler(Sampler):
 
     Args:
         max_capacity: slots of the storage it samples from.
-        alpha: priority exponent α (0: uniform; the Mario seed uses 0.7).
+        alpha: priority exponent α (0: uniform; the Mario reference uses 0.7).
         beta: importance-weight exponent β (0: no correction, 1: full). The replay data module raises it over training.
         eps: added to every priority so that no transition is never drawn again.
         device: where the priorities live (the storage's device).

@@ -52,7 +52,7 @@ class _Round(NamedTuple):
 class ReplayDataModule(RLDataModule):
     """Collects into a replay buffer on the training device and samples fixed-size batches from it.
 
-    The replay ratio is ``frames_per_update``: the seed's "train every 4 steps" is ``frames_per_update: 4``. With
+    The replay ratio is ``frames_per_update``: the reference's "train every 4 steps" is ``frames_per_update: 4``. With
     ``num_envs * collect_steps`` frames per collector call, each call earns ``frames / frames_per_update`` updates;
     fractional credit carries over, so any ratio is honoured exactly on average. A model's store transform (DQN's
     n-step returns) turns each collected batch into the transitions written; its window of recent steps is part of
@@ -370,7 +370,7 @@ class ReplayDataModule(RLDataModule):
             yield sample
 
     def monitor(self) -> dict[str, float]:
-        """With asynchronous collector workers, the seed's monitoring: replay buffer fill, worker batches queued for
+        """With asynchronous collector workers, the reference's monitoring: replay buffer fill, worker batches queued for
         the buffer and dropped, experiences collected, training episodes ended, and their return and episode metrics
         (:meth:`~datamodules.collection.AsyncCollectorWorkers.monitor`). Otherwise none."""
         if not self.collection.asynchronous:

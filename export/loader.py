@@ -1,4 +1,4 @@
-"""TracedPolicy: an exported policy network served at any batch size, with the eager fallback of the seed's hybrid
+"""TracedPolicy: an exported policy network served at any batch size, with the eager fallback of the reference's hybrid
 execution. The deployment side of :mod:`export.tracing`, which writes the folder this reads; it needs only torch.
 
 Usage::

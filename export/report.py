@@ -1,4 +1,4 @@
-"""The export benchmark: eager against traced samples/s per batch size, beside the PIRL seed's figures.
+"""The export benchmark: eager against traced samples/s per batch size, beside the PIRL reference's figures.
 
 :func:`export.tracing.export_policy` measures each batch size with :func:`samples_per_s` and writes
 ``export_benchmark.json`` and ``export_benchmark.md`` through :func:`write_benchmark`. Each figure is the best of
@@ -19,10 +19,10 @@ from typing import Any
 import torch
 
 BENCHMARK = "export_benchmark"
-# The PIRL seed's figures for its 16→32→32→32→25 MLP: samples/s on 4 CPU cores and on AWS Neuron, and the speedup
+# The PIRL reference's figures for its 16→32→32→32→25 MLP: samples/s on 4 CPU cores and on AWS Neuron, and the speedup
 # it reported (from unrounded figures, so not exactly the ratio of the rounded ones).
-SEED = {512: (2.3e6, 3.2e6, 1.37), 1024: (3.6e6, 6.1e6, 1.71), 2048: (5.8e6, 10.8e6, 1.87)}
-SEED_PARAMETERS = 3481
+REFERENCE = {512: (2.3e6, 3.2e6, 1.37), 1024: (3.6e6, 6.1e6, 1.71), 2048: (5.8e6, 10.8e6, 1.87)}
+REFERENCE_PARAMETERS = 3481
 REPEATS = 3  # a benchmark figure is the best of this many runs, which filters out another process taking the core
 
 
@@ -58,8 +58,8 @@ def machine() -> dict[str, Any]:
 
 
 def benchmark_row(batch: int, artifact: dict[str, Any], eager: float, traced: float) -> dict[str, Any]:
-    """One table row: both rates, the speedup, and the seed's figures at that batch size (None where it has none)."""
-    seed_cpu, seed_neuron, seed_speedup = SEED.get(batch, (None, None, None))
+    """One table row: both rates, the speedup, and the reference's figures at that batch size (None where it has none)."""
+    reference_cpu, reference_neuron, reference_speedup = REFERENCE.get(batch, (None, None, None))
     return {
         "batch_size": batch,
         "backend": artifact["backend"],
@@ -67,9 +67,9 @@ def benchmark_row(batch: int, artifact: dict[str, Any], eager: float, traced: fl
         "eager_samples_per_s": eager,
         "traced_samples_per_s": traced,
         "speedup": traced / eager,
-        "seed_cpu_samples_per_s": seed_cpu,
-        "seed_neuron_samples_per_s": seed_neuron,
-        "seed_speedup": seed_speedup,
+        "reference_cpu_samples_per_s": reference_cpu,
+        "reference_neuron_samples_per_s": reference_neuron,
+        "reference_speedup": reference_speedup,
     }
 
 
@@ -95,7 +95,7 @@ def write_benchmark(
 
 
 def benchmark_markdown(report: dict[str, Any]) -> str:
-    """The benchmark as a short page: context lines, the table beside the seed's figures, and honest notes."""
+    """The benchmark as a short page: context lines, the table beside the reference's figures, and honest notes."""
 
     def rate(value: float | None) -> str:
         return "—" if value is None else f"{value / 1e6:.2f}M"
@@ -116,20 +116,20 @@ def benchmark_markdown(report: dict[str, Any]) -> str:
         f"- each figure: samples/s (batch × calls / s), best of {report['repeats']} runs sharing "
         f"{report['seconds_per_figure']:g} s, after warm-up, under `torch.inference_mode()`",
         "",
-        "| batch | eager samples/s | traced samples/s | speedup | seed CPU (4 cores) | seed Neuron | seed speedup |",
+        "| batch | eager samples/s | traced samples/s | speedup | reference CPU (4 cores) | reference Neuron | reference speedup |",
         "|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in report["rows"]:
-        seed_speedup = "—" if row["seed_speedup"] is None else f"{row['seed_speedup']:.2f}x"
+        reference_speedup = "—" if row["reference_speedup"] is None else f"{row['reference_speedup']:.2f}x"
         lines.append(
             f"| {row['batch_size']} | {rate(row['eager_samples_per_s'])} | {rate(row['traced_samples_per_s'])} "
-            f"({row['backend']}) | {row['speedup']:.2f}x | {rate(row['seed_cpu_samples_per_s'])} | "
-            f"{rate(row['seed_neuron_samples_per_s'])} | {seed_speedup} |"
+            f"({row['backend']}) | {row['speedup']:.2f}x | {rate(row['reference_cpu_samples_per_s'])} | "
+            f"{rate(row['reference_neuron_samples_per_s'])} | {reference_speedup} |"
         )
     lines += ["", "Notes:", ""]
-    same = "this network is" if report["parameters"] == SEED_PARAMETERS else "this network is not"
+    same = "this network is" if report["parameters"] == REFERENCE_PARAMETERS else "this network is not"
     lines.append(
-        f"- The seed's columns are its own measurements of its {SEED_PARAMETERS:,}-parameter 16→32→32→32→25 MLP "
+        f"- The reference's columns are its own measurements of its {REFERENCE_PARAMETERS:,}-parameter 16→32→32→32→25 MLP "
         f"(4 CPU cores; AWS Neuron via torch_neuronx), not rerun here; {same} that size."
     )
     for row in report["rows"]:

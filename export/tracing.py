@@ -1,6 +1,6 @@
 """Tracing a policy network for fixed-batch inference: compile it per batch size, check it against eager, save it.
 
-The PIRL seed traced its 3,481-parameter MLP with AWS ``torch_neuronx.trace`` at batch sizes 512/1024/2048 and
+The PIRL reference traced its 3,481-parameter MLP with AWS ``torch_neuronx.trace`` at batch sizes 512/1024/2048 and
 compared CPU and Neuron throughput. :func:`export_policy` does the same for any agent's ``RLModule.export_network()``:
 on Neuron when ``torch_neuronx`` imports (``pip install ".[neuron]"``), otherwise with a portable CPU backend,
 TorchScript (``torch.jit.trace`` + ``freeze``) or AOTInductor (the network compiled to C++).
@@ -110,7 +110,7 @@ def _compile(network: nn.Module, example: torch.Tensor, backend: str, path: Path
         traced = neuron().trace(network, example, compiler_args=NEURON_COMPILER_ARGS)
         torch.jit.save(traced, str(path))
     elif backend == "torchscript":
-        # freeze inlines the weights as constants and folds them; optimize_for_inference is left out: on the seed's
+        # freeze inlines the weights as constants and folds them; optimize_for_inference is left out: on the reference's
         # MLP it was faster at some batch sizes and slower at others, within the run-to-run noise.
         with quiet(), torch.no_grad():
             traced = torch.jit.freeze(torch.jit.trace(network, example).eval())

@@ -1,4 +1,4 @@
-"""Shared by the export tests: the seed's network, closeness to eager, and a stand-in ``torch_neuronx``.
+"""Shared by the export tests: the reference's network, closeness to eager, and a stand-in ``torch_neuronx``.
 
 ``torch_neuronx`` cannot be installed here; its stand-in records each ``trace`` call and returns a TorchScript trace,
 optionally of a network altered by ``alter`` (what a miscompiling device would serve).
@@ -27,7 +27,7 @@ def file_sha256(path: Path) -> str:
 
 
 def seed_mlp() -> nn.Sequential:
-    """The PIRL seed's policy network: 16 → 32 → 32 → 32 → 25, Tanh hidden layers, Sigmoid output."""
+    """The PIRL reference's policy network: 16 → 32 → 32 → 32 → 25, Tanh hidden layers, Sigmoid output."""
     torch.manual_seed(0)
     widths = [16, 32, 32, 32]
     layers: list[nn.Module] = []

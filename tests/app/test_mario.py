@@ -14,7 +14,7 @@ from tensordict.nn import TensorDictModule
 from datamodules.base import AutocastPolicy
 from tests.helpers import ROOT, chain_config, fit, weights, write_config
 
-# Small frames and short stacks keep the real emulator's tests quick; the network is the seed's at any frame size.
+# Small frames and short stacks keep the real emulator's tests quick; the network is the reference's at any frame size.
 SMALL_MARIO = {
     "class_path": "datamodules.envs.mario.env.MarioEnv",
     "init_args": {"size": 40, "frame_stack": 4, "stuck_steps": 15},
@@ -141,7 +141,7 @@ def test_the_shipped_config_trains_with_workers_and_resumes_in_its_run_folder(tm
     with open(run / "metrics.csv", newline="") as file:
         rows = [row for row in csv.DictReader(file) if row.get("train/loss")]
     steps = [int(row["step"]) for row in rows]
-    # The seed's monitoring goes to the logger with the losses: buffer fill, queued batches, TD error.
+    # The reference's monitoring goes to the logger with the losses: buffer fill, queued batches, TD error.
     assert all(float(row["data/buffer"]) > 0 and row["data/queued_batches"] != "" for row in rows)
     assert all(float(row["train/td_error"]) >= 0 for row in rows)
     assert len(steps) == 5 and steps == sorted(set(steps))  # both processes' rows, in one file, once each

@@ -44,7 +44,7 @@ def test_specs_and_state_layout():
     check_env_specs(env)
     state = env.reset()["observation"]
     assert state.shape == (64, 16)
-    # Start states fill the collocation box (SPEC §2).
+    # Start states fill the collocation box (docs/reference_systems.md §2).
     assert state[:, 0].min() >= 5 and state[:, 0].max() <= 20 and state[:, 0].max() - state[:, 0].min() > 10
     assert state[:, 1].abs().max() <= 10 and state[:, 2].abs().max() <= 30 and state[:, 4].abs().max() <= 30
     assert state[:, 3].abs().max() <= 0.95 and state[:, 3].abs().max() > 0.5

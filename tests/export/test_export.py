@@ -36,7 +36,7 @@ from tests.export_helpers import (
 from tests.helpers import ROOT, chain_config, fit, write_config
 
 FIT_SIZES = [8, 32]
-SEED_SIZES = [512, 1024, 2048]
+REFERENCE_SIZES = [512, 1024, 2048]
 
 
 @pytest.fixture(scope="module")
@@ -57,11 +57,11 @@ def trained(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def seed_export(tmp_path_factory):
-    """The seed's MLP exported with TorchScript at its three batch sizes: (network, folder, metadata)."""
+    """The reference's MLP exported with TorchScript at its three batch sizes: (network, folder, metadata)."""
     network = seed_mlp()
     folder = tmp_path_factory.mktemp("seed")
     metadata = export_policy(
-        network, (16,), torch.float32, SEED_SIZES, folder, backend="torchscript", benchmark_seconds=0.05
+        network, (16,), torch.float32, REFERENCE_SIZES, folder, backend="torchscript", benchmark_seconds=0.05
     )
     return network, folder, metadata
 
@@ -116,10 +116,10 @@ def test_fit_benchmark_report_has_a_row_per_batch_size(trained):
     for row in report["rows"]:
         assert row["eager_samples_per_s"] > 0 and row["traced_samples_per_s"] > 0
         assert row["speedup"] == pytest.approx(row["traced_samples_per_s"] / row["eager_samples_per_s"])
-        assert row["seed_cpu_samples_per_s"] is None  # the seed measured 512, 1024 and 2048 only
+        assert row["reference_cpu_samples_per_s"] is None  # the reference measured 512, 1024 and 2048 only
     assert report["machine"]["torch_threads"] == 1 and report["seconds_per_figure"] == 0.05
     markdown = (folder / "export_benchmark.md").read_text()
-    assert "| batch | eager samples/s | traced samples/s | speedup | seed CPU (4 cores) | seed Neuron |" in markdown
+    assert "| batch | eager samples/s | traced samples/s | speedup | reference CPU (4 cores) | reference Neuron |" in markdown
     assert "torch threads: **1**" in markdown
     for row in report["rows"]:
         assert f"| {row['batch_size']} | {row['eager_samples_per_s'] / 1e6:.2f}M |" in markdown
@@ -127,15 +127,15 @@ def test_fit_benchmark_report_has_a_row_per_batch_size(trained):
             assert f"At batch {row['batch_size']} the traced module (torchscript) is not faster" in markdown
 
 
-# ------------------------------------------------------------------------------------------- the seed's network
+# ------------------------------------------------------------------------------------------- the reference's network
 def test_seed_mlp_matches_eager_at_its_batch_sizes_and_the_report_shows_the_seed(seed_export):
     network, folder, metadata = seed_export
     assert metadata["parameters"] == 3481
-    assert [a["batch_size"] for a in metadata["artifacts"]] == SEED_SIZES
+    assert [a["batch_size"] for a in metadata["artifacts"]] == REFERENCE_SIZES
     assert all(a["backend"] == "torchscript" and a["max_abs_diff"] <= 1e-6 for a in metadata["artifacts"])
-    assert [a["output"]["shape"] for a in metadata["artifacts"]] == [[n, 25] for n in SEED_SIZES]
+    assert [a["output"]["shape"] for a in metadata["artifacts"]] == [[n, 25] for n in REFERENCE_SIZES]
     rows = metadata["benchmark"]["rows"]
-    assert [(r["seed_cpu_samples_per_s"], r["seed_neuron_samples_per_s"], r["seed_speedup"]) for r in rows] == [
+    assert [(r["reference_cpu_samples_per_s"], r["reference_neuron_samples_per_s"], r["reference_speedup"]) for r in rows] == [
         (2.3e6, 3.2e6, 1.37),
         (3.6e6, 6.1e6, 1.71),
         (5.8e6, 10.8e6, 1.87),

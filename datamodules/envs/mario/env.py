@@ -1,4 +1,4 @@
-"""Super Mario Bros on the real NES emulator as a batched TorchRL environment, with the seed's processing (SPEC §3).
+"""Super Mario Bros on the real NES emulator as a batched TorchRL environment, with the reference's processing (docs/reference_systems.md §3).
 
 **Batch.** ``[num_envs]`` emulators in this process, stepped one after the other (each is a C++ emulator that holds
 the GIL: parallelism comes from collector worker processes, each with its own emulators). Keys: ``observation``
@@ -9,10 +9,10 @@ uint8 ``[num_envs, frame_stack, size, size]`` (the last ``frame_stack`` grayscal
 **A step** holds the action's buttons for ``frame_skip`` emulator frames (fewer if the episode ends within them)
 and shows the last frame, grayscaled (ITU-R 601 weights) and area-resized from 240×256 to ``size``×``size``.
 
-**Reward** (the seed's): ``+1/6`` per pixel Mario moved right during the step, half that as a penalty per pixel
+**Reward** (the reference's): ``+1/6`` per pixel Mario moved right during the step, half that as a penalty per pixel
 left; ``−1`` and the end when he dies (one life: falling, an enemy, the game's timer); ``+2`` and the end at the
 flag; ``−0.5`` and the end when he has not passed his rightmost position for ``stuck_steps`` steps. All three
-endings are ``terminated`` (the seed ended the episode there; nothing is truncated).
+endings are ``terminated`` (the reference ended the episode there; nothing is truncated).
 
 **Episode metrics** (``episode_metric_keys``, reported by evaluation): ``x_pos``, the rightmost x position reached
 (pixels from the level's start; Mario starts at 40), and ``flag_get``, 1 when the flag was reached — both written
@@ -62,7 +62,7 @@ def parse_stage(stage: str) -> tuple[int, int]:
 
 
 class MarioEnv(BatchedEnv):
-    """``num_envs`` Super Mario Bros emulators playing one stage, with the seed's frames, actions and reward.
+    """``num_envs`` Super Mario Bros emulators playing one stage, with the reference's frames, actions and reward.
 
     Args:
         num_envs: emulators stepped together.

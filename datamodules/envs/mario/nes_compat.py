@@ -47,7 +47,7 @@ def _int_header_size(byte: int, unit: int) -> property:
 _rom.ROM.prg_rom_size = _int_header_size(4, 16)
 _rom.ROM.chr_rom_size = _int_header_size(5, 8)
 
-#: The seed's 12 actions (gym-super-mario-bros' ``COMPLEX_MOVEMENT``) as joypad bytes, in that order.
+#: The reference's 12 actions (gym-super-mario-bros' ``COMPLEX_MOVEMENT``) as joypad bytes, in that order.
 ACTION_BUTTONS: tuple[int, ...] = tuple(
     sum(JoypadSpace._button_map[button] for button in buttons) for buttons in COMPLEX_MOVEMENT
 )

@@ -8,7 +8,7 @@ collocation box. Dynamics belong to the environment: nothing here knows about ag
 
 Two systems:
 
-- :class:`VehiclePhysics`: a dynamic bicycle model with Pacejka tyres (the seed's identified parameters) tracking a
+- :class:`VehiclePhysics`: a dynamic bicycle model with Pacejka tyres (the reference's identified parameters) tracking a
   road, state ``(vx, β, ω, e, ψ, Δx₁…₅, Δy₁…₅, τ)`` in m/s, deg, deg/s, m, deg, m, m, s; 25 actions
   (throttle ``i // 5`` ∈ {0.6 … 1.0}, steer ``i % 5`` ∈ {−0.8 … 0.8} of the 70° maximum steering angle).
 - :class:`ToyPhysics`: the authors' 2-D example, state ``(x₁, x₂, τ)``, drift ``(−x₁³ − x₂, x₁ + x₂ + u, −1)``,
@@ -17,8 +17,8 @@ Two systems:
 Each also samples its **collocation** points: interior points of the box where the PDE residual is penalised,
 terminal points (τ = 0, safe) and unsafe points on the boundary. The vehicle's start states are that same box.
 
-Angles are in degrees in the state (as in the seed's observations and collocation box); the dynamics work in radians
-and return degree rates, so units agree (the seed's code mixed the two).
+Angles are in degrees in the state (as in the reference's observations and collocation box); the dynamics work in radians
+and return degree rates, so units agree (the reference's code mixed the two).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
-# State layout of the vehicle (SPEC §2).
+# State layout of the vehicle (docs/reference_systems.md §2).
 VX, BETA, OMEGA, LATERAL, HEADING = range(5)
 WAYPOINTS_X = slice(5, 10)
 WAYPOINTS_Y = slice(10, 15)
@@ -41,7 +41,7 @@ DEG = 180.0 / math.pi
 
 @dataclass(frozen=True)
 class VehicleParameters:
-    """The seed's identified model of its CARLA car (``vehicle.audi.tt``): geometry, inertia, tyres, drivetrain."""
+    """The reference's identified model of its CARLA car (``vehicle.audi.tt``): geometry, inertia, tyres, drivetrain."""
 
     lf: float = 1.34  # m, centre of mass to front axle
     lr: float = 1.3  # m, centre of mass to rear axle
@@ -127,7 +127,7 @@ class VehiclePhysics:
         params: the vehicle model.
         lateral_bound: |e| above it is unsafe (m).
         tau_max: largest horizon sampled (s).
-        speed_range, slip_range, yaw_rate_range, heading_range: the interior collocation box (SPEC §2).
+        speed_range, slip_range, yaw_rate_range, heading_range: the interior collocation box (docs/reference_systems.md §2).
         interior_margin: interior and terminal points keep |e| below ``interior_margin × lateral_bound``.
     """
 
@@ -145,7 +145,7 @@ class VehiclePhysics:
 
     def drift(self, state: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
         """``f(x, a)``: vehicle rates on the first five dimensions (road curvature read from the waypoints), zero
-        drift on the waypoints (the seed's approximation), and ``dτ/dt = −1``."""
+        drift on the waypoints (the reference's approximation), and ``dτ/dt = −1``."""
         throttle, steer = vehicle_controls(action)
         rates = vehicle_dynamics(*state[..., :5].unbind(-1), throttle, steer, waypoint_curvature(state), self.params)[
             :5

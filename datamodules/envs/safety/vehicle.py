@@ -1,6 +1,6 @@
 """The PIRL vehicle as a batched TorchRL environment: thousands of cars on a road, stepped by tensor ops (CPU or CUDA).
 
-The seed drove a CARLA car; CARLA cannot run here, so this environment integrates the same dynamic bicycle model
+The reference drove a CARLA car; CARLA cannot run here, so this environment integrates the same dynamic bicycle model
 with Pacejka tyres (:mod:`datamodules.envs.safety.physics`, which the PDE loss also differentiates) on a synthetic
 road and produces the same 16-dimensional state: ``(vx, β, ω, e, ψ, Δx₁…₅, Δy₁…₅, τ)`` — speed (m/s), slip angle
 (deg), yaw rate (deg/s), lateral error (m) and heading error (deg) relative to the centre line, the 5 next waypoints

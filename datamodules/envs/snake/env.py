@@ -1,6 +1,6 @@
 """Snake as a batched TorchRL environment: thousands of boards stepped by a few tensor ops, on CPU or CUDA.
 
-Rules (SPEC §1):
+Rules (docs/reference_systems.md §1):
 
 - a ``size``×``size`` board; the snake starts with 3 blocks in a straight line, at least ``spawn_margin`` cells
   from the border (by default 3, or the largest that fits on a small board), at a random position and heading;
@@ -43,7 +43,7 @@ _DCOL = (0, 1, 0, -1)
 # Candidate cells drawn per food placement before falling back to an exhaustive draw; with the board half full,
 # all 16 candidates miss with probability 2^-16.
 _FOOD_CANDIDATES = 16
-# The seed's margin on its 10x10 board; smaller boards get the largest margin that fits.
+# The reference's margin on its 10x10 board; smaller boards get the largest margin that fits.
 _DEFAULT_SPAWN_MARGIN = 3
 
 
