@@ -1,4 +1,5 @@
-"""The racing expert over many starts: its return, lap time and completed laps per episode (docs/reference_systems.md §4).
+"""The racing expert over many starts: its return, lap time and completed laps per episode (reference: §4 of
+docs/reference_systems.md).
 
     python benchmarks/racing_expert.py --starts 256 --threads 1
     python benchmarks/racing_expert.py --starts 256 --json runs/bench/racing_expert.json

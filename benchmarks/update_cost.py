@@ -20,8 +20,8 @@ outside the segments' time). This machine's speed moves by up to 50 % within a m
 before or after the fit does not describe the fit; the ratio is each segment's time per update over the bare slice
 right after it, and the figure reported is the median of those ratios. Each segment's time per update is also split
 into the data module's phases (collect, buffer_write, sample, update; other is the rest), without the bare slices.
-The DQN runs at the reference's setting (``configs/bench/dqn_reference_ratio.yaml``: batch 128, one update per 4 frames, 1
-thread). Writes ``update_cost_<agent>_compile-<c>.json`` and prints one summary line.
+The DQN runs at the reference's setting (``configs/bench/dqn_reference_ratio.yaml``: batch 128, one update per 4 frames,
+1 thread). Writes ``update_cost_<agent>_compile-<c>.json`` and prints one summary line.
 
 ``--arithmetic`` runs no fit: it alternates the bare update with the agent's own update step taken out of the loop
 (its compiled loss, backward, fused Adam and soft target update; :func:`modules.bare.framework_free_update`), to tell

@@ -1,7 +1,7 @@
 """Frame-based schedules: checkpoint every N frames, evaluate every M frames, and atomic checkpoint writes.
 
-The reference implementations made checkpoints and evaluations rare to save time; here both are knobs counted in environment frames,
-which mean the same thing whatever the number of environments, the replay ratio or the batch size.
+The reference implementations made checkpoints and evaluations rare to save time; here both are knobs counted in
+environment frames, which mean the same thing whatever the number of environments, the replay ratio or the batch size.
 """
 
 from __future__ import annotations

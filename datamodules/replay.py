@@ -370,8 +370,8 @@ class ReplayDataModule(RLDataModule):
             yield sample
 
     def monitor(self) -> dict[str, float]:
-        """With asynchronous collector workers, the reference's monitoring: replay buffer fill, worker batches queued for
-        the buffer and dropped, experiences collected, training episodes ended, and their return and episode metrics
+        """With asynchronous collector workers, the reference's monitoring: replay buffer fill, worker batches queued
+        for the buffer and dropped, experiences collected, training episodes ended, and their return and episode metrics
         (:meth:`~datamodules.collection.AsyncCollectorWorkers.monitor`). Otherwise none."""
         if not self.collection.asynchronous:
             return super().monitor()

@@ -6,7 +6,7 @@ What is shared here:
 - :func:`worker_env_factories`: one picklable factory per worker. It runs in the worker process: it copies the
   worker's stderr to ``<log_dir>/worker<i>.log`` (so that the learner can name the exception a dead worker printed),
   seeds the worker's torch generator (a spawned process starts from torch's fixed default seed, so without it every
-  worker would draw the same exploration noise), and builds the worker's environments with the reference implementations one batch of
+  worker would draw the same exploration noise), and builds the worker's environments with the seeds one batch of
   all of them would use.
 - :func:`multi_process_collector`: TorchRL's ``MultiSyncCollector`` or ``MultiAsyncCollector`` with the options every
   caller needs, weights through shared memory without waiting for acknowledgements (TorchRL's default waits without a

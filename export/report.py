@@ -58,7 +58,8 @@ def machine() -> dict[str, Any]:
 
 
 def benchmark_row(batch: int, artifact: dict[str, Any], eager: float, traced: float) -> dict[str, Any]:
-    """One table row: both rates, the speedup, and the reference's figures at that batch size (None where it has none)."""
+    """One table row: both rates, the speedup, and the reference's figures at that batch size (None where it has
+    none)."""
     reference_cpu, reference_neuron, reference_speedup = REFERENCE.get(batch, (None, None, None))
     return {
         "batch_size": batch,
@@ -116,7 +117,8 @@ def benchmark_markdown(report: dict[str, Any]) -> str:
         f"- each figure: samples/s (batch × calls / s), best of {report['repeats']} runs sharing "
         f"{report['seconds_per_figure']:g} s, after warm-up, under `torch.inference_mode()`",
         "",
-        "| batch | eager samples/s | traced samples/s | speedup | reference CPU (4 cores) | reference Neuron | reference speedup |",
+        "| batch | eager samples/s | traced samples/s | speedup | reference CPU (4 cores) | reference Neuron "
+        "| reference speedup |",
         "|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in report["rows"]:
@@ -129,7 +131,8 @@ def benchmark_markdown(report: dict[str, Any]) -> str:
     lines += ["", "Notes:", ""]
     same = "this network is" if report["parameters"] == REFERENCE_PARAMETERS else "this network is not"
     lines.append(
-        f"- The reference's columns are its own measurements of its {REFERENCE_PARAMETERS:,}-parameter 16→32→32→32→25 MLP "
+        f"- The reference's columns are its own measurements of its {REFERENCE_PARAMETERS:,}-parameter "
+        "16→32→32→32→25 MLP "
         f"(4 CPU cores; AWS Neuron via torch_neuronx), not rerun here; {same} that size."
     )
     for row in report["rows"]:

@@ -131,8 +131,8 @@ def test_a_dead_worker_process_stops_the_run_with_a_clear_error_and_the_last_che
 
 
 def test_the_ultra_fast_preset_runs_with_its_batch_geometry(tmp_path):
-    # The reference's geometry: 8 minibatches of whole 32-step segments per rollout, 1 epoch, hidden 256, compile on. The
-    # environments are made small (test-sized); the batch is num_envs x num_agents x collect_steps. Its collector
+    # The reference's geometry: 8 minibatches of whole 32-step segments per rollout, 1 epoch, hidden 256, compile on.
+    # The environments are made small (test-sized); the batch is num_envs x num_agents x collect_steps. Its collector
     # workers stay on (2 instead of 16), so the path the preset ships is the path tested.
     cli = fit_metta(
         tmp_path,
@@ -153,8 +153,9 @@ def test_the_ultra_fast_preset_runs_with_its_batch_geometry(tmp_path):
 
 
 def test_the_ultra_fast_preset_ships_the_seeds_geometry_and_schedule():
-    # docs/reference_systems.md §5: batch 262,144, minibatch 32,768, BPTT 32, checkpoint every 100 epochs and evaluation every 500, where
-    # Metta's epoch is one rollout and its training pass: counted here in frames (agent steps) of whole rollouts.
+    # docs/reference_systems.md §5: batch 262,144, minibatch 32,768, BPTT 32, checkpoint every 100 epochs and evaluation
+    # every 500, where Metta's epoch is one rollout and its training pass: counted here in frames (agent steps) of
+    # whole rollouts.
     config = yaml.safe_load((ROOT / "configs/metta_ultra_fast.yaml").read_text())
     data = config["data"]["init_args"]
     batch = data["num_envs"] * data["env"]["init_args"]["num_agents"] * data["collect_steps"]

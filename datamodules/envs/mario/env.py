@@ -1,4 +1,5 @@
-"""Super Mario Bros on the real NES emulator as a batched TorchRL environment, with the reference's processing (docs/reference_systems.md §3).
+"""Super Mario Bros on the real NES emulator as a batched TorchRL environment, with the reference's processing
+(docs/reference_systems.md §3).
 
 **Batch.** ``[num_envs]`` emulators in this process, stepped one after the other (each is a C++ emulator that holds
 the GIL: parallelism comes from collector worker processes, each with its own emulators). Keys: ``observation``

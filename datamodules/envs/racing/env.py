@@ -1,4 +1,5 @@
-"""Racing (docs/reference_systems.md §4): cars on a closed track as one batched TorchRL environment, stepped by tensor ops (CPU or CUDA).
+"""Racing (docs/reference_systems.md §4): cars on a closed track as one batched TorchRL environment, stepped by tensor
+ops (CPU or CUDA).
 
 **Car.** A kinematic bicycle at the centre of mass (wheelbase ``lf + lr``) with a grip limit: steering δ gives the
 slip angle β = atan(lr / (lf + lr) · tan δ) and the yaw rate ω = v cos β tan δ / (lf + lr); when the lateral
@@ -6,8 +7,8 @@ acceleration v·ω would exceed ``grip`` (m/s²), ω and β are scaled down to i
 runs wide instead of following the line. That limit is what makes a speed profile matter. Speed v changes by the
 acceleration action and stays in [0, ``max_speed``]; one explicit Euler step per ``dt`` = 0.02 s.
 
-**Interface (the reference's).** Actions ``[acceleration m/s², steering rad]`` in the box [−6, 4] × [−25°, 25°]; an action
-outside the box is clipped to it (TorchRL's spec check is off on this hot path). Observation (8): lateral error e
+**Interface (the reference's).** Actions ``[acceleration m/s², steering rad]`` in the box [−6, 4] × [−25°, 25°]; an
+action outside the box is clipped to it (TorchRL's spec check is off on this hot path). Observation (8): lateral error e
 (m, positive left of the centre line), heading error (rad, car heading − track heading, in [−π, π)), vx, vy (m/s, the
 car's frame), the track tangent (cos, sin) at the car, cos ψ, sin ψ. With ``curvature_ahead`` (metres, e.g.
 ``[5, 15, 30]``) the track's curvature at those distances ahead of the car, times ``CURVATURE_SCALE``, follows them:
@@ -67,7 +68,8 @@ class RacingEnv(BatchedEnv):
         max_speed: top speed (m/s).
         runoff: metres beyond the track's edge before the car crashes (the episode ends).
         start_lateral, start_heading, start_speed: ranges of the start state (m, rad, m/s).
-        curvature_ahead: distances ahead (m) at which the track's curvature joins the observation; empty: the reference's 8.
+        curvature_ahead: distances ahead (m) at which the track's curvature joins the observation; empty: the
+            reference's 8.
         speed, tracking, heading, smoothness, off_track, crash: the reward's weights.
         seed: base seed; car ``i`` draws from stream ``seed + i``.
         device: where the batch lives.

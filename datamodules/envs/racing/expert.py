@@ -1,4 +1,5 @@
-"""The racing expert (docs/reference_systems.md §4): a time-optimal speed profile along the centre line and a steering law that tracks it.
+"""The racing expert (docs/reference_systems.md §4): a time-optimal speed profile along the centre line and a
+steering law that tracks it.
 
 **Speed profile.** The fastest speed at each point of the track that the grip allows, v ≤ √(margin · grip / |κ|),
 capped at the top speed, then lowered wherever the car could not brake down to the next point's limit in time (a

@@ -1,9 +1,10 @@
 """Finite-horizon safety tasks as batched TorchRL environments: stay in the safe set until the horizon τ runs out.
 
-The shared rules of PIRL's environments (docs/reference_systems.md §2): the last state dimension is the remaining horizon τ, drawn from
-U(0, ``tau_max``) at reset and lowered by ``dt`` each step; the episode ends with reward 1 when τ reaches 0 in the
-safe set, and with reward 0 as soon as the state leaves it. With discount 1 the expected return from a state is its
-safety probability. Subclasses give the dynamics (:meth:`SafetyEnv._advance`), the safe set and the initial states.
+The shared rules of PIRL's environments (docs/reference_systems.md §2): the last state dimension is the remaining
+horizon τ, drawn from U(0, ``tau_max``) at reset and lowered by ``dt`` each step; the episode ends with reward 1 when τ
+reaches 0 in the safe set, and with reward 0 as soon as the state leaves it. With discount 1 the expected return from a
+state is its safety probability. Subclasses give the dynamics (:meth:`SafetyEnv._advance`), the safe set and the
+initial states.
 
 Randomness is counter-based (:mod:`datamodules.envs.counter_rng`): environment ``i`` of a batch seeded ``seed``
 replays the episodes of a single environment seeded ``seed + i``, and :meth:`SafetyEnv.replicate` can start many

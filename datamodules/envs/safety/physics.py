@@ -17,8 +17,8 @@ Two systems:
 Each also samples its **collocation** points: interior points of the box where the PDE residual is penalised,
 terminal points (τ = 0, safe) and unsafe points on the boundary. The vehicle's start states are that same box.
 
-Angles are in degrees in the state (as in the reference's observations and collocation box); the dynamics work in radians
-and return degree rates, so units agree (the reference's code mixed the two).
+Angles are in degrees in the state (as in the reference's observations and collocation box); the dynamics work in
+radians and return degree rates, so units agree (the reference's code mixed the two).
 """
 
 from __future__ import annotations
@@ -127,7 +127,8 @@ class VehiclePhysics:
         params: the vehicle model.
         lateral_bound: |e| above it is unsafe (m).
         tau_max: largest horizon sampled (s).
-        speed_range, slip_range, yaw_rate_range, heading_range: the interior collocation box (docs/reference_systems.md §2).
+        speed_range, slip_range, yaw_rate_range, heading_range: the interior collocation box
+            (docs/reference_systems.md §2).
         interior_margin: interior and terminal points keep |e| below ``interior_margin × lateral_bound``.
     """
 

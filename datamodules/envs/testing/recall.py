@@ -8,10 +8,11 @@ apart, in seconds, a recurrent agent whose state is carried, reset at episode st
 one whose state is lost anywhere along the way.
 
 Observations are MettaGrid-style tokens ``[num_tokens, 3]`` uint8, ``[packed y<<4|x, feature, value]`` with 0xFF
-padding, in an 11×11 view (the smallest the reference's convolutions accept, docs/reference_systems.md §5): feature 0 is the cue (at the centre cell,
-value cue + 1, first step only), feature 1 the step count (top-left cell). Batch ``[num_envs, num_agents]``; all
-agents of an environment start and end together. Randomness is counter-based (``counter_rng``), so a batch of N
-environments plays the episodes of N single environments seeded ``seed … seed + N − 1``.
+padding, in an 11×11 view (the smallest the reference's convolutions accept, docs/reference_systems.md §5): feature 0 is
+the cue (at the centre cell, value cue + 1, first step only), feature 1 the step count (top-left cell). Batch
+``[num_envs, num_agents]``; all agents of an environment start and end together. Randomness is counter-based
+(``counter_rng``), so a batch of N environments plays the episodes of N single environments seeded
+``seed … seed + N − 1``.
 """
 
 from __future__ import annotations
