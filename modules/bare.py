@@ -150,14 +150,16 @@ def framework_free_update(model: Any, data: Any) -> Callable[[int], torch.Tensor
     """
     if hasattr(model, "pde_weight"):
         model.physics = data.physics  # what PIRL's setup takes from the data module
-    loss = model.compiled(model.training_loss())
+    # The function the agent's update compiles (SAC's own, with its term towards the clone), and PIRL's loss inputs.
+    loss = model.compiled(model.training_loss() if hasattr(model, "training_loss") else model.loss)
+    loss_inputs = getattr(model, "loss_draws", lambda batch: {})
     optimizer = make_adam(model.trainable_parameters(), model)
     optimizer_step = FusedAdamStep(optimizer, model.max_grad_norm)
     batches = [as_replay_sample(batch) for batch in batch_pool(data, data.batch_size)]
 
     def step(i: int) -> torch.Tensor:
         batch = batches[i % len(batches)]
-        total = sum(value for key, value in loss(batch, **model.loss_draws(batch)).items() if key.startswith("loss"))
+        total = sum(value for key, value in loss(batch, **loss_inputs(batch)).items() if key.startswith("loss"))
         total.backward()
         optimizer_step()
         if model.target_networks and getattr(model, "target_update", "soft") == "soft":

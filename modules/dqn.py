@@ -168,7 +168,12 @@ class DQN(RLModule):
     def export_network(self) -> nn.Module:
         return self.q_network  # Q-values; the greedy action is their argmax
 
+    def setup(self, stage: str) -> None:
+        self.connect_datamodule(stage, store_transform=self.store_transform())
+
     def store_transform(self) -> MultiStepTransform | None:
+        """What the replay buffer stores of the collected transitions: with ``n_steps`` > 1, TorchRL's
+        ``MultiStepTransform`` turns them into n-step transitions; None: as collected."""
         if self.n_steps == 1:
             return None
         # done_keys=[]: the episode-end flags are gathered, like the next observation, from the step each sum stops at,
@@ -197,7 +202,22 @@ class DQN(RLModule):
         # ε follows the frame counter (restored on resume), set before this step's collection happens.
         self.egreedy.eps.fill_(self.epsilon(self.datamodule.frames))
 
-    def on_update(self) -> None:
+    def update(self, batches: list[TensorDictBase]) -> tuple[torch.Tensor, TensorDictBase]:
+        """One DQN update: the TD loss of each batch (accumulated) and its backward, gradient clip and Adam step (or
+        all four as one replayed CUDA graph), the target network's update, and each sample's |TD error| back to the
+        replay buffer as its new priority."""
+        if self.graphed:
+            losses = self.replay_graph(batches[0])
+            loss, td_errors = losses["loss"], None  # prioritized replay is refused with a graph
+        else:
+            loss, losses, td_errors = self.loss_backward(batches)
+            self.optimizer_step()
+        self.update_target()
+        self.datamodule.after_update(td_errors)
+        return loss, losses
+
+    def update_target(self) -> None:
+        """Polyak-average the target network (``soft``), or copy it every ``target_update_interval`` updates."""
         # global_step already counts the step just taken.
         if self.target_update == "soft":
             self.soft_update()

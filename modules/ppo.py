@@ -145,3 +145,20 @@ class PPO(RLModule):
     def postprocess(self, rollout: TensorDictBase) -> None:
         """GAE over the ``[num_envs, steps]`` rollout, writing ``advantage`` and ``value_target`` in place."""
         self.advantage(rollout)
+
+    def update(self, batches: list[TensorDictBase]) -> tuple[torch.Tensor, TensorDictBase]:
+        return ppo_update(self, batches)
+
+
+def ppo_update(model: RLModule, batches: list[TensorDictBase]) -> tuple[torch.Tensor, TensorDictBase]:
+    """One PPO update on a minibatch: the clipped surrogate, entropy bonus and value loss, backward, gradient clip
+    and Adam step (or all of it as one replayed CUDA graph). The advantages were computed when the rollout came in
+    (``postprocess``)."""
+    if model.graphed:
+        losses = model.replay_graph(batches[0])
+        loss = losses["loss"]
+    else:
+        loss, losses, _ = model.loss_backward(batches)
+        model.optimizer_step()
+    model.datamodule.after_update(None)
+    return loss, losses
