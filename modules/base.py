@@ -59,8 +59,11 @@ class RLModule(pl.LightningModule):
     """Base class of the agents.
 
     An agent builds its networks and TorchRL loss from the specs the CLI links in from the data module, and
-    implements :meth:`policy` (acting, with exploration), :meth:`greedy_policy` (evaluation and export) and, when its
-    loss is not a plain TorchRL loss module call, :meth:`loss`. The data module does all environment stepping.
+    implements :meth:`policy` (acting, with exploration), :meth:`greedy_policy` (evaluation and export),
+    :meth:`update` (its algorithm's update, written with the services here: :meth:`loss_backward`,
+    :meth:`optimizer_step`, :meth:`replay_graph`, :meth:`soft_update`) and, when its loss is not a plain TorchRL loss
+    module call, :meth:`loss`. The data module does all environment stepping; :meth:`training_step` fetches the
+    batches, runs the update, checks its loss (:meth:`check_finite`) and logs it (:meth:`log_update`).
 
     Args:
         observation_spec: observation spec of one environment (linked from ``data.observation_spec``).

@@ -147,7 +147,7 @@ class DQN(RLModule):
         if target_update == "soft":
             self.target_updater = SoftUpdate(self.loss_module, tau=tau)
         else:
-            # HardUpdate(interval=0) copies on every step() call; on_update calls it every `target_update_interval`
+            # HardUpdate(interval=0) copies on every step() call; update_target calls it every `target_update_interval`
             # updates, a function of the restored global step rather than of a counter checkpoints would have to carry.
             self.target_updater = HardUpdate(self.loss_module, value_network_update_interval=0)
         self._exploring_policy = GreedyRowsEGreedy(self._acting_actor, self.egreedy)
