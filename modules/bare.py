@@ -1,5 +1,9 @@
 """Bare reference updates: each agent's update arithmetic in plain eager PyTorch, with no framework around it.
 
+Each agent's reference update sits beside it (its ``reference_update(data)``: DQN and PIRL in :mod:`modules.dqn`,
+PPO in :mod:`modules.ppo`, SAC in :mod:`modules.sac_reference`); this module holds what they share: the pre-drawn
+batches of real transitions, the plain optimizer step, the timing, and the dispatch.
+
 The yardstick for what the framework costs: ``ThroughputReport`` times it at the end of a run (so runs on machines
 of different speed, or on different days, can be compared), and ``benchmarks/update_cost.py`` divides the whole
 training loop's time per update by it. Each function copies the agent's networks and returns ``step(i)``, one update
@@ -9,7 +13,6 @@ maths written out (the same as the agent's TorchRL loss computes), backward, gra
 
 from __future__ import annotations
 
-import copy
 import math
 import statistics
 import time
@@ -17,13 +20,10 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from tensordict import TensorDict
 from torch import nn
 
-from compat.torch import foreach_lerp_
 from modules.optim import FusedAdamStep
-from modules.pde import physics_losses
 
 POOL = 16  # at most this many distinct pre-drawn batches the bare loop cycles through ...
 POOL_TRANSITIONS = 2048  # ... and at most this many transitions in all (Mario's are 256 KiB each), but 2 batches
@@ -70,52 +70,6 @@ def optimizer_step(parameters: list[nn.Parameter], optimizer: torch.optim.Optimi
     optimizer.zero_grad(set_to_none=True)
 
 
-def bare_dqn(model: Any, data: Any) -> Callable[[int], torch.Tensor]:
-    """Double-DQN (or plain DQN) target, forward, MSE (or Huber), backward — of each of the batches the update
-    accumulates —, clip and fused Adam (AdamW with weight decay) on pre-drawn batches; PIRL adds its physics terms."""
-    online = copy.deepcopy(model.q_network).to(data.device)
-    target = copy.deepcopy(online).requires_grad_(False)
-    parameters = list(online.parameters())
-    optimizer = make_adam(parameters, model)
-    gamma = float(model.loss_module.value_estimator.gamma)  # PIRL's is 1: its Q-values are probabilities
-    pirl = hasattr(model, "pde_weight")
-    huber = model.hparams.get("loss_function", "l2") == "smooth_l1"
-    accumulate = model.accumulate_grad_batches
-    batches = batch_pool(data, data.batch_size)
-
-    def loss_of(batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        with torch.no_grad():
-            next_q = target(batch["next_observation"])
-            if model.hparams.double_dqn:
-                best = online(batch["next_observation"]).argmax(-1, keepdim=True)
-                next_value = next_q.gather(-1, best).squeeze(-1)
-            else:
-                next_value = next_q.max(-1).values
-            y = batch["reward"] + gamma * (~batch["terminated"]) * next_value
-        q = online(batch["observation"]).gather(-1, batch["action"].unsqueeze(-1)).squeeze(-1)
-        loss = F.smooth_l1_loss(q, y) if huber else (q - y).pow(2).mean()
-        if pirl:
-            physics = physics_losses(
-                online,
-                data.physics,
-                data.physics.collocation(model.collocation_points, batch["observation"]),
-                model.pde_weight,
-                model.boundary_weight,
-                model.gradient_method,
-            )
-            loss = loss + sum(physics.values())
-        return loss
-
-    def step(i: int) -> torch.Tensor:
-        for k in range(accumulate):
-            loss = loss_of(batches[(i * accumulate + k) % len(batches)])
-            (loss if accumulate == 1 else loss / accumulate).backward()
-        optimizer_step(parameters, optimizer, model.max_grad_norm)
-        return loss.detach()
-
-    return step
-
-
 def make_adam(parameters: list[nn.Parameter], model: Any) -> torch.optim.Optimizer:
     """The fused Adam the agent's update uses, AdamW when it has weight decay."""
     if getattr(model, "weight_decay", 0.0):
@@ -144,144 +98,28 @@ def as_replay_sample(batch: dict[str, torch.Tensor]) -> TensorDict:
 def framework_free_update(model: Any, data: Any) -> Callable[[int], torch.Tensor]:
     """An agent's own update — its (compiled, with ``compile``) loss, backward, :class:`FusedAdamStep` and soft
     target update — with neither Lightning nor the data path around it, on the same pre-drawn batches as its bare
-    update (:func:`bare_dqn`, :func:`bare_sac`): what the framework's update step costs before the loop around it.
+    update (``model.reference_update``): what the framework's update step costs before the loop around it.
 
     It trains ``model`` itself (a copy would not do: the TorchRL loss holds the parameters PIRL's loss reads from its
     network, and a deep copy separates the two), so pass a model built for the measurement.
     """
-    if hasattr(model, "pde_weight"):
+    if data.physics is not None:
         model.physics = data.physics  # what PIRL's setup takes from the data module
-    loss = model.compiled(model.training_loss())
+    # The function the agent's update compiles (SAC's own, with its term towards the clone), and PIRL's loss inputs.
+    loss = model.compiled(model.training_loss() if hasattr(model, "training_loss") else model.loss)
+    loss_inputs = getattr(model, "loss_draws", lambda batch: {})
     optimizer = make_adam(model.trainable_parameters(), model)
     optimizer_step = FusedAdamStep(optimizer, model.max_grad_norm)
     batches = [as_replay_sample(batch) for batch in batch_pool(data, data.batch_size)]
 
     def step(i: int) -> torch.Tensor:
         batch = batches[i % len(batches)]
-        total = sum(value for key, value in loss(batch, **model.loss_draws(batch)).items() if key.startswith("loss"))
+        total = sum(value for key, value in loss(batch, **loss_inputs(batch)).items() if key.startswith("loss"))
         total.backward()
         optimizer_step()
         if model.target_networks and getattr(model, "target_update", "soft") == "soft":
             model.soft_update()
         return total.detach()
-
-    return step
-
-
-def ppo_batch(data: Any, size: int, seed: int) -> dict[str, torch.Tensor]:
-    """Real transitions with stand-in rollout statistics (behaviour log-probability, advantages, value targets)."""
-    batch = transitions(data, size, seed)
-    generator = torch.Generator().manual_seed(seed)
-    batch["log_prob"] = torch.full_like(batch["reward"], -1.386)  # log(1/4): a uniform behaviour policy's
-    batch["advantage"] = torch.randn(size, generator=generator)
-    batch["value_target"] = torch.randn(size, generator=generator)
-    return batch
-
-
-def bare_ppo(model: Any, data: Any) -> Callable[[int], torch.Tensor]:
-    """Clipped surrogate + entropy bonus + smooth-L1 value loss on one minibatch, backward, clip, fused Adam."""
-    actor, critic = (
-        copy.deepcopy(model.actor_network).to(data.device),
-        copy.deepcopy(model.critic_network).to(data.device),
-    )
-    parameters = [*actor.parameters(), *critic.parameters()]
-    optimizer = torch.optim.Adam(parameters, lr=model.lr, fused=True)
-    hp = model.hparams
-    batches = [ppo_batch(data, data.minibatch_size, seed) for seed in range(POOL)]
-
-    def step(i: int) -> torch.Tensor:
-        batch = batches[i % POOL]
-        log_probs = F.log_softmax(actor(batch["observation"]), -1)
-        log_prob = log_probs.gather(-1, batch["action"].unsqueeze(-1)).squeeze(-1)
-        advantage = batch["advantage"]
-        if hp.normalize_advantage:
-            advantage = (advantage - advantage.mean()) / advantage.std().clamp_min(1e-6)
-        ratio = (log_prob - batch["log_prob"]).exp()
-        clipped = ratio.clamp(1 - hp.clip_epsilon, 1 + hp.clip_epsilon)
-        objective = -torch.min(ratio * advantage, clipped * advantage).mean()
-        entropy = -(log_probs.exp() * log_probs).sum(-1).mean()
-        value_loss = F.smooth_l1_loss(critic(batch["observation"]).squeeze(-1), batch["value_target"])
-        loss = objective - hp.entropy_coef * entropy + hp.critic_coef * value_loss
-        loss.backward()
-        optimizer_step(parameters, optimizer, model.max_grad_norm)
-        return loss.detach()
-
-    return step
-
-
-def tanh_gaussian_sample(
-    location: torch.Tensor, scale: torch.Tensor, noise: torch.Tensor, centre: torch.Tensor, half_range: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The reparametrised action ``centre + half_range · tanh(location + scale · noise)`` and its log-density:
-    ``log N(u) − log|d tanh(u)/du| − log|d action/d tanh|``, with ``log(1 − tanh²u) = 2(log 2 − u − softplus(−2u))``."""
-    pre_tanh = location + scale * noise
-    log_normal = -0.5 * noise.pow(2) - scale.log() - 0.5 * math.log(2 * math.pi)
-    log_tanh = 2 * (math.log(2) - pre_tanh - F.softplus(-2 * pre_tanh))
-    log_prob = (log_normal - log_tanh).sum(-1) - half_range.log().sum()
-    return centre + half_range * torch.tanh(pre_tanh), log_prob
-
-
-def bare_sac(model: Any, data: Any) -> Callable[[int], torch.Tensor]:
-    """SAC written out: the clipped double-Q target from the target critics at a fresh next action, both critics'
-    MSE, the actor's ``α·log π − min Q`` through detached critics, α's loss, backward, clip, fused Adam and the
-    Polyak step of the target critics. The tanh-Gaussian's log-density is computed by hand (tanh's and the action
-    box's Jacobians), the critics run one after the other rather than vmapped. Same weights, same batches and the same
-    random draws in the same order as the agent's loss."""
-    device = data.device
-    actor = copy.deepcopy(model.actor.module[0].module).to(device)  # observation -> (location, scale)
-    critics, targets = [], []
-    for index in range(model.loss_module.num_qvalue_nets):  # SACLoss's own critics and targets, as plain modules
-        for copies, name in ((critics, "qvalue_network_params"), (targets, "target_qvalue_network_params")):
-            module = copy.deepcopy(model.qvalue).to(device)
-            state = getattr(model.loss_module, name).detach()[index].flatten_keys(".")
-            module.load_state_dict({key: value.clone() for key, value in state.items()})
-            copies.append(module.module)
-    for target in targets:
-        target.requires_grad_(False)
-    log_alpha = model.loss_module.log_alpha.detach().to(device).clone().requires_grad_(True)
-    parameters = [*actor.parameters(), *(p for critic in critics for p in critic.parameters()), log_alpha]
-    optimizer = torch.optim.Adam(parameters, lr=model.lr, fused=True)
-    gamma, tau = float(model.loss_module.value_estimator.gamma), model.tau
-    target_entropy = float(model.loss_module.target_entropy)
-    space = model.action_spec.space
-    centre, half_range = (
-        ((space.high + space.low).float() / 2).to(device),
-        ((space.high - space.low).float() / 2).to(device),
-    )
-    target_pairs = (
-        [p.data for target in targets for p in target.parameters()],
-        [p.data for critic in critics for p in critic.parameters()],
-    )
-    batches = batch_pool(data, data.batch_size)
-
-    def sample(observation: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        location, scale = actor(observation)
-        return tanh_gaussian_sample(location, scale, torch.randn_like(location), centre, half_range)
-
-    def step(i: int) -> torch.Tensor:
-        batch = batches[i % len(batches)]
-        alpha = log_alpha.detach().exp()
-        with torch.no_grad():
-            next_action, next_log_prob = sample(batch["next_observation"])
-            next_q = torch.min(*(t(batch["next_observation"], next_action).squeeze(-1) for t in targets))
-            y = batch["reward"] + gamma * (~batch["terminated"]) * (next_q - alpha * next_log_prob)
-        critic_loss = sum((c(batch["observation"], batch["action"]).squeeze(-1) - y).pow(2).mean() for c in critics)
-        action, log_prob = sample(batch["observation"])
-        q = torch.min(
-            *(
-                torch.func.functional_call(
-                    c, {k: v.detach() for k, v in c.named_parameters()}, (batch["observation"], action)
-                )
-                for c in critics
-            )
-        ).squeeze(-1)
-        actor_loss = (alpha * log_prob - q).mean()
-        alpha_loss = -(log_alpha * (log_prob.detach() + target_entropy)).mean()
-        loss = critic_loss + actor_loss + alpha_loss
-        loss.backward()
-        optimizer_step(parameters, optimizer, model.max_grad_norm)
-        foreach_lerp_(*target_pairs, tau)
-        return loss.detach()
 
     return step
 
@@ -312,16 +150,11 @@ def time_bare(step: Callable[[int], Any], seconds: float) -> float:
 
 
 def bare_update(model: Any, data: Any) -> Callable[[int], torch.Tensor] | None:
-    """The bare update of ``model``'s agent family (DQN and PIRL: :func:`bare_dqn`; PPO: :func:`bare_ppo`; SAC:
-    :func:`bare_sac`), or None
-    for an agent without one."""
-    if hasattr(model, "q_network"):
-        return bare_dqn(model, data)
-    if hasattr(model, "qvalue"):
-        return bare_sac(model, data)
-    if hasattr(model, "actor_network") and hasattr(model, "critic_network"):
-        return bare_ppo(model, data)
-    return None
+    """The bare reference update of ``model``'s agent (its ``reference_update``, beside the agent: DQN and PIRL in
+    :mod:`modules.dqn`, PPO in :mod:`modules.ppo`, SAC in :mod:`modules.sac_reference`), or None for an agent without
+    one."""
+    reference = getattr(model, "reference_update", None)  # RLModule's; behaviour cloning has none
+    return None if reference is None else reference(data)
 
 
 def bare_update_ms(model: Any, data: Any, seconds: float) -> float | None:

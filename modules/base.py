@@ -61,8 +61,11 @@ class RLModule(pl.LightningModule):
     """Base class of the agents.
 
     An agent builds its networks and TorchRL loss from the specs the CLI links in from the data module, and
-    implements :meth:`policy` (acting, with exploration), :meth:`greedy_policy` (evaluation and export) and, when its
-    loss is not a plain TorchRL loss module call, :meth:`loss`. The data module does all environment stepping.
+    implements :meth:`policy` (acting, with exploration), :meth:`greedy_policy` (evaluation and export),
+    :meth:`update` (its algorithm's update, written with the services here: :meth:`loss_backward`,
+    :meth:`optimizer_step`, :meth:`replay_graph`, :meth:`soft_update`) and, when its loss is not a plain TorchRL loss
+    module call, :meth:`loss`. The data module does all environment stepping; :meth:`training_step` fetches the
+    batches, runs the update, checks its loss (:meth:`check_finite`) and logs it (:meth:`log_update`).
 
     Args:
         observation_spec: observation spec of one environment (linked from ``data.observation_spec``).
@@ -168,11 +171,6 @@ class RLModule(pl.LightningModule):
     #: In-place work on each collected batch before it is used (PPO: advantages), or None.
     postprocess: Callable[[TensorDictBase], None] | None = None
 
-    def store_transform(self) -> Transform | None:
-        """A TorchRL replay-buffer transform that turns collected transitions into what the replay buffer stores
-        (DQN's n-step returns: :class:`~torchrl.envs.MultiStepTransform`), or None to store them as collected."""
-        return None
-
     def batch_keys(self) -> list[NestedKey]:
         """The entries the update reads from a batch: a replay buffer keeps only these."""
         return list(self.loss_module.in_keys)
@@ -181,21 +179,13 @@ class RLModule(pl.LightningModule):
         """TensorDict whose ``loss_*`` entries are summed into the training loss."""
         return self.loss_module(batch)
 
-    def training_loss(self) -> Callable[[TensorDictBase], TensorDictBase]:
-        """The function the update compiles and calls: :meth:`loss`, or another method when an option changes the
-        loss's form (SAC's term towards its clone). Another function, not a branch inside one: Dynamo caches compiled
-        code per function, and with the guards on the model dropped (_batch_guards) a branch on the model's options
-        would be decided once for every model in the process."""
-        return self.loss
-
-    def loss_draws(self, batch: TensorDictBase) -> dict[str, Any]:
-        """The random inputs of the loss beyond its batch (PIRL's collocation points), passed to it as keyword
-        arguments: drawn here, eagerly, before the compiled loss, from a generator of the model's own, so that an
-        update never draws from the global generator that a prefetch thread collects with. Default: none."""
-        return {}
-
-    def on_update(self) -> None:
-        """Called after each optimizer step (target-network updates and the like)."""
+    def update(self, batches: list[TensorDictBase]) -> tuple[torch.Tensor, TensorDictBase]:
+        """One update on ``batches`` (``accumulate_grad_batches`` of them): the agent's algorithm, written with the
+        services below (:meth:`loss_backward`, :meth:`optimizer_step`, :meth:`replay_graph`, :meth:`soft_update`) and
+        ending with ``self.datamodule.after_update(priorities)``. Returns the detached total loss and the loss terms
+        to log; :meth:`training_step` times it, checks the loss is finite and logs (:meth:`check_finite`,
+        :meth:`log_update`)."""
+        raise NotImplementedError(f"{type(self).__name__} does not define update()")
 
     # ---------------------------------------------------------------------------------------- Lightning hooks
     @property
@@ -229,61 +219,54 @@ class RLModule(pl.LightningModule):
         # dynamic=False: every update sees the same batch shape; a dynamic-shape graph would only be slower.
         return torch.compile(function, options=options, dynamic=False)
 
-    #: Whether the update draws from the global generator (SAC's sampled actions; PIRL draws its collocation points
-    #: from its own, see loss_draws): then collection cannot run beside it in another thread (ReplayDataModule's
-    #: ``prefetch``) without both drawing from the global generator in an order that changes from run to run.
-    update_draws_random = False
-
-    def check_datamodule(self, datamodule: Any) -> None:
+    def check_datamodule(self, datamodule: Any, cannot_capture: tuple[str, ...] = ()) -> None:
         """Raise a ValueError naming the flag when this model cannot train on ``datamodule`` (the CLI calls this right
         after building both, so the error comes before any output folder exists; ``setup`` calls it again for a
-        Trainer driven directly). Subclasses extend it."""
-        if getattr(datamodule, "prefetch", False) and self.update_draws_random:
-            raise ValueError(
-                f"--data.init_args.collection.init_args.prefetch: {type(self).__name__}'s update draws random numbers, "
-                "and a round collected beside it would draw from the same generator in an order that varies, so runs "
-                "would not repeat; use prefetch false"
-            )
+        Trainer driven directly). Agents extend it, and pass what of their update a CUDA graph cannot replay
+        (``cannot_capture``, for ``compile: cudagraph``'s one-line refusal)."""
         if self.compile_mode == "cudagraph":
-            self._check_cuda_graph(datamodule)
+            self._check_cuda_graph(datamodule, cannot_capture)
 
-    def _check_cuda_graph(self, datamodule: Any) -> None:
+    def _check_cuda_graph(self, datamodule: Any, cannot_capture: tuple[str, ...]) -> None:
         """Refuse ``compile: cudagraph`` where replaying one captured update would not do what the eager update
         does: whatever changes from one update to the next outside the batch's tensors is baked into the graph."""
-        flag, agent = "--model.init_args.compile cudagraph", type(self).__name__
+        flag = "--model.init_args.compile cudagraph"
         reasons = [
             (self.accumulate_grad_batches > 1, "gradient accumulation (accumulate_grad_batches 1)"),
             (self.lr_end is not None, "a learning-rate schedule: the step's lr is captured once (lr_end null)"),
             (self.weight_decay > 0, "AdamW's step, which is not capturable here (weight_decay 0)"),
             (getattr(datamodule, "prioritized", False), "prioritized replay's priorities (priority_alpha 0)"),
-            (self.update_draws_random, f"{agent}'s random draws inside the update"),
-            (type(self).loss_draws is not RLModule.loss_draws, f"{agent}'s loss inputs drawn each update"),
+            *((True, reason) for reason in cannot_capture),
         ]
         refused = [reason for cannot, reason in reasons if cannot]
         if refused:
             raise ValueError(f"{flag} cannot capture {'; '.join(refused)}: use compile true")
 
-    def env_transform(self) -> Transform | None:
-        """A TorchRL transform every environment the policy acts in must carry (a recurrent policy's episode-start
-        flag and state primer), or None."""
-        return None
-
     def setup(self, stage: str) -> None:
-        self.datamodule.use_env_transform(self.env_transform())
+        self.connect_datamodule(stage)
+
+    def connect_datamodule(
+        self, stage: str, env_transform: Transform | None = None, store_transform: Transform | None = None
+    ) -> None:
+        """Hand the data module what it collects with: ``env_transform``, a TorchRL transform every environment the
+        policy acts in must carry (a recurrent policy's episode-start flag and state primer), at every stage; and when
+        fitting, after :meth:`check_datamodule`, the acting policy, :attr:`postprocess`, :meth:`batch_keys` and
+        ``store_transform``, a replay-buffer transform of the collected transitions (DQN's n-step returns)."""
+        self.datamodule.use_env_transform(env_transform)
         if stage == "fit":
             self.check_datamodule(self.datamodule)
-            self.datamodule.connect(self.policy(), self.postprocess, self.batch_keys(), self.store_transform())
+            self.datamodule.connect(self.policy(), self.postprocess, self.batch_keys(), store_transform)
 
     def trainable_parameters(self) -> list[nn.Parameter]:
         """What the optimizer updates (target networks are buffers of the loss module, not parameters)."""
         return [parameter for parameter in self.loss_module.parameters() if parameter.requires_grad]
 
-    def parameter_groups(self) -> list[dict[str, Any]]:
-        """The optimizer's parameter groups; a group without ``lr`` takes ``lr`` (SAC gives its actor its own)."""
-        return [{"params": self.trainable_parameters()}]
-
     def configure_optimizers(self) -> torch.optim.Optimizer:
-        groups = self.parameter_groups()
+        return self.adam([{"params": self.trainable_parameters()}])
+
+    def adam(self, groups: list[dict[str, Any]]) -> torch.optim.Optimizer:
+        """The update's fused Adam (AdamW with ``weight_decay``) on parameter ``groups``; a group without ``lr``
+        takes ``lr`` (SAC gives its actor its own)."""
         for group in groups:
             group.setdefault("lr", self.lr)
             group["base_lr"] = group["lr"]  # what lr_end's schedule scales (kept in the optimizer's checkpoint)
@@ -303,7 +286,7 @@ class RLModule(pl.LightningModule):
         self._optimizer_step = FusedAdamStep(self._lightning_optimizer.optimizer, self.max_grad_norm)
         # TorchRL fills a loss's input keys on first use; doing it before compiling spares one recompilation.
         _ = self.loss_module.in_keys
-        self._compiled_loss = self.compiled(self.training_loss())
+        self._compiled_loss = self.compiled(self.loss)
         if self.compile_mode == "cudagraph" and self.device.type == "cuda":
             if self.trainer.world_size > 1:
                 raise ValueError("--model.init_args.compile cudagraph: not with DDP (the all-reduce runs in hooks)")
@@ -369,79 +352,98 @@ class RLModule(pl.LightningModule):
         )
 
     def _update_and_log(self, batches: list[TensorDictBase]) -> torch.Tensor:
-        """One update on ``batches`` (accumulated), its finiteness check, and its metrics on logging steps."""
-        batch = batches[-1]
+        """The agent's :meth:`update` on ``batches`` (timed), its finiteness check, and its metrics."""
         update = self.global_step  # the index of this update; global_step counts it once the step is taken
-        self.before_update()
         with self.datamodule.timer.phase("update"):
             loss, losses = self.update(batches)
+        self.check_finite(loss, update)
+        self.log_update(loss, losses, update, batches[-1].numel())
+        return loss
+
+    def check_finite(self, loss: torch.Tensor, update: int) -> None:
+        """Stop training on a loss that is not finite (every ``check_finite_every`` updates: each check is one host
+        sync on a GPU)."""
         if update % self.check_finite_every == 0 and not torch.isfinite(loss):
             raise FloatingPointError(
                 f"the training loss is {loss.item()} at update {update} ({self.datamodule.frames} frames): training "
                 "stopped, and no checkpoint was written since, so the last checkpoint holds the last good weights"
             )
+
+    def log_update(self, loss: torch.Tensor, losses: TensorDictBase, update: int, batch_size: int) -> None:
+        """The update's loss terms, :meth:`extra_metrics` and the data module's monitor, on logging steps only."""
         # Lightning writes metrics every `log_every_n_steps` steps, but each self.log call costs about 0.2 ms on
         # CPU whether written or not: on a loop of thousands of small updates a second, log only what is written.
-        if (update + 1) % self.trainer.log_every_n_steps == 0:
-            metrics = {f"train/{key}": value.detach() for key, value in losses.items() if value.numel() == 1}
-            metrics.pop("train/loss", None)
-            if "td_error" in losses:  # per sample (prioritized replay's priorities): logged as its mean
-                metrics["train/td_error"] = losses["td_error"].detach().mean()
-            metrics.update(self.extra_metrics())
-            metrics.update(self.datamodule.monitor())
-            if self.lr_end is not None:
-                metrics["train/lr"] = self._lightning_optimizer.optimizer.param_groups[0]["lr"]
-            self.log("train/loss", loss, prog_bar=True, batch_size=batch.numel())
-            self.log_dict(metrics, batch_size=batch.numel())
-        return loss
+        if (update + 1) % self.trainer.log_every_n_steps != 0:
+            return
+        metrics = {f"train/{key}": value.detach() for key, value in losses.items() if value.numel() == 1}
+        metrics.pop("train/loss", None)
+        if "td_error" in losses:  # per sample (prioritized replay's priorities): logged as its mean
+            metrics["train/td_error"] = losses["td_error"].detach().mean()
+        metrics.update(self.extra_metrics())
+        metrics.update(self.datamodule.monitor())
+        if self.lr_end is not None:
+            metrics["train/lr"] = self._lightning_optimizer.optimizer.param_groups[0]["lr"]
+        self.log("train/loss", loss, prog_bar=True, batch_size=batch_size)
+        self.log_dict(metrics, batch_size=batch_size)
 
-    def before_update(self) -> None:
-        """Called before each update (several may share one Lightning step): what depends on the update count."""
+    # ------------------------------------------------------------------------ the update's shared services
+    @staticmethod
+    def loss_sum(losses: TensorDictBase, held: frozenset[str] = frozenset()) -> torch.Tensor:
+        """The training loss: the sum of the ``loss_*`` terms, but those ``held`` back (computed, not trained on)."""
+        return sum(value for key, value in losses.items() if key.startswith("loss") and key not in held)
 
-    def update(self, batches: list[TensorDictBase]) -> tuple[torch.Tensor, TensorDictBase]:
-        """Loss and backward of each batch (each loss divided by their number, so the gradients sum to those of
-        their mean), gradient clip, optimizer step, then :meth:`on_update`. Returns the detached total loss (the
-        batches' mean) and the last batch's loss terms (not detached: a new TensorDict per update costs more than the
-        few logged steps need)."""
-        if self._graphed_update is not None:
-            # The batch is copied into the graph's inputs, and the graph replayed, as the optimizer's step.
-            losses = optimizer_step_with_hooks(self._lightning_optimizer, lambda: self._graphed_update(batches[0]))
-            self.on_update()
-            self.datamodule.after_update(None)
-            return losses["loss"], losses
+    def loss_backward(
+        self,
+        batches: list[TensorDictBase],
+        loss_inputs: Callable[[TensorDictBase], dict[str, Any]] | None = None,
+        held: frozenset[str] = frozenset(),
+    ) -> tuple[torch.Tensor, TensorDictBase, torch.Tensor | None]:
+        """The (compiled, with ``compile``) :meth:`loss` of each batch and its backward, each loss divided by their
+        number so that the gradients sum to those of their mean (gradient accumulation). ``loss_inputs(batch)``: the
+        loss's inputs beyond its batch (PIRL's collocation points), drawn eagerly before the compiled loss;
+        ``held``: loss terms left out of the sum (:meth:`loss_sum`). Returns the detached mean loss, the last batch's
+        loss terms (not detached: a new TensorDict per update costs more than the few logged steps need) and the
+        batches' per-sample ``td_error`` in the order they were served (prioritized replay's new priorities), or
+        None when the loss gives none."""
         total, td_errors = None, []
         for batch in batches:
-            losses = self._compiled_loss(batch, **self.loss_draws(batch))
+            losses = self._compiled_loss(batch, **(loss_inputs(batch) if loss_inputs is not None else {}))
             # Outside the compiled function, so that holding a term back never selects a stale compiled graph.
-            loss = sum(value for key, value in losses.items() if key.startswith("loss") and key not in self.held_losses)
+            loss = self.loss_sum(losses, held)
             # Through Lightning, which prepares DDP's gradient all-reduce and runs the backward hooks of callbacks.
             # (With DDP every accumulated backward all-reduces: correct, if not the cheapest.)
             self.manual_backward(loss if len(batches) == 1 else loss / len(batches))
             total = loss.detach() if total is None else total + loss.detach()
             td_errors.append(losses.get("td_error", None))
+        priorities = None if td_errors[0] is None else td_errors[0] if len(batches) == 1 else torch.cat(td_errors)
+        return total if len(batches) == 1 else total / len(batches), losses, priorities
+
+    def optimizer_step(self) -> None:
+        """Gradient clip (``max_grad_norm``) and Adam step as PyTorch's fused kernels (:mod:`modules.optim`)."""
         # Lightning's own bookkeeping around a step (global_step, the profiler), the calls LightningOptimizer.step
         # makes, without its closure machinery, so that the step itself is the fused kernels (modules/optim.py).
         optimizer_step_with_hooks(self._lightning_optimizer, self._optimizer_step)
-        self.on_update()
-        # A loss may give each sample's |TD error| (`td_error`): a prioritized replay store's new priorities, in the
-        # order the batches were served.
-        priority = None if td_errors[0] is None else td_errors[0] if len(batches) == 1 else torch.cat(td_errors)
-        self.datamodule.after_update(priority)
-        return total if len(batches) == 1 else total / len(batches), losses
+
+    @property
+    def graphed(self) -> bool:
+        """Whether the update replays a captured CUDA graph (``compile: cudagraph`` on a CUDA device)."""
+        return self._graphed_update is not None
+
+    def replay_graph(self, batch: TensorDictBase) -> TensorDictBase:
+        """``compile: cudagraph``: loss, backward, clip and fused Adam step of ``batch`` as one replayed CUDA graph
+        (:meth:`_captured_update`). Returns the detached loss terms, with the total as ``loss``."""
+        # The batch is copied into the graph's inputs, and the graph replayed, as the optimizer's step.
+        return optimizer_step_with_hooks(self._lightning_optimizer, lambda: self._graphed_update(batch))
 
     def _captured_update(self, batch: TensorDictBase) -> TensorDictBase:
         """The update ``compile: cudagraph`` captures: loss, backward, clip and fused Adam step, nothing that reads
         a value back to the host. Its detached loss terms come out as a TensorDict (the graph's static outputs)."""
         losses = self._compiled_loss(batch)
-        loss = sum(value for key, value in losses.items() if key.startswith("loss") and key not in self.held_losses)
+        loss = self.loss_sum(losses)
         loss.backward()  # not manual_backward: its Python hooks would run once, at capture (DDP is refused)
         self._optimizer_step()
         terms = {key: value.detach() for key, value in losses.items() if key != "loss"}
         return TensorDict({**terms, "loss": loss.detach()}, batch_size=[])
-
-    #: Loss terms computed but left out of the update's sum for now (SAC's actor during its critics' warm-up): the
-    #: parameters only they reach get no gradient, and the optimizer skips them.
-    held_losses: frozenset[str] = frozenset()
 
     #: The loss module's networks that have Polyak-averaged target copies (``<name>_params`` and
     #: ``target_<name>_params``), for :meth:`soft_update`.
@@ -463,6 +465,12 @@ class RLModule(pl.LightningModule):
                         sources.append(online.get(key).data)
             pairs = self._soft_pairs = (targets, sources)
         foreach_lerp_(*pairs, self.tau)
+
+    def reference_update(self, data: Any) -> Callable[[int], torch.Tensor] | None:
+        """The agent's update in plain eager PyTorch on copies of its networks, as ``step(i)`` on pre-drawn batches of
+        ``data``'s transitions (:mod:`modules.bare`): the yardstick the throughput report and the benchmarks measure
+        the framework's update against. None: the agent has none."""
+        return None
 
     def extra_metrics(self) -> dict[str, torch.Tensor | float]:
         """Agent-specific training metrics beyond the loss terms (ε, ...). Default: none."""

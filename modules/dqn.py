@@ -10,10 +10,12 @@ Usage::
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import copy
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import torch
+import torch.nn.functional as F
 from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 from torch import nn
@@ -23,8 +25,10 @@ from torchrl.envs.utils import ExplorationType, exploration_type
 from torchrl.modules import EGreedyModule, QValueActor
 from torchrl.objectives import DQNLoss, HardUpdate, SoftUpdate
 
+from modules.bare import batch_pool, make_adam, optimizer_step
 from modules.base import RLModule
 from modules.networks import BatchNormCNN, EvalModeActor, has_batch_norm, observation_mlp
+from modules.pde import physics_losses
 
 
 class DQN(RLModule):
@@ -143,7 +147,7 @@ class DQN(RLModule):
         if target_update == "soft":
             self.target_updater = SoftUpdate(self.loss_module, tau=tau)
         else:
-            # HardUpdate(interval=0) copies on every step() call; on_update calls it every `target_update_interval`
+            # HardUpdate(interval=0) copies on every step() call; update_target calls it every `target_update_interval`
             # updates, a function of the restored global step rather than of a counter checkpoints would have to carry.
             self.target_updater = HardUpdate(self.loss_module, value_network_update_interval=0)
         self._exploring_policy = GreedyRowsEGreedy(self._acting_actor, self.egreedy)
@@ -168,7 +172,12 @@ class DQN(RLModule):
     def export_network(self) -> nn.Module:
         return self.q_network  # Q-values; the greedy action is their argmax
 
+    def setup(self, stage: str) -> None:
+        self.connect_datamodule(stage, store_transform=self.store_transform())
+
     def store_transform(self) -> MultiStepTransform | None:
+        """What the replay buffer stores of the collected transitions: with ``n_steps`` > 1, TorchRL's
+        ``MultiStepTransform`` turns them into n-step transitions; None: as collected."""
         if self.n_steps == 1:
             return None
         # done_keys=[]: the episode-end flags are gathered, like the next observation, from the step each sum stops at,
@@ -197,7 +206,22 @@ class DQN(RLModule):
         # ε follows the frame counter (restored on resume), set before this step's collection happens.
         self.egreedy.eps.fill_(self.epsilon(self.datamodule.frames))
 
-    def on_update(self) -> None:
+    def update(self, batches: list[TensorDictBase]) -> tuple[torch.Tensor, TensorDictBase]:
+        """One DQN update: the TD loss of each batch (accumulated) and its backward, gradient clip and Adam step (or
+        all four as one replayed CUDA graph), the target network's update, and each sample's |TD error| back to the
+        replay buffer as its new priority."""
+        if self.graphed:
+            losses = self.replay_graph(batches[0])
+            loss, td_errors = losses["loss"], None  # prioritized replay is refused with a graph
+        else:
+            loss, losses, td_errors = self.loss_backward(batches)
+            self.optimizer_step()
+        self.update_target()
+        self.datamodule.after_update(td_errors)
+        return loss, losses
+
+    def update_target(self) -> None:
+        """Polyak-average the target network (``soft``), or copy it every ``target_update_interval`` updates."""
         # global_step already counts the step just taken.
         if self.target_update == "soft":
             self.soft_update()
@@ -206,6 +230,10 @@ class DQN(RLModule):
 
     def extra_metrics(self) -> dict[str, torch.Tensor | float]:
         return {"train/epsilon": self.egreedy.eps}
+
+    def reference_update(self, data: Any) -> Callable[[int], torch.Tensor]:
+        """This update in plain eager PyTorch, the yardstick of its cost (:mod:`modules.bare`)."""
+        return reference_dqn_update(self, data)
 
 
 class GreedyRowsEGreedy(TensorDictModuleBase):
@@ -239,3 +267,49 @@ class GreedyRowsEGreedy(TensorDictModuleBase):
             action[greedy] = self.actor(tensordict.select(*self.in_keys)[greedy]).get(self.egreedy.action_key)
         tensordict.set(self.egreedy.action_key, action)
         return tensordict
+
+
+def reference_dqn_update(model: DQN, data: Any, with_physics: bool = False) -> Callable[[int], torch.Tensor]:
+    """Double-DQN (or plain DQN) target, forward, MSE (or Huber), backward — of each of the batches the update
+    accumulates —, clip and fused Adam (AdamW with weight decay) on pre-drawn batches; ``with_physics``: PIRL's physics
+    terms too (:mod:`modules.pde`)."""
+    online = copy.deepcopy(model.q_network).to(data.device)
+    target = copy.deepcopy(online).requires_grad_(False)
+    parameters = list(online.parameters())
+    optimizer = make_adam(parameters, model)
+    gamma = float(model.loss_module.value_estimator.gamma)  # PIRL's is 1: its Q-values are probabilities
+    huber = model.hparams.get("loss_function", "l2") == "smooth_l1"
+    accumulate = model.accumulate_grad_batches
+    batches = batch_pool(data, data.batch_size)
+
+    def loss_of(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        with torch.no_grad():
+            next_q = target(batch["next_observation"])
+            if model.hparams.double_dqn:
+                best = online(batch["next_observation"]).argmax(-1, keepdim=True)
+                next_value = next_q.gather(-1, best).squeeze(-1)
+            else:
+                next_value = next_q.max(-1).values
+            y = batch["reward"] + gamma * (~batch["terminated"]) * next_value
+        q = online(batch["observation"]).gather(-1, batch["action"].unsqueeze(-1)).squeeze(-1)
+        loss = F.smooth_l1_loss(q, y) if huber else (q - y).pow(2).mean()
+        if with_physics:
+            physics = physics_losses(
+                online,
+                data.physics,
+                data.physics.collocation(model.collocation_points, batch["observation"]),
+                model.pde_weight,
+                model.boundary_weight,
+                model.gradient_method,
+            )
+            loss = loss + sum(physics.values())
+        return loss
+
+    def step(i: int) -> torch.Tensor:
+        for k in range(accumulate):
+            loss = loss_of(batches[(i * accumulate + k) % len(batches)])
+            (loss if accumulate == 1 else loss / accumulate).backward()
+        optimizer_step(parameters, optimizer, model.max_grad_norm)
+        return loss.detach()
+
+    return step

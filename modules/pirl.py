@@ -15,7 +15,7 @@ Usage::
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import torch
@@ -23,7 +23,7 @@ from tensordict import TensorDict, TensorDictBase
 from torch import nn
 from torchrl.data import TensorSpec
 
-from modules.dqn import DQN
+from modules.dqn import DQN, reference_dqn_update
 from modules.networks import mlp
 from modules.pde import physics_losses
 
@@ -143,8 +143,24 @@ class PhysicsInformedDQN(DQN):
         """Safety probability ``V(x) = maxₐ Q(x, a)``."""
         return self.q_network(states).max(-1).values
 
+    def check_datamodule(self, datamodule: Any, cannot_capture: tuple[str, ...] = ()) -> None:
+        reason = f"{type(self).__name__}'s loss inputs drawn each update"
+        super().check_datamodule(datamodule, (*cannot_capture, reason))
+
+    def update(self, batches: list[TensorDictBase]) -> tuple[torch.Tensor, TensorDictBase]:
+        """One PIRL update: the DQN error plus the physics terms at fresh collocation points, of each batch
+        (accumulated), backward, gradient clip, Adam step, the target network's update, and each sample's |TD error|
+        back to the replay buffer as its new priority."""
+        loss, losses, td_errors = self.loss_backward(batches, loss_inputs=self.loss_draws)
+        self.optimizer_step()
+        self.update_target()
+        self.datamodule.after_update(td_errors)
+        return loss, losses
+
     def loss_draws(self, batch: TensorDictBase) -> dict[str, Any]:
-        """This update's collocation points, from the model's own generator."""
+        """This update's collocation points, the loss's random inputs beyond its batch, passed to it as keyword
+        arguments: drawn eagerly, before the compiled loss, from the model's own generator, so that an update never
+        draws from the global generator that a prefetch thread collects with."""
         points = self.physics.collocation(self.collocation_points, batch["observation"], self.collocation_generator)
         return {"collocation": points}
 
@@ -180,6 +196,10 @@ class PhysicsInformedDQN(DQN):
             self.gradient_method,
         )
         return TensorDict({"loss": dqn_error, **physics, "td_error": td_error})
+
+    def reference_update(self, data: Any) -> Callable[[int], torch.Tensor]:
+        """This update in plain eager PyTorch (DQN's, with the physics terms), the yardstick of its cost."""
+        return reference_dqn_update(self, data, with_physics=True)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         super().on_save_checkpoint(checkpoint)

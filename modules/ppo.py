@@ -10,10 +10,12 @@ Usage::
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import copy
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModule, TensorDictModuleBase
 from torchrl.data import TensorSpec
@@ -21,6 +23,7 @@ from torchrl.modules import ProbabilisticActor, ValueOperator
 from torchrl.objectives import ClipPPOLoss
 from torchrl.objectives.value import GAE
 
+from modules.bare import POOL, optimizer_step, transitions
 from modules.base import RLModule
 from modules.networks import observation_mlp
 
@@ -145,3 +148,65 @@ class PPO(RLModule):
     def postprocess(self, rollout: TensorDictBase) -> None:
         """GAE over the ``[num_envs, steps]`` rollout, writing ``advantage`` and ``value_target`` in place."""
         self.advantage(rollout)
+
+    def update(self, batches: list[TensorDictBase]) -> tuple[torch.Tensor, TensorDictBase]:
+        return ppo_update(self, batches)
+
+    def reference_update(self, data: Any) -> Callable[[int], torch.Tensor]:
+        """This update in plain eager PyTorch, the yardstick of its cost (:mod:`modules.bare`)."""
+        return reference_ppo_update(self, data)
+
+
+def ppo_update(model: RLModule, batches: list[TensorDictBase]) -> tuple[torch.Tensor, TensorDictBase]:
+    """One PPO update on a minibatch: the clipped surrogate, entropy bonus and value loss, backward, gradient clip
+    and Adam step (or all of it as one replayed CUDA graph). The advantages were computed when the rollout came in
+    (``postprocess``)."""
+    if model.graphed:
+        losses = model.replay_graph(batches[0])
+        loss = losses["loss"]
+    else:
+        loss, losses, _ = model.loss_backward(batches)
+        model.optimizer_step()
+    model.datamodule.after_update(None)
+    return loss, losses
+
+
+def ppo_batch(data: Any, size: int, seed: int) -> dict[str, torch.Tensor]:
+    """Real transitions with stand-in rollout statistics (behaviour log-probability, advantages, value targets)."""
+    batch = transitions(data, size, seed)
+    generator = torch.Generator().manual_seed(seed)
+    batch["log_prob"] = torch.full_like(batch["reward"], -1.386)  # log(1/4): a uniform behaviour policy's
+    batch["advantage"] = torch.randn(size, generator=generator)
+    batch["value_target"] = torch.randn(size, generator=generator)
+    return batch
+
+
+def reference_ppo_update(model: PPO, data: Any) -> Callable[[int], torch.Tensor]:
+    """Clipped surrogate + entropy bonus + smooth-L1 value loss on one minibatch, backward, clip, fused Adam."""
+    actor, critic = (
+        copy.deepcopy(model.actor_network).to(data.device),
+        copy.deepcopy(model.critic_network).to(data.device),
+    )
+    parameters = [*actor.parameters(), *critic.parameters()]
+    optimizer = torch.optim.Adam(parameters, lr=model.lr, fused=True)
+    hp = model.hparams
+    batches = [ppo_batch(data, data.minibatch_size, seed) for seed in range(POOL)]
+
+    def step(i: int) -> torch.Tensor:
+        batch = batches[i % POOL]
+        log_probs = F.log_softmax(actor(batch["observation"]), -1)
+        log_prob = log_probs.gather(-1, batch["action"].unsqueeze(-1)).squeeze(-1)
+        advantage = batch["advantage"]
+        if hp.normalize_advantage:
+            advantage = (advantage - advantage.mean()) / advantage.std().clamp_min(1e-6)
+        ratio = (log_prob - batch["log_prob"]).exp()
+        clipped = ratio.clamp(1 - hp.clip_epsilon, 1 + hp.clip_epsilon)
+        objective = -torch.min(ratio * advantage, clipped * advantage).mean()
+        entropy = -(log_probs.exp() * log_probs).sum(-1).mean()
+        value_loss = F.smooth_l1_loss(critic(batch["observation"]).squeeze(-1), batch["value_target"])
+        loss = objective - hp.entropy_coef * entropy + hp.critic_coef * value_loss
+        loss.backward()
+        optimizer_step(parameters, optimizer, model.max_grad_norm)
+        return loss.detach()
+
+    return step

@@ -32,7 +32,7 @@ from torchrl.objectives.value.functional import vec_generalized_advantage_estima
 
 from modules.base import RLModule
 from modules.networks import TokenEncoder
-from modules.ppo import categorical_actor, check_ppo_options, clip_ppo_loss, ppo_batch_keys
+from modules.ppo import categorical_actor, check_ppo_options, clip_ppo_loss, ppo_batch_keys, ppo_update
 
 _STATE_KEYS = ("recurrent_state_h", "recurrent_state_c")
 
@@ -123,9 +123,9 @@ class RecurrentPPO(RLModule):
         """``is_init`` at every episode start, and the LSTM state in every reset (zeros) and step of the env."""
         return Compose(InitTracker(), self.lstm.make_tensordict_primer())
 
-    def check_datamodule(self, datamodule: Any) -> None:
+    def check_datamodule(self, datamodule: Any, cannot_capture: tuple[str, ...] = ()) -> None:
         """Segments to train on, and a grid that holds the environment's token layout."""
-        super().check_datamodule(datamodule)
+        super().check_datamodule(datamodule, cannot_capture)
         if not getattr(datamodule, "bptt", 0):
             raise ValueError(
                 "--model RecurrentPPO trains on sequence segments: set --data.init_args.bptt (a rollout data module)"
@@ -149,7 +149,7 @@ class RecurrentPPO(RLModule):
             )
 
     def setup(self, stage: str) -> None:
-        super().setup(stage)
+        self.connect_datamodule(stage, env_transform=self.env_transform())
         if stage == "fit":
             self._take_feature_scale(self.datamodule.observation_layout.scale)
 
@@ -166,6 +166,10 @@ class RecurrentPPO(RLModule):
         """The PPO loss on ``[segments, bptt]``: the LSTM runs through each segment from its stored first state."""
         with set_recurrent_mode(True):
             return self.loss_module(batch)
+
+    def update(self, batches: list[TensorDictBase]) -> tuple[torch.Tensor, TensorDictBase]:
+        """PPO's update (:func:`~modules.ppo.ppo_update`) on ``[segments, bptt]`` minibatches."""
+        return ppo_update(self, batches)
 
     @torch.no_grad()
     def postprocess(self, rollout: TensorDictBase) -> None:

@@ -97,8 +97,6 @@ class SAC(RLModule):
         lr_end, lr_frames: see :class:`~modules.base.RLModule` (a cosine learning-rate decay in frames).
     """
 
-    update_draws_random = True  # the reparameterised actions of the actor loss
-
     # Options that may name an earlier stage's config instead of its checkpoint: the app runs that stage and sets the
     # attribute of the same name to the stage's checkpoint before fit starts.
     stage_options = ("actor_init",)
@@ -231,32 +229,53 @@ class SAC(RLModule):
         actor = ScaledTanhPolicy(nn.Sequential(self.actor_network, Location()), space.low.float(), space.high.float())
         return actor.to(self.device)
 
-    def parameter_groups(self) -> list[dict[str, Any]]:
+    def configure_optimizers(self) -> torch.optim.Optimizer:
         actor = {id(p) for p in self.loss_module.actor_network_params.values(True, True)}
         parameters = self.trainable_parameters()
-        return [
-            {"params": [p for p in parameters if id(p) in actor], "lr": self.actor_lr},
-            {"params": [p for p in parameters if id(p) not in actor]},  # critics and log α
-        ]
+        return self.adam(
+            [
+                {"params": [p for p in parameters if id(p) in actor], "lr": self.actor_lr},
+                {"params": [p for p in parameters if id(p) not in actor]},  # critics and log α
+            ]
+        )
+
+    def check_datamodule(self, datamodule: Any, cannot_capture: tuple[str, ...] = ()) -> None:
+        # The update draws from the global generator (the reparameterised actions of the actor loss): a round collected
+        # beside it in another thread (prefetch) would draw from it too, in an order that changes from run to run.
+        if getattr(datamodule, "prefetch", False):
+            raise ValueError(
+                f"--data.init_args.collection.init_args.prefetch: {type(self).__name__}'s update draws random numbers, "
+                "and a round collected beside it would draw from the same generator in an order that varies, so runs "
+                "would not repeat; use prefetch false"
+            )
+        super().check_datamodule(
+            datamodule, (*cannot_capture, f"{type(self).__name__}'s random draws inside the update")
+        )
 
     def on_train_batch_start(self, batch: object, batch_idx: int) -> None:
         super().on_train_batch_start(batch, batch_idx)
         progress = min(self.datamodule.frames / self.bc_weight_frames, 1.0)
         self.bc_weight.fill_(self.bc_weight_initial * (1.0 - progress))
 
-    def before_update(self) -> None:
+    def update(self, batches: list[TensorDictBase]) -> tuple[torch.Tensor, TensorDictBase]:
+        """One SAC update: the critics' clipped double-Q loss, the actor's ``α·log π − min Q`` (and its term towards
+        the clone), α's loss, their backward, gradient clip and Adam step, then the Polyak step of the target critics.
+        During ``actor_warmup_updates`` the actor's terms are computed but held back: it gets no gradient."""
         # From the restored update counter, so a resumed run holds the actor back exactly as long.
         warming_up = self.global_step < self.actor_warmup_updates
-        self.held_losses = frozenset({"loss_actor", "loss_bc"}) if warming_up else frozenset()
-
-    def on_update(self) -> None:
+        held = frozenset({"loss_actor", "loss_bc"}) if warming_up else frozenset()
+        loss, losses, _ = self.loss_backward(batches, held=held)
+        self.optimizer_step()
         self.soft_update()
+        self.datamodule.after_update(None)
+        return loss, losses
 
     def on_fit_start(self) -> None:
         # After Lightning restored a checkpoint (on resume the actor is the checkpoint's) and before any collection.
         if self.actor_init is not None and self.trainer.ckpt_path is None:
             self.load_behaviour_cloning(self.actor_init)
         super().on_fit_start()
+        self._compiled_loss = self.compiled(self.training_loss())
 
     def load_behaviour_cloning(self, source: str | Path) -> Path:
         """Copy a behaviour-cloning network into the actor; returns the checkpoint used.
@@ -313,6 +332,10 @@ class SAC(RLModule):
         return clone
 
     def training_loss(self) -> Callable[[TensorDictBase], TensorDictBase]:
+        """The loss the update compiles and calls: :meth:`loss_near_clone` with a term towards the clone, else
+        :meth:`loss`. Another function, not a branch inside one: Dynamo caches compiled code per function, and with
+        the guards on the model dropped a branch on the model's options would be decided once for every model in the
+        process."""
         return self.loss_near_clone if self.bc_weight_initial > 0 else self.loss
 
     def loss_near_clone(self, batch: TensorDictBase) -> TensorDictBase:
@@ -323,6 +346,12 @@ class SAC(RLModule):
             target = self.clone_network(batch["observation"]).chunk(2, -1)[0]
         losses["loss_bc"] = self.bc_weight * (torch.tanh(location) - torch.tanh(target)).pow(2).sum(-1).mean()
         return losses
+
+    def reference_update(self, data: Any) -> Callable[[int], torch.Tensor]:
+        """This update in plain eager PyTorch (:mod:`modules.sac_reference`), the yardstick of its cost."""
+        from modules.sac_reference import reference_sac_update
+
+        return reference_sac_update(self, data)
 
     def extra_metrics(self) -> dict[str, torch.Tensor | float]:
         return {"train/log_alpha": self.loss_module.log_alpha.detach(), "train/bc_weight": self.bc_weight}

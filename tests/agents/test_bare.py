@@ -9,7 +9,8 @@ import torch
 from tensordict import TensorDict
 
 from app.cli import build, main
-from modules.bare import as_replay_sample, bare_update, batch_pool, framework_free_update, ppo_batch
+from modules.bare import as_replay_sample, bare_update, batch_pool, framework_free_update
+from modules.ppo import ppo_batch
 from tests.helpers import ROOT, chain_config, write_config
 
 SMALL = ["--threads", "1", "--data.init_args.num_envs", "4"]
@@ -49,7 +50,7 @@ def test_framework_free_update_is_the_agents_update_step(config):
     batch = as_replay_sample(pool[0])
     generator = getattr(model, "collocation_generator", None)  # PIRL's: the update draws its points from it
     state = generator and generator.get_state()
-    expected = total(model.loss(batch, **model.loss_draws(batch))).detach()
+    expected = total(model.loss(batch, **(model.loss_draws(batch) if generator else {}))).detach()
     if generator:
         generator.set_state(state)
     assert step(0) == pytest.approx(expected.item(), rel=1e-5)

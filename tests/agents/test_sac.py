@@ -16,8 +16,8 @@ from torchrl.modules import TanhNormal
 
 from app.stages import MARKER, stage_folder
 from datamodules.envs.racing.env import RacingEnv
-from modules.bare import tanh_gaussian_sample
 from modules.sac import SAC
+from modules.sac_reference import tanh_gaussian_sample
 from tests.helpers import ROOT, fit, weights, write_config
 
 ENV = RacingEnv(curvature_ahead=[5, 15, 30])
