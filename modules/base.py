@@ -82,7 +82,7 @@ class RLModule(pl.LightningModule):
         weight_decay: decoupled weight decay (AdamW, Loshchilov & Hutter 2019); 0: plain Adam.
         accumulate_grad_batches: batches whose gradients one update sums before its optimizer step, each batch's
             loss divided by their number: the update of one batch that many times larger, in pieces (the Mario
-            seed's 4 × 512). ``--trainer.accumulate_grad_batches`` is handed to this by the CLI.
+            reference's 4 × 512). ``--trainer.accumulate_grad_batches`` is handed to this by the CLI.
         compile: ``False``, ``True`` or a ``torch.compile`` mode (``"default"``, ``"reduce-overhead"``,
             ``"max-autotune"``): compile the loss with its backward. The first updates then take seconds each while
             they compile. ``"cudagraph"``: compile it, and on a CUDA device capture the whole update (loss, backward,

@@ -1,6 +1,7 @@
-"""Behaviour cloning (SPEC §4): an MLP that imitates the racing expert's actions, trained in real Lightning epochs.
+"""Behaviour cloning (docs/reference_systems.md §4): an MLP that imitates the racing expert's actions, trained in
+real Lightning epochs.
 
-The network maps the observation (the seed's 8 numbers; 11 with ``configs/racing_bc.yaml``'s curvature ahead) to
+The network maps the observation (the reference's 8 numbers; 11 with ``configs/racing_bc.yaml``'s curvature ahead) to
 the 2 actions through hidden layers 128 and 64 (ReLU, orthogonal initialisation) and a tanh, so its output lies in
 [−1, 1]; the expert's actions are scaled from the action box to [−1, 1] for the MSE, and the policy scales the output
 back. Adam 3e-4 on batches of 256 from :class:`~datamodules.demonstrations.DemonstrationDataModule`; the validation
@@ -33,7 +34,7 @@ class BehaviourCloning(pl.LightningModule):
     Args:
         observation_spec: linked from the data module (``observation`` is a flat vector).
         action_spec: linked from the data module (a bounded box).
-        hidden_sizes: widths of the hidden layers (the seed's 128, 64).
+        hidden_sizes: widths of the hidden layers (the reference's 128, 64).
         lr: Adam learning rate.
     """
 
@@ -55,7 +56,7 @@ class BehaviourCloning(pl.LightningModule):
         (action_dim,) = action_spec.shape
         network = mlp(observation_dim, hidden_sizes, action_dim)
         for layer in network:
-            if isinstance(layer, nn.Linear):  # orthogonal, as the seed; a small last layer starts near the centre
+            if isinstance(layer, nn.Linear):  # orthogonal, as the reference; a small last layer starts near the centre
                 last = layer is network[-1]
                 nn.init.orthogonal_(layer.weight, gain=0.01 if last else math.sqrt(2))
                 nn.init.zeros_(layer.bias)

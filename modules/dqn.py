@@ -38,14 +38,14 @@ class DQN(RLModule):
         observation_spec: linked from the data module.
         action_spec: linked from the data module (a discrete ``Categorical`` spec).
         network: the Q-network: ``mlp`` (an MLP over the flattened observation, ``hidden_sizes`` wide) or
-            ``batch_norm_cnn`` (the Mario seed's convolutional network with BatchNorm, for stacked frames
+            ``batch_norm_cnn`` (the Mario reference's convolutional network with BatchNorm, for stacked frames
             ``[C, H, W]``; :class:`~modules.networks.BatchNormCNN`). A network with BatchNorm acts and evaluates in
             eval mode and trains in train mode.
         hidden_sizes: widths of the MLP's hidden layers.
         lr: Adam learning rate.
         gamma: discount.
         double_dqn: pick the next action with the online network and evaluate it with the target network.
-        loss_function: ``l2`` (the seed's MSE) or ``smooth_l1`` (Huber).
+        loss_function: ``l2`` (the reference's MSE) or ``smooth_l1`` (Huber).
         target_update: ``hard`` (copy every ``target_update_interval`` updates) or ``soft`` (Polyak, ``tau``).
         target_update_interval: updates between hard copies.
         tau: soft-update rate.
@@ -56,7 +56,7 @@ class DQN(RLModule):
             an episode's end (TorchRL's ``MultiStepTransform`` on the replay writes). 1: the one-step target. Sums
             over exploring actions are biased towards the exploring policy's value: measure before raising it.
         compile: see :class:`~modules.base.RLModule`.
-        max_grad_norm: see :class:`~modules.base.RLModule` (the seed clips at 10).
+        max_grad_norm: see :class:`~modules.base.RLModule` (the reference clips at 10).
         check_finite_every: see :class:`~modules.base.RLModule`.
         lr_end, lr_frames, lr_restart_mult: see :class:`~modules.base.RLModule` (a cosine learning-rate decay in
             frames, with warm restarts).
@@ -240,8 +240,8 @@ class GreedyRowsEGreedy(TensorDictModuleBase):
     """ε-greedy acting that runs the Q-network only for the rows that act greedily.
 
     TorchRL's ``EGreedyModule`` replaces the actions an actor already chose, so the network runs on every row even
-    when ε is near 1 — as it is for all of the Mario seed's first 500k annealing frames, where the forward pass of its
-    CNN was a tenth of a collector worker's time. This draws what ``EGreedyModule`` draws, in its order (which rows
+    when ε is near 1 — as it is for all of the Mario reference's first 500k annealing frames, where the forward pass of
+    its CNN was a tenth of a collector worker's time. This draws what ``EGreedyModule`` draws, in its order (which rows
     explore, then a random action for every row: the same actions for the same generator), and then evaluates the
     actor on the greedy rows alone; it writes ``action`` only, since the rows that explore have no Q-values.
 

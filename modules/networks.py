@@ -111,8 +111,8 @@ class TokenGrid(nn.Module):
 
 
 class TokenEncoder(nn.Module):
-    """Tokens → grid → Conv(64, k5, s3) → Conv(64, k3) → Linear → Linear (SPEC §5, Metta's policy trunk before its
-    LSTM), over any leading batch dimensions (``[batch]`` when acting, ``[segments, bptt]`` when training)."""
+    """Tokens → grid → Conv(64, k5, s3) → Conv(64, k3) → Linear → Linear (docs/reference_systems.md §5, Metta's policy
+    trunk before its LSTM), over any leading batch dimensions (``[batch]`` when acting, ``[segments, bptt]`` when training)."""
 
     def __init__(self, num_features: int, height: int, width: int, out_features: int = 128) -> None:
         super().__init__()
@@ -136,7 +136,8 @@ class TokenEncoder(nn.Module):
 
 
 class BatchNormCNN(nn.Module):
-    """The Mario seed's Q-network (SPEC §3): uint8 frames ``[..., C, H, W]`` → ``[..., out_features]``.
+    """The Mario reference's Q-network (docs/reference_systems.md §3): uint8 frames ``[..., C, H, W]`` →
+    ``[..., out_features]``.
 
     ``x / 255`` → Conv(32, 8, s4) → BN → ReLU → Conv(64, 4, s2) → BN → ReLU → Conv(64, 3, s1) → BN → ReLU → Linear 512
     → LayerNorm → ReLU → Linear. The convolutions have no bias (BatchNorm's shift replaces it); weights are Kaiming

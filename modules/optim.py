@@ -2,7 +2,7 @@
 
 ``torch.optim.Adam(fused=True).step()`` runs one fused kernel for all parameters, but wraps it in Python (a state
 lookup per parameter, grouping by device and dtype, profiler records), and ``clip_grad_norm_`` groups the gradients
-again. On the Snake MLP at the seed's setting (batch 128, one thread) that wrapping cost 0.5 ms of a 5 ms update
+again. On the Snake MLP at the reference's setting (batch 128, one thread) that wrapping cost 0.5 ms of a 5 ms update
 (clip 0.25 ms against 0.11 ms here, step 0.55 ms against 0.17 ms). ``torch.compile`` does not remove it: the fused
 optimizer is excluded from tracing (a graph break around it), and the traced non-fused Adam compiled to a slower CPU
 kernel (1.3 ms). So the step calls the kernels directly (:mod:`compat.torch`), on the optimizer's own state:

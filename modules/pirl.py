@@ -31,7 +31,7 @@ from modules.pde import physics_losses
 class PhysicsInformedDQN(DQN):
     """DQN on a sigmoid Q-network, plus ``pde_weight × PDE residual² + boundary_weight × boundary error²``.
 
-    The seed's network is 16 → 32 → 32 → 32 → 25 with Tanh hidden layers and a Sigmoid output (3,481 parameters
+    The reference's network is 16 → 32 → 32 → 32 → 25 with Tanh hidden layers and a Sigmoid output (3,481 parameters
     on the vehicle); its sizes come from the environment's specs. The dynamics ``f(x, a)`` and the collocation domain
     come from the environment (``datamodule.physics``), so the loss always matches the environment it trains on.
 
@@ -39,17 +39,17 @@ class PhysicsInformedDQN(DQN):
         observation_spec: linked from the data module.
         action_spec: linked from the data module.
         hidden_sizes: widths of the Tanh hidden layers.
-        lr: Adam learning rate (the seed: 5e-4).
-        target_update: ``hard`` (the seed: a copy every ``target_update_interval`` updates) or ``soft`` (Polyak).
+        lr: Adam learning rate (the reference: 5e-4).
+        target_update: ``hard`` (the reference: a copy every ``target_update_interval`` updates) or ``soft`` (Polyak).
         target_update_interval: updates between hard target copies.
         tau: soft-update rate.
-        double_dqn: pick the next action with the online network and evaluate it with the target network (the seed
+        double_dqn: pick the next action with the online network and evaluate it with the target network (the reference
             used plain DQN targets; with discount 1 the max over 25 noisy estimates compounds over the horizon).
         eps_start, eps_end, eps_frames: ε falls linearly from ``eps_start`` to ``eps_end`` over ``eps_frames``.
         n_steps: the target sums the rewards of ``n_steps`` steps before bootstrapping (see
             :class:`~modules.dqn.DQN`): with discount 1, a success travels back ``n_steps`` steps per target refresh.
-        pde_weight: weight of the mean squared PDE residual (the seed: 1e-4; 0 turns the physics term off).
-        boundary_weight: weight of the boundary terms (the seed: 1).
+        pde_weight: weight of the mean squared PDE residual (the reference: 1e-4; 0 turns the physics term off).
+        boundary_weight: weight of the boundary terms (the reference: 1).
         collocation_points: interior points per update, and as many terminal and unsafe boundary points.
         gradient: how ``∇ₓV`` is computed: ``autograd`` (``create_graph=True``) or ``func`` (``torch.func``).
         compile: see :class:`~modules.base.RLModule`.

@@ -38,7 +38,8 @@ _STATE_KEYS = ("recurrent_state_h", "recurrent_state_c")
 
 
 class RecurrentPPO(RLModule):
-    """Clipped PPO with a token-grid CNN, an LSTM and action and value heads on its output (SPEC §5).
+    """Clipped PPO with a token-grid CNN, an LSTM and action and value heads on its output
+    (docs/reference_systems.md §5).
 
     Args:
         observation_spec: linked from the data module (token observations ``[num_tokens, 3]`` uint8).

@@ -1,11 +1,12 @@
-"""Soft actor-critic (SPEC §4): a tanh-Gaussian actor and twin Q critics on TorchRL's ``SACLoss``.
+"""Soft actor-critic (docs/reference_systems.md §4): a tanh-Gaussian actor and twin Q critics on TorchRL's ``SACLoss``.
 
-The actor maps the observation through an MLP (the seed's hidden layers 128, 64) to the location and scale of a
+The actor maps the observation through an MLP (the reference's hidden layers 128, 64) to the location and scale of a
 Gaussian whose sample is squashed by tanh onto the action box (TorchRL's ``TanhNormal``); acting samples it,
 evaluation and export take its deterministic action ``centre + half_range · tanh(location)``, the same form as the
 behaviour-cloning policy (:class:`~modules.networks.ScaledTanhPolicy`). Two Q-networks (``[observation, action] → 128 →
 64 → 1``) with Polyak-averaged target copies, the clipped double-Q target, and the entropy coefficient α tuned
-towards a target entropy (−action dims by default), as in Haarnoja et al. 2018 and the seed's Stable-Baselines3 SAC.
+towards a target entropy (−action dims by default), as in Haarnoja et al. 2018 and the reference's Stable-Baselines3
+SAC.
 
 ``actor_init`` starts the actor from a behaviour-cloning run: its hidden layers, and its output layer as the
 Gaussian's location, so the deterministic action is the clone's from the first step; the scale starts at
@@ -67,9 +68,9 @@ class SAC(RLModule):
     Args:
         observation_spec: linked from the data module (``observation`` is a flat vector).
         action_spec: linked from the data module (a bounded box).
-        actor_hidden_sizes: widths of the actor's hidden layers (the seed's 128, 64).
-        critic_hidden_sizes: widths of each critic's hidden layers (the seed's 128, 64).
-        lr: Adam learning rate of the critics and α (and of the actor, without ``actor_lr``; the seed's 3e-4).
+        actor_hidden_sizes: widths of the actor's hidden layers (the reference's 128, 64).
+        critic_hidden_sizes: widths of each critic's hidden layers (the reference's 128, 64).
+        lr: Adam learning rate of the critics and α (and of the actor, without ``actor_lr``; the reference's 3e-4).
         actor_lr: the actor's own learning rate; None: ``lr``. Lower keeps an actor started from behaviour cloning
             within reach of what its critics have seen while they catch up.
         gamma: discount.

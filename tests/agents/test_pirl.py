@@ -1,4 +1,4 @@
-"""The physics-informed DQN: the seed's network, its loss terms, and short real fits on the toy and the vehicle."""
+"""The physics-informed DQN: the reference's network, its loss terms, and short real fits on the toy and the vehicle."""
 
 from __future__ import annotations
 
