@@ -112,7 +112,8 @@ class TokenGrid(nn.Module):
 
 class TokenEncoder(nn.Module):
     """Tokens → grid → Conv(64, k5, s3) → Conv(64, k3) → Linear → Linear (docs/reference_systems.md §5, Metta's policy
-    trunk before its LSTM), over any leading batch dimensions (``[batch]`` when acting, ``[segments, bptt]`` when training)."""
+    trunk before its LSTM), over any leading batch dimensions (``[batch]`` when acting, ``[segments, bptt]`` when
+    training)."""
 
     def __init__(self, num_features: int, height: int, width: int, out_features: int = 128) -> None:
         super().__init__()

@@ -3,8 +3,8 @@
 The safety probability ``V(x) = P(stay safe until the horizon τ runs out | x)`` of a controlled diffusion satisfies,
 away from the boundaries, ``∇ₓV · f(x, a*) + ½ tr(σσᵀ ∇²V) = 0`` where ``f`` includes ``dτ/dt = −1`` (so the τ
 component of the gradient term is ``−∂V/∂τ``). As in the reference (Hoshino et al., "Autonomous Drifting Based on
-Maximal Safety Probability Learning", ITSC 2024, arXiv 2409.03160; method: arXiv 2403.16391), the diffusion term is left out
-and the loss penalises the first-order residual at random interior (collocation) points, with ``V = 1`` on the
+Maximal Safety Probability Learning", ITSC 2024, arXiv 2409.03160; method: arXiv 2403.16391), the diffusion term is
+left out and the loss penalises the first-order residual at random interior (collocation) points, with ``V = 1`` on the
 terminal boundary (τ = 0, safe) and ``V = 0`` on the unsafe boundary.
 
 This is the loss's maths; the drift ``f`` and the collocation box belong to the environment
