@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 
+import pytest
 import torch
 
 from tests.app.test_cli import run_app
@@ -19,6 +20,7 @@ def readme_example() -> dict[str, str]:
     return blocks
 
 
+@pytest.mark.slow
 def test_the_readme_agent_fits_through_its_class_path(tmp_path):
     example = readme_example()
     (tmp_path / "qlearning.py").write_text(example["python"])

@@ -84,6 +84,7 @@ def test_bare_ppo_update_computes_clip_ppo_loss():
     assert step(0) == pytest.approx(expected.item(), rel=1e-5)
 
 
+@pytest.mark.slow
 def test_update_cost_interleaves_bare_slices_between_timed_fit_segments(tmp_path):
     # benchmarks/update_cost.py's instrument on a tiny run: segments of the fit alternate with slices of a stand-in
     # bare step, and the segments' time per update leaves the bare slices out.

@@ -46,6 +46,7 @@ def shortened(tmp_path: Path) -> Path:
     return write_config(config, tmp_path / "racing_bc.yaml")
 
 
+@pytest.mark.slow
 def test_shipped_config_trains_validates_evaluates_and_resumes_in_its_folder(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     config = shortened(tmp_path)
@@ -76,6 +77,7 @@ class DrawsAtFitStart(pl.Callback):
         torch.rand(1)
 
 
+@pytest.mark.slow
 def test_resumed_run_ends_with_identical_weights(tmp_path, monkeypatch):
     # 3 epochs, a stop, and 3 more resumed under another global seed, against 6 in one run. Each epoch's shuffle
     # is seeded from the global generator, which Lightning's checkpoint does not hold: only the data module's
@@ -102,6 +104,7 @@ def test_resumed_run_ends_with_identical_weights(tmp_path, monkeypatch):
     assert len(trained) == 6 and all(not torch.equal(first_half[key], resumed[key]) for key in trained)
 
 
+@pytest.mark.slow
 def test_fit_export_and_checkpoint_export_trace_the_clones_actions(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     config = yaml.safe_load(shortened(tmp_path).read_text())

@@ -81,6 +81,7 @@ def test_epsilon_anneals_linearly_over_frames():
     assert dqn.epsilon(10**6) == pytest.approx(0.1)
 
 
+@pytest.mark.slow
 def test_epsilon_follows_collected_frames_during_training(tmp_path):
     config = chain_config("dqn", tmp_path)
     config["model"]["init_args"].update(eps_start=1.0, eps_end=0.0, eps_frames=200)
@@ -90,6 +91,7 @@ def test_epsilon_follows_collected_frames_during_training(tmp_path):
     assert cli.model.egreedy.eps.item() == pytest.approx(1 - frames / 200, abs=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("interval", [5, 7])
 def test_hard_target_sync_happens_exactly_at_the_interval(tmp_path, interval):
     config = chain_config("dqn", tmp_path)

@@ -18,6 +18,7 @@ from modules.ppo import PPO
 from tests.helpers import ROOT, chain_config, fit, write_config
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("agent", ["dqn", "ppo"])
 def test_bf16_mixed_precision_trains_with_finite_loss(tmp_path, agent):
     config = write_config(chain_config(agent, tmp_path), tmp_path / "c.yaml")
@@ -70,6 +71,7 @@ def test_compiled_and_eager_losses_agree_on_the_same_batch(cls):
                 parameter.add_(0.1)
 
 
+@pytest.mark.slow
 def test_compiled_update_trains_to_the_same_weights_as_eager(tmp_path):
     # The whole update compiled (loss with its backward, clip + fused Adam step, soft target update): after 40 updates
     # and the collection between them, the weights are those of the eager run up to float rounding.
@@ -95,6 +97,7 @@ def test_compiled_update_trains_to_the_same_weights_as_eager(tmp_path):
 CUDA_GRAPH = ["--model.init_args.compile", "cudagraph"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("configs", "args", "reason"),
     [
@@ -142,6 +145,7 @@ class DumpRankState(pl.Callback):
         )
 
 
+@pytest.mark.slow
 def test_ddp_on_cpu_keeps_weights_identical_while_ranks_collect_differently(tmp_path):
     config = chain_config("dqn", tmp_path)
     config["trainer"]["callbacks"].append(
@@ -179,6 +183,7 @@ def test_ddp_on_cpu_keeps_weights_identical_while_ranks_collect_differently(tmp_
         assert torch.equal(value, rank1["state_dict"][key]), key  # gradients all-reduced: one set of weights
 
 
+@pytest.mark.slow
 def test_validate_plays_greedy_episodes_from_a_checkpoint(tmp_path):
     config = write_config(chain_config("dqn", tmp_path), tmp_path / "c.yaml")
     fit(config, "--trainer.max_steps", "200")

@@ -107,6 +107,7 @@ def test_bad_learning_rate_schedule_names_the_flag():
         DQN(**SPECS, lr_end=0.0, lr_frames=0)
 
 
+@pytest.mark.slow
 def test_training_sets_and_logs_the_scheduled_learning_rate(tmp_path):
     config = chain_config("dqn", tmp_path)
     config["model"]["init_args"].update(lr=1e-3, lr_end=1e-5, lr_frames=600)

@@ -44,6 +44,7 @@ def test_the_seed_network_has_exactly_3481_parameters():
     assert q.shape == (5, 25) and (q > 0).all() and (q < 1).all()  # probabilities
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("config_name", ["pirl_toy.yaml", "pirl_vehicle.yaml"])
 def test_short_fit_logs_every_loss_term_and_writes_the_safety_report(tmp_path, config_name):
     config = write_config(small_run(config_name, tmp_path), tmp_path / "c.yaml")
@@ -62,6 +63,7 @@ def test_short_fit_logs_every_loss_term_and_writes_the_safety_report(tmp_path, c
     assert cli.datamodule.frames >= 150 * cli.datamodule.frames_per_update
 
 
+@pytest.mark.slow
 def test_pde_weight_zero_drops_the_physics_term(tmp_path):
     config = write_config(small_run("pirl_toy.yaml", tmp_path, pde_weight=0.0), tmp_path / "c.yaml")
     cli = fit(config)
@@ -138,6 +140,7 @@ def test_boundary_loss_pulls_v_to_one_at_the_horizon_and_to_zero_when_unsafe():
     assert model.value(points["unsafe"]).mean() < 0.1
 
 
+@pytest.mark.slow
 def test_physics_free_environment_is_refused(tmp_path):
     config = small_run("pirl_toy.yaml", tmp_path)
     config["data"]["init_args"]["env"] = {"class_path": "datamodules.envs.testing.chain.ChainEnv"}
@@ -145,6 +148,7 @@ def test_physics_free_environment_is_refused(tmp_path):
         fit(write_config(config, tmp_path / "c.yaml"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("prefetch", [False, True])
 def test_resumed_vehicle_run_ends_with_identical_weights(tmp_path, prefetch):
     """The vehicle's state (cars, arc positions, noise counters), the replay buffer and the collocation generator

@@ -64,6 +64,7 @@ def test_clipped_objective_matches_hand_computation():
     assert loss.item() == pytest.approx(-(2.4 - 0.8) / 2, abs=1e-5)
 
 
+@pytest.mark.slow
 def test_rollout_minibatches_cover_each_frame_once_per_epoch(tmp_path):
     config = chain_config("ppo", tmp_path, num_envs=4, collect_steps=8, minibatch_size=8, update_epochs=3)
     cli = fit(write_config(config, tmp_path / "c.yaml"), "--trainer.max_steps", "1")
@@ -75,6 +76,7 @@ def test_rollout_minibatches_cover_each_frame_once_per_epoch(tmp_path):
     assert data.cursor == 1 and data.frames == 32
 
 
+@pytest.mark.slow
 def test_next_rollout_is_collected_only_after_the_last_minibatch(tmp_path):
     config = chain_config("ppo", tmp_path, num_envs=4, collect_steps=8, minibatch_size=16, update_epochs=2)
     cli = fit(write_config(config, tmp_path / "c.yaml"), "--trainer.max_steps", "4")  # exactly one rollout

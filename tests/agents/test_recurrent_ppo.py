@@ -107,6 +107,7 @@ def test_a_bptt_segment_loss_equals_the_loss_of_stepping_the_lstm_one_step_at_a_
     assert losses["loss_entropy"].item() == pytest.approx(-0.01 * entropy.mean().item(), abs=1e-6)
 
 
+@pytest.mark.slow
 def test_recurrent_ppo_learns_to_recall_a_cue_that_a_memoryless_policy_cannot(tmp_path):
     # The cue is shown on the first of 4 steps and answered on the last: without memory an agent is right half the
     # time (return 0.5); the random policy's return is the same. A carried, reset and BPTT-trained state gets 1.
@@ -123,6 +124,7 @@ def test_recurrent_ppo_learns_to_recall_a_cue_that_a_memoryless_policy_cannot(tm
     assert metrics["return_mean"] >= 0.95, metrics
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("data", "message"),
     [
@@ -140,6 +142,7 @@ def test_bad_segment_options_are_refused_naming_the_flag(tmp_path, capsys, data,
     assert len(errors) == 1 and message in errors[0], errors
 
 
+@pytest.mark.slow
 def test_a_grid_smaller_than_the_environments_features_is_refused(tmp_path, capsys):
     config = chain_config("recurrent", tmp_path)
     config["model"]["init_args"]["grid_features"] = 1

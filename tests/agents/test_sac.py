@@ -97,6 +97,7 @@ def test_actor_init_gives_the_clones_actions_and_the_initial_scale(bc_checkpoint
     assert (sampled >= low).all() and (sampled <= high).all()
 
 
+@pytest.mark.slow
 def test_actor_init_of_another_shape_or_a_bad_file_is_an_error_naming_the_flag(tmp_path, bc_checkpoint, capsys):
     with pytest.raises(ValueError, match=r"--model.init_args.actor_init .*do not fit this actor's"):
         SAC(**SPECS, actor_hidden_sizes=[64, 64], actor_init=str(bc_checkpoint))
@@ -115,6 +116,7 @@ def test_actor_init_of_another_shape_or_a_bad_file_is_an_error_naming_the_flag(t
     assert len(error) == 1 and "--model.init_args.actor_init" in error[0] and "do not fit" in error[0]
 
 
+@pytest.mark.slow
 def test_one_command_runs_the_bc_stage_once_then_reuses_it(tmp_path, monkeypatch, capfd):
     monkeypatch.chdir(tmp_path)
     bc = bc_config(tmp_path)
@@ -178,6 +180,7 @@ def resume_config(root: Path, bc_checkpoint: Path | None) -> Path:
     return write_config(config, root / "resume.yaml")
 
 
+@pytest.mark.slow
 def test_resumed_sac_run_ends_with_identical_weights(tmp_path, bc_checkpoint):
     # 8 frames per collect, 2 per update: 4 updates per collect; the actor's warm-up (20 updates) ends after the
     # stop at 30, so the resumed process must also restore the update counter that ends it. The checkpoint carries
@@ -201,6 +204,7 @@ def test_resumed_sac_run_ends_with_identical_weights(tmp_path, bc_checkpoint):
     assert any(key.startswith("actor.") for key in moved)  # the actor trained after its warm-up
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("option", [("--trainer.precision", "bf16-mixed"), ("--model.init_args.compile", "true")])
 def test_bf16_mixed_and_compiled_updates_train_with_finite_losses(tmp_path, option):
     cli = fit(resume_config(tmp_path, None), *option, "--model.init_args.actor_warmup_updates", "0")
@@ -261,6 +265,7 @@ def test_bare_tanh_gaussian_log_density_is_torchrls():
     )
 
 
+@pytest.mark.slow
 def test_validate_and_export_work_for_the_bc_and_sac_policies(tmp_path, bc_checkpoint):
     from callbacks.export import PolicyExport
     from export.loader import TracedPolicy
@@ -317,6 +322,7 @@ def test_bc_term_is_zero_at_the_clone_and_pulls_a_moved_actor_back(bc_checkpoint
     assert model.clone_network[-1].bias.grad is None  # the clone itself stays as it was
 
 
+@pytest.mark.slow
 def test_a_stage_that_fails_or_cannot_be_found_again_is_an_error_naming_the_flag(tmp_path, monkeypatch, capsys):
     from app.stages import run_stage
 

@@ -33,6 +33,7 @@ def run_app(*args: str, cwd: Path, pythonpath: tuple[Path, ...] = ()) -> subproc
     )
 
 
+@pytest.mark.slow
 def test_print_config_resolves_composed_configs_and_overrides(tmp_path):
     base = write_config(chain_config("dqn", tmp_path / "out"), tmp_path / "base.yaml")
     preset = tmp_path / "preset.yaml"
@@ -61,6 +62,7 @@ def test_print_config_resolves_composed_configs_and_overrides(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -109,6 +111,7 @@ def test_bad_input_exits_with_one_clear_message_before_any_output(tmp_path, caps
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_missing_config_file_is_named(tmp_path):
     result = run_app("fit", "--config", "configs/nope.yaml", cwd=tmp_path)
     assert result.returncode != 0
@@ -141,6 +144,7 @@ def with_evaluation_every(tmp_path: Path, every_n_frames: object) -> Path:
     return write_config(config, tmp_path / "snake.yaml")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -169,6 +173,7 @@ def test_nested_option_errors_are_one_line_naming_the_full_flag(tmp_path, args, 
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("ckpt_path", "message"),
     [
@@ -198,6 +203,7 @@ def test_resume_with_nothing_to_resume_exits_naming_the_flag(tmp_path, ckpt_path
     assert not runs.exists()
 
 
+@pytest.mark.slow
 def test_with_the_logger_off_the_config_goes_to_the_checkpoint_folder(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     config = write_config(chain_config("dqn", tmp_path / "out"), tmp_path / "c.yaml")
@@ -208,6 +214,7 @@ def test_with_the_logger_off_the_config_goes_to_the_checkpoint_folder(tmp_path, 
     assert sorted(path.name for path in (tmp_path / "out").iterdir()) == ["checkpoints"]
 
 
+@pytest.mark.slow
 def test_a_bad_callback_in_a_config_list_is_named_by_position_and_class(tmp_path):
     result = run_app(*snake_dqn_args(tmp_path, config=with_evaluation_every(tmp_path, 0)), cwd=tmp_path)
     message = "trainer.callbacks[1] (callbacks.schedule.PeriodicEvaluation) every_n_frames must be >= 1, got 0"
@@ -259,6 +266,7 @@ def test_a_wrong_type_in_a_config_list_names_the_callback_by_class(tmp_path, cap
     assert_one_error_line(exited.value.code, capsys.readouterr().err, message)
 
 
+@pytest.mark.slow
 def test_a_7x7_board_fits_the_shipped_snake_config_without_a_margin_override(tmp_path):
     args = snake_dqn_args(
         tmp_path,
@@ -286,6 +294,7 @@ def test_a_7x7_board_fits_the_shipped_snake_config_without_a_margin_override(tmp
     assert checkpoint["ReplayDataModule"]["env"]["board"].shape[1] == 3 * 7 * 7 + 1
 
 
+@pytest.mark.slow
 def test_prefetch_is_refused_for_an_update_that_draws_random_numbers(tmp_path):
     # SAC's actor loss samples actions from the global generator (PIRL draws its points from a generator of its own).
     paths = [
@@ -308,6 +317,7 @@ def test_every_moved_environment_module_is_gone_and_its_new_one_exists():
         assert importlib.util.find_spec(new) is not None, new
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("old", "new", "where"),
     [
@@ -332,6 +342,7 @@ def test_an_old_environment_class_path_is_one_line_naming_the_new_one(tmp_path, 
 
 
 # --------------------------------------------------------------------- collection options that moved (issue 26)
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("agent", "old", "value", "new"),
     [

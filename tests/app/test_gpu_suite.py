@@ -18,6 +18,7 @@ def run_suite(*args: str, cwd) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(SUITE), *args], cwd=cwd, capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.slow
 def test_quick_mode_runs_every_item_from_any_folder_and_writes_both_reports(tmp_path):
     out = tmp_path / "suite"
     done = run_suite("--quick", "--out", str(out), cwd=tmp_path)  # not the checkout: the suite finds its configs
@@ -47,6 +48,7 @@ def test_quick_mode_runs_every_item_from_any_folder_and_writes_both_reports(tmp_
     assert all(f"| {name} | ok |" in markdown for name in ITEMS)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
 def test_the_full_suite_without_cuda_is_one_error_line(tmp_path):
     done = run_suite("--out", str(tmp_path / "suite"), cwd=tmp_path)

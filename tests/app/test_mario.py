@@ -21,6 +21,7 @@ SMALL_MARIO = {
 }
 
 
+@pytest.mark.slow
 def test_accumulated_batches_update_like_one_batch_of_their_size(tmp_path):
     # 4 x 32 accumulated against 1 x 128: the same frames (8 per collection, one update each) and the same draws
     # (one call of 128 per collection either way, after the same 128 warm-up frames), random actions throughout
@@ -69,6 +70,7 @@ def mario_config(root: Path, **model) -> dict:
     return config
 
 
+@pytest.mark.slow
 def test_the_frame_once_store_resumes_exactly(tmp_path):
     # N + N updates equal 2N: the ring of frames, its ids and bookkeeping, the priorities and the emulators' episodes
     # (replayed) all come back from the checkpoint, with another global seed on resume.
@@ -112,6 +114,7 @@ def test_bf16_acting_runs_the_policy_under_autocast_and_hands_back_float32():
     assert not torch.is_autocast_enabled("cpu")
 
 
+@pytest.mark.slow
 def test_bf16_mixed_and_compile_train_the_batch_norm_cnn(tmp_path):
     config = write_config(mario_config(tmp_path, compile=True), tmp_path / "c.yaml")
     cli = fit(config, "--trainer.max_steps", "6", "--trainer.precision", "bf16-mixed")
@@ -122,6 +125,7 @@ def test_bf16_mixed_and_compile_train_the_batch_norm_cnn(tmp_path):
     assert torch.equal(cli.model.q_network.features[1].running_mean, before)  # ...acting in eval mode did not
 
 
+@pytest.mark.slow
 def test_the_shipped_config_trains_with_workers_and_resumes_in_its_run_folder(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     small = ["--data.init_args.collection.workers", "1", "--data.init_args.num_envs", "2"]
@@ -168,6 +172,7 @@ def test_the_shipped_config_trains_from_the_stage_start_and_evaluates_from_no_op
     assert len({frame.sum().item() for frame in evaluation}) > 1  # 0-8 no-op steps: greedy episodes differ
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("flag", "value", "message"),
     [

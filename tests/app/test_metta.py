@@ -59,6 +59,7 @@ WORKERS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workers", WORKERS)
 def test_metta_ppo_trains_logs_and_resumes_exactly_with_its_worker_processes(tmp_path, workers):
     # 2 envs x 4 agents x 16 steps = 128 agent steps per rollout, 4 minibatches x 1 epoch = 4 updates each. Stopping
@@ -104,6 +105,7 @@ class KillWorker(pl.Callback):
             os.kill(worker.pid, signal.SIGKILL)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("workers", "error"),
     [
@@ -130,6 +132,7 @@ def test_a_dead_worker_process_stops_the_run_with_a_clear_error_and_the_last_che
     assert resumed.trainer.global_step == 24
 
 
+@pytest.mark.slow
 def test_the_ultra_fast_preset_runs_with_its_batch_geometry(tmp_path):
     # The reference's geometry: 8 minibatches of whole 32-step segments per rollout, 1 epoch, hidden 256, compile on.
     # The environments are made small (test-sized); the batch is num_envs x num_agents x collect_steps. Its collector
@@ -167,6 +170,7 @@ def test_the_ultra_fast_preset_ships_the_seeds_geometry_and_schedule():
     assert (every["FrameCheckpoint"], every["PeriodicEvaluation"]) == (100 * batch, 500 * batch)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [

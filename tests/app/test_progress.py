@@ -45,6 +45,7 @@ def test_shipped_config_shows_frames_rates_and_the_latest_evaluation(tmp_path, m
     assert (tmp_path / "runs" / "snake_dqn" / "version_0" / "metrics.csv").exists()
 
 
+@pytest.mark.slow
 def test_a_resumed_run_counts_its_updates_towards_max_steps(tmp_path, capsys):
     config = chain_config("dqn", tmp_path)
     config["trainer"].update(max_steps=20, enable_progress_bar=True)
@@ -58,6 +59,7 @@ def test_a_resumed_run_counts_its_updates_towards_max_steps(tmp_path, capsys):
     assert "35/35 updates" in drawn and "35/? updates" not in drawn  # before the fix: the count with no total
 
 
+@pytest.mark.slow
 def test_the_bar_redraws_by_the_clock_not_by_the_step(tmp_path):
     config = chain_config("ppo", tmp_path)
     config["trainer"]["enable_progress_bar"] = True
@@ -71,6 +73,7 @@ def test_the_bar_redraws_by_the_clock_not_by_the_step(tmp_path):
     assert number(bar.get_metrics(cli.trainer, cli.model)["updates/s"]) > 0
 
 
+@pytest.mark.slow
 def test_the_trainer_flag_turns_the_default_bar_off(tmp_path):
     cli = fit(write_config(chain_config("dqn", tmp_path), tmp_path / "c.yaml"), "--trainer.max_steps", "5")
     assert cli.trainer.progress_bar_callback is None  # chain_config sets enable_progress_bar: false

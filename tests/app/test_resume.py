@@ -19,6 +19,7 @@ from callbacks.schedule import AtomicCheckpointIO
 from tests.helpers import PREFETCH, ROOT, chain_config, fit, saved_replay, weights, write_config
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("agent", ["dqn", "dqn-3-step", "dqn-prioritized", "dqn-prefetch", "ppo", "recurrent"])
 def test_resumed_run_ends_with_identical_weights(tmp_path, agent):
     # PPO: 8 envs x 16 steps = 128 frames per rollout, 4 minibatches x 2 epochs = 8 updates per rollout; stopping
@@ -59,6 +60,7 @@ def test_resumed_run_ends_with_identical_weights(tmp_path, agent):
     assert any(not torch.equal(first_half[key], resumed[key]) for key in resumed if resumed[key].is_floating_point())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("agent", ["dqn-prefetch", "ppo"])
 def test_a_run_stopped_by_sigterm_saves_and_resumes_exactly(tmp_path, agent):
     # SIGTERM (a scheduler's preemption, `kill`) reaches Lightning's handler, which stops the run after the current
@@ -94,6 +96,7 @@ def test_a_run_stopped_by_sigterm_saves_and_resumes_exactly(tmp_path, agent):
         assert torch.equal(full[key], resumed[key]), key
 
 
+@pytest.mark.slow
 def test_checkpoint_restores_counters_buffer_and_exploration(tmp_path):
     config = write_config(chain_config("dqn", tmp_path), tmp_path / "c.yaml")
     cli = fit(config, "--trainer.max_steps", "40")
@@ -132,6 +135,7 @@ class PoisonWeights(pl.Callback):
                 next(pl_module.parameters()).fill_(float("nan"))
 
 
+@pytest.mark.slow
 def test_nan_loss_stops_with_clear_error_and_keeps_last_good_checkpoint(tmp_path):
     config = chain_config("dqn", tmp_path)
     config["trainer"]["callbacks"] = [
@@ -187,6 +191,7 @@ def start_step(cli) -> int:
     return next(callback for callback in cli.trainer.callbacks if isinstance(callback, RecordStart)).start_step
 
 
+@pytest.mark.slow
 def test_ckpt_path_last_continues_the_newest_run_of_a_shipped_config_in_its_folder(tmp_path):
     runs = tmp_path / "runs"
     fit_shipped("snake_ppo", runs, "--trainer.max_steps", "20")
@@ -209,6 +214,7 @@ def test_ckpt_path_last_continues_the_newest_run_of_a_shipped_config_in_its_fold
     assert checkpoint["global_step"] == 40
 
 
+@pytest.mark.slow
 def test_a_step_takes_every_update_a_collection_earns_and_logs_and_resumes_in_updates(tmp_path):
     # 8 boards and 2 frames per update: each collection earns 4 updates, which one Lightning step takes (with prefetch,
     # the next collection runs beside them). Steps still end at the logging steps (every 5 updates) and at max_steps,
@@ -228,6 +234,7 @@ def test_a_step_takes_every_update_a_collection_earns_and_logs_and_resumes_in_up
     assert all(row["train/epsilon"] for row in rows if row["train/loss"])
 
 
+@pytest.mark.slow
 def test_resume_from_a_mid_run_checkpoint_rewrites_the_lost_rows_exactly(tmp_path):
     # A run checkpointed every 256 frames, resumed from its checkpoint of update 49 as if killed after it: the rows
     # it had logged after that checkpoint are dropped and logged again, and metrics.csv ends as one straight run's.
@@ -307,6 +314,7 @@ def kill_9_while_writing(part: str, checkpoint: Path) -> Path:
     return checkpoint.parent / f".{name}.tmp-{writer.pid}"
 
 
+@pytest.mark.slow
 def test_kill_9_during_a_checkpoint_write_resumes_from_the_previous_checkpoint(tmp_path, capsys):
     runs = tmp_path / "runs"
     fit_shipped("snake_dqn", runs, "--trainer.max_steps", "20")
@@ -391,6 +399,7 @@ def assert_same(a, b, where: str = "") -> None:
         assert a == b, where
 
 
+@pytest.mark.slow
 def test_ddp_resume_restores_each_ranks_own_state(tmp_path):
     # One 2-rank run of 40 updates that checkpoints every 96 frames (rank 1 writes its own state beside each
     # checkpoint); then a run resumed from its checkpoint of update 17, as if killed after it, for the rest.

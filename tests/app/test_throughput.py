@@ -113,6 +113,7 @@ def run_fit(callback, trainer, module, clock) -> None:
     callback.on_fit_end(trainer, module)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world_size", [1, 2])
 def test_phases_rates_and_report_files_from_a_driven_clock(tmp_path, clock, capsys, world_size):
     history = [{"frames": f, "updates": 0, "time_s": f / 100, "eval/return_mean": r, "eval/food_mean": r / 2} for f, r
@@ -186,6 +187,7 @@ def test_phases_rates_and_report_files_from_a_driven_clock(tmp_path, clock, caps
     assert str(tmp_path / "logs" / "throughput.md") in printed and "75.0 %" in printed
 
 
+@pytest.mark.slow
 def test_a_resumed_process_adds_to_the_whole_run_from_the_checkpoint_state(tmp_path, clock, capsys):
     first, module = ThroughputReport(skip_first_steps=1), FakeModule()
     trainer = make_trainer(tmp_path)
@@ -212,6 +214,7 @@ def test_a_resumed_process_adds_to_the_whole_run_from_the_checkpoint_state(tmp_p
     assert "whole run over 2 processes: 1,800 frames in 18.0 s" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_without_a_learning_curve_or_plots(tmp_path, clock, capsys):
     trainer, module = make_trainer(tmp_path), FakeModule()
     run_fit(ThroughputReport(report_dir=str(tmp_path / "here"), name="bench"), trainer, module, clock)
@@ -243,6 +246,7 @@ def test_bad_arguments_are_named(kwargs, message):
         ThroughputReport(**kwargs)
 
 
+@pytest.mark.slow
 def test_real_fit_through_the_cli_writes_the_report(tmp_path):
     config = chain_config("dqn", tmp_path / "out")
     config["trainer"]["callbacks"].append(
@@ -297,6 +301,7 @@ def with_report(config: dict, evaluation: dict, evaluation_first: bool = True) -
     return config
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("evaluation_first", [True, False], ids=["evaluation-first", "report-first"])
 def test_evaluation_and_checkpoints_are_their_own_phases_whatever_the_callback_order(tmp_path, evaluation_first):
     config = chain_config("dqn", tmp_path / "out")
@@ -323,6 +328,7 @@ def evaluation_of(cli) -> PeriodicEvaluation:
     return next(cb for cb in cli.trainer.callbacks if isinstance(cb, PeriodicEvaluation))
 
 
+@pytest.mark.slow
 def test_a_resumed_run_writes_one_report_and_one_learning_curve_for_the_whole_run(tmp_path):
     evaluation = {"class_path": "callbacks.schedule.PeriodicEvaluation", "init_args": {"every_n_frames": 40}}
     config = write_config(with_report(chain_config("dqn", tmp_path), evaluation), tmp_path / "c.yaml")

@@ -39,6 +39,7 @@ def async_replay(workers: int, **options) -> ReplayDataModule:
     return ReplayDataModule(ChainEnv, num_envs=2 * workers, collection=collection, **options)
 
 
+@pytest.mark.slow
 def test_the_learner_trains_on_what_the_workers_deliver_and_stores_every_frame(tmp_path):
     config = parallel_config(tmp_path)
     config["trainer"]["max_steps"] = 40
@@ -53,6 +54,7 @@ def test_the_learner_trains_on_what_the_workers_deliver_and_stores_every_frame(t
     assert (tmp_path / "collector_workers" / "worker0.log").exists()
 
 
+@pytest.mark.slow
 def test_the_training_episodes_return_is_each_episodes_own_reward_sum(tmp_path, monkeypatch):
     # The chain pays 1 on reaching its end and nothing else, so an episode's return is 1 if it ended there
     # (terminated) and 0 if it ran out of steps: the workers' RewardSum must restart at every episode.
@@ -131,6 +133,7 @@ class ExplodingChainEnv(ChainEnv):
         return super()._step(tensordict)
 
 
+@pytest.mark.slow
 def test_a_worker_that_raises_stops_the_run_naming_it_and_its_exception_and_the_checkpoint_is_intact(tmp_path):
     config = parallel_config(tmp_path)
     config["data"]["init_args"]["env"] = {
@@ -148,6 +151,7 @@ def test_a_worker_that_raises_stops_the_run_naming_it_and_its_exception_and_the_
     assert checkpoint["global_step"] > 0 and checkpoint["ReplayDataModule"]["frames"] >= 64
 
 
+@pytest.mark.slow
 def test_an_error_in_the_learner_stops_the_workers_before_it_leaves_fit(tmp_path):
     # Lightning tears the data module down only when a stage ends normally; the workers are not daemon processes,
     # so unless the error stops them the interpreter waits for them at exit, forever.
@@ -163,6 +167,7 @@ def test_an_error_in_the_learner_stops_the_workers_before_it_leaves_fit(tmp_path
     assert multiprocessing.active_children() == []
 
 
+@pytest.mark.slow
 def test_sigterm_saves_and_stops_the_run_and_its_workers_with_the_signals_exit_status(tmp_path):
     # What a scheduler or `kill` sends to the training process alone (Ctrl-C reaches the workers too).
     config = parallel_config(tmp_path)
@@ -201,6 +206,7 @@ def test_sigterm_saves_and_stops_the_run_and_its_workers_with_the_signals_exit_s
         pytest.fail("collector workers outlived the run")
 
 
+@pytest.mark.slow
 def test_resume_continues_the_buffer_counters_and_weights(tmp_path):
     config = parallel_config(tmp_path)
     config["trainer"]["max_steps"] = 20
@@ -222,6 +228,7 @@ def test_resume_continues_the_buffer_counters_and_weights(tmp_path):
     assert not torch.equal(before["q_network.1.0.weight"], after["q_network.1.0.weight"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("flag", "value", "message"),
     [
@@ -247,6 +254,7 @@ def test_bad_options_are_one_error_line_naming_the_flag(tmp_path, capsys, flag, 
     assert len(lines) == 1 and lines[0].startswith(f"error: {message}")
 
 
+@pytest.mark.slow
 def test_n_step_returns_are_refused_naming_the_flag(tmp_path):
     # Worker batches arrive interleaved, and TorchRL's n-step window is kept per batch row.
     config = parallel_config(tmp_path)

@@ -119,6 +119,7 @@ class RecordingReplay(ReplayDataModule):
         super().after_update(priority)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("run", ["dqn", "dqn-compiled", "pirl_vehicle-compiled"])
 def test_fit_writes_each_updates_td_errors_into_the_slots_it_drew(tmp_path, run):
     priority = {"priority_alpha": ALPHA, "priority_beta": BETA, "priority_beta_updates": 40}
@@ -148,6 +149,7 @@ def test_fit_writes_each_updates_td_errors_into_the_slots_it_drew(tmp_path, run)
     assert stored[:filled].unique().numel() > 10 and stored[filled:].eq(0).all()
 
 
+@pytest.mark.slow
 def test_bad_priority_options_name_the_flag(tmp_path, capsys):
     config = write_config(chain_config("dqn", tmp_path), tmp_path / "c.yaml")
     for flag, value in [("priority_alpha", "-0.5"), ("priority_beta", "1.5"), ("priority_beta_updates", "0")]:

@@ -17,6 +17,7 @@ from datamodules.rollout import RolloutDataModule
 from tests.helpers import PREFETCH, ROOT, chain_config, fit, write_config
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("frames_per_update", "updates", "expected_frames"), [(4, 20, 136), (0.5, 40, 80), (3, 10, 88)]
 )
@@ -34,6 +35,7 @@ def test_frames_per_update_sets_the_replay_ratio(tmp_path, frames_per_update, up
     assert earned - data.update_credit == pytest.approx(updates)
 
 
+@pytest.mark.slow
 def test_batches_are_whole_tensordicts_from_the_buffer_device(tmp_path):
     cli = fit(write_config(chain_config("dqn", tmp_path), tmp_path / "c.yaml"), "--trainer.max_steps", "2")
     batch = cli.datamodule.buffer.sample()
@@ -97,6 +99,7 @@ def test_a_store_transform_is_refused_by_the_on_policy_data_module():
         data.connect(RandomPolicy(data.action_spec), None, None, MultiStepTransform(3, 0.9))
 
 
+@pytest.mark.slow
 def test_a_compilation_elsewhere_in_the_process_does_not_derail_a_prefetch_round(tmp_path, monkeypatch):
     # While any thread compiles, torch.compiler.is_compiling() reads True in every thread (one process-wide flag), and
     # TorchRL's code consults it. A round being prepared in the prefetch thread meanwhile (the loss recompiles on its

@@ -7,6 +7,7 @@ import importlib
 import re
 import sys
 
+import pytest
 import torch
 
 from tests.app.test_cli import run_app
@@ -22,6 +23,7 @@ def readme_example() -> dict[str, str]:
     return blocks
 
 
+@pytest.mark.slow
 def test_the_readme_environment_follows_the_contract_and_fits(tmp_path, monkeypatch):
     example = readme_example()
     (tmp_path / "corridor.py").write_text(example["python"])

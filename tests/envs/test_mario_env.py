@@ -158,6 +158,7 @@ def test_the_state_restores_running_episodes_exactly():
         MarioEnv(num_envs=2, stuck_steps=10).load_state_dict(state)
 
 
+@pytest.mark.slow
 def test_an_unknown_stage_is_one_error_line_naming_the_flag(tmp_path, capsys):
     flag = "--data.init_args.env.init_args.stage"
     with pytest.raises(SystemExit) as exited:

@@ -194,6 +194,7 @@ def test_a_difference_only_on_real_vehicle_states_fails_the_export(vehicle, tmp_
     assert not (tmp_path / "real" / "export.json").exists()
 
 
+@pytest.mark.slow
 def test_pirl_toy_config_exports_after_fit_checked_on_its_own_states(tmp_path):
     """The shipped config as README runs it (CSV logger on), shortened by flags; PolicyExport is its last callback."""
     short = ["--trainer.max_steps", "50", "--trainer.logger.init_args.save_dir", str(tmp_path)]
