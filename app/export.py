@@ -102,7 +102,10 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m app export") 
         detail = " ".join(line.strip() for line in str(error).splitlines()[:2])  # the error and its first key list
         parser.error(f"--checkpoint {checkpoint} does not fit the model built from --config {configs}: {detail}")
     torch.set_num_threads(args.threads)  # after build, which sets the config's own `threads`
-    network, shape, dtype = export_network_of(model)
+    try:
+        network, shape, dtype = export_network_of(model)
+    except NotImplementedError as error:  # an agent with no plain network to trace (recurrent PPO's LSTM state)
+        parser.error(f"--checkpoint {checkpoint}: {error}; its policy cannot be exported")
     run_folder = checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else checkpoint.parent
     out = Path(args.out) if args.out else run_folder / "export"
     print(

@@ -360,7 +360,9 @@ def rate(function: Callable[[], Any], batch: int, seconds: float, ctx: Context) 
 
 
 def graphed(module: Callable, x: Any) -> Callable[[], Any]:
-    """``module(x)`` recorded once as a CUDA graph and replayed: no launch cost per kernel (static input)."""
+    """``module(x)`` recorded once as a CUDA graph and replayed: no launch cost per kernel (static input). Not
+    tensordict's ``CudaGraphModule`` (which the update uses): it copies the input and synchronises before every
+    replay, which at these batch sizes would time the synchronisation rather than the policy."""
     import torch
 
     with torch.inference_mode():
@@ -533,14 +535,10 @@ def markdown(suite: dict) -> str:
     for name, item in suite["items"].items():
         if item["status"] == "ok":
             figures = {k: v for k, v in item["figures"].items() if k != "report"}
-            lines += [f"### {name}", "", "```", json.dumps(figures, indent=1, default=fmt), "```", ""]
+            lines += [f"### {name}", "", "```", json.dumps(figures, indent=1, default=str), "```", ""]
         else:
             lines += [f"### {name}: {item['status']}", "", "```", *item["error"], "```", ""]
     return "\n".join(lines) + "\n"
-
-
-def fmt(value: Any) -> str:
-    return str(value)
 
 
 def main(argv: list[str] | None = None) -> dict | None:

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModule, TensorDictModuleBase
+from torch import nn
 from torchrl.data import TensorSpec
 from torchrl.modules import ProbabilisticActor, ValueOperator
 from torchrl.objectives import ClipPPOLoss
@@ -140,6 +141,10 @@ class PPO(RLModule):
     def greedy_policy(self) -> TensorDictModuleBase:
         # Under ExplorationType.DETERMINISTIC (set by evaluation and export) the actor takes the distribution's mode.
         return self.actor
+
+    def export_network(self) -> nn.Module:
+        """The actor's logits: their argmax is the mode the greedy policy takes."""
+        return self.actor_network
 
     def batch_keys(self) -> list:
         return ppo_batch_keys(self.loss_module)

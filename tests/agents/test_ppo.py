@@ -83,3 +83,17 @@ def test_next_rollout_is_collected_only_after_the_last_minibatch(tmp_path):
     assert cli.datamodule.frames == 32
     cli = fit(write_config(config, tmp_path / "c.yaml"), "--trainer.max_steps", "5")
     assert cli.datamodule.frames == 64
+
+
+def test_the_export_network_gives_the_logits_whose_argmax_the_greedy_policy_acts():
+    # `python -m app export` traces export_network(): its argmax must be the action greedy evaluation takes.
+    from torchrl.envs.utils import ExplorationType, set_exploration_type
+
+    torch.manual_seed(0)
+    ppo = PPO(**SPECS, hidden_sizes=[8])
+    observation = torch.randint(0, 2, (64, 2), dtype=torch.uint8)
+    with set_exploration_type(ExplorationType.DETERMINISTIC):
+        greedy = ppo.greedy_policy()(TensorDict({"observation": observation}, batch_size=[64]))["action"]
+    logits = ppo.export_network()(observation)
+    assert logits.shape == (64, 2)
+    assert torch.equal(logits.argmax(-1), greedy)
