@@ -4,7 +4,7 @@ Commands::
 
     python -m app fit --config configs/snake_dqn.yaml                      # train
     python -m app fit --config configs/snake_ppo.yaml --config configs/bench/throughput.yaml   # benchmark
-    python -m app fit --config configs/snake_dqn.yaml --trainer.max_steps 2000 --model.init_args.lr 3e-4
+    python -m app fit --config configs/snake_dqn.yaml --trainer.max_steps 2000 --model.init_args.optimizer.lr 3e-4
     python -m app fit --config configs/snake_dqn.yaml --ckpt_path last     # continue its newest run, in its folder
     python -m app validate --config configs/snake_dqn.yaml --ckpt_path runs/snake_dqn/.../last.ckpt
     python -m app fit --config configs/snake_dqn.yaml --print_config       # the fully resolved config
@@ -13,7 +13,6 @@ Commands::
 
 from __future__ import annotations
 
-import inspect
 import logging
 import signal
 import sys
@@ -46,6 +45,7 @@ from compat.lightning import cli_config_get
 from datamodules.base import RLDataModule
 from datamodules.checkpoint_files import rank_state_path
 from modules.base import RLModule
+from modules.optim import FLAG as OPTIMIZER_FLAG
 
 # TorchRL announces every storage it allocates at INFO level; keep the console for what the user asked for.
 logging.getLogger("torchrl").setLevel(logging.WARNING)
@@ -110,32 +110,26 @@ class RLCLI(LightningCLI):
         # accumulates only in automatic optimization: its flags are honoured by handing the values to the model.
         if not _is_subclass(config["model"], RLModule):  # Lightning's automatic optimization clips by itself
             return
-        trainer, model = config["trainer"], config["model"]["init_args"]
+        trainer, optimizer = config["trainer"], config["model"]["init_args"]["optimizer"]
         accumulate = trainer.get("accumulate_grad_batches", 1)
         if accumulate != 1:
-            model_class = import_class(config["model"]["class_path"])
-            if "accumulate_grad_batches" not in inspect.signature(model_class).parameters:
+            if optimizer.accumulate_grad_batches not in (1, accumulate):
                 self.parser.error(
-                    f"--trainer.accumulate_grad_batches {accumulate}: {model_class.__name__} does not accumulate "
-                    "gradients (the DQN agents do)"
+                    f"--trainer.accumulate_grad_batches {accumulate} and {OPTIMIZER_FLAG}.accumulate_grad_batches "
+                    f"{optimizer.accumulate_grad_batches} disagree; set one of them"
                 )
-            if model.get("accumulate_grad_batches", 1) not in (1, accumulate):
-                self.parser.error(
-                    f"--trainer.accumulate_grad_batches {accumulate} and --model.init_args.accumulate_grad_batches "
-                    f"{model['accumulate_grad_batches']} disagree; set one of them"
-                )
-            model["accumulate_grad_batches"], trainer["accumulate_grad_batches"] = accumulate, 1
+            optimizer.accumulate_grad_batches, trainer["accumulate_grad_batches"] = accumulate, 1
         clip = trainer.get("gradient_clip_val")
         if clip is None:
             return
         if trainer.get("gradient_clip_algorithm") not in (None, "norm"):
             self.parser.error("--trainer.gradient_clip_algorithm: only norm clipping is supported (the default)")
-        if model.get("max_grad_norm") not in (None, clip):
+        if optimizer.max_grad_norm not in (None, clip):
             self.parser.error(
-                f"--trainer.gradient_clip_val {clip} and --model.init_args.max_grad_norm {model['max_grad_norm']} "
+                f"--trainer.gradient_clip_val {clip} and {OPTIMIZER_FLAG}.max_grad_norm {optimizer.max_grad_norm} "
                 "disagree; set one of them"
             )
-        model["max_grad_norm"], trainer["gradient_clip_val"] = clip, None
+        optimizer.max_grad_norm, trainer["gradient_clip_val"] = clip, None
 
     def _resume_checkpoint(self, config) -> None:
         # `--ckpt_path` is resolved before the trainer exists: the logger must know the version of the run it

@@ -34,6 +34,9 @@ from lightning.pytorch.cli import LightningArgumentParser
 from torchrl.envs import EnvBase
 
 from datamodules.collection import MOVED_OPTIONS
+from modules.base import RLModule
+from modules.optim import FLAG as OPTIMIZER_FLAG
+from modules.optim import OPTIMIZER_OPTIONS
 
 #: Environment modules that moved into one sub-package per family: a class path under an old module is refused with
 #: one line naming its new path (``datamodules.envs.snake.SnakeEnv`` → ``datamodules.envs.snake.env.SnakeEnv``).
@@ -150,6 +153,11 @@ def moved_class_path(class_path: str) -> str | None:
     return f"{MOVED_MODULES[module]}.{name}" if module in MOVED_MODULES else None
 
 
+def _is_agent(class_path: str | None) -> bool:
+    cls = pydoc.locate(class_path) if class_path else None
+    return inspect.isclass(cls) and issubclass(cls, RLModule)
+
+
 def _expected(type_text: str, value: str) -> str:
     literal = re.fullmatch(r"typing\.Literal\[(.*)\]", type_text)
     if literal:
@@ -190,6 +198,9 @@ def parse_error_line(message: str, error: BaseException | None, argv: Sequence[s
         name = _name(keys, class_path, argv)
         if keys[:-1] == ["data"] and unknown.group(1) in MOVED_OPTIONS:  # a data-module option from before issue 26
             return f"{name} moved: {MOVED_OPTIONS[unknown.group(1)]}"
+        if keys[:-1] == ["model"] and unknown.group(1) in OPTIMIZER_OPTIONS and _is_agent(class_path):
+            option = unknown.group(1)
+            return f"{name} moved: give {OPTIMIZER_FLAG}.{option} (optimizer: {{{option}: ...}} in a config)"
         close = difflib.get_close_matches(unknown.group(1), _parameters(class_path), n=1)
         owner = "" if not class_path or class_path in name else f" of {class_path}"
         if name.startswith(f"--{_LIST_KEY}."):

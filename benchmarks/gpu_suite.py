@@ -222,7 +222,7 @@ def captured_update(model: Any, data: Any) -> Callable[[int], Any]:
     from modules.bare import as_replay_sample, batch_pool, make_adam
     from modules.optim import FusedAdamStep
 
-    model._optimizer_step = FusedAdamStep(make_adam(model.trainable_parameters(), model), model.max_grad_norm)
+    model._optimizer_step = FusedAdamStep(make_adam(model.trainable_parameters(), model), model.optim.max_grad_norm)
     _ = model.loss_module.in_keys
     model._compiled_loss = model.compiled(model.loss)
     graphed = CudaGraphModule(model._captured_update, warmup=3, in_keys=[], out_keys=[])
@@ -280,7 +280,7 @@ def mario(ctx: Context) -> dict:
         flags += [*QUICK_CPU, "--model.init_args.compile", "false", "--data.init_args.collection.workers", "1"]
         flags += ["--data.init_args.num_envs", "2", "--data.init_args.batch_size", "8"]
         flags += ["--data.init_args.buffer_size", "512", "--data.init_args.warmup_frames", "64"]
-        flags += ["--model.init_args.accumulate_grad_batches", "1"]
+        flags += ["--model.init_args.optimizer.accumulate_grad_batches", "1"]
     report = fit(ctx, "mario", ["configs/mario_ddqn.yaml", "configs/bench/gpu_mario.yaml"], flags)
     rates_ = steady(report)
     return {

@@ -151,7 +151,7 @@ def fit_speed(
             *config_overrides(workers, envs_per_worker, eps),
             "--data.init_args.batch_size",
             str(batch_size),
-            "--model.init_args.accumulate_grad_batches",
+            "--model.init_args.optimizer.accumulate_grad_batches",
             "1",
             "--trainer.max_time",
             f"00:{clock}",

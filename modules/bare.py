@@ -72,9 +72,10 @@ def optimizer_step(parameters: list[nn.Parameter], optimizer: torch.optim.Optimi
 
 def make_adam(parameters: list[nn.Parameter], model: Any) -> torch.optim.Optimizer:
     """The fused Adam the agent's update uses, AdamW when it has weight decay."""
-    if getattr(model, "weight_decay", 0.0):
-        return torch.optim.AdamW(parameters, lr=model.lr, weight_decay=model.weight_decay, fused=True)
-    return torch.optim.Adam(parameters, lr=model.lr, fused=True)
+    options = model.optim
+    if options.weight_decay:
+        return torch.optim.AdamW(parameters, lr=options.lr, weight_decay=options.weight_decay, fused=True)
+    return torch.optim.Adam(parameters, lr=options.lr, fused=True)
 
 
 def as_replay_sample(batch: dict[str, torch.Tensor]) -> TensorDict:
@@ -109,7 +110,7 @@ def framework_free_update(model: Any, data: Any) -> Callable[[int], torch.Tensor
     loss = model.compiled(model.training_loss() if hasattr(model, "training_loss") else model.loss)
     loss_inputs = getattr(model, "loss_draws", lambda batch: {})
     optimizer = make_adam(model.trainable_parameters(), model)
-    optimizer_step = FusedAdamStep(optimizer, model.max_grad_norm)
+    optimizer_step = FusedAdamStep(optimizer, model.optim.max_grad_norm)
     batches = [as_replay_sample(batch) for batch in batch_pool(data, data.batch_size)]
 
     def step(i: int) -> torch.Tensor:

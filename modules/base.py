@@ -10,7 +10,6 @@ bare arithmetic by ``benchmarks/update_cost.py`` (BENCHMARKS.md).
 
 from __future__ import annotations
 
-import math
 import re
 import warnings
 from collections.abc import Callable, Iterator
@@ -27,7 +26,7 @@ from torchrl.envs import Transform
 
 from compat.lightning import count_batches_stepped, optimizer_step_with_hooks
 from compat.torch import foreach_lerp_, inductor_fallback_random, inductor_mode_options
-from modules.optim import FusedAdamStep
+from modules.optim import FusedAdamStep, OptimizerOptions
 
 # training_step takes the dataloader iterator on purpose (see RLModule.training_step); Lightning flags that
 # signature as experimental on every run.
@@ -70,28 +69,14 @@ class RLModule(pl.LightningModule):
     Args:
         observation_spec: observation spec of one environment (linked from ``data.observation_spec``).
         action_spec: action spec of one environment (linked from ``data.action_spec``).
-        lr: learning rate of the Adam optimizer (at frame 0, when ``lr_end`` is set).
-        lr_end: with a value, the learning rate follows a cosine from ``lr`` at frame 0 to ``lr_end`` at ``lr_frames``
-            frames, and stays there; None: constant ``lr``. In frames, like ε, so that a run's schedule does not
-            depend on the machine's speed or the replay ratio.
-        lr_frames: frames over which the cosine decay runs (its first period, with ``lr_restart_mult``).
-        lr_restart_mult: with a value, the cosine restarts at ``lr`` after each period, each period this many times
-            longer than the one before (SGDR's warm restarts, Loshchilov & Hutter 2017: PyTorch's
-            ``CosineAnnealingWarmRestarts(T_0, T_mult)`` with ``T_0 = lr_frames`` counted in frames, ``eta_min =
-            lr_end``); None: one period, then ``lr_end`` from there on.
-        weight_decay: decoupled weight decay (AdamW, Loshchilov & Hutter 2019); 0: plain Adam.
-        accumulate_grad_batches: batches whose gradients one update sums before its optimizer step, each batch's
-            loss divided by their number: the update of one batch that many times larger, in pieces (the Mario
-            reference's 4 × 512). ``--trainer.accumulate_grad_batches`` is handed to this by the CLI.
+        optimizer: the Adam optimizer, its learning-rate schedule, gradient clipping and accumulation
+            (:class:`~modules.optim.OptimizerOptions`; ``optimizer: {lr: 3e-4, max_grad_norm: 0.5}`` in a config).
         compile: ``False``, ``True`` or a ``torch.compile`` mode (``"default"``, ``"reduce-overhead"``,
             ``"max-autotune"``): compile the loss with its backward. The first updates then take seconds each while
             they compile. ``"cudagraph"``: compile it, and on a CUDA device capture the whole update (loss, backward,
             clip, fused Adam step) as one CUDA graph that each later update replays (tensordict's
             ``CudaGraphModule``: a few warm-up updates run eagerly, then one is captured); on a CPU it is ``True``.
             Refused where a replayed graph could not do what the eager update does (see :meth:`check_datamodule`).
-        max_grad_norm: clip the gradients' global L2 norm to this before each step; None: no clipping.
-            (``--trainer.gradient_clip_val`` is turned into this by the CLI: Lightning clips only in its automatic
-            optimization, and the update here is the model's own.)
         check_finite_every: updates between checks that the loss is finite. Each check is one host sync on GPU.
     """
 
@@ -99,39 +84,13 @@ class RLModule(pl.LightningModule):
         self,
         observation_spec: Any,
         action_spec: TensorSpec,
-        lr: float = 1e-3,
+        optimizer: OptimizerOptions = OptimizerOptions(),
         compile: bool | str = False,
-        max_grad_norm: float | None = None,
         check_finite_every: int = 1,
-        lr_end: float | None = None,
-        lr_frames: int = 1_000_000,
-        lr_restart_mult: float | None = None,
-        weight_decay: float = 0.0,
-        accumulate_grad_batches: int = 1,
     ) -> None:
         super().__init__()
         # The update is the model's own unit (see the module docstring), so Lightning does not drive the optimizer.
         self.automatic_optimization = False
-        if lr <= 0:
-            raise ValueError(f"--model.init_args.lr must be > 0, got {lr}")
-        if lr_end is not None and not 0 <= lr_end <= lr:
-            raise ValueError(
-                f"--model.init_args.lr_end must be in [0, lr={lr}] (or null for a constant lr), got {lr_end}"
-            )
-        if lr_frames < 1:
-            raise ValueError(f"--model.init_args.lr_frames must be >= 1, got {lr_frames}")
-        if lr_restart_mult is not None and not lr_restart_mult >= 1:
-            raise ValueError(f"--model.init_args.lr_restart_mult must be >= 1 (or null), got {lr_restart_mult}")
-        if lr_restart_mult is not None and lr_end is None:
-            raise ValueError("--model.init_args.lr_restart_mult restarts the cosine to lr_end: set lr_end too")
-        if weight_decay < 0:
-            raise ValueError(f"--model.init_args.weight_decay must be >= 0, got {weight_decay}")
-        if accumulate_grad_batches < 1:
-            raise ValueError(f"--model.init_args.accumulate_grad_batches must be >= 1, got {accumulate_grad_batches}")
-        if max_grad_norm is not None and not max_grad_norm > 0:
-            raise ValueError(
-                f"--model.init_args.max_grad_norm must be > 0 (or null for no clipping), got {max_grad_norm}"
-            )
         if check_finite_every < 1:
             raise ValueError(f"--model.init_args.check_finite_every must be >= 1, got {check_finite_every}")
         if not isinstance(compile, bool) and compile not in COMPILE_MODES:
@@ -140,11 +99,8 @@ class RLModule(pl.LightningModule):
             )
         self.observation_spec = observation_spec
         self.action_spec = action_spec
-        self.lr, self.lr_end, self.lr_frames, self.lr_restart_mult = lr, lr_end, lr_frames, lr_restart_mult
-        self.weight_decay = weight_decay
-        self.accumulate_grad_batches = accumulate_grad_batches
+        self.optim = optimizer
         self.compile_mode = compile
-        self.max_grad_norm = max_grad_norm
         self.check_finite_every = check_finite_every
         self._compiled_loss: Callable[[TensorDictBase], TensorDictBase] | None = None  # set in on_fit_start
         self._graphed_update: CudaGraphModule | None = None  # compile: cudagraph on a CUDA device
@@ -232,9 +188,9 @@ class RLModule(pl.LightningModule):
         does: whatever changes from one update to the next outside the batch's tensors is baked into the graph."""
         flag = "--model.init_args.compile cudagraph"
         reasons = [
-            (self.accumulate_grad_batches > 1, "gradient accumulation (accumulate_grad_batches 1)"),
-            (self.lr_end is not None, "a learning-rate schedule: the step's lr is captured once (lr_end null)"),
-            (self.weight_decay > 0, "AdamW's step, which is not capturable here (weight_decay 0)"),
+            (self.optim.accumulate_grad_batches > 1, "gradient accumulation (optimizer.accumulate_grad_batches 1)"),
+            (self.optim.lr_end is not None, "a learning-rate schedule: the step's lr is captured once (lr_end null)"),
+            (self.optim.weight_decay > 0, "AdamW's step, which is not capturable here (optimizer.weight_decay 0)"),
             (getattr(datamodule, "prioritized", False), "prioritized replay's priorities (priority_alpha 0)"),
             *((True, reason) for reason in cannot_capture),
         ]
@@ -262,18 +218,7 @@ class RLModule(pl.LightningModule):
         return [parameter for parameter in self.loss_module.parameters() if parameter.requires_grad]
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
-        return self.adam([{"params": self.trainable_parameters()}])
-
-    def adam(self, groups: list[dict[str, Any]]) -> torch.optim.Optimizer:
-        """The update's fused Adam (AdamW with ``weight_decay``) on parameter ``groups``; a group without ``lr``
-        takes ``lr`` (SAC gives its actor its own)."""
-        for group in groups:
-            group.setdefault("lr", self.lr)
-            group["base_lr"] = group["lr"]  # what lr_end's schedule scales (kept in the optimizer's checkpoint)
-        # The fused kernel updates every parameter in one op: on a small MLP it is 2-3x faster than the default.
-        if self.weight_decay:
-            return torch.optim.AdamW(groups, lr=self.lr, weight_decay=self.weight_decay, fused=True)
-        return torch.optim.Adam(groups, lr=self.lr, fused=True)
+        return self.optim.adam([{"params": self.trainable_parameters()}])
 
     def on_fit_start(self) -> None:
         if isinstance(self.trainer.precision_plugin, MixedPrecision) and self.trainer.precision_plugin.scaler:
@@ -283,7 +228,7 @@ class RLModule(pl.LightningModule):
             )
         # Lightning's wrapper keeps the step bookkeeping; the step itself runs the fused kernels on its optimizer.
         self._lightning_optimizer = self.optimizers()
-        self._optimizer_step = FusedAdamStep(self._lightning_optimizer.optimizer, self.max_grad_norm)
+        self._optimizer_step = FusedAdamStep(self._lightning_optimizer.optimizer, self.optim.max_grad_norm)
         # TorchRL fills a loss's input keys on first use; doing it before compiling spares one recompilation.
         _ = self.loss_module.in_keys
         self._compiled_loss = self.compiled(self.loss)
@@ -293,24 +238,10 @@ class RLModule(pl.LightningModule):
             # Two eager warm-up updates (compilation, the optimizer's state), then one captured; the rest replay it.
             self._graphed_update = CudaGraphModule(self._captured_update, warmup=3, in_keys=[], out_keys=[])
 
-    def learning_rate(self, frames: int) -> float:
-        """The learning rate after ``frames`` frames: ``lr``, or its cosine decay to ``lr_end`` over ``lr_frames``
-        (restarting, with ``lr_restart_mult``)."""
-        if self.lr_end is None:
-            return self.lr
-        if self.lr_restart_mult is None:
-            progress = min(frames / self.lr_frames, 1.0)
-        else:  # find the period `frames` falls in
-            start, period = 0.0, float(self.lr_frames)
-            while frames >= start + period:
-                start, period = start + period, period * self.lr_restart_mult
-            progress = (frames - start) / period
-        return self.lr_end + (self.lr - self.lr_end) * 0.5 * (1.0 + math.cos(math.pi * progress))
-
     def on_train_batch_start(self, batch: object, batch_idx: int) -> None:
         # Set before this step's collection, from the frame counter a checkpoint restores.
-        if self.lr_end is not None:
-            factor = self.learning_rate(self.datamodule.frames) / self.lr
+        if self.optim.lr_end is not None:
+            factor = self.optim.learning_rate(self.datamodule.frames) / self.optim.lr
             for group in self._lightning_optimizer.optimizer.param_groups:
                 group["lr"] = group["base_lr"] * factor
 
@@ -329,12 +260,12 @@ class RLModule(pl.LightningModule):
         updates_before = self.global_step
         # The step's first batches come through Lightning's iterator (which collects when nothing is ready); the rest
         # are the data module's, already drawn.
-        batches = [next(dataloader_iter)[0] for _ in range(self.accumulate_grad_batches)]
+        batches = [next(dataloader_iter)[0] for _ in range(self.optim.accumulate_grad_batches)]
         while True:
             loss = self._update_and_log(batches)
             if not self._next_update_in_this_step():
                 break
-            batches = [self.datamodule.next_ready_batch() for _ in range(self.accumulate_grad_batches)]
+            batches = [self.datamodule.next_ready_batch() for _ in range(self.optim.accumulate_grad_batches)]
         # Lightning counts one "batch that stepped" per training_step and logs metrics at that count: keep it equal to
         # the update count (metrics.csv's step column, and the logging steps, in updates as before).
         count_batches_stepped(self.trainer, self.global_step - updates_before - 1)
@@ -345,7 +276,7 @@ class RLModule(pl.LightningModule):
         has not reached a logging step (Lightning writes the logged metrics at the end of the step) or ``max_steps``."""
         update, trainer = self.global_step, self.trainer
         return (
-            self.datamodule.batches_ready >= self.accumulate_grad_batches
+            self.datamodule.batches_ready >= self.optim.accumulate_grad_batches
             and (trainer.log_every_n_steps == 0 or update % trainer.log_every_n_steps != 0)
             and (trainer.max_steps < 0 or update < trainer.max_steps)
             and not trainer.should_stop
@@ -381,7 +312,7 @@ class RLModule(pl.LightningModule):
             metrics["train/td_error"] = losses["td_error"].detach().mean()
         metrics.update(self.extra_metrics())
         metrics.update(self.datamodule.monitor())
-        if self.lr_end is not None:
+        if self.optim.lr_end is not None:
             metrics["train/lr"] = self._lightning_optimizer.optimizer.param_groups[0]["lr"]
         self.log("train/loss", loss, prog_bar=True, batch_size=batch_size)
         self.log_dict(metrics, batch_size=batch_size)

@@ -28,6 +28,7 @@ from torchrl.objectives import DQNLoss, HardUpdate, SoftUpdate
 from modules.bare import batch_pool, make_adam, optimizer_step
 from modules.base import RLModule
 from modules.networks import BatchNormCNN, EvalModeActor, has_batch_norm, observation_mlp
+from modules.optim import OptimizerOptions
 from modules.pde import physics_losses
 
 
@@ -42,7 +43,6 @@ class DQN(RLModule):
             ``[C, H, W]``; :class:`~modules.networks.BatchNormCNN`). A network with BatchNorm acts and evaluates in
             eval mode and trains in train mode.
         hidden_sizes: widths of the MLP's hidden layers.
-        lr: Adam learning rate.
         gamma: discount.
         double_dqn: pick the next action with the online network and evaluate it with the target network.
         loss_function: ``l2`` (the reference's MSE) or ``smooth_l1`` (Huber).
@@ -55,12 +55,8 @@ class DQN(RLModule):
         n_steps: the target's reward sum: ``r_t + γ r_{t+1} + … + γ^(n−1) r_{t+n−1} + γ^n Q_target(s_{t+n})``, cut at
             an episode's end (TorchRL's ``MultiStepTransform`` on the replay writes). 1: the one-step target. Sums
             over exploring actions are biased towards the exploring policy's value: measure before raising it.
-        compile: see :class:`~modules.base.RLModule`.
-        max_grad_norm: see :class:`~modules.base.RLModule` (the reference clips at 10).
-        check_finite_every: see :class:`~modules.base.RLModule`.
-        lr_end, lr_frames, lr_restart_mult: see :class:`~modules.base.RLModule` (a cosine learning-rate decay in
-            frames, with warm restarts).
-        weight_decay, accumulate_grad_batches: see :class:`~modules.base.RLModule` (AdamW; gradient accumulation).
+        optimizer, compile, check_finite_every: see :class:`~modules.base.RLModule` (the Snake reference: Adam 1e-3,
+            unclipped; Mario's clips at 10 and accumulates 4 batches).
     """
 
     target_networks = ("value_network",)
@@ -71,7 +67,6 @@ class DQN(RLModule):
         action_spec: TensorSpec,
         network: Literal["mlp", "batch_norm_cnn"] = "mlp",
         hidden_sizes: Sequence[int] = (256, 256),
-        lr: float = 1e-3,
         gamma: float = 0.99,
         double_dqn: bool = False,
         loss_function: Literal["l2", "smooth_l1"] = "l2",
@@ -82,28 +77,11 @@ class DQN(RLModule):
         eps_end: float = 0.05,
         eps_frames: int = 100_000,
         n_steps: int = 1,
+        optimizer: OptimizerOptions = OptimizerOptions(),
         compile: bool | str = False,
-        max_grad_norm: float | None = None,
         check_finite_every: int = 1,
-        lr_end: float | None = None,
-        lr_frames: int = 1_000_000,
-        lr_restart_mult: float | None = None,
-        weight_decay: float = 0.0,
-        accumulate_grad_batches: int = 1,
     ) -> None:
-        super().__init__(
-            observation_spec,
-            action_spec,
-            lr,
-            compile,
-            max_grad_norm,
-            check_finite_every,
-            lr_end,
-            lr_frames,
-            lr_restart_mult,
-            weight_decay,
-            accumulate_grad_batches,
-        )
+        super().__init__(observation_spec, action_spec, optimizer, compile, check_finite_every)
         self.save_hyperparameters(ignore=["observation_spec", "action_spec"])
         if not 0 <= gamma <= 1:
             raise ValueError(f"--model.init_args.gamma must be in [0, 1], got {gamma}")
@@ -279,7 +257,7 @@ def reference_dqn_update(model: DQN, data: Any, with_physics: bool = False) -> C
     optimizer = make_adam(parameters, model)
     gamma = float(model.loss_module.value_estimator.gamma)  # PIRL's is 1: its Q-values are probabilities
     huber = model.hparams.get("loss_function", "l2") == "smooth_l1"
-    accumulate = model.accumulate_grad_batches
+    accumulate = model.optim.accumulate_grad_batches
     batches = batch_pool(data, data.batch_size)
 
     def loss_of(batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -309,7 +287,7 @@ def reference_dqn_update(model: DQN, data: Any, with_physics: bool = False) -> C
         for k in range(accumulate):
             loss = loss_of(batches[(i * accumulate + k) % len(batches)])
             (loss if accumulate == 1 else loss / accumulate).backward()
-        optimizer_step(parameters, optimizer, model.max_grad_norm)
+        optimizer_step(parameters, optimizer, model.optim.max_grad_norm)
         return loss.detach()
 
     return step

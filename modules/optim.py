@@ -1,4 +1,5 @@
-"""The optimizer step of an update: global-norm gradient clipping and an Adam step, run as PyTorch's fused kernels.
+"""The optimizer of an update: its options, shared by every agent (:class:`OptimizerOptions`), and its step, global-norm
+gradient clipping and an Adam step run as PyTorch's fused kernels (:class:`FusedAdamStep`).
 
 ``torch.optim.Adam(fused=True).step()`` runs one fused kernel for all parameters, but wraps it in Python (a state
 lookup per parameter, grouping by device and dtype, profiler records), and ``clip_grad_norm_`` groups the gradients
@@ -11,9 +12,96 @@ checkpoints, resume and ``optimizer.state_dict()`` are those of the plain ``torc
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 import torch
 
 from compat.torch import clip_grads_by_global_norm_, fused_adam_step_
+
+#: Where the options are set: ``optimizer:`` in a model's ``init_args``.
+FLAG = "--model.init_args.optimizer"
+
+
+@dataclass(frozen=True)
+class OptimizerOptions:
+    """The Adam optimizer of an agent's update and its learning-rate schedule: ``optimizer:`` in a model's
+    ``init_args`` (``--model.init_args.optimizer.lr 3e-4``). Each agent's default instance holds its own defaults.
+
+    Args:
+        lr: learning rate (at frame 0, when ``lr_end`` is set).
+        lr_end: with a value, the learning rate follows a cosine from ``lr`` at frame 0 to ``lr_end`` at ``lr_frames``
+            frames, and stays there; None: constant ``lr``. In frames, like ε, so that a run's schedule does not
+            depend on the machine's speed or the replay ratio.
+        lr_frames: frames over which the cosine decay runs (its first period, with ``lr_restart_mult``).
+        lr_restart_mult: with a value, the cosine restarts at ``lr`` after each period, each period this many times
+            longer than the one before (SGDR's warm restarts, Loshchilov & Hutter 2017: PyTorch's
+            ``CosineAnnealingWarmRestarts(T_0, T_mult)`` with ``T_0 = lr_frames`` counted in frames, ``eta_min =
+            lr_end``); None: one period, then ``lr_end`` from there on.
+        weight_decay: decoupled weight decay (AdamW, Loshchilov & Hutter 2019); 0: plain Adam.
+        max_grad_norm: clip the gradients' global L2 norm to this before each step; None: no clipping.
+            ``--trainer.gradient_clip_val`` is handed to this by the CLI: Lightning clips only in its automatic
+            optimization, and the update here is the agent's own.
+        accumulate_grad_batches: batches whose gradients one update sums before its optimizer step, each batch's
+            loss divided by their number: the update of one batch that many times larger, in pieces (the Mario
+            reference's 4 × 512). ``--trainer.accumulate_grad_batches`` is handed to this by the CLI.
+    """
+
+    lr: float = 1e-3
+    lr_end: float | None = None
+    lr_frames: int = 1_000_000
+    lr_restart_mult: float | None = None
+    weight_decay: float = 0.0
+    max_grad_norm: float | None = None
+    accumulate_grad_batches: int = 1
+
+    def __post_init__(self) -> None:
+        if not self.lr > 0:
+            raise ValueError(f"{FLAG}.lr must be > 0, got {self.lr}")
+        if self.lr_end is not None and not 0 <= self.lr_end <= self.lr:
+            raise ValueError(
+                f"{FLAG}.lr_end must be in [0, lr={self.lr}] (or null for a constant lr), got {self.lr_end}"
+            )
+        if self.lr_frames < 1:
+            raise ValueError(f"{FLAG}.lr_frames must be >= 1, got {self.lr_frames}")
+        if self.lr_restart_mult is not None and not self.lr_restart_mult >= 1:
+            raise ValueError(f"{FLAG}.lr_restart_mult must be >= 1 (or null), got {self.lr_restart_mult}")
+        if self.lr_restart_mult is not None and self.lr_end is None:
+            raise ValueError(f"{FLAG}.lr_restart_mult restarts the cosine to lr_end: set lr_end too")
+        if self.weight_decay < 0:
+            raise ValueError(f"{FLAG}.weight_decay must be >= 0, got {self.weight_decay}")
+        if self.max_grad_norm is not None and not self.max_grad_norm > 0:
+            raise ValueError(f"{FLAG}.max_grad_norm must be > 0 (or null for no clipping), got {self.max_grad_norm}")
+        if self.accumulate_grad_batches < 1:
+            raise ValueError(f"{FLAG}.accumulate_grad_batches must be >= 1, got {self.accumulate_grad_batches}")
+
+    def learning_rate(self, frames: int) -> float:
+        """The learning rate after ``frames`` frames: ``lr``, or its cosine decay to ``lr_end`` over ``lr_frames``
+        (restarting, with ``lr_restart_mult``)."""
+        if self.lr_end is None:
+            return self.lr
+        if self.lr_restart_mult is None:
+            progress = min(frames / self.lr_frames, 1.0)
+        else:  # find the period `frames` falls in
+            start, period = 0.0, float(self.lr_frames)
+            while frames >= start + period:
+                start, period = start + period, period * self.lr_restart_mult
+            progress = (frames - start) / period
+        return self.lr_end + (self.lr - self.lr_end) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    def adam(self, groups: list[dict]) -> torch.optim.Optimizer:
+        """A fused Adam (AdamW with ``weight_decay``) on parameter ``groups``; a group without ``lr`` takes ``lr``."""
+        for group in groups:
+            group.setdefault("lr", self.lr)
+            group["base_lr"] = group["lr"]  # what lr_end's schedule scales (kept in the optimizer's checkpoint)
+        # The fused kernel updates every parameter in one op: on a small MLP much faster than the default foreach.
+        if self.weight_decay:
+            return torch.optim.AdamW(groups, lr=self.lr, weight_decay=self.weight_decay, fused=True)
+        return torch.optim.Adam(groups, lr=self.lr, fused=True)
+
+
+#: Options that moved into :class:`OptimizerOptions` (``app/errors.py`` names the new flag for the old one).
+OPTIMIZER_OPTIONS = tuple(OptimizerOptions.__dataclass_fields__)
 
 
 class FusedAdamStep:

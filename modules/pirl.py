@@ -25,6 +25,7 @@ from torchrl.data import TensorSpec
 
 from modules.dqn import DQN, reference_dqn_update
 from modules.networks import mlp
+from modules.optim import OptimizerOptions
 from modules.pde import physics_losses
 
 
@@ -39,7 +40,6 @@ class PhysicsInformedDQN(DQN):
         observation_spec: linked from the data module.
         action_spec: linked from the data module.
         hidden_sizes: widths of the Tanh hidden layers.
-        lr: Adam learning rate (the reference: 5e-4).
         target_update: ``hard`` (the reference: a copy every ``target_update_interval`` updates) or ``soft`` (Polyak).
         target_update_interval: updates between hard target copies.
         tau: soft-update rate.
@@ -52,10 +52,7 @@ class PhysicsInformedDQN(DQN):
         boundary_weight: weight of the boundary terms (the reference: 1).
         collocation_points: interior points per update, and as many terminal and unsafe boundary points.
         gradient: how ``∇ₓV`` is computed: ``autograd`` (``create_graph=True``) or ``func`` (``torch.func``).
-        compile: see :class:`~modules.base.RLModule`.
-        max_grad_norm: see :class:`~modules.base.RLModule`.
-        check_finite_every: see :class:`~modules.base.RLModule`.
-        lr_end, lr_frames: see :class:`~modules.base.RLModule` (a cosine learning-rate decay in frames).
+        optimizer, compile, check_finite_every: see :class:`~modules.base.RLModule` (the reference: Adam 5e-4).
     """
 
     def __init__(
@@ -63,7 +60,6 @@ class PhysicsInformedDQN(DQN):
         observation_spec: Any,
         action_spec: TensorSpec,
         hidden_sizes: Sequence[int] = (32, 32, 32),
-        lr: float = 5e-4,
         target_update: Literal["hard", "soft"] = "hard",
         target_update_interval: int = 1_000,
         tau: float = 0.005,
@@ -76,11 +72,9 @@ class PhysicsInformedDQN(DQN):
         boundary_weight: float = 1.0,
         collocation_points: int = 32,
         gradient: Literal["autograd", "func"] = "autograd",
+        optimizer: OptimizerOptions = OptimizerOptions(lr=5e-4),
         compile: bool | str = False,
-        max_grad_norm: float | None = None,
         check_finite_every: int = 1,
-        lr_end: float | None = None,
-        lr_frames: int = 1_000_000,
     ) -> None:
         if pde_weight < 0:
             raise ValueError(f"--model.init_args.pde_weight must be >= 0, got {pde_weight}")
@@ -95,7 +89,6 @@ class PhysicsInformedDQN(DQN):
             observation_spec,
             action_spec,
             hidden_sizes=hidden_sizes,
-            lr=lr,
             gamma=1.0,
             double_dqn=double_dqn,
             loss_function="l2",
@@ -106,11 +99,9 @@ class PhysicsInformedDQN(DQN):
             eps_end=eps_end,
             eps_frames=eps_frames,
             n_steps=n_steps,
+            optimizer=optimizer,
             compile=compile,
-            max_grad_norm=max_grad_norm,
             check_finite_every=check_finite_every,
-            lr_end=lr_end,
-            lr_frames=lr_frames,
         )
         self.double_dqn = double_dqn
         self.pde_weight, self.boundary_weight = pde_weight, boundary_weight

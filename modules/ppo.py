@@ -27,6 +27,7 @@ from torchrl.objectives.value import GAE
 from modules.bare import POOL, optimizer_step, transitions
 from modules.base import RLModule
 from modules.networks import observation_mlp
+from modules.optim import OptimizerOptions
 
 
 def check_ppo_options(gamma: float, gae_lambda: float, clip_epsilon: float) -> None:
@@ -86,17 +87,14 @@ class PPO(RLModule):
         observation_spec: linked from the data module.
         action_spec: linked from the data module (a discrete ``Categorical`` spec).
         hidden_sizes: hidden widths of both the actor and the critic.
-        lr: Adam learning rate.
         gamma: discount.
         gae_lambda: GAE's λ.
         clip_epsilon: PPO's ratio clip.
         entropy_coef: weight of the entropy bonus.
         critic_coef: weight of the value loss.
         normalize_advantage: standardise advantages within each minibatch.
-        compile: see :class:`~modules.base.RLModule`.
-        max_grad_norm: see :class:`~modules.base.RLModule` (PPO's usual 0.5).
-        check_finite_every: see :class:`~modules.base.RLModule`.
-        lr_end, lr_frames: see :class:`~modules.base.RLModule` (a cosine learning-rate decay in frames).
+        optimizer, compile, check_finite_every: see :class:`~modules.base.RLModule` (PPO usually clips the gradient's
+            norm at 0.5: ``optimizer: {max_grad_norm: 0.5}``).
     """
 
     def __init__(
@@ -104,22 +102,17 @@ class PPO(RLModule):
         observation_spec: Any,
         action_spec: TensorSpec,
         hidden_sizes: Sequence[int] = (256, 256),
-        lr: float = 3e-4,
         gamma: float = 0.99,
         gae_lambda: float = 0.95,
         clip_epsilon: float = 0.2,
         entropy_coef: float = 0.01,
         critic_coef: float = 0.5,
         normalize_advantage: bool = True,
+        optimizer: OptimizerOptions = OptimizerOptions(lr=3e-4),
         compile: bool | str = False,
-        max_grad_norm: float | None = None,
         check_finite_every: int = 1,
-        lr_end: float | None = None,
-        lr_frames: int = 1_000_000,
     ) -> None:
-        super().__init__(
-            observation_spec, action_spec, lr, compile, max_grad_norm, check_finite_every, lr_end, lr_frames
-        )
+        super().__init__(observation_spec, action_spec, optimizer, compile, check_finite_every)
         self.save_hyperparameters(ignore=["observation_spec", "action_spec"])
         check_ppo_options(gamma, gae_lambda, clip_epsilon)
 
@@ -193,7 +186,7 @@ def reference_ppo_update(model: PPO, data: Any) -> Callable[[int], torch.Tensor]
         copy.deepcopy(model.critic_network).to(data.device),
     )
     parameters = [*actor.parameters(), *critic.parameters()]
-    optimizer = torch.optim.Adam(parameters, lr=model.lr, fused=True)
+    optimizer = torch.optim.Adam(parameters, lr=model.optim.lr, fused=True)
     hp = model.hparams
     batches = [ppo_batch(data, data.minibatch_size, seed) for seed in range(POOL)]
 
@@ -211,7 +204,7 @@ def reference_ppo_update(model: PPO, data: Any) -> Callable[[int], torch.Tensor]
         value_loss = F.smooth_l1_loss(critic(batch["observation"]).squeeze(-1), batch["value_target"])
         loss = objective - hp.entropy_coef * entropy + hp.critic_coef * value_loss
         loss.backward()
-        optimizer_step(parameters, optimizer, model.max_grad_norm)
+        optimizer_step(parameters, optimizer, model.optim.max_grad_norm)
         return loss.detach()
 
     return step

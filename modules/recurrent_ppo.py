@@ -32,6 +32,7 @@ from torchrl.objectives.value.functional import vec_generalized_advantage_estima
 
 from modules.base import RLModule
 from modules.networks import TokenEncoder
+from modules.optim import OptimizerOptions
 from modules.ppo import categorical_actor, check_ppo_options, clip_ppo_loss, ppo_batch_keys, ppo_update
 
 _STATE_KEYS = ("recurrent_state_h", "recurrent_state_c")
@@ -49,14 +50,14 @@ class RecurrentPPO(RLModule):
         grid_features: feature channels of the token grid; at least the environment's number of observation
             features (checked when training starts).
         grid_size: the view's side in cells (MettaGrid: 13, or ``obs.width``).
-        lr: Adam learning rate.
         gamma: discount.
         gae_lambda: GAE's λ.
         clip_epsilon: PPO's ratio clip.
         entropy_coef: weight of the entropy bonus.
         critic_coef: weight of the value loss.
         normalize_advantage: standardise advantages within each minibatch.
-        compile, max_grad_norm, check_finite_every, lr_end, lr_frames: see :class:`~modules.base.RLModule`.
+        optimizer, compile, check_finite_every: see :class:`~modules.base.RLModule` (here Adam 3e-4, the gradient's norm
+            clipped at 0.5).
     """
 
     def __init__(
@@ -67,22 +68,17 @@ class RecurrentPPO(RLModule):
         trunk_features: int = 128,
         grid_features: int = 64,
         grid_size: int = 13,
-        lr: float = 3e-4,
         gamma: float = 0.99,
         gae_lambda: float = 0.95,
         clip_epsilon: float = 0.1,
         entropy_coef: float = 0.01,
         critic_coef: float = 0.5,
         normalize_advantage: bool = True,
+        optimizer: OptimizerOptions = OptimizerOptions(lr=3e-4, max_grad_norm=0.5),
         compile: bool | str = False,
-        max_grad_norm: float | None = 0.5,
         check_finite_every: int = 1,
-        lr_end: float | None = None,
-        lr_frames: int = 1_000_000,
     ) -> None:
-        super().__init__(
-            observation_spec, action_spec, lr, compile, max_grad_norm, check_finite_every, lr_end, lr_frames
-        )
+        super().__init__(observation_spec, action_spec, optimizer, compile, check_finite_every)
         self.save_hyperparameters(ignore=["observation_spec", "action_spec"])
         check_ppo_options(gamma, gae_lambda, clip_epsilon)
         for name, value in (("lstm_hidden", lstm_hidden), ("trunk_features", trunk_features)):

@@ -38,6 +38,7 @@ from torchrl.objectives import SACLoss, SoftUpdate
 
 from modules.base import RLModule
 from modules.networks import ScaledTanhPolicy, mlp
+from modules.optim import OptimizerOptions
 
 ACTOR_INIT_FLAG = "--model.init_args.actor_init"
 
@@ -70,9 +71,8 @@ class SAC(RLModule):
         action_spec: linked from the data module (a bounded box).
         actor_hidden_sizes: widths of the actor's hidden layers (the reference's 128, 64).
         critic_hidden_sizes: widths of each critic's hidden layers (the reference's 128, 64).
-        lr: Adam learning rate of the critics and α (and of the actor, without ``actor_lr``; the reference's 3e-4).
-        actor_lr: the actor's own learning rate; None: ``lr``. Lower keeps an actor started from behaviour cloning
-            within reach of what its critics have seen while they catch up.
+        actor_lr: the actor's own learning rate; None: ``optimizer.lr``, the critics' and α's. Lower keeps an actor
+            started from behaviour cloning within reach of what its critics have seen while they catch up.
         gamma: discount.
         tau: Polyak rate of the target critics.
         alpha_init: the entropy coefficient α at the start.
@@ -92,10 +92,8 @@ class SAC(RLModule):
             critics start from scratch, and until they know the clone's neighbourhood, their action gradients lead
             the actor off the track; the term holds it there and fades. 0: plain SAC.
         bc_weight_frames: frames over which ``bc_weight`` falls linearly to 0.
-        compile: see :class:`~modules.base.RLModule`.
-        max_grad_norm: see :class:`~modules.base.RLModule` (SAC usually runs unclipped).
-        check_finite_every: see :class:`~modules.base.RLModule`.
-        lr_end, lr_frames: see :class:`~modules.base.RLModule` (a cosine learning-rate decay in frames).
+        optimizer, compile, check_finite_every: see :class:`~modules.base.RLModule` (the reference: Adam 3e-4,
+            unclipped).
     """
 
     # Options that may name an earlier stage's config instead of its checkpoint: the app runs that stage and sets the
@@ -110,7 +108,6 @@ class SAC(RLModule):
         action_spec: TensorSpec,
         actor_hidden_sizes: Sequence[int] = (128, 64),
         critic_hidden_sizes: Sequence[int] = (128, 64),
-        lr: float = 3e-4,
         actor_lr: float | None = None,
         gamma: float = 0.99,
         tau: float = 0.005,
@@ -121,15 +118,11 @@ class SAC(RLModule):
         actor_warmup_updates: int = 0,
         bc_weight: float = 0.0,
         bc_weight_frames: int = 500_000,
+        optimizer: OptimizerOptions = OptimizerOptions(lr=3e-4),
         compile: bool | str = False,
-        max_grad_norm: float | None = None,
         check_finite_every: int = 1,
-        lr_end: float | None = None,
-        lr_frames: int = 1_000_000,
     ) -> None:
-        super().__init__(
-            observation_spec, action_spec, lr, compile, max_grad_norm, check_finite_every, lr_end, lr_frames
-        )
+        super().__init__(observation_spec, action_spec, optimizer, compile, check_finite_every)
         self.save_hyperparameters(ignore=["observation_spec", "action_spec"])
         if not 0 <= gamma <= 1:
             raise ValueError(f"--model.init_args.gamma must be in [0, 1], got {gamma}")
@@ -161,7 +154,7 @@ class SAC(RLModule):
         if actor_warmup_updates < 0:
             raise ValueError(f"--model.init_args.actor_warmup_updates must be >= 0, got {actor_warmup_updates}")
         self.tau, self.actor_init, self.actor_warmup_updates = tau, actor_init, actor_warmup_updates
-        self.actor_lr = lr if actor_lr is None else actor_lr
+        self.actor_lr = optimizer.lr if actor_lr is None else actor_lr
         self.bc_weight_initial, self.bc_weight_frames = bc_weight, bc_weight_frames
         (observation_dim,) = observation_spec["observation"].shape
         (action_dim,) = action_spec.shape
@@ -233,7 +226,7 @@ class SAC(RLModule):
     def configure_optimizers(self) -> torch.optim.Optimizer:
         actor = {id(p) for p in self.loss_module.actor_network_params.values(True, True)}
         parameters = self.trainable_parameters()
-        return self.adam(
+        return self.optim.adam(
             [
                 {"params": [p for p in parameters if id(p) in actor], "lr": self.actor_lr},
                 {"params": [p for p in parameters if id(p) not in actor]},  # critics and log α

@@ -46,7 +46,7 @@ def reference_sac_update(model: Any, data: Any) -> Callable[[int], torch.Tensor]
         target.requires_grad_(False)
     log_alpha = model.loss_module.log_alpha.detach().to(device).clone().requires_grad_(True)
     parameters = [*actor.parameters(), *(p for critic in critics for p in critic.parameters()), log_alpha]
-    optimizer = torch.optim.Adam(parameters, lr=model.lr, fused=True)
+    optimizer = torch.optim.Adam(parameters, lr=model.optim.lr, fused=True)
     gamma, tau = float(model.loss_module.value_estimator.gamma), model.tau
     target_entropy = float(model.loss_module.target_entropy)
     space = model.action_spec.space
@@ -85,7 +85,7 @@ def reference_sac_update(model: Any, data: Any) -> Callable[[int], torch.Tensor]
         alpha_loss = -(log_alpha * (log_prob.detach() + target_entropy)).mean()
         loss = critic_loss + actor_loss + alpha_loss
         loss.backward()
-        optimizer_step(parameters, optimizer, model.max_grad_norm)
+        optimizer_step(parameters, optimizer, model.optim.max_grad_norm)
         foreach_lerp_(*target_pairs, tau)
         return loss.detach()
 

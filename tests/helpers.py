@@ -27,7 +27,13 @@ def chain_config(agent: str, root: Path, **data: Any) -> dict:
     if agent == "recurrent":
         model = {
             "class_path": "modules.recurrent_ppo.RecurrentPPO",
-            "init_args": {"lstm_hidden": 32, "trunk_features": 32, "grid_features": 2, "grid_size": 11, "lr": 0.003},
+            "init_args": {
+                "lstm_hidden": 32,
+                "trunk_features": 32,
+                "grid_features": 2,
+                "grid_size": 11,
+                "optimizer": {"lr": 0.003},
+            },
         }
         data_cfg = {
             "class_path": "datamodules.rollout.RolloutDataModule",
@@ -46,7 +52,7 @@ def chain_config(agent: str, root: Path, **data: Any) -> dict:
             "init_args": {"env": CHAIN, "num_envs": 8, "batch_size": 32, "warmup_frames": 64, "frames_per_update": 2},
         }
     else:
-        model = {"class_path": "modules.ppo.PPO", "init_args": {"hidden_sizes": [32], "lr": 0.003}}
+        model = {"class_path": "modules.ppo.PPO", "init_args": {"hidden_sizes": [32], "optimizer": {"lr": 0.003}}}
         data_cfg = {
             "class_path": "datamodules.rollout.RolloutDataModule",
             "init_args": {"env": CHAIN, "num_envs": 8, "collect_steps": 16, "minibatch_size": 32, "update_epochs": 2},

@@ -42,7 +42,7 @@ def test_framework_free_update_is_the_agents_update_step(config):
     # benchmarks/update_cost.py --arithmetic times this against the bare update: it must be the same loss on the same
     # batches, and a real update: the weights move.
     # A large learning rate, so that one step visibly changes the loss on the same batch.
-    overrides = [*SMALL, "--data.init_args.batch_size", "64", "--model.init_args.lr", "0.01"]
+    overrides = [*SMALL, "--data.init_args.batch_size", "64", "--model.init_args.optimizer.lr", "0.01"]
     model, data = build([str(ROOT / "configs" / config)], overrides)
     before = [parameter.detach().clone() for parameter in model.trainable_parameters()]
     step = framework_free_update(model, data)

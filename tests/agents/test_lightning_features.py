@@ -79,7 +79,9 @@ def test_compiled_update_trains_to_the_same_weights_as_eager(tmp_path):
     for compile_ in ("false", "true", "cudagraph"):
         config = chain_config("dqn", tmp_path / compile_)
         compile_option = {"false": False, "true": True}.get(compile_, compile_)
-        config["model"]["init_args"].update(compile=compile_option, max_grad_norm=1.0, target_update="soft")
+        config["model"]["init_args"].update(
+            compile=compile_option, optimizer={"max_grad_norm": 1.0}, target_update="soft"
+        )
         cli = fit(write_config(config, tmp_path / f"{compile_}.yaml"), "--trainer.max_steps", "40")
         assert cli.trainer.global_step == 40
         assert cli.model._graphed_update is None  # no CUDA graph on a CPU: cudagraph is the compiled update there
@@ -101,9 +103,17 @@ CUDA_GRAPH = ["--model.init_args.compile", "cudagraph"]
 @pytest.mark.parametrize(
     ("configs", "args", "reason"),
     [
-        ([], ["--model.init_args.accumulate_grad_batches", "2"], "gradient accumulation (accumulate_grad_batches 1)"),
-        ([], ["--model.init_args.lr_end", "1e-4"], "a learning-rate schedule: the step's lr is captured once"),
-        ([], ["--model.init_args.weight_decay", "0.01"], "AdamW's step, which is not capturable here"),
+        (
+            [],
+            ["--model.init_args.optimizer.accumulate_grad_batches", "2"],
+            "gradient accumulation (optimizer.accumulate_grad_batches 1)",
+        ),
+        (
+            [],
+            ["--model.init_args.optimizer.lr_end", "1e-4"],
+            "a learning-rate schedule: the step's lr is captured once",
+        ),
+        ([], ["--model.init_args.optimizer.weight_decay", "0.01"], "AdamW's step, which is not capturable here"),
         ([], ["--data.init_args.priority_alpha", "0.6"], "prioritized replay's priorities (priority_alpha 0)"),
         (["configs/pirl_toy.yaml"], [], "PhysicsInformedDQN's loss inputs drawn each update"),
         (["configs/racing_sac.yaml", "configs/bench/sac_scratch.yaml"], [], "SAC's random draws inside the update"),

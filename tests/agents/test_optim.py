@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from modules.dqn import DQN
-from modules.optim import FusedAdamStep
+from modules.optim import FusedAdamStep, OptimizerOptions
 from tests.agents.test_dqn import SPECS
 from tests.helpers import chain_config, fit, write_config
 
@@ -92,30 +92,32 @@ def test_other_optimizers_and_missing_gradients_take_the_optimizers_own_step():
 
 
 def test_learning_rate_follows_a_cosine_in_frames_to_lr_end():
-    model = DQN(**SPECS, hidden_sizes=[4], lr=1e-3, lr_end=1e-4, lr_frames=1000)
-    assert model.learning_rate(0) == pytest.approx(1e-3)
-    assert model.learning_rate(500) == pytest.approx(1e-4 + 0.9e-3 * 0.5)
-    assert model.learning_rate(250) == pytest.approx(1e-4 + 0.9e-3 * 0.5 * (1 + math.cos(math.pi / 4)))
-    assert model.learning_rate(1000) == model.learning_rate(10**9) == pytest.approx(1e-4)
-    assert DQN(**SPECS, hidden_sizes=[4], lr=1e-3).learning_rate(10**9) == 1e-3  # no lr_end: constant
+    options = OptimizerOptions(lr=1e-3, lr_end=1e-4, lr_frames=1000)
+    assert options.learning_rate(0) == pytest.approx(1e-3)
+    assert options.learning_rate(500) == pytest.approx(1e-4 + 0.9e-3 * 0.5)
+    assert options.learning_rate(250) == pytest.approx(1e-4 + 0.9e-3 * 0.5 * (1 + math.cos(math.pi / 4)))
+    assert options.learning_rate(1000) == options.learning_rate(10**9) == pytest.approx(1e-4)
+    assert OptimizerOptions(lr=1e-3).learning_rate(10**9) == 1e-3  # no lr_end: constant
 
 
 def test_bad_learning_rate_schedule_names_the_flag():
-    with pytest.raises(ValueError, match="--model.init_args.lr_end must be in"):
-        DQN(**SPECS, lr=1e-3, lr_end=2e-3)
-    with pytest.raises(ValueError, match="--model.init_args.lr_frames must be >= 1"):
-        DQN(**SPECS, lr_end=0.0, lr_frames=0)
+    with pytest.raises(ValueError, match="--model.init_args.optimizer.lr_end must be in"):
+        DQN(**SPECS, optimizer=OptimizerOptions(lr=1e-3, lr_end=2e-3))
+    with pytest.raises(ValueError, match="--model.init_args.optimizer.lr_frames must be >= 1"):
+        OptimizerOptions(lr_end=0.0, lr_frames=0)
 
 
 @pytest.mark.slow
 def test_training_sets_and_logs_the_scheduled_learning_rate(tmp_path):
     config = chain_config("dqn", tmp_path)
-    config["model"]["init_args"].update(lr=1e-3, lr_end=1e-5, lr_frames=600)
+    config["model"]["init_args"].update(optimizer={"lr": 1e-3, "lr_end": 1e-5, "lr_frames": 600})
     logger = {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": str(tmp_path)}}
     config["trainer"]["logger"] = logger
     cli = fit(
         write_config(config, tmp_path / "c.yaml"), "--trainer.max_steps", "60", "--trainer.log_every_n_steps", "10"
     )
     # 8 frames per collection earn 4 updates: the last collection came before the 60th update set its rate.
-    assert cli.model.optimizers().param_groups[0]["lr"] == pytest.approx(cli.model.learning_rate(cli.datamodule.frames))
+    assert cli.model.optimizers().param_groups[0]["lr"] == pytest.approx(
+        cli.model.optim.learning_rate(cli.datamodule.frames)
+    )
     assert 1e-5 < float(cli.trainer.callback_metrics["train/lr"]) < 1e-3

@@ -44,7 +44,7 @@ def test_print_config_resolves_composed_configs_and_overrides(tmp_path):
         str(base),
         "--config",
         str(preset),
-        "--model.init_args.lr",
+        "--model.init_args.optimizer.lr",
         "3e-4",
         "--data.init_args.env.init_args.length",
         "9",
@@ -56,7 +56,7 @@ def test_print_config_resolves_composed_configs_and_overrides(tmp_path):
     assert config["trainer"]["max_steps"] == 7  # from the preset composed on top
     assert config["data"]["init_args"]["num_envs"] == 4
     assert config["data"]["init_args"]["batch_size"] == 32  # from the base
-    assert config["model"]["init_args"]["lr"] == 3e-4  # from the command line
+    assert config["model"]["init_args"]["optimizer"]["lr"] == 3e-4  # from the command line
     assert config["data"]["init_args"]["env"]["init_args"]["length"] == 9
     assert config["model"]["init_args"]["gamma"] == 0.99  # defaults are shown too
     assert not (tmp_path / "out").exists()
@@ -68,7 +68,15 @@ def test_print_config_resolves_composed_configs_and_overrides(tmp_path):
     [
         (["--data.init_args.batch_size", "-3"], "--data.init_args.batch_size must be > 0, got -3"),
         (["--data.init_args.frames_per_update", "0"], "--data.init_args.frames_per_update must be > 0, got 0"),
-        (["--model.init_args.lr", "-1"], "--model.init_args.lr must be > 0, got -1"),
+        (["--model.init_args.optimizer.lr", "-1"], "--model.init_args.optimizer.lr must be > 0, got -1"),
+        (
+            ["--model.init_args.lr", "3e-4"],
+            "--model.init_args.lr moved: give --model.init_args.optimizer.lr (optimizer: {lr: ...} in a config)",
+        ),
+        (
+            ["--trainer.accumulate_grad_batches", "2", "--model.init_args.optimizer.accumulate_grad_batches", "3"],
+            "--trainer.accumulate_grad_batches 2 and --model.init_args.optimizer.accumulate_grad_batches 3 disagree",
+        ),
         (["--data.init_args.env.init_args.length", "1"], "--data.init_args.env.init_args.length must be >= 2, got 1"),
         (["--data.init_args.device", "cuda"], "--data.init_args.device 'cuda' is not available"),
         (

@@ -31,11 +31,11 @@ def test_accumulated_batches_update_like_one_batch_of_their_size(tmp_path):
         config = chain_config(
             "dqn", tmp_path / name, batch_size=batch_size, frames_per_update=8 / accumulate, warmup_frames=128
         )
-        config["model"]["init_args"].update(eps_start=1.0, eps_end=1.0, max_grad_norm=10.0)
+        config["model"]["init_args"].update(eps_start=1.0, eps_end=1.0, optimizer={"max_grad_norm": 10.0})
         config["trainer"]["max_steps"] = 12
         overrides = ["--trainer.accumulate_grad_batches", str(accumulate)] if accumulate > 1 else []
         cli = fit(write_config(config, tmp_path / f"{name}.yaml"), *overrides)
-        assert cli.model.accumulate_grad_batches == accumulate and cli.trainer.global_step == 12
+        assert cli.model.optim.accumulate_grad_batches == accumulate and cli.trainer.global_step == 12
         assert cli.datamodule.samples == 12 * 128
         return torch.load(tmp_path / name / "checkpoints/last.ckpt", weights_only=True)
 
@@ -63,7 +63,7 @@ def mario_config(root: Path, **model) -> dict:
         "double_dqn": True,
         "target_update": "soft",
         "tau": 0.01,
-        "weight_decay": 1e-5,
+        "optimizer": {"weight_decay": 1e-5},
         "eps_frames": 200,
         **model,
     }
@@ -130,7 +130,7 @@ def test_the_shipped_config_trains_with_workers_and_resumes_in_its_run_folder(tm
     monkeypatch.chdir(tmp_path)
     small = ["--data.init_args.collection.workers", "1", "--data.init_args.num_envs", "2"]
     small += ["--data.init_args.batch_size", "8", "--data.init_args.warmup_frames", "64"]
-    small += ["--model.init_args.accumulate_grad_batches", "2", "--data.init_args.buffer_size", "2000"]
+    small += ["--model.init_args.optimizer.accumulate_grad_batches", "2", "--data.init_args.buffer_size", "2000"]
     small += ["--trainer.enable_progress_bar", "false", "--trainer.log_every_n_steps", "1"]
     small += ["--trainer.callbacks.init_args.bare_update_seconds", "0"]
     config = str(ROOT / "configs/mario_ddqn.yaml")
