@@ -2,7 +2,7 @@
 
     python benchmarks/gpu_suite.py --out runs/gpu_suite              # on a CUDA machine: every item (under 10 minutes)
     python benchmarks/gpu_suite.py --out runs/gpu_suite --only snake_env pirl_export
-    python benchmarks/gpu_suite.py --quick --out runs/gpu_suite_quick  # every item on the CPU at toy size (< 1 min)
+    python benchmarks/gpu_suite.py --quick --out runs/gpu_suite_quick  # every item on the CPU at toy size: a smoke test
 
 Each item runs in a process of its own (``--item NAME``), so a crash, a CUDA error or an out-of-memory in one item
 cannot take the others down, and a cap is a real wall-clock limit. While an item runs, ``nvidia-smi`` is sampled

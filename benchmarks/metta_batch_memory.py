@@ -1,6 +1,6 @@
 """Memory of one full rollout of the ultra-fast preset: 512 environments × 16 agents × 32 steps = 262,144 steps.
 
-    python benchmarks/metta_batch_memory.py            # about a minute on 2 cores (one rollout, in this process)
+    python benchmarks/metta_batch_memory.py            # one rollout, in this process
 
 Collects one rollout with the untrained policy of ``configs/metta_ultra_fast.yaml`` (LSTM 256) through the data
 module's own path (collector, GAE, the cut into 32-step segments), environments in this process, and reports the

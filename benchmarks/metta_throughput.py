@@ -1,6 +1,6 @@
 """MettaGrid throughput in one run: the raw engines, the TorchRL wrapper, three ways to collect, and training.
 
-    python benchmarks/metta_throughput.py                      # about 11 minutes on 2 cores
+    python benchmarks/metta_throughput.py                      # mostly three fits of --fit-seconds each
     python benchmarks/metta_throughput.py --fit-seconds 300
 
 Everything runs one after the other, so the figures are side by side (1 torch thread in every process; this machine

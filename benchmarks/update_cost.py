@@ -16,10 +16,11 @@ One process measures, side by side:
 
 The two are interleaved: after the warm-up, the fit runs in segments of about ``--segment-seconds``, and between
 two segments the bare loop runs for ``--bare-seconds`` (a callback, on copies of the networks, under a forked RNG,
-outside the segments' time). This machine's speed moves by up to 50 % within a minute, so a bare time taken
-before or after the fit does not describe the fit; the ratio is each segment's time per update over the bare slice
-right after it, and the figure reported is the median of those ratios. Each segment's time per update is also split
-into the data module's phases (collect, buffer_write, sample, update; other is the rest), without the bare slices.
+outside the segments' time). This machine's speed drifts within a minute by more than the overheads measured
+(BENCHMARKS.md, "The update against its bare arithmetic"), so a bare time taken before or after the fit does not
+describe the fit; the ratio is each segment's time per update over the bare slice right after it, and the figure
+reported is the median of those ratios. Each segment's time per update is also split into the data module's phases
+(collect, buffer_write, sample, update; other is the rest), without the bare slices.
 The DQN runs at the reference's setting (``configs/bench/dqn_reference_ratio.yaml``: batch 128, one update per 4 frames,
 1 thread). Writes ``update_cost_<agent>_compile-<c>.json`` and prints one summary line.
 

@@ -2,7 +2,7 @@
 AOTInductor's packages.
 
 Why private: ``torch._foreach_*`` and ``torch._fused_adam_`` are the kernels behind ``clip_grad_norm_`` and
-``torch.optim.Adam(fused=True)``, called without the Python around them (:mod:`modules.optim` measures what that
+``torch.optim.Adam(fused=True)``, called without the Python around them (:mod:`modules.optim` says what that
 saves); ``torch._inductor`` holds the compile settings with no public spelling (``fallback_random``; a mode's option
 dict, since ``torch.compile`` takes ``mode`` or ``options`` but not both) and AOTInductor's package functions;
 ``torch.nn.modules.batchnorm._BatchNorm`` is the one base of every BatchNorm class.

@@ -103,8 +103,9 @@ def storage_contents(storage: Any) -> TensorDictBase:
 
 class StepOutputComplete:
     """Mixin, before ``EnvBase`` in an environment's bases: its ``_step`` output already holds every reward and done
-    entry of the specs, in their shapes and dtypes, so TorchRL's completion pass over it (about 40 µs a step on
-    MettaGrid) is skipped unless type checks are on."""
+    entry of the specs, in their shapes and dtypes, so TorchRL's completion pass over it (a large part of what the
+    MettaGrid wrapper added to a step: BENCHMARKS.md, "MettaGrid", under "The wrapper, trimmed") is skipped unless
+    type checks are on."""
 
     # EnvBase._step_proc_data (private; torchrl 0.14.1): called by EnvBase.step on _step's output.
     def _step_proc_data(self, next_tensordict: TensorDictBase) -> TensorDictBase:

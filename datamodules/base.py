@@ -171,9 +171,10 @@ class RLDataModule(EnvSpecs, Evaluation, pl.LightningDataModule):
             --data.init_args.collection.workers 2`` on the command line).
         act_precision: ``"32"``: the collector's policy acts in float32; ``"bf16"``: its forward pass runs under
             bfloat16 autocast (:class:`AutocastPolicy`), what it writes returned in float32. For networks whose
-            acting forward pass is a large share of collection (Mario's CNN: 3.5 instead of 5.9 ms for 4 emulators
-            on this project's AVX-512 CPU); the update and evaluation keep the trainer's precision, so acting can
-            pick another action than float32 would only where two action values are within bfloat16's rounding.
+            acting forward pass is a large share of collection, on a CPU with native bfloat16 arithmetic (Mario's
+            CNN: BENCHMARKS.md, "Mario", under "Again, after cheaper frames and bfloat16 acting"); the update and
+            evaluation keep the trainer's precision, so acting can pick another action than float32 would only where
+            two action values are within bfloat16's rounding.
     """
 
     def __init__(

@@ -237,8 +237,8 @@ class ReplayDataModule(RLDataModule):
 
     def next_ready_batch(self) -> TensorDictBase:
         """The next of the batches already drawn (``batches_ready`` > 0). The training stream serves them one by one;
-        a model's step takes the rest of a round here directly, past Lightning's DataLoader wrapping (tens of
-        microseconds a batch, a tenth of a small update)."""
+        a model's step takes the rest of a round here directly, past Lightning's DataLoader wrapping, whose per-batch
+        cost is a noticeable share of a small update (BENCHMARKS.md, "The update against its bare arithmetic")."""
         sample = self.pending.pop(0)
         if not self.pending:
             self.pending = None
@@ -273,7 +273,8 @@ class ReplayDataModule(RLDataModule):
                 credit += batch.numel() / self.frames_per_update
         # The buffer does not change until the next collection, so the batches of every update this one earned are
         # drawn in one call: the same uniform draws as one call per update, for a fraction of the replay buffer's
-        # per-call cost (0.3-0.9 ms, more than the Snake network's forward pass).
+        # per-call cost, which is the same whatever the batch size and more than the Snake network's forward pass
+        # (BENCHMARKS.md, "The update against its bare arithmetic").
         updates = int(credit)
         if self.prioritized:
             self.buffer.sampler.beta = self.importance_beta(self.trainer.global_step if self.trainer else 0)

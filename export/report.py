@@ -3,7 +3,7 @@
 :func:`export.tracing.export_policy` measures each batch size with :func:`samples_per_s` and writes
 ``export_benchmark.json`` and ``export_benchmark.md`` through :func:`write_benchmark`. Each figure is the best of
 ``REPEATS`` runs after a warm-up, with the machine's load recorded beside it: on a small shared machine other
-processes move multi-thread figures by 10x or more.
+processes move multi-thread figures far more than the backends differ.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def machine() -> dict[str, Any]:
         "processor": platform.processor() or platform.machine(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
-        # Other processes' load: on a small shared machine it moves multi-thread figures by 10x or more.
+        # Other processes' load: on a small shared machine it moves multi-thread figures more than the backends differ.
         "load_average_1min": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
     }
 

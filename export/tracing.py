@@ -170,8 +170,8 @@ def export_policy(
         batch_sizes: one traced module each.
         dirpath: output folder (created).
         backend: ``neuron``, ``torchscript``, ``aot``, or ``auto``: Neuron when ``torch_neuronx`` imports, else the
-            faster portable backend at each batch size (both are compiled and timed; an AOT compile takes 5-20 s on
-            2 cores, so ``auto`` costs that per batch size).
+            faster portable backend at each batch size (both are compiled and timed; an AOT compile takes seconds,
+            so ``auto`` costs one per batch size).
         check_batches: input batches of each set on which traced and eager outputs are compared.
         tolerance: largest allowed max |traced - eager|; beyond it :class:`ExportMismatchError` is raised.
         benchmark: time eager and traced inference and write ``export_benchmark.json`` / ``.md``.

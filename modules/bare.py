@@ -27,7 +27,7 @@ from modules.optim import FusedAdamStep
 
 POOL = 16  # at most this many distinct pre-drawn batches the bare loop cycles through ...
 POOL_TRANSITIONS = 2048  # ... and at most this many transitions in all (Mario's are 256 KiB each), but 2 batches
-MAX_ENVS = 16  # environments that play them: an emulator costs a third of a second to build ...
+MAX_ENVS = 16  # environments that play them: an emulator is slow to build ...
 MAX_STEPS = 64  # ... unless that takes more steps than this: a step of a batched env on a GPU costs milliseconds
 
 
@@ -163,7 +163,8 @@ def bare_update_ms(model: Any, data: Any, seconds: float) -> float | None:
     has none).
 
     One thread whatever the run uses: the yardstick must not depend on what else the other cores are doing (with two
-    threads, an update of the Snake MLP ran 2.7x slower than on one while another process held the second core).
+    threads, an update of the Snake MLP ran several times slower than on one while another process held the second
+    core).
     Runs on copies of the networks, on the data module's device, where the run's batches live (by ``on_fit_end``,
     where the throughput report calls this, Lightning has already moved the model back to the CPU); the model is left
     untouched.

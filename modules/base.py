@@ -5,7 +5,7 @@ by ``training_step`` under Lightning's manual optimization. With ``compile`` the
 compiled the way TorchRL's sota-implementations compile theirs (``torch.compile``), which removes most of the Python
 cost of TorchRL's loss modules; the clip and the Adam step are PyTorch's fused kernels called directly
 (:mod:`modules.optim`), compiled or not. What that leaves of the framework's cost is measured against the update's
-bare arithmetic by ``benchmarks/update_cost.py`` (BENCHMARKS.md).
+bare arithmetic by ``benchmarks/update_cost.py`` (BENCHMARKS.md, "The update against its bare arithmetic").
 """
 
 from __future__ import annotations
@@ -161,16 +161,17 @@ class RLModule(pl.LightningModule):
         inductor_fallback_random()
         mode = "default" if self.compile_mode in (True, "cudagraph") else self.compile_mode
         # Before each call Dynamo checks guards on everything the function touched, which for a TorchRL loss module is
-        # hundreds of attribute and parameter guards: 0.45 ms per call on the Snake DQN, a tenth of its update. The
-        # update calls the loss with the same code, modules and flags every time, so the guards on the model are dropped
-        # (_batch_guards): a batch of another shape, or with other entries, still recompiles.
+        # hundreds of attribute and parameter guards: a noticeable share of a small network's update (BENCHMARKS.md,
+        # "The update against its bare arithmetic"). The update calls the loss with the same code, modules and flags
+        # every time, so the guards on the model are dropped (_batch_guards): a batch of another shape, or with other
+        # entries, still recompiles.
         options = {**inductor_mode_options(mode), "guard_filter_fn": _batch_guards}
         if self.device.type == "cpu":
             # Inductor's default wrapper is Python: between two of the graph's kernels it returns to the interpreter
             # and takes the GIL back, and while a prefetch thread holds the GIL (its collection is mostly Python) the
-            # update waits. The C++ wrapper runs the whole graph without the interpreter: the DQN update beside a
-            # prefetch thread went from 1.11 to 1.05 times its bare arithmetic, and alone from 0.94 to 0.91
-            # (BENCHMARKS.md), for about a second more compilation.
+            # update waits. The C++ wrapper runs the whole graph without the interpreter, which makes the update faster
+            # beside a prefetch thread and alone, for slightly longer compilation (BENCHMARKS.md, "The update against
+            # its bare arithmetic").
             options["cpp_wrapper"] = True
         # dynamic=False: every update sees the same batch shape; a dynamic-shape graph would only be slower.
         return torch.compile(function, options=options, dynamic=False)
@@ -253,9 +254,9 @@ class RLModule(pl.LightningModule):
 
         One Lightning step also takes every further update the data module has batches ready for without collecting
         (``batches_ready``: a replay module with prefetch, whose round holds the batches of all the updates a
-        collection earns): Lightning's own per-step work (its loop, hooks and logger connector, ~0.2 ms on a CPU) is
-        then paid once per collection, not once per update. Such a step still ends at a logging step and at
-        ``max_steps``, and ``global_step`` counts updates.
+        collection earns): Lightning's own per-step work (its loop, hooks and logger connector; BENCHMARKS.md, "The
+        update against its bare arithmetic") is then paid once per collection, not once per update. Such a step still
+        ends at a logging step and at ``max_steps``, and ``global_step`` counts updates.
         """
         updates_before = self.global_step
         # The step's first batches come through Lightning's iterator (which collects when nothing is ready); the rest
@@ -302,8 +303,8 @@ class RLModule(pl.LightningModule):
 
     def log_update(self, loss: torch.Tensor, losses: TensorDictBase, update: int, batch_size: int) -> None:
         """The update's loss terms, :meth:`extra_metrics` and the data module's monitor, on logging steps only."""
-        # Lightning writes metrics every `log_every_n_steps` steps, but each self.log call costs about 0.2 ms on
-        # CPU whether written or not: on a loop of thousands of small updates a second, log only what is written.
+        # Lightning writes metrics every `log_every_n_steps` steps, but each self.log call costs its Python overhead
+        # whether written or not: on a loop of thousands of small updates a second, log only what is written.
         if (update + 1) % self.trainer.log_every_n_steps != 0:
             return
         metrics = {f"train/{key}": value.detach() for key, value in losses.items() if value.numel() == 1}
@@ -382,8 +383,8 @@ class RLModule(pl.LightningModule):
 
     def soft_update(self) -> None:
         """Polyak averaging of the :attr:`target_networks`, ``target ← (1 − τ)·target + τ·online`` with ``self.tau``:
-        TorchRL's ``SoftUpdate`` arithmetic as one fused op. Its Python loop of one lerp per parameter cost 0.35 ms per
-        update on the Snake MLP, a tenth of the update."""
+        TorchRL's ``SoftUpdate`` arithmetic as one fused op. Its Python loop of one lerp per parameter was a noticeable
+        share of a small network's update (BENCHMARKS.md, "The update against its bare arithmetic")."""
         pairs = getattr(self, "_soft_pairs", None)
         if pairs is None:  # built on first use, after the model has reached its device
             targets, sources = [], []

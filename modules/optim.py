@@ -3,11 +3,11 @@ gradient clipping and an Adam step run as PyTorch's fused kernels (:class:`Fused
 
 ``torch.optim.Adam(fused=True).step()`` runs one fused kernel for all parameters, but wraps it in Python (a state
 lookup per parameter, grouping by device and dtype, profiler records), and ``clip_grad_norm_`` groups the gradients
-again. On the Snake MLP at the reference's setting (batch 128, one thread) that wrapping cost 0.5 ms of a 5 ms update
-(clip 0.25 ms against 0.11 ms here, step 0.55 ms against 0.17 ms). ``torch.compile`` does not remove it: the fused
-optimizer is excluded from tracing (a graph break around it), and the traced non-fused Adam compiled to a slower CPU
-kernel (1.3 ms). So the step calls the kernels directly (:mod:`compat.torch`), on the optimizer's own state:
-checkpoints, resume and ``optimizer.state_dict()`` are those of the plain ``torch.optim.Adam``.
+again. On a small network such as the Snake MLP at the reference's setting, that wrapping costs more than the kernels
+it wraps. ``torch.compile`` does not remove it: the fused optimizer is excluded from tracing (a graph break around
+it), and the traced non-fused Adam compiles to a slower CPU kernel than the fused one. So the step calls the kernels
+directly (:mod:`compat.torch`), on the optimizer's own state: checkpoints, resume and ``optimizer.state_dict()`` are
+those of the plain ``torch.optim.Adam``. The measurements: BENCHMARKS.md, "The update against its bare arithmetic".
 """
 
 from __future__ import annotations
@@ -94,7 +94,9 @@ class OptimizerOptions:
         for group in groups:
             group.setdefault("lr", self.lr)
             group["base_lr"] = group["lr"]  # what lr_end's schedule scales (kept in the optimizer's checkpoint)
-        # The fused kernel updates every parameter in one op: on a small MLP much faster than the default foreach.
+        # The fused kernel updates every parameter in one op: on a small network, whose step is mostly per-op overhead,
+        # it is several times faster than the default implementation (BENCHMARKS.md, "The update against its bare
+        # arithmetic").
         if self.weight_decay:
             return torch.optim.AdamW(groups, lr=self.lr, weight_decay=self.weight_decay, fused=True)
         return torch.optim.Adam(groups, lr=self.lr, fused=True)

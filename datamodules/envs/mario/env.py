@@ -26,7 +26,7 @@ environments seeded ``seed + i`` play. The shipped config evaluates with ``noop_
 makes training episodes differ, and no-op steps are emulator frames that are not experiences.
 
 **State.** An emulator's state cannot be read out, so ``state_dict`` holds each running episode's number and the
-actions taken since its start; loading restores the start frame and replays them (about 0.15 s per 100 steps).
+actions taken since its start; loading restores the start frame and replays them, at the emulator's own speed.
 """
 
 from __future__ import annotations

@@ -14,9 +14,9 @@ last action, last reward) and ``0xFF`` in all three bytes for padding after the 
 **Tasks.** ``altars`` (the default): hearts are the reward (+1 each). An altar gives a heart to the agent that
 walks into it when it is charged: its ``energy`` refills by 1 per step up to ``altar_cooldown`` and a use empties
 it, so an altar gives at most one heart per ``altar_cooldown`` steps. Agents see each altar's energy, and their own
-hearts, in their tokens. Random agents collect a few hearts per episode; walking to charged altars earns several
-times more (measured: random 6.7 hearts per agent per 500-step episode, a scripted walk-to-the-nearest-charged-altar
-policy 34). ``arena``: the package's stock ``make_arena`` (walls only), which gives no reward at all.
+hearts, in their tokens. Random agents collect a few hearts per episode; a scripted walk to the nearest charged
+altar earns several times more (BENCHMARKS.md, "MettaGrid", under "Baselines"). ``arena``: the package's stock
+``make_arena`` (walls only), which gives no reward at all.
 
 **Episodes** last ``max_steps`` steps (truncated; MettaGrid has no other ending here, so all agents of an
 environment end together) and each environment restarts on its own. 500 steps is long enough for an agent to
@@ -29,8 +29,8 @@ stay cheap (one episode is 500 × 24 agent-steps).
 
 **State.** The C++ engine cannot be saved, so ``state_dict`` holds, per environment, the seed of the running
 episode and every action taken since its start; loading rebuilds the episode and replays them (at most
-``max_steps`` engine steps per environment, about 0.2 ms each). In a ``ParallelEnv``, ``penv.env_state()`` lists the
-workers' states (``penv.state_dict()`` gives them too) and ``penv[w].load_env_state(state)`` restores worker ``w``.
+``max_steps`` engine steps per environment). In a ``ParallelEnv``, ``penv.env_state()`` lists the workers' states
+(``penv.state_dict()`` gives them too) and ``penv[w].load_env_state(state)`` restores worker ``w``.
 Not ``penv.load_state_dict``: in torchrl 0.14.1 it leaves the workers' shared-memory "done" flags set, and the next
 step returns before the workers have written it (the parent reads stale observations).
 """
@@ -128,8 +128,8 @@ class MettaGridEnv(StepOutputComplete, BatchedEnv):
         altar_cooldown: steps an altar needs to recharge after a use (``altars``).
         max_steps: episode length (all agents are truncated together).
         num_tokens: observation tokens per agent. MettaGrid lists tokens nearest first and drops those beyond
-            ``num_tokens``; random play of the default task uses at most about 110 (52 on average), so 200 keeps
-            every token while taking 2.5× less memory than MettaGrid's default of 500.
+            ``num_tokens``; random play of the default task stays well below 200 (BENCHMARKS.md, "MettaGrid"), so
+            200 keeps every token in two fifths of the memory of MettaGrid's default of 500.
         seed: base seed; environment ``i`` plays the episodes of stream ``seed + i``.
         device: where the returned tensors live (the engines run on the CPU).
     """

@@ -13,8 +13,8 @@ action outside the box is clipped to it (TorchRL's spec check is off on this hot
 car's frame), the track tangent (cos, sin) at the car, cos ψ, sin ψ. With ``curvature_ahead`` (metres, e.g.
 ``[5, 15, 30]``) the track's curvature at those distances ahead of the car, times ``CURVATURE_SCALE``, follows them:
 the reference's 8 numbers show no curve before the car is in it, and a policy cloned from them does not learn to brake
-for one (BENCHMARKS.md). The entry ``arc`` (m along the centre line) is privileged information for the expert and the
-metrics; policies read ``observation`` only.
+for one (BENCHMARKS.md, "Racing", under "Behaviour cloning"). The entry ``arc`` (m along the centre line) is
+privileged information for the expert and the metrics; policies read ``observation`` only.
 
 **Reward** per step, each weight a constructor argument:
 ``speed · v cos(heading error) / max_speed − tracking · (e / half width)² − heading · (1 − cos heading error)

@@ -6,7 +6,7 @@ produce identical games (``tests/envs/test_snake_env.py`` checks it). On 4,096 b
 dispatching ~45 small ops per step; here a step is one pass over the boards, split across torch's threads.
 
 The extension is compiled on first use with ``torch.utils.cpp_extension.load_inline`` (ninja and a C++ compiler;
-about a minute once, then cached under ``~/.cache/torch_extensions``).
+slow once, then cached under ``~/.cache/torch_extensions``).
 """
 
 from __future__ import annotations
