@@ -69,6 +69,20 @@ class RLCLI(LightningCLI):
     def __init__(self, *args, parser_class=OneLineErrorParser, **kwargs) -> None:
         super().__init__(*args, parser_class=parser_class, **kwargs)
 
+    @staticmethod
+    def subcommands() -> dict[str, set[str]]:
+        # Lightning's test and predict need a test_step/predict_step over a dataset; an RL run's evaluation is
+        # `validate` (greedy episodes), so only the subcommands that work are offered.
+        return {name: skip for name, skip in LightningCLI.subcommands().items() if name in ("fit", "validate")}
+
+    def setup_parser(
+        self, add_subcommands: bool, main_kwargs: dict[str, Any], subparser_kwargs: dict[str, Any]
+    ) -> None:
+        main_kwargs.setdefault(
+            "epilog", "Also: python -m app export --help (trace a checkpoint's policy for deployment)."
+        )
+        super().setup_parser(add_subcommands, main_kwargs, subparser_kwargs)
+
     def add_arguments_to_parser(self, parser) -> None:
         parser.add_argument(
             "--threads",

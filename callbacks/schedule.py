@@ -188,6 +188,10 @@ class PeriodicEvaluation(Callback):
         episodes: episodes per evaluation; default the data module's ``eval_episodes``.
         at_start: also evaluate before the first update (frame 0 of the learning curve).
         random_policy: also measure the random policy once per run.
+        stop_at_return: stop training at the first evaluation whose mean return reaches this (a task's "solved"
+            threshold: CartPole-v1's 475); None: train to ``max_steps``. The run ends as it would at ``max_steps``:
+            its final checkpoint and reports are written. (Lightning's ``EarlyStopping`` watches validation epochs,
+            which a frame-based loop does not have.)
     """
 
     def __init__(
@@ -196,6 +200,7 @@ class PeriodicEvaluation(Callback):
         episodes: int | None = None,
         at_start: bool = True,
         random_policy: bool = True,
+        stop_at_return: float | None = None,
     ) -> None:
         if every_n_frames < 1:
             raise ValueError(f"every_n_frames must be >= 1, got {every_n_frames}")
@@ -205,6 +210,7 @@ class PeriodicEvaluation(Callback):
         self.episodes = episodes
         self.at_start = at_start
         self.random_policy = random_policy
+        self.stop_at_return = stop_at_return
         self.history: list[dict[str, float]] = []
         self.random: dict[str, float] = {}  # the random policy's eval/random_* metrics, once measured
         self._done_slot = -1
@@ -261,10 +267,18 @@ class PeriodicEvaluation(Callback):
                 "time_s": time.perf_counter() - self._start_time,
             }
             self.history.append({**row, **metrics})
+            if self.stop_at_return is not None and metrics["eval/return_mean"] >= self.stop_at_return:
+                trainer.should_stop = True
+                rank_zero_info(
+                    f"Evaluation return {metrics['eval/return_mean']:.4g} >= stop_at_return {self.stop_at_return:g} "
+                    f"at {frames:,} frames: training stops"
+                )
             trainer.callback_metrics.update({key: torch.tensor(value) for key, value in metrics.items()})
             if trainer.is_global_zero:
                 for logger in trainer.loggers:
-                    logger.log_metrics({**metrics, "eval/frames": frames}, step=trainer.global_step)
+                    logger.log_metrics(
+                        {**metrics, "eval/frames": frames, "eval/time_s": row["time_s"]}, step=trainer.global_step
+                    )
 
     def state_dict(self) -> dict[str, Any]:
         return {

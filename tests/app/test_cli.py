@@ -387,3 +387,51 @@ def test_the_removed_parallel_replay_module_names_the_replay_module_and_its_coll
     assert moved_class_path(old) == "datamodules.replay.ReplayDataModule"
     assert "--data.init_args.collection AsyncCollectorWorkers" in MOVED_CLASSES[old][1]
     assert not (ROOT / "datamodules/parallel.py").exists()
+
+
+@pytest.mark.parametrize("agent", ["dqn", "ppo", "recurrent"])
+@pytest.mark.parametrize(("old", "value"), [("lr", 3e-4), ("max_grad_norm", 0.5), ("accumulate_grad_batches", 2)])
+@pytest.mark.parametrize("where", ["flag", "config"])
+def test_an_old_optimizer_option_is_one_line_naming_the_new_flag(tmp_path, capsys, agent, old, value, where):
+    config = chain_config(agent, tmp_path / "out")
+    args = [f"--model.init_args.{old}", str(value)]
+    if where == "config":  # a run folder's saved config.yaml from before the optimizer group
+        config["model"]["init_args"][old] = value
+        args = []
+    with pytest.raises(SystemExit) as exited:
+        main(["fit", "--config", str(write_config(config, tmp_path / "c.yaml")), *args])
+    assert exited.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines == [
+        f"error: --model.init_args.{old} moved: give --model.init_args.optimizer.{old} "
+        f"(optimizer: {{{old}: ...}} in a config)"
+    ]
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_composed_config_sets_single_optimizer_options_over_the_agents_defaults(tmp_path):
+    config = chain_config("recurrent", tmp_path / "out")  # recurrent PPO's default clips the gradient norm at 0.5
+    preset = tmp_path / "preset.yaml"
+    preset.write_text(yaml.safe_dump({"model": {"init_args": {"optimizer": {"lr_end": 1e-4}}}}))
+    result = run_app(
+        "fit",
+        "--config",
+        str(write_config(config, tmp_path / "c.yaml")),
+        "--config",
+        str(preset),
+        "--print_config",
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    optimizer = yaml.safe_load(result.stdout)["model"]["init_args"]["optimizer"]
+    assert optimizer["lr"] == 0.003 and optimizer["lr_end"] == 1e-4  # the base config's, then the preset's
+    assert optimizer["max_grad_norm"] == 0.5  # the agent's own default, kept
+
+
+def test_only_the_subcommands_that_work_are_offered_and_help_names_export(tmp_path):
+    help_text = run_app("--help", cwd=tmp_path).stdout
+    assert "fit" in help_text and "validate" in help_text and "python -m app export" in help_text
+    for removed in ("test", "predict"):
+        result = run_app(removed, "--config", str(ROOT / "configs/snake_dqn.yaml"), cwd=tmp_path)
+        assert result.returncode == 2
+        assert result.stderr.strip().splitlines()[-1].startswith("error: argument subcommand: invalid choice")

@@ -1,0 +1,457 @@
+"""lightrl against Stable-Baselines3 on standard Gymnasium tasks, in one run, on one machine.
+
+For each task and seed, lightrl's shipped config (``configs/gym/<task>.yaml``) and Stable-Baselines3 with the RL
+Zoo's tuned hyperparameters (``hyperparams/<algo>.yml`` of DLR-RM/rl-baselines3-zoo) train one after the other, each
+in its own process with the same torch thread count, and both are evaluated the same way: every ``eval_every``
+environment frames, ``eval_episodes`` greedy (deterministic) episodes on separate evaluation environments. A run
+stops at the first evaluation whose mean return reaches the task's threshold, or at the RL Zoo's step budget.
+
+Written to ``--out``: ``peers.json`` (every evaluation of every run: frames, wall seconds, mean return),
+``peers.md`` (per task: time and frames to the threshold, the return both reached at equal frames and at equal wall
+time, frames/s, and the ratio of the times; the RL Zoo's published score beside, labelled as theirs) and
+``peers.png`` (the learning curves against frames and against wall time: median over seeds, the band their range).
+
+    python benchmarks/peer_comparison.py --tasks cartpole_dqn cartpole_ppo --seeds 3 --out runs/peers
+
+Stable-Baselines3 is a benchmark extra (``pip install -e ".[bench]"``), never a runtime dependency.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Task:
+    """One comparison: the Gymnasium id, lightrl's config, SB3's algorithm and RL Zoo hyperparameters."""
+
+    env_id: str
+    config: str
+    threshold: float
+    budget: int  # the RL Zoo's n_timesteps: environment frames
+    eval_every: int
+    sb3_algo: str
+    sb3_kwargs: dict[str, Any] = field(default_factory=dict)
+    sb3_envs: int = 1
+    zoo_score: str = ""  # the RL Zoo's benchmark.md: mean ± std at its budget
+
+
+#: The RL Zoo's hyperparameters (rl-baselines3-zoo, hyperparams/{dqn,ppo,sac}.yml) and published scores
+#: (benchmark.md). ``lin_X``: a learning rate (or clip range) falling linearly from X to 0 over the run.
+TASKS: dict[str, Task] = {
+    "cartpole_dqn": Task(
+        "CartPole-v1",
+        "configs/gym/cartpole_dqn.yaml",
+        threshold=475,
+        budget=50_000,
+        eval_every=2_500,
+        sb3_algo="DQN",
+        sb3_kwargs={
+            "learning_rate": 2.3e-3,
+            "batch_size": 64,
+            "buffer_size": 100_000,
+            "learning_starts": 1_000,
+            "gamma": 0.99,
+            "target_update_interval": 10,
+            "train_freq": 256,
+            "gradient_steps": 128,
+            "exploration_fraction": 0.16,
+            "exploration_final_eps": 0.04,
+            "policy_kwargs": {"net_arch": [256, 256]},
+        },
+        zoo_score="500.0 ± 0.0 at 50k",
+    ),
+    "cartpole_ppo": Task(
+        "CartPole-v1",
+        "configs/gym/cartpole_ppo.yaml",
+        threshold=475,
+        budget=100_000,
+        eval_every=5_000,
+        sb3_algo="PPO",
+        sb3_kwargs={
+            "n_steps": 32,
+            "batch_size": 256,
+            "gae_lambda": 0.8,
+            "gamma": 0.98,
+            "n_epochs": 20,
+            "ent_coef": 0.0,
+            "learning_rate": "lin_0.001",
+            "clip_range": "lin_0.2",
+        },
+        sb3_envs=8,
+        zoo_score="500.0 ± 0.0 at 100k",
+    ),
+    "lunarlander_dqn": Task(
+        "LunarLander-v3",
+        "configs/gym/lunarlander_dqn.yaml",
+        threshold=200,
+        budget=100_000,
+        eval_every=10_000,
+        sb3_algo="DQN",
+        sb3_kwargs={
+            "learning_rate": 6.3e-4,
+            "batch_size": 128,
+            "buffer_size": 50_000,
+            "learning_starts": 0,
+            "gamma": 0.99,
+            "target_update_interval": 250,
+            "train_freq": 4,
+            "gradient_steps": -1,
+            "exploration_fraction": 0.12,
+            "exploration_final_eps": 0.1,
+            "policy_kwargs": {"net_arch": [256, 256]},
+        },
+        zoo_score="154.4 ± 79.2 at 100k (LunarLander-v2)",
+    ),
+    "lunarlander_ppo": Task(
+        "LunarLander-v3",
+        "configs/gym/lunarlander_ppo.yaml",
+        threshold=200,
+        budget=1_000_000,
+        eval_every=25_000,
+        sb3_algo="PPO",
+        sb3_kwargs={
+            "n_steps": 1024,
+            "batch_size": 64,
+            "gae_lambda": 0.98,
+            "gamma": 0.999,
+            "n_epochs": 4,
+            "ent_coef": 0.01,
+        },
+        sb3_envs=16,
+        zoo_score="242.1 ± 31.8 at 1M (LunarLander-v2)",
+    ),
+    "pendulum_sac": Task(
+        "Pendulum-v1",
+        "configs/gym/pendulum_sac.yaml",
+        threshold=-200,
+        budget=20_000,
+        eval_every=1_000,
+        sb3_algo="SAC",
+        sb3_kwargs={"learning_rate": 1e-3},
+        zoo_score="-157.0 ± 88.7 at 20k",
+    ),
+}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tasks", nargs="+", choices=sorted(TASKS), default=["cartpole_dqn", "cartpole_ppo"])
+    parser.add_argument("--seeds", type=int, default=3, help="seeds per task and framework (0 .. N-1)")
+    parser.add_argument("--frameworks", nargs="+", choices=["lightrl", "sb3"], default=["lightrl", "sb3"])
+    parser.add_argument("--eval-episodes", type=int, default=10, help="greedy episodes per evaluation")
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads of every run")
+    parser.add_argument("--timeout", type=int, default=3600, help="seconds one run may take before it is stopped")
+    parser.add_argument("--out", default="runs/peers", help="folder for the runs, peers.json, peers.md and peers.png")
+    parser.add_argument("--report-only", action="store_true", help="rewrite peers.md/png from peers.json")
+    parser.add_argument("--sb3-run", nargs=3, metavar=("TASK", "SEED", "CSV"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.seeds < 1:
+        parser.error(f"--seeds must be >= 1, got {args.seeds}")
+    if args.eval_episodes < 1:
+        parser.error(f"--eval-episodes must be >= 1, got {args.eval_episodes}")
+    return args
+
+
+# ------------------------------------------------------------------------------------------------------ lightrl
+def lightrl_preset(task: Task, seed: int, episodes: int, folder: Path) -> dict[str, Any]:
+    """What the comparison sets on top of the shipped config: the seed, the evaluation schedule and the stop, a CSV
+    logger into ``folder``. Everything else (the agent, its hyperparameters, the collection) is the config's."""
+    evaluation = {
+        "every_n_frames": task.eval_every,
+        "episodes": episodes,
+        "stop_at_return": task.threshold,
+        "at_start": False,  # SB3's EvalCallback does not evaluate before training either
+        "random_policy": False,
+    }
+    return {
+        "seed_everything": seed,
+        "trainer": {
+            "max_time": None,
+            "logger": {
+                "class_path": "lightning.pytorch.loggers.CSVLogger",
+                "init_args": {"save_dir": str(folder), "name": "lightrl", "version": 0},
+            },
+            "callbacks": [
+                {"class_path": "callbacks.schedule.PeriodicEvaluation", "init_args": evaluation},
+                {"class_path": "callbacks.throughput.ThroughputReport"},
+            ],
+        },
+        "data": {"init_args": {"seed": seed}},
+    }
+
+
+def run_lightrl(task: Task, seed: int, args: argparse.Namespace, folder: Path) -> dict[str, Any]:
+    folder.mkdir(parents=True, exist_ok=True)
+    preset = folder / "comparison.yaml"
+    preset.write_text(yaml.safe_dump(lightrl_preset(task, seed, args.eval_episodes, folder)))
+    command = [sys.executable, "-m", "app", "fit", "--config", str(ROOT / task.config), "--config", str(preset)]
+    command += ["--threads", str(args.threads)]
+    start = time.perf_counter()
+    result = subprocess.run(command, cwd=folder, capture_output=True, text=True, timeout=args.timeout)
+    process_seconds = time.perf_counter() - start
+    (folder / "output.log").write_text(result.stdout + result.stderr)
+    if result.returncode != 0:
+        tail = (result.stderr or result.stdout).strip().splitlines()[-3:]
+        raise RuntimeError(f"lightrl {task.config} seed {seed} failed: {' | '.join(tail)}")
+    curve = []
+    with open(folder / "lightrl" / "version_0" / "metrics.csv") as file:
+        for row in csv.DictReader(file):
+            if row.get("eval/return_mean"):
+                curve.append(
+                    {
+                        "frames": int(float(row["eval/frames"])),
+                        "seconds": float(row["eval/time_s"]),
+                        "return": float(row["eval/return_mean"]),
+                    }
+                )
+    return {"curve": curve, "process_seconds": process_seconds}
+
+
+# --------------------------------------------------------------------------------------------- Stable-Baselines3
+def sb3_run(task_name: str, seed: int, csv_path: Path, episodes: int, threads: int) -> None:
+    """One SB3 training (in this process), its evaluations written to ``csv_path`` as they come."""
+    import gymnasium as gym
+    import stable_baselines3
+    import torch
+    from stable_baselines3.common.callbacks import EvalCallback, StopTrainingOnRewardThreshold
+    from stable_baselines3.common.env_util import make_vec_env
+
+    torch.set_num_threads(threads)
+    task = TASKS[task_name]
+    kwargs = {
+        key: (lambda progress, start=float(value[4:]): progress * start)
+        if isinstance(value, str) and value.startswith("lin_")
+        else value
+        for key, value in task.sb3_kwargs.items()
+    }
+    env = make_vec_env(task.env_id, n_envs=task.sb3_envs, seed=seed)
+    eval_env = make_vec_env(task.env_id, n_envs=1, seed=10_000 + seed)
+    model = getattr(stable_baselines3, task.sb3_algo)("MlpPolicy", env, seed=seed, verbose=0, **kwargs)
+    rows: list[dict[str, float]] = []
+    start = time.perf_counter()
+
+    class Recorder(EvalCallback):
+        def _on_step(self) -> bool:
+            evaluations = len(self.evaluations_results)
+            keep_going = super()._on_step()
+            if len(self.evaluations_results) > evaluations:
+                rows.append(
+                    {
+                        "frames": self.num_timesteps,
+                        "seconds": time.perf_counter() - start,
+                        "return": self.last_mean_reward,
+                    }
+                )
+                with open(csv_path, "w", newline="") as file:
+                    writer = csv.DictWriter(file, fieldnames=["frames", "seconds", "return"])
+                    writer.writeheader()
+                    writer.writerows(rows)
+            return keep_going
+
+    stop = StopTrainingOnRewardThreshold(reward_threshold=task.threshold, verbose=0)
+    recorder = Recorder(
+        eval_env,
+        callback_on_new_best=stop,
+        n_eval_episodes=episodes,
+        eval_freq=max(task.eval_every // task.sb3_envs, 1),
+        deterministic=True,
+        verbose=0,
+    )
+    gym.logger.min_level = 40
+    model.learn(total_timesteps=task.budget, callback=recorder)
+
+
+def run_sb3(task_name: str, seed: int, args: argparse.Namespace, folder: Path) -> dict[str, Any]:
+    folder.mkdir(parents=True, exist_ok=True)
+    csv_path = folder / "evaluations.csv"
+    command = [sys.executable, str(Path(__file__).resolve()), "--sb3-run", task_name, str(seed), str(csv_path)]
+    command += ["--eval-episodes", str(args.eval_episodes), "--threads", str(args.threads)]
+    start = time.perf_counter()
+    result = subprocess.run(command, cwd=folder, capture_output=True, text=True, timeout=args.timeout)
+    process_seconds = time.perf_counter() - start
+    (folder / "output.log").write_text(result.stdout + result.stderr)
+    if result.returncode != 0:
+        tail = (result.stderr or result.stdout).strip().splitlines()[-3:]
+        raise RuntimeError(f"sb3 {task_name} seed {seed} failed: {' | '.join(tail)}")
+    with open(csv_path) as file:
+        curve = [{key: float(value) for key, value in row.items()} for row in csv.DictReader(file)]
+    return {"curve": curve, "process_seconds": process_seconds}
+
+
+# ------------------------------------------------------------------------------------------------------ report
+def reached(curve: list[dict[str, float]], threshold: float) -> dict[str, float] | None:
+    return next((point for point in curve if point["return"] >= threshold), None)
+
+
+def return_at(curve: list[dict[str, float]], key: str, value: float) -> float | None:
+    """The return of the last evaluation at or before ``value`` frames (or seconds)."""
+    before = [point["return"] for point in curve if point[key] <= value]
+    return before[-1] if before else None
+
+
+def spread(values: list[float]) -> str:
+    if not values:
+        return "—"
+    if len(values) == 1:
+        return f"{values[0]:,.4g}"
+    return f"{statistics.median(values):,.4g} ({min(values):,.4g}–{max(values):,.4g})"
+
+
+def summarise(results: dict[str, Any]) -> str:
+    lines = [
+        "| task | framework | reached threshold | time to threshold, s | frames to threshold | frames/s | "
+        "return at equal frames | return at equal time | RL Zoo (theirs) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    notes = []
+    for task_name, runs in results["tasks"].items():
+        task = TASKS[task_name]
+        frameworks = [name for name in ("lightrl", "sb3") if runs.get(name)]
+        # Equal frames / equal time: the furthest point every run of every framework reached.
+        common_frames = min(run["curve"][-1]["frames"] for name in frameworks for run in runs[name] if run["curve"])
+        common_seconds = min(run["curve"][-1]["seconds"] for name in frameworks for run in runs[name] if run["curve"])
+        medians = {}
+        for name in frameworks:
+            hits = [reached(run["curve"], task.threshold) for run in runs[name]]
+            times = [hit["seconds"] for hit in hits if hit]
+            medians[name] = statistics.median(times) if len(times) == len(hits) else None
+            rates = [run["curve"][-1]["frames"] / run["curve"][-1]["seconds"] for run in runs[name] if run["curve"]]
+            at_frames = [return_at(run["curve"], "frames", common_frames) for run in runs[name]]
+            at_seconds = [return_at(run["curve"], "seconds", common_seconds) for run in runs[name]]
+            lines.append(
+                f"| {task.env_id} ({task_name}) | {name} | {len(times)}/{len(hits)} | {spread(times)} | "
+                f"{spread([hit['frames'] for hit in hits if hit])} | {spread(rates)} | "
+                f"{spread([v for v in at_frames if v is not None])} at {common_frames:,} | "
+                f"{spread([v for v in at_seconds if v is not None])} at {common_seconds:,.0f} s | "
+                f"{task.zoo_score if name == 'sb3' else ''} |"
+            )
+        if medians.get("lightrl") and medians.get("sb3"):
+            notes.append(
+                f"- {task.env_id} ({task_name}): lightrl's median time to {task.threshold:g} is "
+                f"{medians['lightrl'] / medians['sb3']:.2f}× SB3's ({medians['lightrl']:.0f} s against "
+                f"{medians['sb3']:.0f} s)."
+            )
+    return "\n".join(lines + [""] + notes) + "\n"
+
+
+def plot(results: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tasks = list(results["tasks"])
+    figure, axes = plt.subplots(len(tasks), 2, figsize=(11, 3.2 * len(tasks)), squeeze=False)
+    for row, task_name in enumerate(tasks):
+        task = TASKS[task_name]
+        for column, key in enumerate(("frames", "seconds")):
+            axis = axes[row][column]
+            for name, colour in (("lightrl", "tab:blue"), ("sb3", "tab:orange")):
+                runs = [run["curve"] for run in results["tasks"][task_name].get(name, []) if run["curve"]]
+                if not runs:
+                    continue
+                for curve in runs:  # each seed's curve, thin; their median as points of the evaluation grid
+                    axis.plot([p[key] for p in curve], [p["return"] for p in curve], color=colour, alpha=0.35, lw=1)
+                grid = sorted({p[key] for curve in runs for p in curve}) if key == "frames" else None
+                if grid:
+                    values = [[return_at(curve, key, x) for curve in runs] for x in grid]
+                    axis.plot(
+                        grid,
+                        [statistics.median([v for v in vs if v is not None]) for vs in values],
+                        color=colour,
+                        lw=2,
+                        label=f"{name} (median of {len(runs)})",
+                    )
+            axis.axhline(task.threshold, color="grey", ls="--", lw=1)
+            axis.set_xlabel("environment frames" if key == "frames" else "wall seconds")
+            axis.set_ylabel("greedy return")
+            axis.set_title(f"{task.env_id}: {task_name}")
+            axis.legend(loc="lower right", fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def write_report(results: dict[str, Any], out: Path) -> None:
+    (out / "peers.json").write_text(json.dumps(results, indent=1))
+    machine = results["machine"]
+    header = (
+        f"# lightrl against Stable-Baselines3\n\n{results['date']}, {machine['platform']}, {machine['cpu_count']} "
+        f"CPUs, {results['threads']} torch thread(s) per run, runs one after the other; {results['eval_episodes']} "
+        f"greedy episodes per evaluation.\nCommand: `{' '.join(results['command'])}`\n\n"
+    )
+    (out / "peers.md").write_text(header + summarise(results))
+    plot(results, out / "peers.png")
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    if args.sb3_run:
+        task_name, seed, csv_path = args.sb3_run
+        sb3_run(task_name, int(seed), Path(csv_path), args.eval_episodes, args.threads)
+        return
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    if args.report_only:
+        write_report(json.loads((out / "peers.json").read_text()), out)
+        return
+    if "sb3" in args.frameworks:
+        try:
+            import stable_baselines3  # noqa: F401
+        except ImportError:
+            sys.exit('error: --frameworks sb3 needs Stable-Baselines3: pip install -e ".[bench]"')
+    for task_name in args.tasks:
+        if not (ROOT / TASKS[task_name].config).exists():
+            sys.exit(f"error: --tasks {task_name}: {TASKS[task_name].config} does not exist")
+    results: dict[str, Any] = {
+        "date": datetime.now().astimezone().isoformat(timespec="seconds"),
+        "command": ["python", "benchmarks/peer_comparison.py", *(argv if argv is not None else sys.argv[1:])],
+        "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count()},
+        "threads": args.threads,
+        "eval_episodes": args.eval_episodes,
+        "tasks": {},
+    }
+    for task_name in args.tasks:
+        task = TASKS[task_name]
+        runs = results["tasks"].setdefault(task_name, {})
+        for seed in range(args.seeds):
+            for name in args.frameworks:
+                folder = out / task_name / name / f"seed{seed}"
+                print(f"{datetime.now():%H:%M:%S} {task_name} {name} seed {seed} ...", flush=True)
+                run = (
+                    run_lightrl(task, seed, args, folder)
+                    if name == "lightrl"
+                    else run_sb3(task_name, seed, args, folder)
+                )
+                hit = reached(run["curve"], task.threshold)
+                last = run["curve"][-1] if run["curve"] else {"frames": 0, "seconds": 0.0, "return": float("nan")}
+                print(
+                    f"    {'reached' if hit else 'did not reach'} {task.threshold:g}"
+                    + (f" at {hit['frames']:,} frames, {hit['seconds']:.1f} s" if hit else "")
+                    + f"; last evaluation {last['return']:.1f} at {last['frames']:,} frames",
+                    flush=True,
+                )
+                runs.setdefault(name, []).append({"seed": seed, **run})
+                write_report(results, out)  # after every run: a stopped comparison keeps what it measured
+    print(f"Wrote {out / 'peers.md'}")
+
+
+if __name__ == "__main__":
+    main()
