@@ -14,6 +14,7 @@ Commands::
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 import warnings
@@ -23,13 +24,14 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
+import yaml
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.callbacks import Callback, TQDMProgressBar
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torchrl.envs import EnvBase
 
-from app.errors import COMPONENT_KEYS, OneLineErrorParser, constructor_error_line, tag_constructor_errors
+from app.errors import COMPONENT_KEYS, OneLineErrorParser, constructor_error_line, tag_constructor_errors, typed
 from app.run_folder import (
     ResumableCSVLogger,
     SaveRunConfig,
@@ -67,6 +69,7 @@ class RLCLI(LightningCLI):
     module has the environment's specs)."""
 
     def __init__(self, *args, parser_class=OneLineErrorParser, **kwargs) -> None:
+        self.argv = list(sys.argv[1:] if kwargs.get("args") is None else kwargs["args"])
         super().__init__(*args, parser_class=parser_class, **kwargs)
 
     @staticmethod
@@ -106,6 +109,7 @@ class RLCLI(LightningCLI):
             self.parser.error(f"--threads must be >= 1, got {threads}")
         torch.set_num_threads(threads)
         self._move_gradient_clipping(config)
+        self._resolve_stage_paths(config)
         self._resume_checkpoint(config)
         for option, stage in self._stages(config).items():
             try:
@@ -154,6 +158,23 @@ class RLCLI(LightningCLI):
                 self.resume_from = resolve_resume(config, self.subcommand)
             except ValueError as error:
                 self.parser.error(str(error))
+
+    def _resolve_stage_paths(self, config) -> None:
+        """A relative path in an option that names a file to read (a stage's config or checkpoint: the model's
+        ``stage_options``) is read against the config file that set it, so a config runs from any folder; one typed
+        on the command line, against the current folder. (Output folders, such as a logger's ``save_dir``, stay
+        relative to the current folder: a run writes where it is started.)"""
+        model = config["model"]
+        class_path, init_args = getattr(model, "class_path", None), model.get("init_args")
+        if class_path is None or init_args is None:
+            return
+        for option in getattr(import_class(class_path), "stage_options", ()):
+            value = init_args.get(option)
+            if not isinstance(value, str) or Path(value).is_absolute() or typed(_model_flag(option), self.argv):
+                continue
+            source = _config_that_set(config.get("config") or [], ("model", "init_args", option), value)
+            if source is not None:
+                init_args[option] = str(source.parent / value)
 
     def _stages(self, config) -> dict[str, Path]:
         """The earlier stages a fresh ``fit`` runs first (``{model option: stage config}``, app/stages.py). A resumed
@@ -232,6 +253,22 @@ class RLCLI(LightningCLI):
 
 def _model_flag(option: str) -> str:
     return f"--model.init_args.{option}"
+
+
+def _config_that_set(configs: Sequence[Any], keys: tuple[str, ...], value: str) -> Path | None:
+    """The last of the ``--config`` files (in the order given) that sets ``keys`` to ``value``; None: none did."""
+    found = None
+    for config in configs:
+        path = Path(os.fspath(config))
+        try:
+            node = yaml.safe_load(path.read_text())
+        except (OSError, yaml.YAMLError):
+            continue
+        for key in keys:
+            node = node.get(key) if isinstance(node, dict) else None
+        if node == value:
+            found = path.resolve()
+    return found
 
 
 def _is_subclass(component: Any, base: type) -> bool:

@@ -111,7 +111,8 @@ def _one_line(text: str) -> str:
     return " ".join(line.strip() for line in text.strip().splitlines() if line.strip())
 
 
-def _typed(flag: str, argv: Sequence[str]) -> bool:
+def typed(flag: str, argv: Sequence[str]) -> bool:
+    """Whether ``flag`` was given on the command line ``argv`` (as ``flag value`` or ``flag=value``)."""
     return any(arg == flag or arg.startswith(f"{flag}=") for arg in argv)
 
 
@@ -124,7 +125,7 @@ def _name(
     (``--trainer.callbacks.init_args.X``) only ever reaches the ``last`` one.
     """
     flag = "--" + ".init_args.".join(keys)
-    if keys[0] != _LIST_KEY or (_typed(flag, argv) and last):
+    if keys[0] != _LIST_KEY or (typed(flag, argv) and last):
         return flag
     position = "" if index is None else f"[{index}]"
     return " ".join((f"{_LIST_KEY}{position} ({class_path})", *keys[1:]))

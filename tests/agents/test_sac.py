@@ -118,9 +118,13 @@ def test_actor_init_of_another_shape_or_a_bad_file_is_an_error_naming_the_flag(t
 
 @pytest.mark.slow
 def test_one_command_runs_the_bc_stage_once_then_reuses_it(tmp_path, monkeypatch, capfd):
-    monkeypatch.chdir(tmp_path)
-    bc = bc_config(tmp_path)
-    config = sac_config(tmp_path, str(bc))
+    # As README runs it, from a folder that is not the configs': the SAC config names its BC stage by a path relative
+    # to itself (as the shipped one does), and the runs are written under the current folder.
+    configs, work = tmp_path / "configs", tmp_path / "work"
+    configs.mkdir(), work.mkdir()
+    monkeypatch.chdir(work)
+    bc = bc_config(configs).resolve()
+    config = sac_config(configs, bc.name)
     cli = fit(config)
     stage = stage_folder(bc, "flag")
     assert stage.parent == Path("runs/racing_bc") and stage.name.startswith("stage-")
