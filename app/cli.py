@@ -110,6 +110,7 @@ class RLCLI(LightningCLI):
         torch.set_num_threads(threads)
         self._move_gradient_clipping(config)
         self._resolve_stage_paths(config)
+        self._seed_environments(config)
         self._resume_checkpoint(config)
         for option, stage in self._stages(config).items():
             try:
@@ -158,6 +159,14 @@ class RLCLI(LightningCLI):
                 self.resume_from = resolve_resume(config, self.subcommand)
             except ValueError as error:
                 self.parser.error(str(error))
+
+    def _seed_environments(self, config) -> None:
+        # One seed for the whole run: a data module whose seed is not set takes seed_everything's (Lightning has
+        # drawn one by now if it was `true`; `false` seeds nothing, and the environments then use 0).
+        init_args = config["data"].get("init_args")
+        seed = config.get("seed_everything")
+        if init_args is not None and "seed" in init_args and init_args["seed"] is None and type(seed) is int:
+            init_args["seed"] = seed
 
     def _resolve_stage_paths(self, config) -> None:
         """A relative path in an option that names a file to read (a stage's config or checkpoint: the model's

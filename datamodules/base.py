@@ -158,7 +158,9 @@ class RLDataModule(EnvSpecs, Evaluation, pl.LightningDataModule):
         collect_steps: environment steps per collector call; one call yields ``num_envs * collect_steps`` frames.
         device: where environments, collector output and stored experience live: ``auto`` (the trainer's device),
             ``cpu`` or ``cuda[:i]``.
-        seed: base seed; rank ``r`` seeds its environments with ``seed + r * num_envs``.
+        seed: base seed; rank ``r`` seeds its environments with ``seed + r * num_envs``. None: the run's
+            ``seed_everything`` (the command line fills it in; 0 for a data module built in code), so that one seed
+            seeds the whole run; a value sets the environments' seed apart from it.
         eval_episodes: greedy episodes per evaluation (one evaluation environment each).
         eval_env_options: options of the evaluation environments that differ from ``env``'s ``init_args`` (Mario:
             ``{noop_max: 8}``, random no-op starts so that greedy episodes in a deterministic game differ, where
@@ -183,7 +185,7 @@ class RLDataModule(EnvSpecs, Evaluation, pl.LightningDataModule):
         num_envs: int = 16,
         collect_steps: int = 1,
         device: str = "auto",
-        seed: int = 0,
+        seed: int | None = None,
         eval_episodes: int = 32,
         eval_env_options: dict[str, Any] | None = None,
         weight_sync_interval: int = 1,
@@ -212,7 +214,7 @@ class RLDataModule(EnvSpecs, Evaluation, pl.LightningDataModule):
         self.env_factory = env
         self.collect_steps = collect_steps
         self.device_name = device
-        self.seed = seed
+        self.seed = seed = 0 if seed is None else seed
         self.eval_episodes = eval_episodes
         self.eval_env_options = dict(eval_env_options or {})
         self.weight_sync_interval = weight_sync_interval

@@ -53,7 +53,8 @@ class DemonstrationDataModule(EnvSpecs, pl.LightningDataModule):
         root: folder under which collections are kept.
         batch_size: pairs per training batch.
         val_fraction: share of the pairs held out for validation.
-        seed: seeds the starts (car ``i`` uses ``seed + i``), the action noise and the split.
+        seed: seeds the starts (car ``i`` uses ``seed + i``), the action noise and the split. None: the run's
+            ``seed_everything`` (0 for a data module built in code), as for the RL data modules.
         action_noise: standard deviations of Gaussian noise added to the actions the cars execute (acceleration
             m/s², steering rad), while the stored labels stay the expert's clean actions (DART, Laskey et al. 2017):
             the demonstrations then show how the expert recovers from small errors, which a cloned policy makes.
@@ -68,7 +69,7 @@ class DemonstrationDataModule(EnvSpecs, pl.LightningDataModule):
         root: str = "runs/demonstrations",
         batch_size: int = 256,
         val_fraction: float = 0.1,
-        seed: int = 0,
+        seed: int | None = None,
         num_workers: int = 0,
         pin_memory: bool = False,
         action_noise: Sequence[float] = (0.0, 0.0),
@@ -83,6 +84,7 @@ class DemonstrationDataModule(EnvSpecs, pl.LightningDataModule):
         if not 0 < val_fraction < 1:
             raise ValueError(f"--data.init_args.val_fraction must be in (0, 1), got {val_fraction}")
         self.env_factory, self.episodes, self.steps = env, episodes, steps
+        seed = 0 if seed is None else seed
         self.root, self.batch_size, self.val_fraction, self.seed = Path(root), batch_size, val_fraction, seed
         self.num_workers, self.pin_memory = num_workers, pin_memory
         self.action_noise = tuple(float(std) for std in action_noise)

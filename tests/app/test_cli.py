@@ -435,3 +435,16 @@ def test_only_the_subcommands_that_work_are_offered_and_help_names_export(tmp_pa
         result = run_app(removed, "--config", str(ROOT / "configs/snake_dqn.yaml"), cwd=tmp_path)
         assert result.returncode == 2
         assert result.stderr.strip().splitlines()[-1].startswith("error: argument subcommand: invalid choice")
+
+
+@pytest.mark.parametrize(
+    ("flags", "env_seed"), [([], 0), (["--seed_everything", "3"], 3), (["--data.init_args.seed", "5"], 5)]
+)
+def test_seed_everything_seeds_the_environments_unless_their_seed_is_set_apart(flags, env_seed):
+    from app.cli import build
+
+    model, data = build(
+        [str(ROOT / "configs/snake_dqn.yaml")],
+        ["--seed_everything", "3", *flags] if flags[:1] == ["--data.init_args.seed"] else flags,
+    )
+    assert data.seed == env_seed
