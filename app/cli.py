@@ -55,6 +55,23 @@ logging.getLogger("torchrl").setLevel(logging.WARNING)
 warnings.filterwarnings("ignore", message=".*does not have many workers.*")
 warnings.filterwarnings("ignore", message=".*`IterableDataset` has `__len__` defined.*")
 warnings.filterwarnings("ignore", message=".*Total length of `DataLoader` across ranks is zero.*")
+# The update is one unit (loss, backward, step) inside a training step, so a checkpoint taken after the step holds the
+# state after the update, which is what a resume needs; Lightning's caution is for models that step mid-way.
+warnings.filterwarnings("ignore", message=".*Using ModelCheckpoint with manual optimization and every_n_train_steps.*")
+# Lightning's own pytree helper on this torch version; nothing of the project's.
+warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)` is deprecated.*")
+# tensordict reads a torch.compile setting that torch 2.13 deprecated (always on now): harmless, raised on every run.
+warnings.filterwarnings("ignore", message=".*inline_inbuilt_nn_modules is deprecated.*")
+
+
+class _WithoutAdvertisements(logging.Filter):
+    """Drops Lightning's product tips from its info lines (the run's own lines stay)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("💡 Tip:")
+
+
+logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_WithoutAdvertisements())
 
 
 # TorchRL's EnvBase defines __new__ as a classmethod; jsonargparse compares bound methods by identity, concludes that

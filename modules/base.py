@@ -31,6 +31,7 @@ from modules.optim import FusedAdamStep, OptimizerOptions
 # training_step takes the dataloader iterator on purpose (see RLModule.training_step); Lightning flags that
 # signature as experimental on every run.
 warnings.filterwarnings("ignore", message=".*`dataloader_iter` argument in the `training_step`.*")
+warnings.filterwarnings("ignore", message=".*You are using the `dataloader_iter` step flavor.*")
 
 
 _ON_MODEL = re.compile(r"\bself\b")  # a guard whose source mentions the model
