@@ -61,7 +61,8 @@ def plot_phases(path: Path, rows: Sequence[tuple[str, dict[str, Any]]], phases: 
 
 
 def plot_learning_curve(path: Path, history: list[dict[str, Any]], random: dict[str, float], title: str) -> None:
-    """Each evaluated metric against frames (left) and wall time (right), with the random policy as a baseline.
+    """Each evaluated metric against frames (left) and wall time (right), with the random policy as a baseline and, for
+    the return, the band of its 95 % interval over the evaluation's episodes.
 
     Args:
         path: the PNG to write.
@@ -81,6 +82,9 @@ def plot_learning_curve(path: Path, history: list[dict[str, Any]], random: dict[
         baseline = random.get(key.replace("eval/", "eval/random_", 1))
         for ax, x in ((by_frames, frames), (by_time, minutes)):
             ax.plot(x, [row[key] for row in history], "o-", color="C0", markersize=4, label=line)
+            low, high = key.replace("_mean", "_ci_low"), key.replace("_mean", "_ci_high")
+            if low != key and all(low in row and high in row for row in history):  # the episodes' 95 % interval
+                ax.fill_between(x, [row[low] for row in history], [row[high] for row in history], color="C0", alpha=0.2)
             if baseline is not None:
                 ax.axhline(baseline, color="0.4", linestyle="--", label=f"{RANDOM_LABEL}: {baseline:.3g}")
             ax.grid(alpha=0.3)

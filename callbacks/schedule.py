@@ -174,8 +174,10 @@ class FrameCheckpoint(ModelCheckpointSteps):
 class PeriodicEvaluation(Callback):
     """Plays greedy episodes in separate evaluation environments every ``every_n_frames`` frames and at the end.
 
-    Logs ``eval/return_mean``, ``eval/length_mean`` and the env's episode metrics (Snake: ``eval/food_mean``), and
-    keeps the whole curve in :attr:`history` (the throughput report plots it). Once per run, at its first evaluation,
+    Logs ``eval/return_mean`` with its spread over the episodes (``eval/return_std``, ``eval/return_iqm``, the 95 %
+    bootstrap interval ``eval/return_ci_low``/``_high``), ``eval/length_mean`` and the env's episode metrics (Snake:
+    ``eval/food_mean``), and keeps the whole curve, each evaluation's per-episode returns included, in
+    :attr:`history` (the throughput report plots it). Once per run, at its first evaluation,
     it also plays a uniformly random policy on the same boards (``eval/random_return_mean``, ``eval/random_food_mean``
     ...): the baseline the curve is read against, kept in :attr:`random`. Its time is the ``eval`` phase of the data
     module's timer, so the throughput report charges it to evaluation wherever this callback sits in the list.
@@ -249,6 +251,7 @@ class PeriodicEvaluation(Callback):
             was_training = pl_module.training
             pl_module.eval()
             metrics = {f"eval/{key}": value for key, value in self.measure(trainer, pl_module).items()}
+            episode_returns = list(getattr(trainer.datamodule, "last_episode_returns", []))
             if self.random_policy and not self.random:
                 metrics.update(
                     {f"eval/random_{key}": value for key, value in self.measure_random(trainer, pl_module).items()}
@@ -266,7 +269,7 @@ class PeriodicEvaluation(Callback):
                 "updates": trainer.global_step,
                 "time_s": time.perf_counter() - self._start_time,
             }
-            self.history.append({**row, **metrics})
+            self.history.append({**row, **metrics, "episode_returns": episode_returns})
             if self.stop_at_return is not None and metrics["eval/return_mean"] >= self.stop_at_return:
                 trainer.should_stop = True
                 rank_zero_info(

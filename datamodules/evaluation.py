@@ -19,6 +19,34 @@ from torchrl.envs.utils import ExplorationType, set_exploration_type, step_mdp
 
 # Seeds of the evaluation environments are offset so they never replay a training episode.
 EVAL_SEED_OFFSET = 1_000_003
+#: Resamples of the bootstrap confidence interval, and the seed of its own generator (never the global one: an exact
+#: resume replays that stream).
+BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED = 2_000, 0
+
+
+def episode_statistics(values: torch.Tensor, prefix: str = "return") -> dict[str, float]:
+    """Mean, standard deviation, interquartile mean and a 95 % bootstrap confidence interval of the mean of per-episode
+    ``values``, as ``<prefix>_mean``, ``_std``, ``_iqm``, ``_ci_low`` and ``_ci_high``.
+
+    The IQM is the mean of the middle half of the values (scipy's ``trim_mean(values, 0.25)``), robust to a few outlying
+    episodes, as Agarwal et al. (2021) recommend for RL results; the interval is the percentile bootstrap of the mean
+    over episodes, drawn from a generator of its own so that the same values always give the same interval.
+    """
+    values = values.detach().double().flatten().cpu()
+    count = values.numel()
+    ordered = values.sort().values
+    cut = int(0.25 * count)  # trim_mean's cut: int(proportion * n) values from each end
+    iqm = ordered[cut : count - cut].mean()
+    generator = torch.Generator().manual_seed(BOOTSTRAP_SEED)
+    means = values[torch.randint(count, (BOOTSTRAP_RESAMPLES, count), generator=generator)].mean(-1)
+    low, high = torch.quantile(means, torch.tensor([0.025, 0.975], dtype=torch.float64)).tolist()
+    return {
+        f"{prefix}_mean": values.mean().item(),
+        f"{prefix}_std": values.std().item() if count > 1 else 0.0,
+        f"{prefix}_iqm": iqm.item(),
+        f"{prefix}_ci_low": low,
+        f"{prefix}_ci_high": high,
+    }
 
 
 @contextmanager
@@ -39,6 +67,8 @@ class Evaluation:
     off the training thread must not draw from the global generator while an evaluation seeds it)."""
 
     _eval_env: EnvBase | None = None
+    #: The returns of the episodes of the last :meth:`evaluate` call, in the evaluation environments' order.
+    last_episode_returns: list[float] = []
 
     @torch.no_grad()
     def evaluate(
@@ -48,10 +78,13 @@ class Evaluation:
     ) -> dict[str, float]:
         """Play one episode of ``policy`` in each of ``episodes`` evaluation environments, always from the same seeds.
 
-        Returns ``return_mean``, ``length_mean`` and ``<key>_mean`` for each of the env's ``episode_metric_keys``
-        (for Snake, ``food_mean``: food eaten per game). A key the env's ``episode_metric_over`` maps to another is
-        averaged over the episodes where that one is positive (racing: ``lap_time_mean`` over the episodes that
-        completed a lap; NaN if none did). Policies with exploration act deterministically here.
+        Returns ``return_mean`` with its spread over the episodes (``return_std``, ``return_iqm`` and the 95 %
+        bootstrap interval of the mean, ``return_ci_low`` and ``return_ci_high``: :func:`episode_statistics`),
+        ``length_mean``, and ``<key>_mean`` for each of the env's ``episode_metric_keys`` (for Snake, ``food_mean``:
+        food eaten per game); :attr:`last_episode_returns` keeps the episodes' returns. A key the env's
+        ``episode_metric_over`` maps to another is averaged over the episodes where that one is positive (racing:
+        ``lap_time_mean`` over the episodes that completed a lap; NaN if none did). Policies with exploration act
+        deterministically here.
 
         In a multi-agent environment an episode is one environment's, and every figure is per agent: ``return_mean``
         is the mean over its agents of each agent's return; the episode lasts until all its agents are done.
@@ -71,10 +104,9 @@ class Evaluation:
                 length += running
                 running &= ~td["next", "done"].reshape(episodes, -1).all(-1)
                 td = step_mdp(td)
-        metrics = {
-            "return_mean": sums.pop("reward").mean().item(),
-            "length_mean": length.mean().item(),
-        }
+        returns = sums.pop("reward")
+        self.last_episode_returns = returns.tolist()
+        metrics = {**episode_statistics(returns), "length_mean": length.mean().item()}
         for key, total in sums.items():
             counted = sums[self.episode_metric_over[key]] > 0 if key in self.episode_metric_over else None
             if counted is None:

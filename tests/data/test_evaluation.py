@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import csv
 
+import numpy as np
 import pytest
 import torch
 
 from app.cli import build
+from datamodules.evaluation import episode_statistics
 from tests.helpers import ROOT, short_snake_fit
 
 # The same games as the default C++ kernel (tests/envs/test_snake_env.py), without its first-use compilation.
@@ -29,7 +31,10 @@ def test_random_policy_on_the_snake_evaluation_boards(snake_data):
     assert torch.equal(torch.get_rng_state(), before)  # the training run's random stream is left where it was
     assert snake_data.evaluate_random(32) == figures  # seeded like the boards: the same figure every time
     # README/BENCHMARKS: 0.19 food and return -0.81 over the 32 boards of snake_dqn.yaml (seed 0).
-    assert figures == pytest.approx({"return_mean": -0.8125, "length_mean": 14.1875, "food_mean": 0.1875})
+    means = {key: figures[key] for key in ("return_mean", "length_mean", "food_mean")}
+    assert means == pytest.approx({"return_mean": -0.8125, "length_mean": 14.1875, "food_mean": 0.1875})
+    assert figures["return_ci_low"] < figures["return_mean"] < figures["return_ci_high"]
+    assert figures == pytest.approx(episode_statistics(torch.tensor(snake_data.last_episode_returns)) | means)
     # Every random game ends in a crash long before the 500-step cap: return = food - 1, game by game.
     assert figures["return_mean"] == pytest.approx(figures["food_mean"] - 1)
     # The greedy evaluation of an untrained network on the same boards is a different thing (what "0.03" was).
@@ -59,3 +64,29 @@ def test_shipped_config_logs_the_random_policy_once_beside_the_greedy_one(tmp_pa
     )
     assert (run / "learning_curve.png").read_bytes()[:4] == b"\x89PNG"
     assert "| eval |" in (run / "throughput.md").read_text()
+
+
+@pytest.mark.parametrize("count", [1, 2, 7, 32, 100])
+def test_episode_statistics_are_the_standard_ones(count):
+    scipy_stats = pytest.importorskip("scipy.stats")
+    values = torch.randn(count, generator=torch.Generator().manual_seed(count)) * 3 + 1
+    figures = episode_statistics(values)
+    array = values.double().numpy()
+    assert figures["return_mean"] == pytest.approx(array.mean())
+    assert figures["return_std"] == pytest.approx(array.std(ddof=1) if count > 1 else 0.0)
+    assert figures["return_iqm"] == pytest.approx(scipy_stats.trim_mean(array, 0.25))  # rliable's IQM
+    assert figures == episode_statistics(values)  # its own generator: the same values, the same interval
+    if count > 1:
+        # The percentile bootstrap of the mean agrees with scipy's (other draws: up to a little resampling noise).
+        reference = scipy_stats.bootstrap((array,), np.mean, n_resamples=20_000, method="percentile", rng=0)
+        width = reference.confidence_interval.high - reference.confidence_interval.low
+        assert figures["return_ci_low"] == pytest.approx(reference.confidence_interval.low, abs=0.05 * width)
+        assert figures["return_ci_high"] == pytest.approx(reference.confidence_interval.high, abs=0.05 * width)
+    else:
+        assert figures["return_ci_low"] == figures["return_ci_high"] == figures["return_mean"]
+
+
+def test_the_interquartile_mean_ignores_a_few_outlying_episodes():
+    values = torch.tensor([10.0] * 14 + [-1000.0, 1000.0])
+    figures = episode_statistics(values)
+    assert figures["return_iqm"] == 10.0 and figures["return_std"] > 300
