@@ -1,13 +1,16 @@
-"""``python -m app fit --config configs/snake_dqn.yaml`` — see app/cli.py; ``python -m app export --checkpoint ...``
-— see app/export.py."""
+"""``python -m app fit --config configs/snake_dqn.yaml`` — see app/cli.py. The other commands have modules of their
+own: ``python -m app export`` (app/export.py), ``python -m app seeds`` (app/seeds.py)."""
 
+import importlib
 import sys
 
-if __name__ == "__main__":
-    if sys.argv[1:2] == ["export"]:
-        from app.export import main  # imports the training stack only once its own flags are checked
+#: Commands outside Lightning's CLI, and their modules; each imports the training stack only once its flags are checked.
+COMMANDS = {"export": "app.export", "seeds": "app.seeds"}
 
-        main(sys.argv[2:])
+if __name__ == "__main__":
+    command = sys.argv[1] if len(sys.argv) > 1 else None
+    if command in COMMANDS:
+        importlib.import_module(COMMANDS[command]).main(sys.argv[2:])
     else:
         from app.cli import main
 

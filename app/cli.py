@@ -99,7 +99,9 @@ class RLCLI(LightningCLI):
         self, add_subcommands: bool, main_kwargs: dict[str, Any], subparser_kwargs: dict[str, Any]
     ) -> None:
         main_kwargs.setdefault(
-            "epilog", "Also: python -m app export --help (trace a checkpoint's policy for deployment)."
+            "epilog",
+            "Also: python -m app export --help (trace a checkpoint's policy for deployment); "
+            "python -m app seeds --help (a config over several seeds, aggregated).",
         )
         super().setup_parser(add_subcommands, main_kwargs, subparser_kwargs)
 

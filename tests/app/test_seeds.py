@@ -1,0 +1,68 @@
+"""``python -m app seeds``: a config over several seeds into one folder, resumable, with the aggregate."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from tests.app.test_cli import run_app
+from tests.helpers import chain_config, write_config
+
+
+def seeds_config(tmp_path):
+    config = chain_config("dqn", tmp_path / "unused")
+    config["trainer"]["logger"] = {
+        "class_path": "lightning.pytorch.loggers.CSVLogger",
+        "init_args": {"save_dir": "runs", "name": "chain"},
+    }
+    evaluation = {"class_path": "callbacks.schedule.PeriodicEvaluation", "init_args": {"every_n_frames": 200}}
+    config["trainer"]["callbacks"].append(evaluation)
+    config["trainer"]["max_steps"] = 200
+    (tmp_path / "configs").mkdir(exist_ok=True)
+    return write_config(config, tmp_path / "configs" / "chain.yaml")
+
+
+@pytest.mark.slow
+def test_seeds_run_into_one_folder_aggregate_and_are_reused(tmp_path):
+    config = seeds_config(tmp_path)
+    work = tmp_path / "work"  # a folder that is neither the checkout nor the config's
+    work.mkdir()
+    result = run_app("seeds", "--config", str(config), "--seeds", "3", "--parallel", "2", cwd=work)
+    assert result.returncode == 0, result.stderr
+    out = work / "runs" / "chain_seeds"
+    summary = json.loads((out / "seeds.json").read_text())
+    assert sorted(summary["seeds"]) == ["0", "1", "2"]
+    for seed in range(3):
+        run = out / f"seed_{seed}" / "version_0"
+        assert yaml.safe_load((run / "config.yaml").read_text())["seed_everything"] == seed
+        assert (run / "checkpoints" / "last.ckpt").is_file() and (run / "seed.json").is_file()
+        # the seed's environments follow its seed_everything (the config does not set them apart)
+        assert yaml.safe_load((run / "config.yaml").read_text())["data"]["init_args"]["seed"] == seed
+    finals = [row["final_return"] for row in summary["seeds"].values()]
+    stats = summary["final_return"]
+    assert stats["return_mean"] == pytest.approx(sum(finals) / 3)
+    assert stats["return_ci_low"] <= stats["return_mean"] <= stats["return_ci_high"]
+    assert summary["random_return"] is not None and summary["curve"]["frames"]
+    assert (out / "seeds.png").stat().st_size > 0 and "| 2 |" in (out / "seeds.md").read_text()
+    # A second command reuses the finished seeds and adds only the new one.
+    again = run_app("seeds", "--config", str(config), "--seeds", "4", cwd=work)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.count("reusing its finished run") == 3 and "seed 3: running" in again.stdout
+    assert len(json.loads((out / "seeds.json").read_text())["seeds"]) == 4
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--seeds", "0"], "--seeds must be >= 1, got 0"),
+        (["--parallel", "0"], "--parallel must be >= 1, got 0"),
+        (["--config", "missing.yaml"], "--config missing.yaml: no such file"),
+    ],
+)
+def test_bad_seed_options_are_one_line(tmp_path, args, message):
+    config = seeds_config(tmp_path)
+    result = run_app("seeds", "--config", str(config), *args, cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1].endswith(f"error: {message}")
