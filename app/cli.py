@@ -25,6 +25,7 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 import yaml
+from jsonargparse import Namespace
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.callbacks import Callback, TQDMProgressBar
 from lightning.pytorch.cli import LightningCLI
@@ -41,7 +42,9 @@ from app.run_folder import (
     resolve_resume,
 )
 from app.stages import run_stage, stage_configs, stage_folder
+from app.tracking import arrange_loggers, check_packages, continue_runs, expand_short_names
 from callbacks.progress import RLProgressBar
+from callbacks.tracking import TrackingRuns
 from compat.jsonargparse import read_init_of_subclasses
 from compat.lightning import cli_config_get
 from datamodules.base import RLDataModule
@@ -105,6 +108,17 @@ class RLCLI(LightningCLI):
         )
         super().setup_parser(add_subcommands, main_kwargs, subparser_kwargs)
 
+    def parse_arguments(self, parser, args) -> None:
+        # `--trainer.logger wandb` (a backend's short name, app/tracking.py) becomes the class path jsonargparse parses.
+        if isinstance(args, dict | Namespace):
+            super().parse_arguments(parser, args)
+            return
+        try:
+            argv = expand_short_names(sys.argv[1:] if args is None else args)
+        except ValueError as error:
+            parser.error(str(error))
+        self.config = parser.parse_args(argv)
+
     def add_arguments_to_parser(self, parser) -> None:
         parser.add_argument(
             "--threads",
@@ -130,13 +144,18 @@ class RLCLI(LightningCLI):
         self._move_gradient_clipping(config)
         self._resolve_stage_paths(config)
         self._seed_environments(config)
+        tracking = self._arrange_loggers(config)
         self._resume_checkpoint(config)
+        if tracking:
+            self._continue_backend_runs(config)
         for option, stage in self._stages(config).items():
             try:
                 stage_folder(stage, _model_flag(option))  # readable, with a logger that names its folder
             except ValueError as error:
                 self.parser.error(str(error))
         callbacks = list(self.trainer_defaults.get("callbacks", []))
+        if tracking:  # after the config's callbacks: its on_fit_end sees the throughput report written
+            callbacks.append(TrackingRuns())
         if config["trainer"].get("enable_progress_bar") is False:  # the flag also turns off the default bar
             callbacks = [c for c in callbacks if not isinstance(c, RLProgressBar)]
         elif not _is_subclass(config["data"], RLDataModule):  # epochs of a dataset: Lightning's own bar
@@ -168,6 +187,24 @@ class RLCLI(LightningCLI):
                 "disagree; set one of them"
             )
         optimizer.max_grad_norm, trainer["gradient_clip_val"] = clip, None
+
+    def _arrange_loggers(self, config) -> bool:
+        # A tracking backend keeps the run's local folder (a CSV logger before it) and the project's defaults; done
+        # before `--ckpt_path` is resolved against that folder (app/tracking.py). Returns whether there is a backend.
+        try:
+            check_packages(config["trainer"])
+        except ValueError as error:
+            self.parser.error(str(error))
+        return arrange_loggers(config["trainer"], config.get("config") or [])
+
+    def _continue_backend_runs(self, config) -> None:
+        step = None
+        if self.resume_from is not None and self.subcommand == "fit":
+            try:
+                step = checkpoint_global_step(self.resume_from)
+            except ValueError as error:
+                self.parser.error(str(error))
+        continue_runs(config["trainer"], self.resume_from if step is not None else None, step)
 
     def _resume_checkpoint(self, config) -> None:
         # `--ckpt_path` is resolved before the trainer exists: the logger must know the version of the run it

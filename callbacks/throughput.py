@@ -89,6 +89,7 @@ class ThroughputReport(Callback):
         self.bare_update_seconds = bare_update_seconds
         self.log_every_n_steps, self.skip_first_steps = log_every_n_steps, skip_first_steps
         self.report: dict[str, Any] | None = None  # the last report written, for callers and tests
+        self.files: list[Path] = []  # the files it wrote (callbacks.tracking logs them as artifacts)
         self._start: dict[str, Any] | None = None
         self._before: dict[str, Any] | None = None  # totals of the processes before this one (from the checkpoint)
         self._trainer: pl.Trainer | None = None
@@ -144,6 +145,7 @@ class ThroughputReport(Callback):
         (self._dir / f"{self.name}.json").write_text(json.dumps(self.report, indent=2) + "\n")
         markdown = self._dir / f"{self.name}.md"
         markdown.write_text(to_markdown(self.report))
+        self.files = [self._dir / f"{self.name}.json", markdown]
         if self.plots:
             self._plot(trainer)
         best = steady or self.report["this_process"]
@@ -250,6 +252,7 @@ class ThroughputReport(Callback):
         rows += [("steady state", report["steady_state"])] if report["steady_state"] else []
         rows += [("whole run", report["whole_run"])] if report["whole_run"]["processes"] > 1 else []
         plot_phases(self._dir / f"{self.name}_phases.png", rows, PHASES)
+        self.files.append(self._dir / f"{self.name}_phases.png")
         evaluation = next((cb for cb in trainer.callbacks if isinstance(cb, PeriodicEvaluation)), None)
         history = evaluation.history if evaluation is not None else []
         if len(history) < 2:
@@ -257,6 +260,7 @@ class ThroughputReport(Callback):
             return
         title = f"{report['run']}: {report['model']['class']}, greedy evaluation"
         plot_learning_curve(self._dir / "learning_curve.png", history, evaluation.random, title)
+        self.files.append(self._dir / "learning_curve.png")
 
 
 def _version(package: str) -> str:

@@ -120,6 +120,17 @@ def test_bad_input_exits_with_one_clear_message_before_any_output(tmp_path, caps
 
 
 @pytest.mark.slow
+def test_an_unknown_tracking_backend_is_one_line_naming_the_flag_and_the_choices(tmp_path):
+    result = run_app(*snake_dqn_args(tmp_path, "--trainer.logger", "tensorbord"), cwd=tmp_path)
+    message = (
+        "--trainer.logger tensorbord: unknown backend 'tensorbord'; choose csv, tensorboard, wandb, mlflow "
+        "(comma-separated for several) or a Logger class path"
+    )
+    assert_one_error_line(result.returncode, result.stderr, message)
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.slow
 def test_missing_config_file_is_named(tmp_path):
     result = run_app("fit", "--config", "configs/nope.yaml", cwd=tmp_path)
     assert result.returncode != 0
