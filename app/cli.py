@@ -9,6 +9,7 @@ Commands::
     python -m app validate --config configs/snake_dqn.yaml --ckpt_path runs/snake_dqn/.../last.ckpt
     python -m app fit --config configs/snake_dqn.yaml --print_config       # the fully resolved config
     python -m app export --checkpoint runs/snake_dqn/.../last.ckpt          # trace the policy (app/export.py)
+    python -m app watch --ckpt_path runs/snake_dqn/version_0 --episodes 3  # its greedy episodes as MP4 (app/watch.py)
 """
 
 from __future__ import annotations
@@ -104,7 +105,8 @@ class RLCLI(LightningCLI):
         main_kwargs.setdefault(
             "epilog",
             "Also: python -m app export --help (trace a checkpoint's policy for deployment); "
-            "python -m app seeds --help (a config over several seeds, aggregated).",
+            "python -m app seeds --help (a config over several seeds, aggregated); "
+            "python -m app watch --help (play a checkpoint's policy into an MP4 video).",
         )
         super().setup_parser(add_subcommands, main_kwargs, subparser_kwargs)
 
@@ -305,6 +307,17 @@ class RLCLI(LightningCLI):
                 self.model.check_datamodule(self.datamodule)
             except ValueError as error:
                 self.parser.error(str(error))
+        # Callbacks that need something of the environment (a video needs one that renders), likewise.
+        trainer = cli_config_get(self, self.config_init, "trainer")
+        callbacks = trainer.get("callbacks") or []
+        for index, callback in enumerate(callbacks if isinstance(callbacks, list) else [callbacks]):
+            check = getattr(callback, "check_datamodule", None)
+            if callable(check):
+                try:
+                    check(self.datamodule)
+                except ValueError as error:
+                    name = f"{type(callback).__module__}.{type(callback).__qualname__}"
+                    self.parser.error(f"trainer.callbacks[{index}] ({name}): {error}")
         try:
             return super().instantiate_trainer(**kwargs)
         except (ValueError, MisconfigurationException) as error:

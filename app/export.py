@@ -22,20 +22,11 @@ from typing import Any
 
 import torch
 
+from app.trained import load_trained, run_folder_of
 from export.inputs import environment_check_inputs
 from export.loader import METADATA
 from export.report import BENCHMARK
 from export.tracing import BACKENDS, check_options, export_network_of, export_policy, output_kind
-
-
-def find_config(checkpoint: Path, levels: int = 3) -> Path | None:
-    """The ``config.yaml`` LightningCLI saved in the run folder: next to the checkpoint or up to ``levels - 1``
-    folders above it (``runs/x/version_0/checkpoints/last.ckpt`` → ``runs/x/version_0/config.yaml``). No further,
-    so that an unrelated config higher up is never picked."""
-    for folder in list(checkpoint.resolve().parents)[:levels]:
-        if (folder / "config.yaml").is_file():
-            return folder / "config.yaml"
-    return None
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "python -m app export") -> dict[str, Any]:
@@ -80,34 +71,13 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m app export") 
         parser.error(str(error))
     if args.threads < 1:
         parser.error(f"--threads must be >= 1, got {args.threads}")
-    configs = args.config or [find_config(checkpoint)]
-    if configs[0] is None:
-        parser.error(f"--config: no config.yaml next to {checkpoint} or in the 2 folders above; pass the run's config")
-    for config in configs:
-        if not Path(config).is_file():
-            parser.error(f"--config {config}: no such file")
-    try:
-        state = torch.load(checkpoint, map_location="cpu", weights_only=True)
-    except Exception as error:  # truncated file, not a checkpoint, pickled objects: one line each
-        parser.error(f"--checkpoint {checkpoint} cannot be read: {str(error).splitlines()[0]}")
-    if not isinstance(state, dict) or "state_dict" not in state:
-        parser.error(f"--checkpoint {checkpoint} has no state_dict: not a Lightning checkpoint")
-
-    from app.cli import build  # lazy: the CLI's import registers every agent and data module
-
-    model, datamodule = build([str(config) for config in configs], overrides)
-    try:
-        model.load_state_dict(state["state_dict"])
-    except RuntimeError as error:
-        detail = " ".join(line.strip() for line in str(error).splitlines()[:2])  # the error and its first key list
-        parser.error(f"--checkpoint {checkpoint} does not fit the model built from --config {configs}: {detail}")
+    model, datamodule, _ = load_trained(parser, "--checkpoint", checkpoint, args.config, overrides)
     torch.set_num_threads(args.threads)  # after build, which sets the config's own `threads`
     try:
         network, shape, dtype = export_network_of(model)
     except NotImplementedError as error:  # an agent with no plain network to trace (recurrent PPO's LSTM state)
         parser.error(f"--checkpoint {checkpoint}: {error}; its policy cannot be exported")
-    run_folder = checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else checkpoint.parent
-    out = Path(args.out) if args.out else run_folder / "export"
+    out = Path(args.out) if args.out else run_folder_of(checkpoint) / "export"
     print(
         f"Exporting {type(model).__name__}.export_network() from {checkpoint} (torch threads: {args.threads}) to {out}"
     )

@@ -235,6 +235,8 @@ class RLDataModule(EnvSpecs, Evaluation, pl.LightningDataModule):
         #: how token observations decode into a grid (``datamodules.envs.mettagrid.tokens.ObservationLayout``), for
         #: token environments.
         self.observation_layout: Any = probe.observation_layout
+        #: whether the environment draws itself (``render``): what videos need.
+        self.can_render: bool = probe.can_render
         probe.close()
         if self.eval_env_options:
             try:  # fail now, not at the first evaluation
@@ -254,6 +256,11 @@ class RLDataModule(EnvSpecs, Evaluation, pl.LightningDataModule):
         self._eval_env: EnvBase | None = None
         self._pending_state: dict[str, Any] | None = None
         self._updates_since_sync = 0
+
+    @property
+    def env_class(self) -> type:
+        """The environment's class (its options: ``_env_options``)."""
+        return self._env_class
 
     #: Whether :meth:`connect` takes a store transform (a data module with a replay buffer).
     accepts_store_transform = False

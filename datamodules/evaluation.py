@@ -11,10 +11,11 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import numpy as np
 import torch
 from tensordict import TensorDictBase
 from torchrl.collectors import RandomPolicy
-from torchrl.envs import EnvBase
+from torchrl.envs import EnvBase, TransformedEnv
 from torchrl.envs.utils import ExplorationType, set_exploration_type, step_mdp
 
 # Seeds of the evaluation environments are offset so they never replay a training episode.
@@ -126,6 +127,47 @@ class Evaluation:
         env = self._evaluation_env(episodes)
         with fixed_seed(self.seed + EVAL_SEED_OFFSET, env.device):
             return self.evaluate(RandomPolicy(env.action_spec), episodes)
+
+    @torch.no_grad()
+    def record(
+        self,
+        policy: Callable[[TensorDictBase], TensorDictBase],
+        episodes: int,
+        frame: Callable[[np.ndarray], None],
+        max_frames: int | None = None,
+    ) -> list[dict[str, float]]:
+        """Play evaluation episodes ``0 … episodes - 1`` of ``policy`` one after the other, handing each frame
+        (the environment's ``render``, the start state first) to ``frame``; returns each one's ``return`` and
+        ``length`` (steps) and ``frames`` (images handed on).
+
+        Episode ``i`` is played by one environment seeded as :meth:`evaluate`'s ``i``-th (an environment ``i`` of a
+        batch plays what one seeded ``seed + i`` plays), so it is that evaluation's episode, one at a time: frames
+        go to the encoder as they are drawn, never a whole video in memory. ``max_frames`` cuts an episode's
+        recording (and its play) after that many frames; None: the whole episode. In a multi-agent environment the
+        return is the mean over its agents, as in :meth:`evaluate`.
+        """
+        self.settle()
+        results = []
+        for episode in range(episodes):
+            env = self.make_env(1, self.seed + EVAL_SEED_OFFSET + episode, options=self.eval_env_options)
+            drawn = env.base_env if isinstance(env, TransformedEnv) else env
+            try:
+                td = env.reset()
+                frame(drawn.render(0))
+                total, length = 0.0, 0
+                with set_exploration_type(ExplorationType.DETERMINISTIC):
+                    while max_frames is None or length + 1 < max_frames:
+                        td = env.step(policy(td))
+                        total += td["next", "reward"].mean().item()
+                        length += 1
+                        frame(drawn.render(0))
+                        if bool(td["next", "done"].all()):
+                            break
+                        td = step_mdp(td)
+            finally:
+                env.close()
+            results.append({"return": total, "length": length, "frames": length + 1})
+        return results
 
     def _evaluation_env(self, episodes: int | None) -> EnvBase:
         """One environment per episode, reset to the same start states at every evaluation."""

@@ -22,6 +22,9 @@ An environment is a TorchRL ``EnvBase`` that steps a whole batch of environments
   over each episode and reports), ``episode_metric_over`` (metrics averaged only over the episodes where another is
   positive), ``physics`` (the dynamics a physics-informed loss differentiates) and ``observation_layout`` (how token
   observations decode into a grid). The data module reads them from its throw-away environment and hands them on.
+- **Rendering** (optional): an environment that can be drawn sets ``can_render = True`` and implements
+  :meth:`BatchedEnv.render`, environment ``index`` of the batch as an RGB image (uint8 ``[height, width, 3]``, the
+  same size at every call). Videos (``callbacks/video.py``, ``python -m app watch``) are made of these frames.
 
 ``tests/envs/test_env_contract.py`` checks the contract for every environment in this package; README's "Adding an
 environment" shows a complete one.
@@ -36,6 +39,7 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, ClassVar
 
+import numpy as np
 import torch
 from torchrl.data import Categorical, Composite
 from torchrl.envs import EnvBase
@@ -63,6 +67,8 @@ class BatchedEnv(EnvBase):
     physics: Any = None
     #: how token observations decode into a grid (:class:`~datamodules.envs.mettagrid.tokens.ObservationLayout`).
     observation_layout: ObservationLayout | None = None
+    #: whether :meth:`render` draws this environment (videos need it).
+    can_render: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -79,6 +85,24 @@ class BatchedEnv(EnvBase):
         """The constructor's options (all but ``num_envs``, ``seed`` and ``device``), defaults included: what rebuilds
         this environment."""
         return copy.deepcopy(self._init_options)
+
+    def render(self, index: int = 0) -> np.ndarray:
+        """Environment ``index`` of the batch (the first batch dimension: all agents of a multi-agent environment) as
+        it is now: an RGB image, uint8 ``[height, width, 3]``, the same size at every call. Environments that can be
+        drawn set :attr:`can_render` and override this."""
+        raise NotImplementedError(f"{cannot_render(type(self))}")
+
+    def _render_index(self, index: int) -> int:
+        """``index`` checked against the batch (a ``ValueError`` naming it otherwise)."""
+        if not 0 <= index < self.batch_size[0]:
+            raise ValueError(f"index must be in [0, {self.batch_size[0]}) (the batch's environments), got {index}")
+        return index
+
+
+def cannot_render(env_class: type) -> str:
+    """Why an environment class makes no videos, in the words an error line uses."""
+    name = f"{env_class.__module__}.{env_class.__qualname__}"
+    return f"{name} cannot render (it has no render(); BatchedEnv.can_render is False), so it makes no video"
 
 
 def _recording_options(init: Callable[..., None]) -> Callable[..., None]:

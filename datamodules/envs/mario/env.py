@@ -78,6 +78,7 @@ class MarioEnv(BatchedEnv):
     """
 
     episode_metric_keys = ("x_pos", "flag_get")
+    can_render = True
     # The step holds the action for `frame_skip` frames itself; without this TorchRL's EnvBase wraps any env with a
     # `frame_skip` attribute in a FrameSkipTransform, which would repeat whole steps `frame_skip` times.
     _has_frame_skip = True
@@ -138,6 +139,11 @@ class MarioEnv(BatchedEnv):
         gray = (pixels @ _PIXEL_LUMA).unsqueeze(1)
         small = F.interpolate(gray, size=(self.size, self.size), mode="area")
         return small.squeeze(1).round_().to(torch.uint8)
+
+    def render(self, index: int = 0) -> np.ndarray:
+        """Emulator ``index``'s screen as it is now: RGB ``[240, 256, 3]``, the frame the last observation was made
+        from (before grayscale and resizing)."""
+        return np.ascontiguousarray(self._emulators[self._render_index(index)].screen)
 
     # ------------------------------------------------------------------------------------------- episodes
     def _start(self, env: int, episode: int) -> None:

@@ -71,6 +71,7 @@ from torchrl.data import Bounded, Categorical, Composite, Unbounded
 from compat.tensordict import tensordict_unchecked
 from compat.torchrl import StepOutputComplete
 from datamodules.envs.base import BatchedEnv
+from datamodules.envs.drawing import grid_image, palette
 from datamodules.envs.mettagrid.tokens import ObservationLayout
 
 # Objects each task places on its map by default (the ``objects`` option overrides counts by name).
@@ -80,6 +81,11 @@ BORDER = 6
 # Sorts before every ``type:*`` tag, so real tag ids start at 1 and no object type is encoded as a zero value.
 _UNUSED_TAG = "_unused"
 _CPU = torch.device("cpu")
+#: ``render``'s colours: floor, wall, agent, charged altar, recharging altar, any other object (their colour ids).
+RENDER_COLOURS = palette((28, 28, 34), (110, 110, 122), (60, 140, 250), (250, 200, 40), (110, 80, 30), (200, 60, 200))
+FLOOR, WALL, AGENT, ALTAR, ALTAR_RECHARGING, OTHER = range(6)
+#: pixels per map cell in ``render``.
+RENDER_CELL = 12
 
 
 def episode_seed(stream: int, episode: int) -> int:
@@ -133,6 +139,8 @@ class MettaGridEnv(StepOutputComplete, BatchedEnv):
         seed: base seed; environment ``i`` plays the episodes of stream ``seed + i``.
         device: where the returned tensors live (the engines run on the CPU).
     """
+
+    can_render = True
 
     def __init__(
         self,
@@ -214,6 +222,7 @@ class MettaGridEnv(StepOutputComplete, BatchedEnv):
         self._steps = np.zeros(n, dtype=np.int64)
         self._log = np.zeros((n, max_steps, num_agents), dtype=np.uint8)
         self._env_index = np.arange(n)
+        self._render_walls: dict[int, tuple[tuple[int, int], np.ndarray]] = {}  # render's: {env: ((env, seed), walls)}
 
         dev = self.device
         self.observation_spec = Composite(
@@ -303,6 +312,33 @@ class MettaGridEnv(StepOutputComplete, BatchedEnv):
             engine.step()
         steps += 1
         return self._output(reward=True)
+
+    def render(self, index: int = 0) -> np.ndarray:
+        """Environment ``index``'s whole map, ``RENDER_CELL`` pixels a cell in ``RENDER_COLOURS``: walls, agents, and
+        altars bright when charged (they give a heart) and dim while recharging."""
+        engine = self._engines[self._render_index(index)]
+        if engine is None:
+            raise RuntimeError("MettaGridEnv: reset the environment before rendering it")
+        key = (index, int(self._episode_seed[index]))
+        if self._render_walls.get(index, (None,))[0] != key:  # walls never move: read once per episode
+            walls = np.zeros((engine.map_height, engine.map_width), dtype=np.int64)
+            for cell in engine.grid_objects().values():
+                if cell["type_name"] == "wall":
+                    walls[cell["r"], cell["c"]] = WALL
+            self._render_walls[index] = (key, walls)
+        ids = self._render_walls[index][1].copy()
+        energy = engine.resource_names.index("energy") if "energy" in engine.resource_names else None
+        for cell in engine.grid_objects(ignore_types=["wall"]).values():
+            kind = cell["type_name"]
+            if kind == "agent":
+                colour = AGENT
+            elif kind == "altar":
+                charged = energy is None or cell["inventory"].get(energy, 0) >= self.altar_cooldown
+                colour = ALTAR if charged else ALTAR_RECHARGING
+            else:
+                colour = OTHER
+            ids[cell["r"], cell["c"]] = colour
+        return grid_image(ids, RENDER_COLOURS, RENDER_CELL)
 
     def _set_seed(self, seed: int | None) -> None:
         """Environment ``i`` starts stream ``seed + i`` from its first episode at its next reset."""

@@ -38,12 +38,14 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 from torchrl.data import Bounded, Composite, Unbounded
 
 from datamodules.envs.base import BatchedEnv
 from datamodules.envs.counter_rng import random_bits, uniform
+from datamodules.envs.drawing import fill_polygon
 from datamodules.envs.racing.track import DEFAULT_CIRCUIT, Track, wrap_angle
 
 ACCELERATION_RANGE = (-6.0, 4.0)  # m/s²
@@ -51,6 +53,13 @@ STEERING_LIMIT = math.radians(25.0)  # rad
 OBSERVATION_DIM = 8  # the reference's observation, before any curvature ahead
 CURVATURE_SCALE = 20.0  # 1/m → about unit scale: the default track's curvature reaches 0.053 /m
 _START_DRAWS = 4  # uniforms per reset: arc, lateral offset, heading offset, speed
+#: ``render``: the longer side of the image (pixels), and the grass around the track's bounding box (m).
+RENDER_SIZE, RENDER_MARGIN = 512, 5.0
+#: ``render``'s colours: grass, run-off, asphalt, centre line, the car's rear and its front (the heading).
+GRASS, RUNOFF, ASPHALT, CENTRE_LINE = (40, 110, 50), (150, 140, 110), (70, 70, 78), (210, 210, 210)
+CAR_REAR, CAR_FRONT = (220, 40, 40), (250, 220, 40)
+#: the car as drawn (m): its length over the axles and overhangs, and its width.
+CAR_LENGTH, CAR_WIDTH = 4.5, 2.0
 
 
 class RacingEnv(BatchedEnv):
@@ -77,6 +86,7 @@ class RacingEnv(BatchedEnv):
 
     episode_metric_keys = ("progress", "laps", "lap_time")
     episode_metric_over = {"lap_time": "laps"}  # a lap's time means something only where a lap was completed
+    can_render = True
 
     def __init__(
         self,
@@ -172,6 +182,63 @@ class RacingEnv(BatchedEnv):
         # Lateral acceleration v·ω above the grip: the tyres slide, the car turns only as much as grip allows.
         scale = (self.grip / (speed * yaw_rate.abs()).clamp_min(1e-6)).clamp_max(1.0)
         return beta * scale, yaw_rate * scale
+
+    # ----------------------------------------------------------------------------------------------- render
+    def render(self, index: int = 0) -> np.ndarray:
+        """Car ``index`` on the whole track, seen from above (north up): the track drawn once per environment, the
+        car a rectangle of ``CAR_LENGTH`` × ``CAR_WIDTH`` m at its position and heading, its front half in
+        ``CAR_FRONT``. :meth:`pixel_of` maps track coordinates to the image's."""
+        index = self._render_index(index)
+        image = self._track_image().copy()
+        x, y, yaw = (float(getattr(self, name)[index]) for name in ("x", "y", "yaw"))
+        forward = np.array([math.cos(yaw), math.sin(yaw)])
+        left = np.array([-forward[1], forward[0]])
+        half_length, half_width = CAR_LENGTH / 2, CAR_WIDTH / 2
+        for colour, (back, front) in ((CAR_REAR, (-half_length, 0.0)), (CAR_FRONT, (0.0, half_length))):
+            corners = [
+                np.array([x, y]) + along * forward + side * left
+                for along, side in ((back, -half_width), (front, -half_width), (front, half_width), (back, half_width))
+            ]
+            fill_polygon(image, np.array([self.pixel_of(*corner) for corner in corners]), colour)
+        return image
+
+    def pixel_of(self, x: float, y: float) -> tuple[float, float]:
+        """Where the track point ``(x, y)`` (m) is in :meth:`render`'s image: ``(column, row)`` in pixels."""
+        self._track_image()
+        return self._pixel(x, y)
+
+    def _pixel(self, x: float, y: float) -> tuple[float, float]:
+        # pixel_of once the image's origin and scale are set (while the track is being drawn).
+        (left, top), scale = self._render_origin, self._render_scale
+        return (x - left) * scale, (top - y) * scale
+
+    def _track_image(self) -> np.ndarray:
+        """The track without the car, drawn at the first call: bands along the centre line, widest first (run-off,
+        asphalt, the centre line), each a chain of quadrilaterals between samples about a metre apart."""
+        if getattr(self, "_track_pixels", None) is not None:
+            return self._track_pixels
+        step = max(1, round(1.0 / self.track.resolution))
+        centre = self.track.xy[::step].double().cpu().numpy()
+        heading = self.track.heading[::step].double().cpu().numpy()
+        normal = np.stack((-np.sin(heading), np.cos(heading)), 1)
+        low, high = centre.min(0) - RENDER_MARGIN, centre.max(0) + RENDER_MARGIN
+        scale = RENDER_SIZE / float((high - low).max())
+        width, height = (_macro_blocks(float(extent) * scale) for extent in high - low)
+        self._render_origin, self._render_scale = (float(low[0]), float(high[1])), scale
+        image = np.empty((height, width, 3), dtype=np.uint8)
+        image[:] = GRASS
+        line = 1.0 / scale  # the centre line: two pixels wide
+        for half_width, colour in (
+            (self.width / 2 + self.runoff, RUNOFF),
+            (self.width / 2, ASPHALT),
+            (line, CENTRE_LINE),
+        ):
+            left, right = centre + half_width * normal, centre - half_width * normal
+            for i in range(len(centre) - 1):  # the samples close the loop: the last is the first again
+                corners = np.array([left[i], left[i + 1], right[i + 1], right[i]])
+                fill_polygon(image, np.array([self._pixel(x, y) for x, y in corners]), colour)
+        self._track_pixels = image
+        return image
 
     def _observe(self, lateral: torch.Tensor, track_heading: torch.Tensor) -> TensorDict:
         heading_error = wrap_angle(self.yaw - track_heading)
@@ -303,6 +370,11 @@ class RacingEnv(BatchedEnv):
 
 
 @torch.no_grad()
+def _macro_blocks(pixels: float) -> int:
+    """``pixels`` rounded up to whole 16-pixel macro-blocks of a video codec."""
+    return int(math.ceil(pixels / 16)) * 16
+
+
 def drive_episodes(env: RacingEnv, policy: Callable[[TensorDictBase], TensorDictBase]) -> dict[str, torch.Tensor]:
     """One whole episode per car of ``env`` (from a fresh reset) under ``policy``: per car, the summed ``reward`` and
     episode metrics (``progress``, ``laps``, ``lap_time`` of the first lap), and the largest |lateral error|

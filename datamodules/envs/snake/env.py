@@ -29,12 +29,14 @@ from __future__ import annotations
 
 from typing import Literal
 
+import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 from torchrl.data import Bounded, Categorical, Composite, Unbounded
 
 from datamodules.envs.base import BatchedEnv
 from datamodules.envs.counter_rng import random_bits
+from datamodules.envs.drawing import grid_image, palette
 from datamodules.envs.snake import cpu_kernel
 
 # Row and column offsets of the 4 absolute actions: up, right, down, left.
@@ -45,6 +47,10 @@ _DCOL = (0, 1, 0, -1)
 _FOOD_CANDIDATES = 16
 # The reference's margin on its 10x10 board; smaller boards get the largest margin that fits.
 _DEFAULT_SPAWN_MARGIN = 3
+#: ``render``'s colours: empty cell, body, head, food (the ids the board's planes give a cell).
+RENDER_COLOURS = palette((24, 24, 32), (40, 160, 60), (250, 220, 40), (220, 50, 50))
+#: pixels per board cell in ``render``: a multiple of 16, so a board is whole macro-blocks of a video codec.
+RENDER_CELL = 16
 
 
 class SnakeEnv(BatchedEnv):
@@ -64,6 +70,7 @@ class SnakeEnv(BatchedEnv):
     """
 
     episode_metric_keys = ("food",)
+    can_render = True
 
     def __init__(
         self,
@@ -173,6 +180,12 @@ class SnakeEnv(BatchedEnv):
     def _observation(self) -> torch.Tensor:
         # clone(): the slice reshapes into a *view* of the live board, and an observation must not move on with it.
         return self.board[:, : self.scratch].reshape(-1, 3, self.size, self.size).clone()
+
+    def render(self, index: int = 0) -> np.ndarray:
+        """Board ``index``: ``RENDER_CELL`` pixels a cell, in ``RENDER_COLOURS`` (row 0 at the top)."""
+        planes = self.board[self._render_index(index), : self.scratch].view(3, self.size, self.size).cpu().numpy()
+        ids = np.where(planes[1] > 0, 2, np.where(planes[0] > 0, 1, np.where(planes[2] > 0, 3, 0)))
+        return grid_image(ids, RENDER_COLOURS, RENDER_CELL)
 
     def _place_food(self, where: torch.Tensor) -> None:
         """Put food on a uniformly drawn empty cell of each board where ``where`` holds (none left: food = −1).
