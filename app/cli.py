@@ -104,7 +104,8 @@ class RLCLI(LightningCLI):
         main_kwargs.setdefault(
             "epilog",
             "Also: python -m app export --help (trace a checkpoint's policy for deployment); "
-            "python -m app seeds --help (a config over several seeds, aggregated).",
+            "python -m app seeds --help (a config over several seeds, aggregated); "
+            "python -m app tune --help (an Optuna search over a config's options).",
         )
         super().setup_parser(add_subcommands, main_kwargs, subparser_kwargs)
 
