@@ -106,7 +106,8 @@ class RLCLI(LightningCLI):
             "epilog",
             "Also: python -m app export --help (trace a checkpoint's policy for deployment); "
             "python -m app seeds --help (a config over several seeds, aggregated); "
-            "python -m app watch --help (play a checkpoint's policy into an MP4 video).",
+            "python -m app watch --help (play a checkpoint's policy into an MP4 video); "
+            "python -m app tune --help (an Optuna search over a config's options).",
         )
         super().setup_parser(add_subcommands, main_kwargs, subparser_kwargs)
 

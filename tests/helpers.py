@@ -74,6 +74,23 @@ def chain_config(agent: str, root: Path, **data: Any) -> dict:
     }
 
 
+def evaluated_chain_config(agent: str, every_n_frames: int, max_steps: int) -> dict:
+    """A chain config for the commands that run it in several processes (``seeds``, ``tune``): a CSV logger into
+    ``runs/chain`` and an evaluation every ``every_n_frames`` frames."""
+    config = chain_config(agent, Path("unused"))
+    config["trainer"]["logger"] = {
+        "class_path": "lightning.pytorch.loggers.CSVLogger",
+        "init_args": {"save_dir": "runs", "name": "chain"},
+    }
+    evaluation = {
+        "class_path": "callbacks.schedule.PeriodicEvaluation",
+        "init_args": {"every_n_frames": every_n_frames},
+    }
+    config["trainer"]["callbacks"].append(evaluation)
+    config["trainer"]["max_steps"] = max_steps
+    return config
+
+
 def write_config(config: dict, path: Path) -> Path:
     path.write_text(yaml.safe_dump(config))
     return path

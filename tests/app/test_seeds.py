@@ -8,18 +8,11 @@ import pytest
 import yaml
 
 from tests.app.test_cli import run_app
-from tests.helpers import chain_config, write_config
+from tests.helpers import evaluated_chain_config, write_config
 
 
 def seeds_config(tmp_path):
-    config = chain_config("dqn", tmp_path / "unused")
-    config["trainer"]["logger"] = {
-        "class_path": "lightning.pytorch.loggers.CSVLogger",
-        "init_args": {"save_dir": "runs", "name": "chain"},
-    }
-    evaluation = {"class_path": "callbacks.schedule.PeriodicEvaluation", "init_args": {"every_n_frames": 200}}
-    config["trainer"]["callbacks"].append(evaluation)
-    config["trainer"]["max_steps"] = 200
+    config = evaluated_chain_config("dqn", every_n_frames=200, max_steps=200)
     (tmp_path / "configs").mkdir(exist_ok=True)
     return write_config(config, tmp_path / "configs" / "chain.yaml")
 
