@@ -25,6 +25,7 @@ import os
 import pydoc
 import re
 import sys
+import typing
 from collections.abc import Iterator, Sequence
 from typing import Any, NoReturn
 
@@ -79,6 +80,7 @@ _UNION = "Does not validate against any of the Union subtypes"
 _UNKNOWN_OPTION = re.compile(r"Option '([^']+)' is not accepted")
 _EXPECTED = re.compile(r"Expected an? (.+?)\. Got value: (.*)", re.DOTALL)
 _NOT_A_PATH = re.compile(r"Expected a path but (\S+) either not accessible or invalid")
+_UNRECOGNIZED_NESTED = re.compile(r"unrecognized arguments: --([\w.]+)=.*")
 
 
 class ComponentError(ValueError):
@@ -154,6 +156,17 @@ def moved_class_path(class_path: str) -> str | None:
     return f"{MOVED_MODULES[module]}.{name}" if module in MOVED_MODULES else None
 
 
+def _group_fields(class_path: str | None, group: Sequence[str]) -> list[str]:
+    """The option names of the (dataclass) group ``group`` of ``class_path``'s constructor, e.g. ``optimizer``."""
+    cls = pydoc.locate(class_path) if class_path else None
+    for part in group:
+        if not inspect.isclass(cls):
+            return []
+        annotation = inspect.signature(cls.__init__).parameters.get(part)
+        cls = typing.get_type_hints(cls.__init__).get(part) if annotation is not None else None
+    return list(getattr(cls, "__dataclass_fields__", {}))
+
+
 def _is_agent(class_path: str | None) -> bool:
     cls = pydoc.locate(class_path) if class_path else None
     return inspect.isclass(cls) and issubclass(cls, RLModule)
@@ -192,6 +205,13 @@ def parse_error_line(message: str, error: BaseException | None, argv: Sequence[s
             + note
         )
     reason = _one_line(str(leaf))
+    nested = _UNRECOGNIZED_NESTED.fullmatch(reason)
+    if nested:  # an unknown key inside an option group (--model.init_args.optimizer.lrr)
+        *group, option = nested.group(1).split(".")
+        name = ".".join([_name([*keys, group[0]] if group else [*keys, option], class_path, argv), *group[1:]])
+        name += f".{option}" if group else ""
+        close = difflib.get_close_matches(option, _group_fields(class_path, group), n=1)
+        return f"{name} is not an option" + (f"; did you mean {close[0]}?" if close else "")
     unknown = _UNKNOWN_OPTION.fullmatch(reason)
     expected = _EXPECTED.fullmatch(reason)
     if unknown:

@@ -70,6 +70,10 @@ def test_print_config_resolves_composed_configs_and_overrides(tmp_path):
         (["--data.init_args.frames_per_update", "0"], "--data.init_args.frames_per_update must be > 0, got 0"),
         (["--model.init_args.optimizer.lr", "-1"], "--model.init_args.optimizer.lr must be > 0, got -1"),
         (
+            ["--model.init_args.optimizer.lrr", "1"],
+            "--model.init_args.optimizer.lrr is not an option; did you mean lr?",
+        ),
+        (
             ["--model.init_args.lr", "3e-4"],
             "--model.init_args.lr moved: give --model.init_args.optimizer.lr (optimizer: {lr: ...} in a config)",
         ),
