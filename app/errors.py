@@ -38,6 +38,7 @@ from datamodules.collection import MOVED_OPTIONS
 from modules.base import RLModule
 from modules.optim import FLAG as OPTIMIZER_FLAG
 from modules.optim import OPTIMIZER_OPTIONS
+from modules.spaces import SpaceError
 
 #: Environment modules that moved into one sub-package per family: a class path under an old module is refused with
 #: one line naming its new path (``datamodules.envs.snake.SnakeEnv`` → ``datamodules.envs.snake.env.SnakeEnv``).
@@ -244,9 +245,24 @@ def _callback_index(component: type, init_args: dict[str, Any], config: Any) -> 
     return found, found == len(entries) - 1
 
 
+def environment_name(config: Any) -> str:
+    """How an error line names the configured environment: its Gymnasium id (``env_id``) if it has one, else its class
+    path."""
+    try:
+        env = config["data"]["init_args"]["env"]
+    except (KeyError, TypeError):
+        return "the environment"
+    init_args = getattr(env, "init_args", None)
+    env_id = getattr(init_args, "env_id", None) if init_args is not None else None
+    return str(env_id or getattr(env, "class_path", None) or "the environment")
+
+
 def constructor_error_line(error: BaseException, config: Any, argv: Sequence[str]) -> str:
-    """One line for a constructor that refused its arguments, named by the flag (or list entry) the user wrote."""
+    """One line for a constructor that refused its arguments, named by the flag (or list entry) the user wrote; an
+    agent that cannot act in (or read) the environment's spaces is told with the environment's name."""
     for cause in _chain(error):
+        if isinstance(cause, SpaceError):
+            return _one_line(cause.naming(environment_name(config)))
         if isinstance(cause, ComponentError):
             break
         if not str(cause).startswith(_UNION):

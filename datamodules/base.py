@@ -317,7 +317,9 @@ class RLDataModule(EnvSpecs, Evaluation, pl.LightningDataModule):
 
     def use_env_transform(self, transform: Transform | None) -> None:
         """A transform the model's policy needs on every environment it acts in, training and evaluation alike (a
-        recurrent policy's ``InitTracker`` and state primer); called by the model in its ``setup``, at every stage."""
+        recurrent policy's ``InitTracker`` and state primer, PPO's observation normaliser and action clip); called by
+        the model in its ``setup``, at every stage. Each environment gets a clone, which shares the transform's
+        buffers (a normaliser's statistics)."""
         self.env_transform = transform
         self.close_evaluation_env()  # built without it
 

@@ -154,7 +154,8 @@ def _worker_env(log: Path, env_class: type, transform: Any, **options: Any) -> E
 
 def stateful_env(env: EnvBase) -> EnvBase:
     """The environment whose ``state_dict`` is the environments' state: a TransformedEnv's holds only its
-    transforms' (none of the models' env transforms keep state), so its base env's."""
+    transforms', and the models' env transforms keep none of their own (an observation normaliser's statistics are
+    the model's, in its checkpoint with the weights), so its base env's."""
     return env.base_env if isinstance(env, TransformedEnv) else env
 
 

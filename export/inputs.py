@@ -4,7 +4,8 @@ Uniform inputs in [−1, 1] exercise every weight but sit far from what a policy
 and its yaw rate up to ±30 °/s, where a reduced-precision or mis-compiled kernel errs most. So besides the random
 set, an export run with a data module at hand also checks
 
-- ``env_start``: the environment's start distribution, ``datamodule.make_env(batch, seed).reset()["observation"]``;
+- ``env_start``: the environment's start distribution, ``datamodule.make_env(batch, seed).reset()["observation"]``
+  as the environment gives it (before the agent's env transforms);
 - ``collocation``: when the environment exposes its dynamics (``datamodule.physics``), interior points of its
   collocation box (for PIRL's vehicle: vx 5–20 m/s, β ±10°, ω ±30 °/s, e ±0.95 m, ψ ±30°, τ 0–5 s), where the PDE
   loss trained the network.
@@ -91,7 +92,9 @@ def environment_check_inputs(datamodule: Any) -> list[CheckInputs]:
     def start_states(batch: int, seed: int) -> torch.Tensor:
         env = datamodule.make_env(batch, seed)
         try:
-            return env.reset()["observation"].cpu()
+            # The environment's own observations, before the agent's env transforms: the exported network reads what
+            # the environment gives (an observation normaliser is part of it).
+            return getattr(env, "base_env", env).reset()["observation"].cpu()
         finally:
             env.close()
 

@@ -27,9 +27,10 @@ from torchrl.objectives import DQNLoss, HardUpdate, SoftUpdate
 
 from modules.bare import batch_pool, make_adam, optimizer_step
 from modules.base import RLModule
-from modules.networks import BatchNormCNN, EvalModeActor, has_batch_norm, observation_mlp
+from modules.networks import NETWORKS, BatchNormCNN, EvalModeActor, has_batch_norm, observation_network
 from modules.optim import OptimizerOptions
 from modules.pde import physics_losses
+from modules.spaces import DISCRETE, check_action_space, observation_entry
 
 
 class DQN(RLModule):
@@ -37,11 +38,14 @@ class DQN(RLModule):
 
     Args:
         observation_spec: linked from the data module.
-        action_spec: linked from the data module (a discrete ``Categorical`` spec).
-        network: the Q-network: ``mlp`` (an MLP over the flattened observation, ``hidden_sizes`` wide) or
-            ``batch_norm_cnn`` (the Mario reference's convolutional network with BatchNorm, for stacked frames
-            ``[C, H, W]``; :class:`~modules.networks.BatchNormCNN`). A network with BatchNorm acts and evaluates in
-            eval mode and trains in train mode.
+        action_spec: linked from the data module: a discrete space (``Categorical``); any other is one error line.
+        network: the Q-network: ``mlp`` (an MLP over the flattened observation, ``hidden_sizes`` wide),
+            ``nature_cnn`` (Mnih et al.'s network for images ``[C, H, W]`` or ``[H, W, C]``;
+            :class:`~modules.networks.NatureCNN`), ``auto`` (the Nature CNN for uint8 images of at least 36×36, the MLP
+            for anything else, Snake's 10×10 planes included) or ``batch_norm_cnn`` (the Mario reference's
+            convolutional network with BatchNorm, for stacked frames ``[C, H, W]``;
+            :class:`~modules.networks.BatchNormCNN`). A network with BatchNorm acts and evaluates in eval mode and
+            trains in train mode.
         hidden_sizes: widths of the MLP's hidden layers.
         gamma: discount.
         double_dqn: pick the next action with the online network and evaluate it with the target network.
@@ -65,7 +69,7 @@ class DQN(RLModule):
         self,
         observation_spec: Any,
         action_spec: TensorSpec,
-        network: Literal["mlp", "batch_norm_cnn"] = "mlp",
+        network: Literal["auto", "mlp", "nature_cnn", "batch_norm_cnn"] = "auto",
         hidden_sizes: Sequence[int] = (256, 256),
         gamma: float = 0.99,
         double_dqn: bool = False,
@@ -101,10 +105,14 @@ class DQN(RLModule):
         self.target_update_interval = target_update_interval
 
         # env → model → exploration → loss → target updater, in the order TorchRL's sota-implementations use.
-        if network not in ("mlp", "batch_norm_cnn"):
-            raise ValueError(f"--model.init_args.network must be mlp or batch_norm_cnn, got {network!r}")
+        if network not in (*NETWORKS, "batch_norm_cnn"):
+            raise ValueError(
+                f"--model.init_args.network must be one of {', '.join(NETWORKS)}, batch_norm_cnn, got {network!r}"
+            )
+        check_action_space(self, action_spec, (DISCRETE,))
         self.network_kind = network
-        self.q_network = self.make_q_network(observation_spec["observation"].shape, hidden_sizes, action_spec.space.n)
+        observation = observation_entry(self, observation_spec)
+        self.q_network = self.make_q_network(observation.shape, hidden_sizes, action_spec.space.n)
         self.actor = QValueActor(self.q_network, in_keys=["observation"], spec=action_spec)
         # Acting (collection, evaluation) must not move BatchNorm's running averages or use a batch's statistics.
         self._acting_actor = EvalModeActor(self.actor, self.q_network) if has_batch_norm(self.q_network) else self.actor
@@ -132,8 +140,10 @@ class DQN(RLModule):
 
     def make_q_network(self, observation_shape: torch.Size, hidden_sizes: Sequence[int], num_actions: int) -> nn.Module:
         """The Q-network the ``network`` option names (subclasses change the architecture here)."""
-        if self.network_kind == "mlp":
-            return observation_mlp(observation_shape, hidden_sizes, num_actions)
+        if self.network_kind != "batch_norm_cnn":
+            return observation_network(
+                self.observation_spec["observation"], self.network_kind, hidden_sizes, num_actions
+            )
         if len(observation_shape) != 3:
             raise ValueError(
                 "--model.init_args.network batch_norm_cnn needs image observations [channels, height, width], got "

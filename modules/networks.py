@@ -1,9 +1,15 @@
-"""Network builders shared by the agents. Sizes always come from the environment's specs, never hard-coded."""
+"""Network builders shared by the agents. Sizes always come from the environment's specs, never hard-coded.
+
+An agent reading one observation picks its network with the ``network`` option (:func:`observation_network`):
+``mlp`` flattens the observation, ``nature_cnn`` reads an image (:class:`NatureCNN`), ``auto`` takes the Nature CNN for
+an image it can read and the MLP for anything else.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from math import prod
+from typing import Any
 
 import torch
 from tensordict import TensorDictBase
@@ -12,6 +18,7 @@ from torch import nn
 
 from compat.torch import is_batch_norm
 from datamodules.envs.mettagrid.tokens import GLOBAL_LOCATION
+from modules.spaces import SpaceError
 
 
 class FlattenObservation(nn.Module):
@@ -46,6 +53,98 @@ def observation_mlp(observation_shape: Sequence[int], hidden_sizes: Sequence[int
         FlattenObservation(observation_shape),
         mlp(prod(observation_shape), hidden_sizes, out_features),
     )
+
+
+#: The ``network`` choices of an agent reading one observation (DQN adds ``batch_norm_cnn``).
+NETWORKS = ("auto", "mlp", "nature_cnn")
+#: The least height and width the Nature CNN reads: its three convolutions need 36 pixels to leave one.
+NATURE_CNN_MIN_SIDE = 36
+
+
+def image_layout(shape: Sequence[int]) -> str | None:
+    """How a 3-D observation holds an image: ``chw`` when its first dimension is its smallest (ties too), ``hwc`` when
+    its last is, None otherwise (Stable-Baselines3's rule: stacked frames come as ``[C, H, W]``, a Gymnasium
+    environment's pixels as ``[H, W, C]``)."""
+    if len(shape) != 3:
+        return None
+    if shape[0] <= min(shape[1], shape[2]):
+        return "chw"
+    return "hwc" if shape[2] < min(shape[0], shape[1]) else None
+
+
+def reads_as_image(spec: Any) -> bool:
+    """Whether ``network: auto`` reads an observation as an image: uint8 pixels in a layout :func:`image_layout`
+    recognises, at least :data:`NATURE_CNN_MIN_SIDE` on each side (Snake's 10×10 planes are read by the MLP)."""
+    layout = image_layout(spec.shape)
+    if spec.dtype != torch.uint8 or layout is None:
+        return False
+    height, width = spec.shape[1:] if layout == "chw" else spec.shape[:2]
+    return min(height, width) >= NATURE_CNN_MIN_SIDE
+
+
+def observation_network(spec: Any, network: str, hidden_sizes: Sequence[int], out_features: int) -> nn.Module:
+    """The network ``network`` names for the observation ``spec``: ``mlp`` (an MLP ``hidden_sizes`` wide over the
+    flattened observation), ``nature_cnn`` (:class:`NatureCNN`; ``hidden_sizes`` is not used), or ``auto``
+    (``nature_cnn`` when :func:`reads_as_image`, else ``mlp``). An observation the network cannot read is a
+    :class:`~modules.spaces.SpaceError` naming ``--model.init_args.network``."""
+    if network not in NETWORKS:
+        raise ValueError(f"--model.init_args.network must be one of {', '.join(NETWORKS)}, got {network!r}")
+    if network == "mlp" or (network == "auto" and not reads_as_image(spec)):
+        return observation_mlp(spec.shape, hidden_sizes, out_features)
+    layout = image_layout(spec.shape)
+    what = f"{SpaceError.ENV}'s observation is {spec.dtype} of shape {list(spec.shape)}"
+    if layout is None:
+        raise SpaceError(f"--model.init_args.network nature_cnn reads images [C, H, W] or [H, W, C]; {what}: use mlp")
+    height, width = spec.shape[1:] if layout == "chw" else spec.shape[:2]
+    if min(height, width) < NATURE_CNN_MIN_SIDE:
+        raise SpaceError(
+            f"--model.init_args.network nature_cnn reads images of at least {NATURE_CNN_MIN_SIDE}x"
+            f"{NATURE_CNN_MIN_SIDE} pixels (8x8 stride 4, 4x4 stride 2, 3x3 stride 1); {what}: use mlp"
+        )
+    return NatureCNN(spec.shape, out_features, channels_last=layout == "hwc", pixels=spec.dtype == torch.uint8)
+
+
+class NatureCNN(nn.Module):
+    """The DQN network of Mnih et al., "Human-level control through deep reinforcement learning", Nature 2015: images
+    ``[..., C, H, W]`` → Conv(32, 8×8, stride 4) → ReLU → Conv(64, 4×4, stride 2) → ReLU → Conv(64, 3×3, stride 1) →
+    ReLU → Linear 512 → ReLU → Linear ``out_features``.
+
+    uint8 pixels become floats in [0, 1] (÷ 255) inside the network, so rollouts and replay buffers keep them as bytes;
+    a float image is read as it is. A channels-last image ``[..., H, W, C]`` is permuted inside the network too, so
+    the environment's layout is the one stored.
+
+    Args:
+        observation_shape: one observation's shape, ``(C, H, W)`` (or ``(H, W, C)`` with ``channels_last``).
+        out_features: outputs (Q-values or logits per action, a Gaussian's parameters, one value).
+        channels_last: the observation is ``(H, W, C)``.
+        pixels: the observation is uint8 pixels, scaled by 1/255.
+    """
+
+    def __init__(
+        self, observation_shape: Sequence[int], out_features: int, channels_last: bool = False, pixels: bool = True
+    ) -> None:
+        super().__init__()
+        channels, height, width = (observation_shape[2], *observation_shape[:2]) if channels_last else observation_shape
+        self.channels_last, self.scale = channels_last, 1 / 255 if pixels else 1.0
+        self.features = nn.Sequential(
+            nn.Conv2d(channels, 32, kernel_size=8, stride=4),
+            nn.ReLU(),
+            nn.Conv2d(32, 64, kernel_size=4, stride=2),
+            nn.ReLU(),
+            nn.Conv2d(64, 64, kernel_size=3, stride=1),
+            nn.ReLU(),
+            nn.Flatten(),
+        )
+        flat = self.features(torch.zeros(1, channels, height, width)).shape[-1]
+        self.head = nn.Sequential(nn.Linear(flat, 512), nn.ReLU(), nn.Linear(512, out_features))
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        lead = images.shape[:-3]
+        x = images.reshape(-1, *images.shape[-3:])
+        if self.channels_last:
+            x = x.permute(0, 3, 1, 2)
+        x = x.float() * self.scale
+        return self.head(self.features(x)).reshape(*lead, -1)
 
 
 class ScaledTanhPolicy(nn.Module):

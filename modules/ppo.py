@@ -3,16 +3,22 @@
 Schulman et al., "Proximal Policy Optimization Algorithms", arXiv 1707.06347, 2017; GAE: Schulman et al.,
 "High-Dimensional Continuous Control Using Generalized Advantage Estimation", ICLR 2016.
 
+The policy follows the action space: a categorical distribution over a discrete space's actions, a Gaussian over a
+Box's (:mod:`modules.gaussian`: ``distribution``, ``scale``). ``normalize_observations`` standardises the observations
+with running statistics, in every environment the policy acts in (:mod:`modules.normalization`).
+
 Usage::
 
     python -m app fit --config configs/snake_ppo.yaml
+    python -m app fit --config configs/racing_ppo.yaml
 """
 
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -20,14 +26,18 @@ from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModule, TensorDictModuleBase
 from torch import nn
 from torchrl.data import TensorSpec
+from torchrl.envs import Compose, Transform
 from torchrl.modules import ProbabilisticActor, ValueOperator
 from torchrl.objectives import ClipPPOLoss
 from torchrl.objectives.value import GAE
 
 from modules.bare import POOL, optimizer_step, transitions
 from modules.base import RLModule
-from modules.networks import observation_mlp
+from modules.gaussian import DISTRIBUTIONS, SCALES, ClipAction, DeterministicAction, gaussian_actor, gaussian_outputs
+from modules.networks import observation_network
+from modules.normalization import RAW_OBSERVATION, ObservationNormalizer
 from modules.optim import OptimizerOptions
+from modules.spaces import BOX, DISCRETE, SpaceError, box_bounds, check_action_space, check_bounded, observation_entry
 
 
 def check_ppo_options(gamma: float, gae_lambda: float, clip_epsilon: float) -> None:
@@ -83,10 +93,27 @@ def ppo_batch_keys(loss: ClipPPOLoss) -> list:
 class PPO(RLModule):
     """Clipped-objective PPO with a separate actor and critic, advantages from GAE on each fresh rollout.
 
+    The actor's distribution follows the action space: categorical over a discrete space's actions (``Categorical``),
+    Gaussian over a Box (``distribution``, ``scale``; :mod:`modules.gaussian`). Other action spaces
+    (``OneHot``, ``MultiCategorical``, ``Binary``, ...) are one error line.
+
     Args:
         observation_spec: linked from the data module.
-        action_spec: linked from the data module (a discrete ``Categorical`` spec).
-        hidden_sizes: hidden widths of both the actor and the critic.
+        action_spec: linked from the data module: discrete, or a Box (``Bounded``, or ``Unbounded``).
+        hidden_sizes: hidden widths of both the actor's and the critic's MLP.
+        network: what reads the observation, for actor and critic alike: ``mlp`` (flattened), ``nature_cnn``
+            (images: :class:`~modules.networks.NatureCNN`) or ``auto`` (the Nature CNN for uint8 images of at least
+            36×36, the MLP for anything else, Snake's 10×10 planes included).
+        distribution: Box actions only: ``normal`` (the Gaussian PPO was published with, the default: exact
+            log-probabilities and entropy; a sample outside the box reaches the environment clipped to it, the rollout
+            keeping the sample) or ``tanh_normal`` (squashed into the box; its entropy is estimated from a sample;
+            needs a bounded box).
+        scale: Box actions only: the Gaussian's σ, ``state_independent`` (one learned log-σ per action dimension,
+            starting at σ = 1 half-range) or ``state_dependent`` (a second head of the actor's network).
+        normalize_observations: standardise observations with running statistics (mean and variance over every
+            rollout so far, updated by the learner after each rollout) in every environment the policy acts in,
+            clipped to ±``observation_clip``; the statistics are in the checkpoint. Float observations only.
+        observation_clip: the normalised observations' bound.
         gamma: discount.
         gae_lambda: GAE's λ.
         clip_epsilon: PPO's ratio clip.
@@ -102,6 +129,11 @@ class PPO(RLModule):
         observation_spec: Any,
         action_spec: TensorSpec,
         hidden_sizes: Sequence[int] = (256, 256),
+        network: Literal["auto", "mlp", "nature_cnn"] = "auto",
+        distribution: Literal["normal", "tanh_normal"] = "normal",
+        scale: Literal["state_independent", "state_dependent"] = "state_independent",
+        normalize_observations: bool = False,
+        observation_clip: float = 10.0,
         gamma: float = 0.99,
         gae_lambda: float = 0.95,
         clip_epsilon: float = 0.2,
@@ -115,13 +147,35 @@ class PPO(RLModule):
         super().__init__(observation_spec, action_spec, optimizer, compile, check_finite_every)
         self.save_hyperparameters(ignore=["observation_spec", "action_spec"])
         check_ppo_options(gamma, gae_lambda, clip_epsilon)
+        for name, value, choices in (("distribution", distribution, DISTRIBUTIONS), ("scale", scale, SCALES)):
+            if value not in choices:
+                raise ValueError(f"--model.init_args.{name} must be one of {', '.join(choices)}, got {value!r}")
+        kind = check_action_space(self, action_spec, (DISCRETE, BOX))
+        if kind == BOX and distribution == "tanh_normal":
+            squashes = "--model.init_args.distribution tanh_normal squashes actions into a bounded box"
+            check_bounded(action_spec, squashes, "use normal")
+        observation = observation_entry(self, observation_spec)
+        self.observation_normalizer = None
+        if normalize_observations:
+            self.observation_normalizer = make_normalizer(observation, observation_clip)
 
-        observation_shape = observation_spec["observation"].shape
-        self.actor_network = observation_mlp(observation_shape, hidden_sizes, action_spec.space.n)
-        self.critic_network = observation_mlp(observation_shape, hidden_sizes, 1)
-        self.actor = categorical_actor(
-            TensorDictModule(self.actor_network, in_keys=["observation"], out_keys=["logits"]), action_spec
-        )
+        outputs = action_spec.space.n if kind == DISCRETE else gaussian_outputs(action_spec, scale)
+        self.actor_network = observation_network(observation, network, hidden_sizes, outputs)
+        self.critic_network = observation_network(observation, network, hidden_sizes, 1)
+        if kind == DISCRETE:
+            logits = TensorDictModule(self.actor_network, in_keys=["observation"], out_keys=["logits"])
+            self.actor = categorical_actor(logits, action_spec)
+        else:
+            # The Gaussian's parameters start near 0 (CleanRL's 0.01 gain on the last layer): the first actions are
+            # centred on the box, and a state-dependent σ starts at 1 half-range.
+            with torch.no_grad():
+                [*_, last] = (module for module in self.actor_network.modules() if isinstance(module, nn.Linear))
+                last.weight.mul_(0.01)
+                last.bias.zero_()
+            self.actor = gaussian_actor(self.actor_network, action_spec, distribution, scale)
+        self.gaussian = kind == BOX
+        # CleanRL's ClipAction: the environment receives a normal sample clipped into the box (the rollout keeps it).
+        self.clips_actions = kind == BOX and distribution == "normal" and box_bounds(action_spec) is not None
         self.critic = ValueOperator(self.critic_network, in_keys=["observation"])
         self.loss_module = clip_ppo_loss(
             self.actor, self.critic, clip_epsilon, entropy_coef, critic_coef, normalize_advantage
@@ -132,20 +186,39 @@ class PPO(RLModule):
         return self.actor
 
     def greedy_policy(self) -> TensorDictModuleBase:
-        # Under ExplorationType.DETERMINISTIC (set by evaluation and export) the actor takes the distribution's mode.
+        # Under ExplorationType.DETERMINISTIC (set by evaluation and export) the actor takes the distribution's mode
+        # (a Gaussian's mean, squashed for tanh_normal).
         return self.actor
 
     def export_network(self) -> nn.Module:
-        """The actor's logits: their argmax is the mode the greedy policy takes."""
-        return self.actor_network
+        """Raw observation → the actor's logits (their argmax is the greedy action), or a Gaussian policy's
+        deterministic action as the environment receives it; normalised first with ``normalize_observations``."""
+        head = self.actor_network
+        if self.gaussian:
+            head = DeterministicAction(head, self.action_spec, self.hparams.distribution).to(self.device)
+        return head if self.observation_normalizer is None else nn.Sequential(self.observation_normalizer, head)
+
+    def env_transform(self) -> Transform | None:
+        """What every environment the policy acts in carries: the observation normaliser, and for a normal Gaussian
+        on a bounded box the clip of the action the environment receives."""
+        transforms = [] if self.observation_normalizer is None else self.observation_normalizer.transforms()
+        if self.clips_actions:
+            transforms.append(ClipAction(*box_bounds(self.action_spec)))
+        return Compose(*transforms) if transforms else None
+
+    def setup(self, stage: str) -> None:
+        self.connect_datamodule(stage, env_transform=self.env_transform())
 
     def batch_keys(self) -> list:
         return ppo_batch_keys(self.loss_module)
 
     @torch.no_grad()
     def postprocess(self, rollout: TensorDictBase) -> None:
-        """GAE over the ``[num_envs, steps]`` rollout, writing ``advantage`` and ``value_target`` in place."""
+        """GAE over the ``[num_envs, steps]`` rollout, writing ``advantage`` and ``value_target`` in place; then the
+        rollout's raw observations into the normaliser's statistics, which the next rollout acts with."""
         self.advantage(rollout)
+        if self.observation_normalizer is not None:
+            self.observation_normalizer.update(rollout[RAW_OBSERVATION])
 
     def update(self, batches: list[TensorDictBase]) -> tuple[torch.Tensor, TensorDictBase]:
         return ppo_update(self, batches)
@@ -153,6 +226,19 @@ class PPO(RLModule):
     def reference_update(self, data: Any) -> Callable[[int], torch.Tensor]:
         """This update in plain eager PyTorch, the yardstick of its cost (:mod:`modules.bare`)."""
         return reference_ppo_update(self, data)
+
+
+def make_normalizer(observation: TensorSpec, clip: float) -> ObservationNormalizer:
+    """The running normaliser of ``normalize_observations``: float observations only (images are scaled by their
+    network; integer planes and one-hot codes need none)."""
+    if not clip > 0:
+        raise ValueError(f"--model.init_args.observation_clip must be > 0, got {clip}")
+    if not observation.dtype.is_floating_point:
+        raise SpaceError(
+            f"--model.init_args.normalize_observations standardises float observations; {SpaceError.ENV}'s are "
+            f"{observation.dtype} (images are scaled by their network): use normalize_observations false"
+        )
+    return ObservationNormalizer(observation.shape, clip)
 
 
 def ppo_update(model: RLModule, batches: list[TensorDictBase]) -> tuple[torch.Tensor, TensorDictBase]:
@@ -181,30 +267,59 @@ def ppo_batch(data: Any, size: int, seed: int) -> dict[str, torch.Tensor]:
 
 def reference_ppo_update(model: PPO, data: Any) -> Callable[[int], torch.Tensor]:
     """Clipped surrogate + entropy bonus + smooth-L1 value loss on one minibatch, backward, clip, fused Adam."""
-    actor, critic = (
-        copy.deepcopy(model.actor_network).to(data.device),
-        copy.deepcopy(model.critic_network).to(data.device),
-    )
-    parameters = [*actor.parameters(), *critic.parameters()]
+    # The actor's own layers as plain modules: the network (its logits), or the network, σ and the box's units.
+    layers = [module.module for module in model.actor.modules() if type(module) is TensorDictModule]
+    actor = [copy.deepcopy(layer).to(data.device) for layer in layers]
+    critic = copy.deepcopy(model.critic_network).to(data.device)
+    parameters = [*(p for layer in actor for p in layer.parameters()), *critic.parameters()]
     optimizer = torch.optim.Adam(parameters, lr=model.optim.lr, fused=True)
     hp = model.hparams
     batches = [ppo_batch(data, data.minibatch_size, seed) for seed in range(POOL)]
+    log_prob_and_entropy = gaussian_log_prob_and_entropy if model.gaussian else categorical_log_prob_and_entropy
+    bounds = box_bounds(model.action_spec) if model.gaussian else None
 
     def step(i: int) -> torch.Tensor:
         batch = batches[i % POOL]
-        log_probs = F.log_softmax(actor(batch["observation"]), -1)
-        log_prob = log_probs.gather(-1, batch["action"].unsqueeze(-1)).squeeze(-1)
+        log_prob, entropy = log_prob_and_entropy(actor, batch, hp.distribution == "tanh_normal", bounds)
         advantage = batch["advantage"]
         if hp.normalize_advantage:
             advantage = (advantage - advantage.mean()) / advantage.std().clamp_min(1e-6)
         ratio = (log_prob - batch["log_prob"]).exp()
         clipped = ratio.clamp(1 - hp.clip_epsilon, 1 + hp.clip_epsilon)
         objective = -torch.min(ratio * advantage, clipped * advantage).mean()
-        entropy = -(log_probs.exp() * log_probs).sum(-1).mean()
         value_loss = F.smooth_l1_loss(critic(batch["observation"]).squeeze(-1), batch["value_target"])
-        loss = objective - hp.entropy_coef * entropy + hp.critic_coef * value_loss
+        loss = objective - hp.entropy_coef * entropy.mean() + hp.critic_coef * value_loss
         loss.backward()
         optimizer_step(parameters, optimizer, model.optim.max_grad_norm)
         return loss.detach()
 
     return step
+
+
+def categorical_log_prob_and_entropy(actor: list[nn.Module], batch: dict, *_: Any) -> tuple[torch.Tensor, ...]:
+    """The taken actions' log-probabilities under the logits, and the distribution's entropy, per sample."""
+    log_probs = F.log_softmax(actor[0](batch["observation"]), -1)
+    log_prob = log_probs.gather(-1, batch["action"].unsqueeze(-1)).squeeze(-1)
+    return log_prob, -(log_probs.exp() * log_probs).sum(-1)
+
+
+def gaussian_log_prob_and_entropy(
+    actor: list[nn.Module], batch: dict, squash: bool, bounds: tuple[torch.Tensor, torch.Tensor] | None
+) -> tuple[torch.Tensor, ...]:
+    """The taken actions' log-densities under the Gaussian, and its entropy (for the tanh-normal, estimated from one
+    reparameterised sample, as TorchRL's loss does), per sample."""
+    loc, scale = actor[0](batch["observation"])
+    for layer in actor[1:]:  # the box's units (normal on a bounded box)
+        loc, scale = layer(loc, scale)
+    normal = torch.distributions.Normal(loc, scale)
+    if not squash:
+        return normal.log_prob(batch["action"]).sum(-1), normal.entropy().sum(-1)
+    low, high = bounds
+    centre, half_range = (high + low) / 2, (high - low) / 2
+
+    def log_density(u: torch.Tensor) -> torch.Tensor:  # of centre + half_range · tanh(u): the Jacobian's log
+        log_det = half_range.log() + 2 * (math.log(2) - u - F.softplus(-2 * u))
+        return (normal.log_prob(u) - log_det).sum(-1)
+
+    unit = ((batch["action"] - centre) / half_range).clamp(-1 + 1e-6, 1 - 1e-6)
+    return log_density(torch.atanh(unit)), -log_density(normal.rsample())

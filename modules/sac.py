@@ -39,6 +39,7 @@ from torchrl.objectives import SACLoss, SoftUpdate
 from modules.base import RLModule
 from modules.networks import ScaledTanhPolicy, mlp
 from modules.optim import OptimizerOptions
+from modules.spaces import BOX, check_action_space, check_bounded, check_flat_observation, model_name, observation_entry
 
 ACTOR_INIT_FLAG = "--model.init_args.actor_init"
 
@@ -68,7 +69,9 @@ class SAC(RLModule):
 
     Args:
         observation_spec: linked from the data module (``observation`` is a flat vector).
-        action_spec: linked from the data module (a bounded box).
+        action_spec: linked from the data module: a Box whose every dimension is bounded (any bounds: asymmetric,
+            per dimension), which the tanh-Gaussian's actions are rescaled onto. An unbounded Box is one error line
+            (a squashed Gaussian has no box to squash into): PPO's normal distribution acts there.
         actor_hidden_sizes: widths of the actor's hidden layers (the reference's 128, 64).
         critic_hidden_sizes: widths of each critic's hidden layers (the reference's 128, 64).
         actor_lr: the actor's own learning rate; None: ``optimizer.lr``, the critics' and α's. Lower keeps an actor
@@ -156,9 +159,12 @@ class SAC(RLModule):
         self.tau, self.actor_init, self.actor_warmup_updates = tau, actor_init, actor_warmup_updates
         self.actor_lr = optimizer.lr if actor_lr is None else actor_lr
         self.bc_weight_initial, self.bc_weight_frames = bc_weight, bc_weight_frames
-        (observation_dim,) = observation_spec["observation"].shape
+        observation_dim = check_flat_observation(self, observation_entry(self, observation_spec))
+        check_action_space(self, action_spec, (BOX,))
+        # Any bounded box: the tanh-Gaussian is rescaled onto it, dimension by dimension (TanhNormal's low and high).
+        squashes = f"--model {model_name(self)} squashes its actions into a bounded box (tanh)"
+        low, high = check_bounded(action_spec, squashes, "use modules.ppo.PPO (distribution normal)")
         (action_dim,) = action_spec.shape
-        low, high = action_spec.space.low.float(), action_spec.space.high.float()
 
         # Location and scale from one MLP; the scale through softplus shifted so that an output of 0 gives init_scale.
         network = mlp(observation_dim, actor_hidden_sizes, 2 * action_dim)

@@ -1,0 +1,132 @@
+"""Observation normalisation: running statistics the learner keeps, applied by TorchRL transforms in every environment.
+
+:class:`ObservationNormalizer` holds the running mean and variance of the raw observations (buffers of the model: in
+every checkpoint, restored in place) and TorchRL's ``ObservationNorm`` that applies them, ``(x − mean) / √(var + ε)``,
+then ``ClipTransform`` to ±``clip``, after a ``RenameTransform`` that keeps a copy of the raw observation
+(``raw_observation``) for the statistics. The agent hands that chain to the data module as its ``env_transform``.
+
+**One set of statistics everywhere.** The data module clones the transform for each environment it builds, and a
+TorchRL transform's clone shares its buffers. TorchRL's multi-process collectors cloudpickle the worker processes'
+environment factories, which would copy them, so :class:`SharedObservationNorm` pickles its two as handles to shared
+memory. The training environments (in this process, behind ``EnvWorkers``, in ``CollectorWorkers``' processes) and
+the evaluation environments all normalise with the very tensors the learner holds, and none of them updates them:
+evaluation uses the statistics as they are.
+
+**Updated by the learner, once per rollout.** The agent calls :meth:`ObservationNormalizer.update` on each rollout's raw
+observations when it comes in (PPO's ``postprocess``), between two collections, so the next rollout acts with
+statistics that include it (Chan et al.'s parallel update of mean and variance, in float64; with DDP every rank's
+rollout is merged, so the ranks normalise alike). TorchRL's ``VecNorm`` (and Stable-Baselines3's ``VecNormalize``)
+update inside the environments after every step instead: each collector worker would keep statistics of its own, or
+update shared ones in whatever order the processes happen to step, so that neither a run nor its resume repeats (and a
+batched environment's partial reset would count the environments that did not reset again). Here the statistics are a
+function of the rollouts alone, the same for every collection strategy, and a checkpoint holds them exactly. The
+rollout stores the observations as normalised when acted on, so PPO's ratio compares the policy on the inputs it
+acted with. Until the first rollout is in, the statistics are mean 0 and variance 1: the first rollout acts on the raw
+observations, clipped.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from multiprocessing.reduction import ForkingPickler
+from typing import Any
+
+import torch
+from torch import nn
+from torchrl.envs import ClipTransform, ObservationNorm, RenameTransform, Transform
+
+RAW_OBSERVATION = "raw_observation"
+
+
+class ObservationNormalizer(nn.Module):
+    """Running mean and variance of observations of ``shape``, and the transforms that apply them (module docstring).
+
+    Args:
+        shape: one observation's shape.
+        clip: normalised observations are clipped to ``[-clip, clip]`` (Stable-Baselines3's and CleanRL's 10).
+        epsilon: added to the variance before its square root (the same defaults' 1e-8).
+    """
+
+    def __init__(self, shape: Sequence[int], clip: float = 10.0, epsilon: float = 1e-8) -> None:
+        super().__init__()
+        self.clip, self.epsilon = clip, epsilon
+        self.register_buffer("count", torch.zeros((), dtype=torch.float64))
+        self.register_buffer("mean", torch.zeros(tuple(shape), dtype=torch.float64))
+        self.register_buffer("var", torch.ones(tuple(shape), dtype=torch.float64))
+        # The transform the environments apply: its loc and scale are the float32 mean and √(var + ε).
+        self.norm = SharedObservationNorm(
+            loc=torch.zeros(tuple(shape)), scale=torch.ones(tuple(shape)), in_keys=["observation"], standard_normal=True
+        )
+
+    def transforms(self) -> list[Transform]:
+        """Keep the raw observation, normalise with :attr:`norm` itself (each environment's clone shares its
+        buffers), clip: to go into the agent's ``Compose`` (one flat chain: a ``RenameTransform`` first in a nested
+        ``Compose`` cannot find its environment in TorchRL 0.14)."""
+        return [
+            RenameTransform(["observation"], [RAW_OBSERVATION], create_copy=True),
+            self.norm,
+            ClipTransform(in_keys=["observation"], low=-self.clip, high=self.clip),
+        ]
+
+    def forward(self, observation: torch.Tensor) -> torch.Tensor:
+        """What the transforms compute, on a tensor (the exported policy reads raw observations)."""
+        return ((observation - self.norm.loc) / self.norm.scale).clamp(-self.clip, self.clip)
+
+    @torch.no_grad()
+    def update(self, raw: torch.Tensor) -> None:
+        """Merge the raw observations ``raw`` (``[..., *shape]``) into the statistics and write the transform's loc and
+        scale. With several processes (DDP) every rank's are merged: each rank calls this with its own rollout."""
+        x = raw.reshape(-1, *self.mean.shape).to(torch.float64)
+        count = reduce(torch.tensor(float(x.shape[0]), dtype=torch.float64, device=x.device))
+        batch_mean = reduce(x.sum(0)) / count
+        batch_var = reduce((x - batch_mean).pow(2).sum(0)) / count
+        # Chan, Golub and LeVeque's parallel update: the merged mean, and the merged sum of squared deviations.
+        total = self.count + count
+        delta = batch_mean - self.mean
+        squares = self.var * self.count + batch_var * count + delta.pow(2) * self.count * count / total
+        self.mean += delta * count / total
+        self.var.copy_(squares / total)
+        self.count.copy_(total)
+        self.norm.loc.copy_(self.mean)
+        self.norm.scale.copy_(torch.sqrt(self.var + self.epsilon))
+
+
+def reduce(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` summed over the processes of a DDP run (itself in one process)."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.all_reduce(tensor)
+    return tensor
+
+
+class SharedObservationNorm(ObservationNorm):
+    """TorchRL's ``ObservationNorm`` whose ``loc`` and ``scale`` stay the learner's tensors when it is pickled into a
+    worker process. TorchRL's multi-process collectors cloudpickle the environment factories, which would copy them by
+    value; these two travel through torch's multiprocessing pickler instead, as shared memory that the learner's
+    in-place updates reach."""
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()  # a copy of the module's __dict__
+        shared = ("loc", "scale")
+        state["_buffers"] = {
+            key: _Shared(value) if key in shared else value for key, value in state["_buffers"].items()
+        }
+        return state
+
+
+class _Shared:
+    """A tensor pickled as a handle to its shared memory (moved there first, in place: the learner's tensor itself)."""
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor = tensor
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        self.tensor.share_memory_()
+        return _unpickle_shared, (bytes(ForkingPickler.dumps(self.tensor)),)
+
+    def __deepcopy__(self, memo: dict) -> torch.Tensor:
+        return copy.deepcopy(self.tensor, memo)  # a copy of the model is a copy: only pickling shares
+
+
+def _unpickle_shared(data: bytes) -> torch.Tensor:
+    return ForkingPickler.loads(data)

@@ -1,0 +1,173 @@
+"""Observation normalisation: the running statistics by hand, one set of them in every environment the policy acts in
+(in process, behind environment workers, in collector workers, evaluation, every DDP rank), frozen outside the
+learner's update, and carried by checkpoints so that a resumed run ends where an uninterrupted one does."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from functools import partial
+from pathlib import Path
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from torchrl.data import Composite, Unbounded
+
+from datamodules.collection import CollectorWorkers, EnvWorkers, InProcess
+from datamodules.envs.racing.env import RacingEnv
+from datamodules.rollout import RolloutDataModule
+from modules.normalization import RAW_OBSERVATION, ObservationNormalizer
+from modules.ppo import PPO
+from tests.agents.test_ppo_continuous import racing_ppo_config
+from tests.helpers import ROOT, fit, weights, write_config
+
+
+def test_statistics_are_the_mean_and_variance_of_every_observation_so_far():
+    normalizer = ObservationNormalizer((3,), clip=2.0)
+    torch.manual_seed(0)
+    rollouts = [
+        torch.randn(4, 5, 3) * torch.tensor([1.0, 10.0, 0.1]) + torch.tensor([0.0, 50.0, -3.0]) for _ in range(3)
+    ]
+    for rollout in rollouts:
+        normalizer.update(rollout)
+    seen = torch.cat([rollout.reshape(-1, 3) for rollout in rollouts]).double()
+    assert normalizer.count.item() == 60
+    torch.testing.assert_close(normalizer.mean, seen.mean(0))
+    torch.testing.assert_close(normalizer.var, seen.var(0, unbiased=False))
+    # The transform's loc and scale, and what it computes: (x − mean) / √(var + ε), clipped.
+    torch.testing.assert_close(normalizer.norm.loc, seen.mean(0).float())
+    torch.testing.assert_close(normalizer.norm.scale, (seen.var(0, unbiased=False) + 1e-8).sqrt().float())
+    x = torch.tensor([[0.0, 50.0, -3.0], [5.0, 80.0, -2.0]])
+    expected = ((x - seen.mean(0).float()) / (seen.var(0, unbiased=False) + 1e-8).sqrt().float()).clamp(-2, 2)
+    torch.testing.assert_close(normalizer(x), expected)
+
+
+def test_an_option_that_cannot_apply_is_one_line_naming_the_flag():
+    from torchrl.data import Binary, Categorical
+
+    uint8 = {"observation_spec": Composite(observation=Binary(n=2, shape=(2,), dtype=torch.uint8))}
+    with pytest.raises(
+        ValueError, match=r"^--model.init_args.normalize_observations standardises float observations; "
+    ):
+        PPO(**uint8, action_spec=Categorical(2), normalize_observations=True)
+    floats = {"observation_spec": Composite(observation=Unbounded(shape=(3,))), "action_spec": Categorical(2)}
+    with pytest.raises(ValueError, match=r"^--model.init_args.observation_clip must be > 0, got 0"):
+        PPO(**floats, normalize_observations=True, observation_clip=0)
+
+
+def rollout_module(collection) -> tuple[RolloutDataModule, PPO]:
+    """PPO with normalisation on the racing cars, 4 of them, rollouts of 8 steps, ready to collect."""
+    short = partial(RacingEnv, max_steps=20)  # evaluation episodes of 20 steps
+    data = RolloutDataModule(
+        short, num_envs=4, collect_steps=8, minibatch_size=32, collection=collection, eval_episodes=2
+    )
+    torch.manual_seed(0)
+    model = PPO(data.observation_spec, data.action_spec, hidden_sizes=[8], normalize_observations=True)
+    data.setup("fit")
+    data.use_env_transform(model.env_transform())
+    data.connect(model.policy(), model.postprocess, model.batch_keys())
+    data._build_collector()
+    return data, model
+
+
+@pytest.mark.parametrize("collection", [InProcess(), EnvWorkers(workers=2), CollectorWorkers(workers=2)], ids=repr)
+def test_every_environment_normalises_with_the_learners_statistics(tmp_path, monkeypatch, collection):
+    # Each rollout is normalised with the statistics the learner held when it asked for it (they include every rollout
+    # before), wherever the environments step; evaluation uses them as they are and leaves them alone.
+    monkeypatch.chdir(tmp_path)  # collector workers' logs
+    data, model = rollout_module(collection)
+    normalizer = model.observation_normalizer
+    try:
+        for rollout in range(3):
+            loc, scale = normalizer.norm.loc.clone(), normalizer.norm.scale.clone()
+            batch = data.collect()  # and postprocess: GAE, then this rollout into the statistics
+            expected = ((batch[RAW_OBSERVATION] - loc) / scale).clamp(-10, 10)
+            # The first step's observation was carried from the rollout before, normalised with the statistics then.
+            torch.testing.assert_close(batch["observation"][..., 1:, :], expected[..., 1:, :], rtol=0, atol=0)
+            assert normalizer.count.item() == 32 * (rollout + 1)
+        assert not torch.equal(normalizer.norm.loc, torch.zeros(8))
+        count, mean = normalizer.count.clone(), normalizer.mean.clone()
+        data.evaluate(model.greedy_policy(), 2)
+        assert torch.equal(normalizer.count, count) and torch.equal(normalizer.mean, mean)
+        evaluation_norm = data._eval_env.transform[1]
+        assert evaluation_norm.loc.data_ptr() == normalizer.norm.loc.data_ptr()  # the same tensor, not a copy
+    finally:
+        data.teardown("fit")
+
+
+class RecordStatistics(pl.Callback):
+    """The normaliser's statistics when training starts (a resumed run's: the checkpoint's)."""
+
+    def on_train_start(self, trainer, pl_module):
+        self.state = {key: value.clone() for key, value in pl_module.observation_normalizer.state_dict().items()}
+
+
+def resume_config(root, collection: str) -> dict:
+    config = racing_ppo_config(root, steps=18, normalize_observations=True)
+    if collection == "collector_workers":
+        workers = {"class_path": "datamodules.collection.CollectorWorkers", "init_args": {"workers": 2}}
+        config["data"]["init_args"]["collection"] = workers
+    return config
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("collection", ["in_process", "collector_workers"])
+def test_resumed_run_continues_the_statistics_and_ends_with_identical_weights(tmp_path, collection):
+    # 4 cars x 16 steps = 64 frames per rollout, 2 epochs of 2 minibatches: 4 updates per rollout; stopping at update
+    # 9 leaves the checkpoint in the middle of the third rollout, whose frames are already in the statistics.
+    half = 9
+    full = fit(write_config(resume_config(tmp_path / "full", collection), tmp_path / "full.yaml"))
+    interrupted = write_config(resume_config(tmp_path / "half", collection), tmp_path / "half.yaml")
+    fit(interrupted, "--trainer.max_steps", str(half))
+    first_half = weights(tmp_path / "half/checkpoints/last.ckpt")
+    assert first_half["observation_normalizer.count"].item() == 3 * 64  # every collected frame, once
+    record = "--trainer.callbacks+=tests.agents.test_normalization.RecordStatistics"
+    cli = fit(interrupted, "--ckpt_path", "last", "--seed_everything", "123", record)
+    assert cli.trainer.global_step == full.trainer.global_step == 18
+    # The resumed run started from the checkpoint's statistics...
+    started = next(callback for callback in cli.trainer.callbacks if isinstance(callback, RecordStatistics)).state
+    for key, value in started.items():
+        assert torch.equal(value, first_half[f"observation_normalizer.{key}"]), key
+    # ...and ended with the uninterrupted run's statistics and weights.
+    uninterrupted, resumed = (
+        weights(tmp_path / "full/checkpoints/last.ckpt"),
+        weights(tmp_path / "half/checkpoints/last.ckpt"),
+    )
+    assert uninterrupted.keys() == resumed.keys()
+    for key in uninterrupted:
+        assert torch.equal(uninterrupted[key], resumed[key]), key
+    assert resumed["observation_normalizer.count"].item() == 5 * 64
+    assert not torch.equal(first_half["observation_normalizer.mean"], resumed["observation_normalizer.mean"])
+
+
+class DumpStatistics(pl.Callback):
+    """Each DDP rank writes its normaliser's statistics and frame count at the end of fit."""
+
+    def __init__(self, dirpath: str) -> None:
+        self.dirpath = Path(dirpath)
+
+    def on_train_end(self, trainer, pl_module):
+        state = {key: value.clone() for key, value in pl_module.observation_normalizer.state_dict().items()}
+        torch.save(
+            {"statistics": state, "frames": trainer.datamodule.frames}, self.dirpath / f"rank{trainer.global_rank}.pt"
+        )
+
+
+@pytest.mark.slow
+def test_ddp_ranks_normalise_with_statistics_of_all_their_rollouts(tmp_path):
+    # Each rank collects its own rollouts; the statistics merge every rank's, so both ranks hold the same numbers.
+    config = racing_ppo_config(tmp_path, steps=8, normalize_observations=True)
+    config["trainer"]["callbacks"].append(
+        {"class_path": "tests.agents.test_normalization.DumpStatistics", "init_args": {"dirpath": str(tmp_path)}}
+    )
+    path = write_config(config, tmp_path / "ddp.yaml")
+    ddp = ["--trainer.strategy", "ddp", "--trainer.devices", "2", "--trainer.accelerator", "cpu"]
+    command = [sys.executable, "-m", "app", "fit", "--config", str(path), *ddp]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rank0, rank1 = (torch.load(tmp_path / f"rank{rank}.pt", weights_only=True) for rank in (0, 1))
+    assert rank0["frames"] == rank1["frames"] == 2 * 64
+    assert rank0["statistics"]["count"].item() == 2 * 2 * 64  # both ranks' rollouts
+    for key, value in rank0["statistics"].items():
+        assert torch.equal(value, rank1["statistics"][key]), key
