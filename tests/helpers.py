@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +67,12 @@ def chain_config(agent: str, root: Path, **data: Any) -> dict:
         "model": model,
         "data": data_cfg,
     }
+
+
+def readme_code_blocks(section: str) -> dict[str, str]:
+    """The code blocks of README's section ``section`` (its ``## `` title), by language: the last of each."""
+    text = (ROOT / "README.md").read_text().split(f"\n## {section}\n", 1)[1].split("\n## ", 1)[0]
+    return dict(re.findall(r"^```(\w+)\n(.*?)^```$", text, flags=re.MULTILINE | re.DOTALL))
 
 
 def write_config(config: dict, path: Path) -> Path:

@@ -4,7 +4,6 @@ put in a temporary folder, checked against the environment contract and fitted t
 from __future__ import annotations
 
 import importlib
-import re
 import sys
 
 import pytest
@@ -12,13 +11,12 @@ import torch
 
 from tests.app.test_cli import run_app
 from tests.envs import test_env_contract as contract
-from tests.helpers import ROOT
+from tests.helpers import readme_code_blocks
 
 
 def readme_example() -> dict[str, str]:
     """The section's code blocks by language: ``python`` (the environment file) and ``yaml`` (its config)."""
-    section = (ROOT / "README.md").read_text().split("\n## Adding an environment\n", 1)[1].split("\n## ", 1)[0]
-    blocks = dict(re.findall(r"^```(\w+)\n(.*?)^```$", section, flags=re.MULTILINE | re.DOTALL))
+    blocks = readme_code_blocks("Adding an environment")
     assert {"python", "yaml"} <= blocks.keys()
     return blocks
 

@@ -24,8 +24,8 @@ cross the map a few times and short enough for several episodes per minute of CP
 stay cheap (one episode is 500 × 24 agent-steps).
 
 **Seeding.** Episode ``k`` of environment ``i`` in a batch seeded ``seed`` uses the map and engine seed
-:func:`episode_seed` ``(seed + i, k)``: a batch replays exactly the games of single environments seeded
-``seed + i`` under the same actions.
+:func:`~datamodules.envs.counter_rng.episode_seed` ``(seed + i, k)``: a batch replays exactly the games of single
+environments seeded ``seed + i`` under the same actions.
 
 **State.** The C++ engine cannot be saved, so ``state_dict`` holds, per environment, the seed of the running
 episode and every action taken since its start; loading rebuilds the episode and replays them (at most
@@ -71,6 +71,7 @@ from torchrl.data import Bounded, Categorical, Composite, Unbounded
 from compat.tensordict import tensordict_unchecked
 from compat.torchrl import StepOutputComplete
 from datamodules.envs.base import BatchedEnv
+from datamodules.envs.counter_rng import episode_seed
 from datamodules.envs.mettagrid.tokens import ObservationLayout
 
 # Objects each task places on its map by default (the ``objects`` option overrides counts by name).
@@ -80,11 +81,6 @@ BORDER = 6
 # Sorts before every ``type:*`` tag, so real tag ids start at 1 and no object type is encoded as a zero value.
 _UNUSED_TAG = "_unused"
 _CPU = torch.device("cpu")
-
-
-def episode_seed(stream: int, episode: int) -> int:
-    """Map and engine seed (31 bits) of episode ``episode`` of the environment seeded ``stream``."""
-    return int(np.random.SeedSequence([stream % 2**64, episode]).generate_state(1)[0]) & 0x7FFFFFFF
 
 
 def altars_game(num_agents: int, altar_cooldown: int) -> GameConfig:
