@@ -12,8 +12,10 @@ Reports frames per second (environments × steps / seconds) of:
   the episode statistics, restarts);
 - ``wrapped``: TorchRL's ``env.step_and_maybe_reset`` on the wrapper (what collectors call), TorchRL's bookkeeping
   included;
-- with ``--others``: ``AsyncVectorEnv`` (one process per copy; 8 copies at most), TorchRL's own ``GymEnv`` and, when
-  ``envpool`` imports, its C++ pool (one thread).
+- with ``--others``: ``loop``, ``gymnasium.make`` copies stepped in a bare Python loop (what the wrapper runs inside,
+  without its outputs: the floor under both the wrapper and ``SyncVectorEnv``); ``AsyncVectorEnv`` and TorchRL's own
+  ``GymEnv`` (one process per copy, as TorchRL builds it over ``AsyncVectorEnv`` for several copies: 8 copies at most,
+  so as not to swamp the machine); and, when ``envpool`` imports, its C++ pool (one thread).
 
 The overhead column is the time a path adds over ``vector`` (the target for ``wrapped`` is ≤ 10 %). Episodes end and
 restart during the timed passes. Passes run round-robin and the best of ``--repeats`` is kept, so every path sees
@@ -37,6 +39,9 @@ from tensordict import TensorDict
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from datamodules.envs.gym.env import GymnasiumEnv  # noqa: E402
+
+#: The paths with a process per copy run up to this many copies only (a 2-core machine shared with other work).
+_MOST_PROCESSES = 8
 
 
 def timed(run: Callable[[], None]) -> float:
@@ -89,8 +94,19 @@ def other_paths(env_id: str, n: int, raw_actions: list, actions: list, closing: 
     """The vectorisations measured against and not chosen (``--others``)."""
     from torchrl.envs import GymEnv  # noqa: PLC0415
 
-    paths = {}
-    if n <= 8:
+    copies = [gymnasium.make(env_id) for _ in range(n)]
+    for i, copy in enumerate(copies):
+        copy.reset(seed=i)
+        closing.append(copy.close)
+
+    def loop() -> None:
+        for action in raw_actions:
+            for copy, each in zip(copies, action, strict=True):
+                if any(copy.step(each)[2:4]):
+                    copy.reset()
+
+    paths = {"loop": loop}
+    if n <= _MOST_PROCESSES:
         asynchronous = gymnasium.make_vec(env_id, num_envs=n, vectorization_mode="async")
         asynchronous.reset(seed=0)
         closing.append(asynchronous.close)
@@ -100,17 +116,17 @@ def other_paths(env_id: str, n: int, raw_actions: list, actions: list, closing: 
                 asynchronous.step(action)
 
         paths["AsyncVectorEnv"] = async_steps
-    torchrl_env = GymEnv(env_id, num_envs=n) if n > 1 else GymEnv(env_id)
-    closing.append(torchrl_env.close)
-    state = {"td": torchrl_env.reset()}
-    torchrl_actions = [torchrl_env.action_spec.rand() for _ in actions]  # its own encoding (one-hot for Discrete)
+        torchrl_env = GymEnv(env_id, num_envs=n) if n > 1 else GymEnv(env_id)
+        closing.append(torchrl_env.close)
+        state = {"td": torchrl_env.reset()}
+        torchrl_actions = [torchrl_env.action_spec.rand() for _ in actions]  # its own encoding (one-hot: Discrete)
 
-    def torchrl_gym() -> None:
-        for action in torchrl_actions:
-            state["td"]["action"] = action
-            _, state["td"] = torchrl_env.step_and_maybe_reset(state["td"])
+        def torchrl_gym() -> None:
+            for action in torchrl_actions:
+                state["td"]["action"] = action
+                _, state["td"] = torchrl_env.step_and_maybe_reset(state["td"])
 
-    paths["torchrl GymEnv"] = torchrl_gym
+        paths["torchrl GymEnv"] = torchrl_gym
     try:
         import envpool  # noqa: PLC0415
     except ImportError:

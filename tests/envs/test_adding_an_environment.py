@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -37,10 +38,13 @@ def test_the_readme_environment_follows_the_contract_and_fits(tmp_path, monkeypa
     finally:
         sys.modules.pop("corridor", None)
 
-    # As the README runs it (PYTHONPATH=. in the example's folder), shortened to a few updates.
-    result = run_app(
-        "fit", "--config", "corridor_dqn.yaml", "--trainer.max_steps", "5", cwd=tmp_path, pythonpath=(tmp_path,)
-    )
+    fits_as_the_readme_runs_it(tmp_path, "corridor_dqn.yaml")
+
+
+def fits_as_the_readme_runs_it(folder: Path, config: str, updates: int = 5) -> None:
+    """``PYTHONPATH=. python -m app fit --config <config>`` in the example's folder, shortened to a few updates; the
+    example's config writes its checkpoint under ``runs/corridor``."""
+    result = run_app("fit", "--config", config, "--trainer.max_steps", str(updates), cwd=folder, pythonpath=(folder,))
     assert result.returncode == 0, result.stderr
-    (checkpoint,) = (tmp_path / "runs" / "corridor" / "checkpoints").glob("*.ckpt")
-    assert torch.load(checkpoint, map_location="cpu", weights_only=False)["global_step"] == 5
+    (checkpoint,) = (folder / "runs" / "corridor" / "checkpoints").glob("*.ckpt")
+    assert torch.load(checkpoint, map_location="cpu", weights_only=False)["global_step"] == updates

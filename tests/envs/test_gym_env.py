@@ -20,7 +20,7 @@ from app.cli import main
 from datamodules.envs.counter_rng import episode_seed
 from datamodules.envs.gym.env import GymnasiumEnv
 from datamodules.rollout import RolloutDataModule
-from tests.app.test_cli import run_app
+from tests.envs.test_adding_an_environment import fits_as_the_readme_runs_it
 from tests.helpers import ROOT, chain_config, fit, readme_code_blocks, write_config
 
 GYM_CONFIGS = sorted((ROOT / "configs" / "gym").glob("*.yaml"))
@@ -339,10 +339,4 @@ def test_the_readme_gymnasium_environment_of_ones_own_fits_by_module_and_id(tmp_
     finally:
         sys.modules.pop("corridor", None)
         gymnasium.registry.pop("Corridor-v0", None)
-    # As the README runs it (PYTHONPATH=. in the example's folder), shortened to a few updates.
-    result = run_app(
-        "fit", "--config", "corridor_dqn.yaml", "--trainer.max_steps", "5", cwd=tmp_path, pythonpath=(tmp_path,)
-    )
-    assert result.returncode == 0, result.stderr
-    (checkpoint,) = (tmp_path / "runs" / "corridor" / "checkpoints").glob("*.ckpt")
-    assert torch.load(checkpoint, map_location="cpu", weights_only=False)["global_step"] == 5
+    fits_as_the_readme_runs_it(tmp_path, "corridor_dqn.yaml")

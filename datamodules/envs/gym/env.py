@@ -195,11 +195,12 @@ class GymnasiumEnv(StepOutputComplete, BatchedEnv):
         return self._output()
 
     def maybe_reset(self, tensordict: TensorDictBase) -> TensorDictBase:
-        """Restart the finished copies; every entry but the step's metrics is replaced by ``_reset``'s (current for the
-        others), which spares TorchRL's per-key masked merge."""
-        done = tensordict.get("done").reshape(-1).cpu().numpy()
-        if done.any():
-            self._restart(np.flatnonzero(done).tolist())
+        """Restart the finished copies (those whose ``done`` this environment's last step returned: its own flags,
+        read without a round trip through the tensordict); every entry but the step's metrics is replaced by
+        ``_reset``'s (current for the others), which spares TorchRL's per-key masked merge."""
+        finished = self._terminated | self._truncated
+        if finished.any():
+            self._restart(np.flatnonzero(finished).tolist())
             tensordict.update(self._output().exclude(*self.episode_metric_keys))
         return tensordict
 
@@ -225,7 +226,9 @@ class GymnasiumEnv(StepOutputComplete, BatchedEnv):
         observations, rewards, terminated, truncated, infos = zip(*results, strict=True)
         self._obs[live], reward[live] = observations, rewards
         self._terminated[live], self._truncated[live] = terminated, truncated
-        self._return += reward
+        np.add(
+            self._return, reward, out=self._return
+        )  # in place: `self._return +=` would go through Module.__setattr__
         self._length[live] += 1
         if True not in terminated and True not in truncated:
             return self._output(reward)

@@ -55,11 +55,9 @@ def find_spec(env_id: str) -> EnvSpec:
             raise ValueError(f"env_id {name} needs {error.name}, which is not installed: {INSTALL_EXTRA}") from None
     if name not in gymnasium.registry:
         close = difflib.get_close_matches(name, list(gymnasium.registry), n=3, cutoff=0.6)
-        hint = (
-            f"; did you mean {' or '.join(close)}?"
-            if close
-            else "; register it (gymnasium.register) in a module and give 'module:Id' to import it"
-        )
+        hint = "; register it (gymnasium.register) in a module and give 'module:Id' to import it"
+        if close:
+            hint = f"; did you mean {close[0] if len(close) == 1 else ', '.join(close[:-1]) + ' or ' + close[-1]}?"
         raise ValueError(f"env_id {name!r} is not a registered Gymnasium id{hint}")
     return gymnasium.registry[name]
 
