@@ -31,13 +31,14 @@ reward before the user's wrappers, e.g. before ``ClipReward``), 0 on every step 
 reports them as ``episode_return_mean`` and ``episode_length_mean`` beside its ``return_mean`` of the reward the
 agent learns from.
 
-**Seeding.** Episode ``k`` of copy ``i`` in a batch seeded ``seed`` is reset with
-:func:`~datamodules.envs.counter_rng.episode_seed` ``(seed + i, k)``: a batch plays what single environments
-seeded ``seed + i`` play, and ``gymnasium.make(env_id).reset(seed=episode_seed(seed + i, k))`` replays any episode.
+**Seeding.** Copy ``i`` of a batch seeded ``seed`` starts its first episode with ``reset(seed=seed + i)`` and its
+later ones continue its own generator, as Gymnasium's vector envs do: a batch plays what
+``gymnasium.make(env_id)`` copies seeded ``seed + i`` play under the same actions.
 
 **State.** A Gymnasium environment has no snapshot of its state, so ``state_dict`` holds the seed streams and the
-episode counters. Loading it ends the running episodes; the next reset starts each copy's following episode, from
-its saved counter (``exact_state = False``: the collection then carries that reset's observations).
+episode counters. Loading it ends the running episodes; the next reset starts each copy's following episode ``k``
+seeded :func:`~datamodules.envs.counter_rng.episode_seed` ``(seed + i, k)`` (the copy's generator is not saved), and
+the collection carries that reset's observations (``exact_state = False``).
 """
 
 from __future__ import annotations
@@ -97,8 +98,12 @@ class GymnasiumEnv(StepOutputComplete, BatchedEnv):
         kwargs, resolved = dict(env_kwargs or {}), resolve_wrappers(wrappers)
         envs = [make_env(env_id, kwargs, resolved)]
         self._observation_space, self._action_space = envs[0].observation_space, envs[0].action_space
-        observation = observation_spec(self._observation_space, env_id, num_envs)
-        action = action_spec(self._action_space, env_id, num_envs)
+        try:
+            observation = observation_spec(self._observation_space, env_id, num_envs)
+            action = action_spec(self._action_space, env_id, num_envs)
+        except ValueError:
+            envs[0].close()  # a simulator's resources (a MuJoCo model, an emulator) go with the refusal
+            raise
         envs += [make_env(env_id, kwargs, resolved) for _ in range(num_envs - 1)]
         super().__init__(batch_size=torch.Size([num_envs]), device=device)
         self.env_id = env_id
@@ -163,10 +168,8 @@ class GymnasiumEnv(StepOutputComplete, BatchedEnv):
         """Every copy's current observation and flags (copies: the arrays move on), and the step's entries."""
         n = self.batch_size[0]
         if self._one_hot:
-            observation = F.one_hot(
-                torch.from_numpy(self._obs - self._observation_space.start), self._observation_space.n
-            )
-            observation = observation.float()
+            space = self._observation_space
+            observation = F.one_hot(torch.from_numpy(self._obs - space.start), int(space.n)).float()
         else:
             observation = torch.from_numpy(self._obs.copy())
         terminated, truncated = self._terminated[:, None].copy(), self._truncated[:, None].copy()
@@ -226,9 +229,8 @@ class GymnasiumEnv(StepOutputComplete, BatchedEnv):
         observations, rewards, terminated, truncated, infos = zip(*results, strict=True)
         self._obs[live], reward[live] = observations, rewards
         self._terminated[live], self._truncated[live] = terminated, truncated
-        np.add(
-            self._return, reward, out=self._return
-        )  # in place: `self._return +=` would go through Module.__setattr__
+        # In place: `self._return += reward` would assign the attribute through torch.nn.Module.__setattr__.
+        np.add(self._return, reward, out=self._return)
         self._length[live] += 1
         if True not in terminated and True not in truncated:
             return self._output(reward)
