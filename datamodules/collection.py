@@ -184,8 +184,13 @@ class Collection:
             # test fails if this moves).
             parallel_env_lower_done_flags(env)
         # The collector carries the last observations (and recurrent states) between calls; with them restored
-        # too, collection continues exactly where the checkpointed run stood.
-        carrier = from_plain(state["carrier"], batch_dims=1, device=self.collector.env.device)
+        # too, collection continues exactly where the checkpointed run stood. An environment without an exact state
+        # (BatchedEnv.exact_state) ended its episodes on loading: the collector carries its reset's observations
+        # (and fresh recurrent states) instead.
+        if self._data._env_class.exact_state:
+            carrier = from_plain(state["carrier"], batch_dims=1, device=self.collector.env.device)
+        else:
+            carrier = self.collector.env.reset()
         collector_carrier(self.collector).update(carrier)
 
 

@@ -434,9 +434,11 @@ class ReplayDataModule(RLDataModule):
         elif "buffer_folder" in state_dict and self.trainer.state.fn == "fit":  # validation does not replay
             self._load_buffer(Path(self.trainer.ckpt_path).parent / state_dict["buffer_folder"])
         if self.store_transform is not None:
-            # A checkpoint written without the transform (or before its first call) has no window: start empty.
-            window = from_plain(state_dict.get("store_window"), batch_dims=2, device=self.device)
-            set_multistep_window(self.store_transform, window)
+            # A checkpoint written without the transform (or before its first call) has no window: start empty. So
+            # does an environment whose episodes end on loading (BatchedEnv.exact_state): the window's last steps
+            # would otherwise be summed with the next episodes' first ones.
+            window = state_dict.get("store_window") if self._env_class.exact_state else None
+            set_multistep_window(self.store_transform, from_plain(window, batch_dims=2, device=self.device))
         super()._load_state(state_dict)
 
     # ------------------------------------------------------------------------------ the buffer beside checkpoints

@@ -120,9 +120,13 @@ class ResumableCollector(Collector):
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        stateful_env(self.env).load_state_dict(state["env"])
+        env = stateful_env(self.env)
+        env.load_state_dict(state["env"])
         carrier = collector_carrier(self)
-        carrier.update(TensorDict.from_dict(state["carrier"], batch_dims=1, device=carrier.device))
+        if getattr(env, "exact_state", True):
+            carrier.update(TensorDict.from_dict(state["carrier"], batch_dims=1, device=carrier.device))
+        else:  # its episodes ended on loading (BatchedEnv.exact_state): carry its reset's observations
+            carrier.update(self.env.reset())
         torch.set_rng_state(state["rng"])
         set_collector_counters(self, int(state["frames"]), int(state["iter"]))
 

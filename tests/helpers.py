@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +90,12 @@ def evaluated_chain_config(agent: str, every_n_frames: int, max_steps: int) -> d
     config["trainer"]["callbacks"].append(evaluation)
     config["trainer"]["max_steps"] = max_steps
     return config
+
+
+def readme_code_blocks(section: str) -> dict[str, str]:
+    """The code blocks of README's section ``section`` (its ``## `` title), by language: the last of each."""
+    text = (ROOT / "README.md").read_text().split(f"\n## {section}\n", 1)[1].split("\n## ", 1)[0]
+    return dict(re.findall(r"^```(\w+)\n(.*?)^```$", text, flags=re.MULTILINE | re.DOTALL))
 
 
 def write_config(config: dict, path: Path) -> Path:

@@ -17,7 +17,11 @@ An environment is a TorchRL ``EnvBase`` that steps a whole batch of environments
   what a single environment seeded ``seed + i`` plays.
 - **State.** Everything the continuation depends on is in ``state_dict()`` (registered buffers, or
   ``get_extra_state`` for an engine that cannot be read out): loaded into a new environment of the same options, it
-  continues exactly. Checkpoints and worker processes rely on it.
+  continues exactly. Checkpoints and worker processes rely on it. An environment that cannot (an engine with neither
+  a snapshot nor a deterministic replay: any Gymnasium id) declares ``exact_state = False`` and says why in
+  ``inexact_state_reason``: its state holds what can be restored (seed streams, episode counters), loading it ends
+  the running episodes, and its next reset starts the following ones; the collection then carries that reset's
+  output rather than the checkpoint's observations (``datamodules/collection.py``).
 - **Declarations**, class attributes with defaults here: ``episode_metric_keys`` (per-step entries an evaluation sums
   over each episode and reports), ``episode_metric_over`` (metrics averaged only over the episodes where another is
   positive), ``physics`` (the dynamics a physics-informed loss differentiates) and ``observation_layout`` (how token
@@ -69,6 +73,10 @@ class BatchedEnv(EnvBase):
     observation_layout: ObservationLayout | None = None
     #: whether :meth:`render` draws this environment (videos need it).
     can_render: ClassVar[bool] = False
+    #: whether ``state_dict()`` continues the running episodes exactly; False: loading it ends them, and the next
+    #: reset starts the following episodes (the module docstring), for the reason ``inexact_state_reason`` states.
+    exact_state: ClassVar[bool] = True
+    inexact_state_reason: ClassVar[str] = ""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

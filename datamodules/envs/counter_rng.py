@@ -5,12 +5,16 @@ Environment ``i`` of a batch seeded with ``seed`` draws from a hash of ``(seed +
 - a batch of N environments replays exactly the episodes of N single environments seeded ``seed … seed + N − 1``;
 - the whole random state is two integer buffers (``stream``, ``draws``) that ``state_dict`` saves with the rest;
 - nothing is shared between environments, so no host sync and no generator object is needed on a GPU.
+
+Engines that take one integer seed per episode (MettaGrid, Gymnasium) get it from :func:`episode_seed` ``(seed + i, k)``
+instead: the same rule per episode rather than per draw.
 """
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 MASK32 = 0xFFFFFFFF
@@ -44,3 +48,8 @@ def normal(stream: torch.Tensor, draws: torch.Tensor, count: int, first_slot: in
     radius = torch.sqrt(-2.0 * torch.log(u[:, :pairs]))
     angle = (2.0 * math.pi) * u[:, pairs:]
     return torch.cat((radius * torch.cos(angle), radius * torch.sin(angle)), dim=1)[:, :count]
+
+
+def episode_seed(stream: int, episode: int) -> int:
+    """The seed (31 bits) of episode ``episode`` of the environment seeded ``stream`` (engines seeded per episode)."""
+    return int(np.random.SeedSequence([stream % 2**64, episode]).generate_state(1)[0]) & 0x7FFFFFFF

@@ -11,14 +11,16 @@ from datamodules.base import RLDataModule
 from modules.base import RLModule
 from tests.helpers import ROOT
 
-AGENT_CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
+AGENT_CONFIGS = sorted([*(ROOT / "configs").glob("*.yaml"), *(ROOT / "configs" / "gym").glob("*.yaml")])
 PRESETS = sorted((ROOT / "configs" / "bench").glob("*.yaml"))
 
 
-@pytest.mark.parametrize("config", AGENT_CONFIGS, ids=lambda path: path.name)
+@pytest.mark.parametrize("config", AGENT_CONFIGS, ids=lambda path: str(path.relative_to(ROOT / "configs")))
 def test_agent_config_instantiates(config, tmp_path, monkeypatch):
     if "envs.mettagrid" in config.read_text():
         pytest.importorskip("mettagrid", reason='the metta extra: pip install -e ".[metta]"')
+    if "LunarLander" in config.read_text():
+        pytest.importorskip("Box2D", reason='the gym extra: pip install -e ".[gym]"')
     monkeypatch.chdir(tmp_path)  # relative output folders land here, if anything is written at all
     (tmp_path / "configs").symlink_to(ROOT / "configs")  # configs name other configs from the repository's root
     model, data = build([str(config)])

@@ -4,21 +4,20 @@ put in a temporary folder, checked against the environment contract and fitted t
 from __future__ import annotations
 
 import importlib
-import re
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 from tests.app.test_cli import run_app
 from tests.envs import test_env_contract as contract
-from tests.helpers import ROOT
+from tests.helpers import readme_code_blocks
 
 
 def readme_example() -> dict[str, str]:
     """The section's code blocks by language: ``python`` (the environment file) and ``yaml`` (its config)."""
-    section = (ROOT / "README.md").read_text().split("\n## Adding an environment\n", 1)[1].split("\n## ", 1)[0]
-    blocks = dict(re.findall(r"^```(\w+)\n(.*?)^```$", section, flags=re.MULTILINE | re.DOTALL))
+    blocks = readme_code_blocks("Adding an environment")
     assert {"python", "yaml"} <= blocks.keys()
     return blocks
 
@@ -39,10 +38,13 @@ def test_the_readme_environment_follows_the_contract_and_fits(tmp_path, monkeypa
     finally:
         sys.modules.pop("corridor", None)
 
-    # As the README runs it (PYTHONPATH=. in the example's folder), shortened to a few updates.
-    result = run_app(
-        "fit", "--config", "corridor_dqn.yaml", "--trainer.max_steps", "5", cwd=tmp_path, pythonpath=(tmp_path,)
-    )
+    fits_as_the_readme_runs_it(tmp_path, "corridor_dqn.yaml")
+
+
+def fits_as_the_readme_runs_it(folder: Path, config: str, updates: int = 5) -> None:
+    """``PYTHONPATH=. python -m app fit --config <config>`` in the example's folder, shortened to a few updates; the
+    example's config writes its checkpoint under ``runs/corridor``."""
+    result = run_app("fit", "--config", config, "--trainer.max_steps", str(updates), cwd=folder, pythonpath=(folder,))
     assert result.returncode == 0, result.stderr
-    (checkpoint,) = (tmp_path / "runs" / "corridor" / "checkpoints").glob("*.ckpt")
-    assert torch.load(checkpoint, map_location="cpu", weights_only=False)["global_step"] == 5
+    (checkpoint,) = (folder / "runs" / "corridor" / "checkpoints").glob("*.ckpt")
+    assert torch.load(checkpoint, map_location="cpu", weights_only=False)["global_step"] == updates

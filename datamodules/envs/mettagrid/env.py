@@ -24,8 +24,8 @@ cross the map a few times and short enough for several episodes per minute of CP
 stay cheap (one episode is 500 × 24 agent-steps).
 
 **Seeding.** Episode ``k`` of environment ``i`` in a batch seeded ``seed`` uses the map and engine seed
-:func:`episode_seed` ``(seed + i, k)``: a batch replays exactly the games of single environments seeded
-``seed + i`` under the same actions.
+:func:`~datamodules.envs.counter_rng.episode_seed` ``(seed + i, k)``: a batch replays exactly the games of single
+environments seeded ``seed + i`` under the same actions.
 
 **State.** The C++ engine cannot be saved, so ``state_dict`` holds, per environment, the seed of the running
 episode and every action taken since its start; loading rebuilds the episode and replays them (at most
@@ -71,6 +71,7 @@ from torchrl.data import Bounded, Categorical, Composite, Unbounded
 from compat.tensordict import tensordict_unchecked
 from compat.torchrl import StepOutputComplete
 from datamodules.envs.base import BatchedEnv
+from datamodules.envs.counter_rng import episode_seed
 from datamodules.envs.drawing import grid_image, palette
 from datamodules.envs.mettagrid.tokens import ObservationLayout
 
@@ -86,11 +87,6 @@ RENDER_COLOURS = palette((28, 28, 34), (110, 110, 122), (60, 140, 250), (250, 20
 FLOOR, WALL, AGENT, ALTAR, ALTAR_RECHARGING, OTHER = range(6)
 #: pixels per map cell in ``render``.
 RENDER_CELL = 12
-
-
-def episode_seed(stream: int, episode: int) -> int:
-    """Map and engine seed (31 bits) of episode ``episode`` of the environment seeded ``stream``."""
-    return int(np.random.SeedSequence([stream % 2**64, episode]).generate_state(1)[0]) & 0x7FFFFFFF
 
 
 def altars_game(num_agents: int, altar_cooldown: int) -> GameConfig:

@@ -1,0 +1,309 @@
+"""Any registered Gymnasium environment as a batched TorchRL environment: ``num_envs`` copies stepped in this process.
+
+**Options.** ``env_id`` (a registered id, or ``module:Id`` to import the module that registers it), ``env_kwargs``
+(keyword arguments of ``gymnasium.make``, ``max_episode_steps`` included) and ``wrappers`` (standard Gymnasium
+wrappers by name, or any ``gymnasium.Wrapper`` by class path, applied in order to each copy)::
+
+    env:
+      class_path: datamodules.envs.gym.env.GymnasiumEnv
+      init_args:
+        env_id: LunarLander-v3
+        env_kwargs: {gravity: -9.0}
+        wrappers:
+          - TimeAwareObservation                  # a name from gymnasium.wrappers, default arguments
+          - class_path: ClipReward                # or a dotted path to a gymnasium.Wrapper of one's own
+            init_args: {min_reward: -1.0, max_reward: 1.0}
+
+**Batch.** The copies are stepped one after the other, each writing its observation into one NumPy array for the
+whole batch, and TorchRL resets the finished ones (no Gymnasium autoreset: a copy stays at its last step, done,
+until reset, and a reset with a ``_reset`` mask restarts only the masked copies). Parallelism comes from the data
+module's worker processes (``EnvWorkers``, ``CollectorWorkers``), each with its own copies; a Gymnasium vector env
+would add its own per-step work to the same loop, and ``AsyncVectorEnv`` one process per copy (BENCHMARKS.md,
+"Gymnasium environments").
+
+**Specs.** A ``Box`` observation is float32 ``observation`` (uint8 images stay uint8, bounded by the space); a
+``Discrete`` one is its one-hot float32 vector, the form an MLP reads. ``Discrete`` actions are a ``Categorical``
+spec (offset by the space's ``start`` when stepping), ``Box`` actions a ``Bounded`` spec with the space's bounds.
+Other spaces (``MultiDiscrete``, ``Dict``, ...) are one error naming ``env_id`` and the space.
+
+**Episode metrics.** ``episode_return`` and ``episode_length`` are the Gymnasium environment's own episode (its
+reward before the user's wrappers, e.g. before ``ClipReward``), 0 on every step but an episode's last: evaluation
+reports them as ``episode_return_mean`` and ``episode_length_mean`` beside its ``return_mean`` of the reward the
+agent learns from.
+
+**Seeding.** Copy ``i`` of a batch seeded ``seed`` starts its first episode with ``reset(seed=seed + i)`` and its
+later ones continue its own generator, as Gymnasium's vector envs do: a batch plays what
+``gymnasium.make(env_id)`` copies seeded ``seed + i`` play under the same actions.
+
+**State.** A Gymnasium environment has no snapshot of its state, so ``state_dict`` holds the seed streams and the
+episode counters. Loading it ends the running episodes; the next reset starts each copy's following episode ``k``
+seeded :func:`~datamodules.envs.counter_rng.episode_seed` ``(seed + i, k)`` (the copy's generator is not saved), and
+the collection carries that reset's observations (``exact_state = False``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tensordict import TensorDictBase
+from torchrl.data import Bounded, Categorical, Composite, TensorSpec, Unbounded
+
+from compat.tensordict import tensordict_unchecked
+from compat.torchrl import StepOutputComplete
+from datamodules.envs.base import BatchedEnv
+from datamodules.envs.counter_rng import episode_seed
+from datamodules.envs.gym.make import STATS_KEY, make_env, resolve_wrappers
+
+_CPU = torch.device("cpu")
+
+
+class GymnasiumEnv(StepOutputComplete, BatchedEnv):
+    """``num_envs`` copies of a Gymnasium environment as one TorchRL batch (the module docstring has the rules).
+
+    Args:
+        num_envs: copies stepped together.
+        env_id: a registered Gymnasium id, or ``module:Id`` to import the module that registers it.
+        env_kwargs: keyword arguments of ``gymnasium.make``: the environment's own, and ``max_episode_steps``.
+        wrappers: Gymnasium wrappers applied to each copy in order: a name from ``gymnasium.wrappers`` or a dotted
+            class path, alone or as ``{class_path: ..., init_args: {...}}``.
+        seed: base seed; copy ``i`` plays the episodes of stream ``seed + i``.
+        device: where the returned tensors live (the environments run on the CPU).
+    """
+
+    episode_metric_keys = ("episode_return", "episode_length")
+    exact_state = False
+    inexact_state_reason = (
+        "a Gymnasium environment has no snapshot of its state (and replaying its actions is exact only for a "
+        "deterministic environment under stateless wrappers): loading a state ends the running episodes"
+    )
+
+    def __init__(
+        self,
+        num_envs: int = 1,
+        env_id: str = "CartPole-v1",
+        env_kwargs: dict[str, Any] | None = None,
+        wrappers: list[str | dict[str, Any]] | None = None,
+        seed: int = 0,
+        device: str | torch.device = "cpu",
+    ) -> None:
+        # Messages start with the argument's name: the command line prefixes the flag path it was given under.
+        if num_envs < 1:
+            raise ValueError(f"num_envs must be > 0, got {num_envs}")
+        if not isinstance(env_id, str) or not env_id:
+            raise ValueError(f"env_id must be a Gymnasium id such as 'CartPole-v1', got {env_id!r}")
+        kwargs, resolved = dict(env_kwargs or {}), resolve_wrappers(wrappers)
+        envs = [make_env(env_id, kwargs, resolved)]
+        self._observation_space, self._action_space = envs[0].observation_space, envs[0].action_space
+        try:
+            observation = observation_spec(self._observation_space, env_id, num_envs)
+            action = action_spec(self._action_space, env_id, num_envs)
+        except ValueError:
+            envs[0].close()  # a simulator's resources (a MuJoCo model, an emulator) go with the refusal
+            raise
+        envs += [make_env(env_id, kwargs, resolved) for _ in range(num_envs - 1)]
+        super().__init__(batch_size=torch.Size([num_envs]), device=device)
+        self.env_id = env_id
+        self._envs = envs
+        self._steps = [env.step for env in envs]
+        # With wrappers the episode statistics come from the copies' own (inner) RecordEpisodeStatistics; without,
+        # nothing can change the reward, and the rewards are summed here.
+        self._inner_statistics = bool(resolved)
+        space, n = self._observation_space, num_envs
+        self._one_hot = isinstance(space, gymnasium.spaces.Discrete)
+        if self._one_hot:
+            self._obs = np.zeros(n, dtype=np.int64)  # the observation's value; the output is its one-hot
+        else:
+            self._obs = np.zeros((n, *space.shape), dtype=np.uint8 if space.dtype == np.uint8 else np.float32)
+        discrete_action = isinstance(self._action_space, gymnasium.spaces.Discrete)
+        self._action_start = int(self._action_space.start) if discrete_action else 0
+        # Per copy: its seed stream, next episode's number and whether its next reset seeds it (see _restart);
+        # whether it was ever started; how its episode last ended; its running episode's return and length.
+        self._stream = np.arange(n, dtype=np.int64) + seed
+        self._next_episode = np.zeros(n, dtype=np.int64)
+        self._reseed = np.ones(n, dtype=bool)
+        self._started = np.zeros(n, dtype=bool)
+        self._ready = False  # every copy started: it can be stepped
+        self._terminated, self._truncated = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
+        self._return, self._length = np.zeros(n, dtype=np.float64), np.zeros(n, dtype=np.int64)
+
+        dev, batch = self.device, (n,)
+        self.observation_spec = Composite(
+            observation=observation.to(dev),
+            **{key: Unbounded(shape=(*batch, 1), device=dev) for key in self.episode_metric_keys},
+            shape=batch,
+            device=dev,
+        )
+        self.action_spec = action.to(dev)
+        self.reward_spec = Unbounded(shape=(*batch, 1), device=dev)
+
+    # ------------------------------------------------------------------------------------------- episodes
+    def _restart(self, envs: list[int] | range) -> None:
+        """Start the next episode of each copy in ``envs``.
+
+        A copy's first episode is seeded ``seed + i`` (its stream); the later ones continue the copy's own generator,
+        as Gymnasium's vector envs do (a new generator per episode would cost more than a CartPole step). After a
+        state is loaded the copy's generator is gone: its next episode ``k`` is seeded ``episode_seed(stream, k)``.
+        """
+        for i in envs:
+            seed = None
+            if self._reseed[i]:
+                stream, episode = int(self._stream[i]), int(self._next_episode[i])
+                seed, self._reseed[i] = stream if episode == 0 else episode_seed(stream, episode), False
+            self._obs[i], _ = self._envs[i].reset(seed=seed)
+            self._next_episode[i] += 1
+            self._started[i], self._terminated[i], self._truncated[i] = True, False, False
+            self._return[i], self._length[i] = 0.0, 0
+        self._ready = bool(self._started.all())
+
+    def _output(
+        self,
+        reward: np.ndarray | None = None,
+        episode_return: np.ndarray | None = None,
+        length: np.ndarray | None = None,
+    ) -> TensorDictBase:
+        """Every copy's current observation and flags (copies: the arrays move on), and the step's entries."""
+        n = self.batch_size[0]
+        if self._one_hot:
+            space = self._observation_space
+            observation = F.one_hot(torch.from_numpy(self._obs - space.start), int(space.n)).float()
+        else:
+            observation = torch.from_numpy(self._obs.copy())
+        terminated, truncated = self._terminated[:, None].copy(), self._truncated[:, None].copy()
+        zero = np.zeros((n, 1), dtype=np.float32)
+        out = {
+            "observation": observation,
+            "terminated": torch.from_numpy(terminated),
+            "truncated": torch.from_numpy(truncated),
+            "done": torch.from_numpy(terminated | truncated),
+            "episode_return": torch.from_numpy(zero if episode_return is None else episode_return[:, None]),
+            "episode_length": torch.from_numpy(zero.copy() if length is None else length[:, None]),
+        }
+        if reward is not None:
+            out["reward"] = torch.from_numpy(reward[:, None])
+        data = tensordict_unchecked(out, self.batch_size, _CPU)
+        return data if self.device == _CPU else data.to(self.device)
+
+    def _reset(self, tensordict: TensorDictBase | None = None, **kwargs: Any) -> TensorDictBase:
+        """Restart the flagged copies (all, without ``_reset``) and those never started; the others go on."""
+        flags = None if tensordict is None else tensordict.get("_reset", None)
+        if flags is None:
+            self._restart(range(self.batch_size[0]))
+        else:
+            flagged = flags.reshape(self.batch_size[0], -1).any(-1).cpu().numpy()
+            self._restart(np.flatnonzero(flagged | ~self._started).tolist())
+        return self._output()
+
+    def maybe_reset(self, tensordict: TensorDictBase) -> TensorDictBase:
+        """Restart the finished copies (those whose ``done`` this environment's last step returned: its own flags,
+        read without a round trip through the tensordict); every entry but the step's metrics is replaced by
+        ``_reset``'s (current for the others), which spares TorchRL's per-key masked merge."""
+        finished = self._terminated | self._truncated
+        if finished.any():
+            self._restart(np.flatnonzero(finished).tolist())
+            tensordict.update(self._output().exclude(*self.episode_metric_keys))
+        return tensordict
+
+    # ----------------------------------------------------------------------------------------------- step
+    def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
+        if not self._ready:
+            raise RuntimeError("GymnasiumEnv: reset the environment before stepping it")
+        action = tensordict.get("action").cpu()
+        if self._action_start:
+            action = action + self._action_start
+        # NumPy scalars and rows, not Python ints: Gymnasium's Discrete.contains checks a Python int against the
+        # dtype's limits at every step, at several times the cost of its check of a NumPy integer.
+        actions = action.numpy().astype(self._action_space.dtype, copy=False)
+        finished = self._terminated | self._truncated
+        # A finished copy is not stepped: it stays at its last step, done, with no reward, until it is reset. When all
+        # run (nearly always), whole-array writes: NumPy's writes through index lists cost more.
+        live = np.flatnonzero(~finished).tolist() if finished.any() else slice(None)
+        steps = self._steps if isinstance(live, slice) else [self._steps[i] for i in live]
+        results = [step(a) for step, a in zip(steps, actions[live], strict=True)]
+        reward = np.zeros(self.batch_size[0], dtype=np.float32)
+        if not results:
+            return self._output(reward)
+        observations, rewards, terminated, truncated, infos = zip(*results, strict=True)
+        self._obs[live], reward[live] = observations, rewards
+        self._terminated[live], self._truncated[live] = terminated, truncated
+        # In place: `self._return += reward` would assign the attribute through torch.nn.Module.__setattr__.
+        np.add(self._return, reward, out=self._return)
+        self._length[live] += 1
+        if True not in terminated and True not in truncated:
+            return self._output(reward)
+        ended = np.flatnonzero((self._terminated | self._truncated) & ~finished)
+        episode_return, length = np.zeros_like(reward), np.zeros_like(reward)
+        for i in ended.tolist():
+            if self._inner_statistics:  # the return before the wrappers, from the copy's RecordEpisodeStatistics
+                stats = infos[i if isinstance(live, slice) else live.index(i)][STATS_KEY]
+                self._return[i], self._length[i] = stats["r"], stats["l"]
+            episode_return[i], length[i] = self._return[i], self._length[i]
+        return self._output(reward, episode_return, length)
+
+    def _set_seed(self, seed: int | None) -> None:
+        """Copy ``i`` starts stream ``seed + i`` from its first episode at its next reset."""
+        self._stream = np.arange(self.batch_size[0], dtype=np.int64) + (0 if seed is None else seed)
+        self._next_episode[:], self._reseed[:] = 0, True
+
+    def close(self, *, raise_if_closed: bool = True) -> None:
+        for env in self._envs:
+            env.close()
+        super().close(raise_if_closed=raise_if_closed)
+
+    # ---------------------------------------------------------------------------------------------- state
+    def get_extra_state(self) -> dict[str, Any]:
+        """What can be restored (plain tensors and a string, for ``torch.load(weights_only=True)``): the copies' seed
+        streams and next episode numbers."""
+        return {
+            "env_id": self.env_id,
+            "stream": torch.from_numpy(self._stream.copy()),
+            "next_episode": torch.from_numpy(self._next_episode.copy()),
+        }
+
+    def set_extra_state(self, state: dict[str, Any]) -> None:
+        """Restore the streams and counters; the running episodes end, and the next reset starts the following ones."""
+        n = self.batch_size[0]
+        if state["stream"].shape != (n,):
+            raise ValueError(f"the saved environment state is for {state['stream'].shape[0]} copies; this one has {n}")
+        if state["env_id"] != self.env_id:
+            raise ValueError(f"the saved environment state is for env_id {state['env_id']}; this one is {self.env_id}")
+        self._stream, self._next_episode = state["stream"].numpy().copy(), state["next_episode"].numpy().copy()
+        self._started[:], self._terminated[:], self._truncated[:], self._reseed[:] = False, False, False, True
+        self._ready = False
+        self._return[:], self._length[:] = 0.0, 0
+
+
+def observation_spec(space: gymnasium.Space, env_id: str, num_envs: int) -> TensorSpec:
+    """The ``observation`` entry's spec: float32 for a ``Box`` (uint8 images kept, bounded), one-hot for a
+    ``Discrete``."""
+    if isinstance(space, gymnasium.spaces.Box):
+        shape = (num_envs, *space.shape)
+        if space.dtype == np.uint8:
+            low, high = (torch.from_numpy(np.broadcast_to(bound, shape).copy()) for bound in (space.low, space.high))
+            return Bounded(low, high, shape=shape, dtype=torch.uint8)
+        return Unbounded(shape=shape, dtype=torch.float32)
+    if isinstance(space, gymnasium.spaces.Discrete):
+        return Bounded(0.0, 1.0, shape=(num_envs, int(space.n)), dtype=torch.float32)
+    raise ValueError(
+        f"env_id {env_id}: its observation space {space} (after the wrappers) is not supported: Box or Discrete"
+    )
+
+
+def action_spec(space: gymnasium.Space, env_id: str, num_envs: int) -> TensorSpec:
+    """``Categorical`` for a ``Discrete`` action space, ``Bounded`` with the box's bounds for a ``Box``."""
+    if isinstance(space, gymnasium.spaces.Discrete):
+        return Categorical(int(space.n), shape=(num_envs,))
+    if isinstance(space, gymnasium.spaces.Box):
+        if not (np.isfinite(space.low).all() and np.isfinite(space.high).all()):
+            raise ValueError(f"env_id {env_id}: its action space {space} is unbounded; agents need finite bounds")
+        shape = (num_envs, *space.shape)
+        low, high = (
+            torch.from_numpy(np.broadcast_to(bound, shape).astype(np.float32)) for bound in (space.low, space.high)
+        )
+        return Bounded(low, high, shape=shape, dtype=torch.float32)
+    raise ValueError(
+        f"env_id {env_id}: its action space {space} (after the wrappers) is not supported: Discrete or Box"
+    )

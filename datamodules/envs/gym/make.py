@@ -1,0 +1,144 @@
+"""Building one Gymnasium environment from the family's options, each bad option one ``ValueError`` naming it.
+
+- ``env_id``: a registered id (``CartPole-v1``), or ``module:Id`` to import the module that registers it first
+  (Gymnasium's own form: ``my_package.envs:Corridor-v0``). Ids of the ``ALE/`` namespace import ``ale_py``, which
+  registers them. An unknown id lists the close matches among the registered ones.
+- ``env_kwargs``: keyword arguments of ``gymnasium.make`` (the environment's own, and make's: ``max_episode_steps``).
+- ``wrappers``: applied in order, after Gymnasium's episode statistics (:data:`STATS_KEY`); each is a name from
+  ``gymnasium.wrappers`` or a dotted class path, alone or as ``{class_path: ..., init_args: {...}}``.
+
+A dependency that does not import (Box2D, MuJoCo, the ALE) is named with the install command of the project's ``gym``
+extra, which installs all three.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import importlib
+import inspect
+from collections.abc import Sequence
+from typing import Any
+
+import gymnasium
+from gymnasium.envs.registration import EnvSpec
+from gymnasium.wrappers import RecordEpisodeStatistics
+
+#: The command that installs what Gymnasium's Box2D, MuJoCo and Atari environments need (pyproject.toml's extra).
+INSTALL_EXTRA = 'pip install "lightrl[gym]"'
+#: Modules whose environments' dependencies the ``gym`` extra installs (their entry points start with one of these).
+EXTRA_MODULES = ("gymnasium.envs.box2d", "gymnasium.envs.mujoco", "ale_py")
+#: Namespaces whose ids a package registers when it is imported, and that package's module.
+NAMESPACE_MODULES = {"ALE": "ale_py"}
+#: The info key under which the episode statistics (return ``r``, length ``l``) of the environment before the user's
+#: wrappers arrive on an episode's last step; a key of our own, so that a user's RecordEpisodeStatistics keeps its.
+STATS_KEY = "lightrl_episode"
+
+
+def find_spec(env_id: str) -> EnvSpec:
+    """The registered spec of ``env_id`` (``module:Id`` imports ``module`` first)."""
+    module, _, name = env_id.rpartition(":")
+    if module:
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as error:
+            raise ValueError(
+                f"env_id {env_id!r}: its module {module!r} does not import ({error}); it should be the module that "
+                "registers the id (gymnasium.register)"
+            ) from None
+    namespace = name.partition("/")[0] if "/" in name else None
+    if namespace in NAMESPACE_MODULES and name not in gymnasium.registry:
+        package = NAMESPACE_MODULES[namespace]
+        try:
+            importlib.import_module(package)
+        except ModuleNotFoundError as error:
+            raise ValueError(f"env_id {name} needs {error.name}, which is not installed: {INSTALL_EXTRA}") from None
+    if name not in gymnasium.registry:
+        close = difflib.get_close_matches(name, list(gymnasium.registry), n=3, cutoff=0.6)
+        hint = "; register it (gymnasium.register) in a module and give 'module:Id' to import it"
+        if close:
+            hint = f"; did you mean {close[0] if len(close) == 1 else ', '.join(close[:-1]) + ' or ' + close[-1]}?"
+        raise ValueError(f"env_id {name!r} is not a registered Gymnasium id{hint}")
+    return gymnasium.registry[name]
+
+
+def missing_dependency(error: BaseException) -> str | None:
+    """The module whose import failed somewhere in ``error``'s chain (Gymnasium's ``DependencyNotInstalled`` wraps
+    the ``ModuleNotFoundError``), or None."""
+    while error is not None:
+        if isinstance(error, ModuleNotFoundError) and error.name:
+            return error.name
+        error = error.__cause__ or error.__context__
+    return None
+
+
+def resolve_wrappers(wrappers: Sequence[str | dict[str, Any]] | None) -> list[tuple[type[gymnasium.Wrapper], dict]]:
+    """Each entry of the ``wrappers`` option as ``(wrapper class, its keyword arguments)``."""
+    resolved = []
+    for entry in wrappers or ():
+        if isinstance(entry, str):
+            path, kwargs = entry, {}
+        elif isinstance(entry, dict) and "class_path" in entry and set(entry) <= {"class_path", "init_args"}:
+            path, kwargs = entry["class_path"], dict(entry.get("init_args") or {})
+        else:
+            raise ValueError(
+                f"wrappers entries are a wrapper's name or {{class_path: ..., init_args: {{...}}}}, got {entry!r}"
+            )
+        resolved.append((wrapper_class(path), kwargs))
+    return resolved
+
+
+def wrapper_class(path: str) -> type[gymnasium.Wrapper]:
+    """A wrapper named in ``gymnasium.wrappers``, or a dotted ``module.Class`` path to a ``gymnasium.Wrapper``."""
+    found = None
+    module, _, name = path.rpartition(".")
+    with contextlib.suppress(ImportError, AttributeError):  # not a module, or not in it: refused below
+        found = getattr(importlib.import_module(module), name, None) if module else getattr(gymnasium.wrappers, path)
+    if inspect.isclass(found) and issubclass(found, gymnasium.Wrapper):
+        return found
+    close = difflib.get_close_matches(path, gymnasium_wrapper_names(), n=1)
+    raise ValueError(
+        f"wrappers names {path!r}, which is not a wrapper of gymnasium.wrappers nor the class path of a "
+        "gymnasium.Wrapper" + (f"; did you mean {close[0]}?" if close else "")
+    )
+
+
+def gymnasium_wrapper_names() -> list[str]:
+    """The per-environment wrappers of ``gymnasium.wrappers`` (not its vector wrappers)."""
+    names = []
+    for name in gymnasium.wrappers.__all__:
+        try:
+            value = getattr(gymnasium.wrappers, name)
+        except Exception:  # noqa: BLE001 - a wrapper whose optional dependency is missing: not a suggestion
+            continue
+        if inspect.isclass(value) and issubclass(value, gymnasium.Wrapper):
+            names.append(name)
+    return names
+
+
+def make_env(
+    env_id: str, env_kwargs: dict[str, Any], wrappers: list[tuple[type[gymnasium.Wrapper], dict]]
+) -> gymnasium.Env:
+    """``gymnasium.make(env_id, **env_kwargs)``, then ``wrappers`` in order after Gymnasium's episode statistics
+    (recorded under :data:`STATS_KEY`: the return before the wrappers change the reward). Without wrappers the caller
+    sums the rewards itself, which costs less than a wrapper's call per step."""
+    spec = find_spec(env_id)
+    try:
+        env = gymnasium.make(spec.id, **env_kwargs)
+    except (ImportError, gymnasium.error.DependencyNotInstalled) as error:
+        missing = missing_dependency(error) or str(error).split(" ")[0]
+        extra = isinstance(spec.entry_point, str) and spec.entry_point.startswith(EXTRA_MODULES)
+        raise ValueError(
+            f"env_id {spec.id} needs {missing}, which is not installed"
+            + (f": {INSTALL_EXTRA}" if extra else f" (its entry point: {spec.entry_point})")
+        ) from None
+    except TypeError as error:
+        raise ValueError(f"env_kwargs {env_kwargs} do not fit {spec.id}: {error}") from None
+    if wrappers:
+        env = RecordEpisodeStatistics(env, stats_key=STATS_KEY)
+    for cls, kwargs in wrappers:
+        try:
+            env = cls(env, **kwargs)
+        except (TypeError, ValueError, AssertionError, gymnasium.error.Error) as error:
+            raise ValueError(f"wrappers {cls.__name__}({kwargs}) does not apply to {spec.id}: {error}") from None
+    return env
