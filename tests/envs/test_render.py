@@ -123,3 +123,21 @@ def test_mettagrid_frame_is_the_map():
             assert tuple(image[centre, centre]) == tuple(COLOURS[WALL])  # the border
         action = TensorDict({"action": torch.randint(0, env.num_actions, (2, 4))}, batch_size=[2, 4])
         td = env.step(td.update(action))["next"]
+
+
+def test_a_gymnasium_environment_renders_its_rgb_array_where_the_cart_is():
+    from datamodules.envs.gym.env import GymnasiumEnv
+
+    env = GymnasiumEnv(num_envs=2, env_id="CartPole-v1", seed=3)
+    td = env.reset()
+    for _ in range(8):
+        frame = env.render(1)
+        assert frame.dtype == np.uint8 and frame.shape == (400, 600, 3)
+        # CartPole draws its cart black, 50 pixels wide, centred at x * (600 / 4.8) + 300 (its world is 4.8 wide); the
+        # pole may cover part of it, not its ends.
+        black = np.all(frame == 0, axis=-1)
+        columns = np.nonzero(black[black.sum(1) < 100])[1]  # not the track's line, which crosses the whole frame
+        centre = (columns.min() + columns.max()) / 2
+        assert abs(centre - (float(td["observation"][1, 0]) * 600 / 4.8 + 300)) <= 1.5
+        td = env.step(td.set("action", env.action_spec.rand().fill_(1)))["next"]
+    env.close()

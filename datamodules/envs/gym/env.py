@@ -76,6 +76,7 @@ class GymnasiumEnv(StepOutputComplete, BatchedEnv):
 
     episode_metric_keys = ("episode_return", "episode_length")
     exact_state = False
+    can_render = True  # through the copies' render_mode="rgb_array", where the environment has it
     inexact_state_reason = (
         "a Gymnasium environment has no snapshot of its state (and replaying its actions is exact only for a "
         "deterministic environment under stateless wrappers): loading a state ends the running episodes"
@@ -242,6 +243,16 @@ class GymnasiumEnv(StepOutputComplete, BatchedEnv):
                 self._return[i], self._length[i] = stats["r"], stats["l"]
             episode_return[i], length[i] = self._return[i], self._length[i]
         return self._output(reward, episode_return, length)
+
+    def render(self, index: int = 0) -> np.ndarray:
+        """Copy ``index``'s ``render()`` in Gymnasium's ``rgb_array`` mode (uint8 ``[height, width, 3]``)."""
+        frame = self._envs[self._render_index(index)].render()
+        if not isinstance(frame, np.ndarray) or frame.ndim != 3 or frame.shape[-1] != 3:
+            raise ValueError(
+                f"env_id {self.env_id} cannot render: its environment has no rgb_array render mode, so it makes no "
+                "video"
+            )
+        return np.ascontiguousarray(frame, dtype=np.uint8)
 
     def _set_seed(self, seed: int | None) -> None:
         """Copy ``i`` starts stream ``seed + i`` from its first episode at its next reset."""

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import gymnasium
-from gymnasium.envs.registration import EnvSpec
+from gymnasium.envs.registration import EnvSpec, load_env_creator
 from gymnasium.wrappers import RecordEpisodeStatistics
 
 #: The command that installs what Gymnasium's Box2D, MuJoCo and Atari environments need (pyproject.toml's extra).
@@ -116,6 +116,15 @@ def gymnasium_wrapper_names() -> list[str]:
     return names
 
 
+def draws_rgb_arrays(spec: EnvSpec) -> bool:
+    """Whether the environment of ``spec`` declares the ``rgb_array`` render mode (its class's ``metadata``)."""
+    try:
+        creator = load_env_creator(spec.entry_point) if isinstance(spec.entry_point, str) else spec.entry_point
+    except (ImportError, AttributeError, gymnasium.error.Error):
+        return False  # make() reports a missing package with its own line
+    return "rgb_array" in (getattr(creator, "metadata", None) or {}).get("render_modes", ())
+
+
 def make_env(
     env_id: str, env_kwargs: dict[str, Any], wrappers: list[tuple[type[gymnasium.Wrapper], dict]]
 ) -> gymnasium.Env:
@@ -123,6 +132,9 @@ def make_env(
     (recorded under :data:`STATS_KEY`: the return before the wrappers change the reward). Without wrappers the caller
     sums the rewards itself, which costs less than a wrapper's call per step."""
     spec = find_spec(env_id)
+    if "render_mode" not in env_kwargs and draws_rgb_arrays(spec):
+        # Drawn only when asked for (a video): Gymnasium's environments create their renderers at the first render().
+        env_kwargs = {**env_kwargs, "render_mode": "rgb_array"}
     try:
         env = gymnasium.make(spec.id, **env_kwargs)
     except (ImportError, gymnasium.error.DependencyNotInstalled) as error:
