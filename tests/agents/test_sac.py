@@ -194,7 +194,17 @@ def test_resumed_sac_run_ends_with_identical_weights(tmp_path, bc_checkpoint):
     interrupted = resume_config(tmp_path / "half", bc_checkpoint)
     fit(interrupted, "--trainer.max_steps", str(half))
     first_half = weights(tmp_path / "half/checkpoints/last.ckpt")
-    cli = fit(interrupted, "--trainer.max_steps", str(2 * half), "--ckpt_path", "last", "--seed_everything", "123")
+    cli = fit(
+        interrupted,
+        "--trainer.max_steps",
+        str(2 * half),
+        "--ckpt_path",
+        "last",
+        "--seed_everything",
+        "123",
+        "--data.init_args.seed",
+        "0",
+    )
     assert cli.trainer.global_step == 2 * half
     full, resumed = weights(tmp_path / "full/checkpoints/last.ckpt"), weights(tmp_path / "half/checkpoints/last.ckpt")
     assert full.keys() == resumed.keys()

@@ -89,7 +89,17 @@ def test_the_frame_once_store_resumes_exactly(tmp_path):
     assert (folder / "sampler/sampler_priorities.pt").is_file()
     ring = TensorDict.load_memmap(folder / "frames")
     assert isinstance(ring["frames"], MemoryMappedTensor) and int(ring["written"]) > 0  # the frames are in its ring
-    cli = fit(half, "--trainer.max_steps", "24", "--ckpt_path", "last", "--seed_everything", "123")
+    cli = fit(
+        half,
+        "--trainer.max_steps",
+        "24",
+        "--ckpt_path",
+        "last",
+        "--seed_everything",
+        "123",
+        "--data.init_args.seed",
+        "0",
+    )
     assert cli.trainer.global_step == 24
     assert sorted(path.name for path in checkpoints.glob("last.ckpt*")) == [
         "last.ckpt",

@@ -49,7 +49,17 @@ def test_resumed_run_ends_with_identical_weights(tmp_path, agent):
     fit(interrupted, "--trainer.max_steps", str(half))
     first_half = weights(tmp_path / "half/checkpoints/last.ckpt")
     # Another global seed: only a complete restore (weights, RNG states, envs, store) can still match the full run.
-    cli = fit(interrupted, "--trainer.max_steps", str(2 * half), "--ckpt_path", "last", "--seed_everything", "123")
+    cli = fit(
+        interrupted,
+        "--trainer.max_steps",
+        str(2 * half),
+        "--ckpt_path",
+        "last",
+        "--seed_everything",
+        "123",
+        "--data.init_args.seed",
+        "0",
+    )
 
     assert cli.trainer.global_step == 2 * half
     full, resumed = weights(tmp_path / "full/checkpoints/last.ckpt"), weights(tmp_path / "half/checkpoints/last.ckpt")
@@ -429,7 +439,17 @@ def test_ddp_resume_restores_each_ranks_own_state(tmp_path):
     config["trainer"]["default_root_dir"] = str(tmp_path / "resumed")
     config["trainer"]["callbacks"][1]["init_args"]["dirpath"] = str(tmp_path / "resumed")
     resumed_config = write_config(config, tmp_path / "resumed.yaml")
-    fit_ddp(resumed_config, "--trainer.max_steps", "40", "--ckpt_path", str(middle), "--seed_everything", "123")
+    fit_ddp(
+        resumed_config,
+        "--trainer.max_steps",
+        "40",
+        "--ckpt_path",
+        str(middle),
+        "--seed_everything",
+        "123",
+        "--data.init_args.seed",
+        "0",
+    )
     resumed = tmp_path / "resumed/checkpoints"
 
     for rank in (0, 1):
