@@ -69,7 +69,12 @@ def test_metta_ppo_trains_logs_and_resumes_exactly_with_its_worker_processes(tmp
     full = fit_metta(tmp_path / "full", "--trainer.max_steps=24", *workers)
     fit_metta(tmp_path / "half", "--trainer.max_steps=10", *workers)
     resumed = fit_metta(
-        tmp_path / "half", "--trainer.max_steps=24", "--ckpt_path=last", "--seed_everything=123", *workers
+        tmp_path / "half",
+        "--trainer.max_steps=24",
+        "--ckpt_path=last",
+        "--seed_everything=123",
+        "--data.init_args.seed=0",
+        *workers,
     )
 
     kind = workers[0].split("=")[1]
