@@ -361,6 +361,7 @@ def test_a_resumed_run_writes_one_report_and_one_learning_curve_for_the_whole_ru
     assert [row for row in history if "eval/random_return_mean" in row] == history[:1]
     random = evaluation_of(resumed).random
     assert random == {key: value for key, value in history[0].items() if key.startswith("eval/random_")}
-    assert set(random) == {"eval/random_return_mean", "eval/random_length_mean"}  # the chain env has no food
+    spread = {f"eval/random_return_{figure}" for figure in ("std", "iqm", "ci_low", "ci_high")}
+    assert set(random) == {"eval/random_return_mean", "eval/random_length_mean", *spread}  # the chain env: no food
     assert evaluation_of(first).random == random
     assert (tmp_path / "learning_curve.png").read_bytes()[:4] == b"\x89PNG"
