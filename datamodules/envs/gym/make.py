@@ -132,11 +132,12 @@ def make_env(
     (recorded under :data:`STATS_KEY`: the return before the wrappers change the reward). Without wrappers the caller
     sums the rewards itself, which costs less than a wrapper's call per step."""
     spec = find_spec(env_id)
-    if "render_mode" not in env_kwargs and draws_rgb_arrays(spec):
+    make_kwargs = dict(env_kwargs)
+    if "render_mode" not in make_kwargs and draws_rgb_arrays(spec):
         # Drawn only when asked for (a video): Gymnasium's environments create their renderers at the first render().
-        env_kwargs = {**env_kwargs, "render_mode": "rgb_array"}
+        make_kwargs["render_mode"] = "rgb_array"
     try:
-        env = gymnasium.make(spec.id, **env_kwargs)
+        env = gymnasium.make(spec.id, **make_kwargs)
     except (ImportError, gymnasium.error.DependencyNotInstalled) as error:
         missing = missing_dependency(error) or str(error).split(" ")[0]
         extra = isinstance(spec.entry_point, str) and spec.entry_point.startswith(EXTRA_MODULES)
