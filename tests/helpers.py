@@ -18,6 +18,11 @@ CHAIN = {"class_path": "datamodules.envs.testing.chain.ChainEnv", "init_args": {
 RECALL = {"class_path": "datamodules.envs.testing.recall.CueRecallEnv", "init_args": {"num_agents": 4, "length": 4}}
 
 
+#: Flags of a resume under another global seed that keep the environments' seed (``seed_everything`` alone would
+#: reseed them too): only a complete restore (weights, RNG states, environments, buffers) then matches the
+#: uninterrupted run.
+RESEEDED = ("--seed_everything", "123", "--data.init_args.seed", "0")
+
 #: ``collection`` of a replay data module that prepares each round in a background thread.
 PREFETCH = {"class_path": "datamodules.collection.InProcess", "init_args": {"prefetch": True}}
 

@@ -20,7 +20,7 @@ from callbacks.progress import RLProgressBar
 from datamodules.envs.racing.env import STEERING_LIMIT, RacingEnv
 from export.loader import TracedPolicy
 from modules.bc import BehaviourCloning
-from tests.helpers import ROOT, fit, weights, write_config
+from tests.helpers import RESEEDED, ROOT, fit, weights, write_config
 
 SHORT_EPISODES = ("--data.init_args.env.init_args.max_steps", "200")  # closed-loop episodes of 4 s, not 100 s
 
@@ -93,7 +93,7 @@ def test_resumed_run_ends_with_identical_weights(tmp_path, monkeypatch):
     fit(config, *SHORT_EPISODES, "--trainer.max_epochs", "3", "--trainer.logger.init_args.name", "half")
     half = tmp_path / "runs" / "half" / "version_0" / "checkpoints" / "last.ckpt"
     first_half = weights(half)
-    resume = ("--ckpt_path", "last", "--seed_everything", "123", "--data.init_args.seed", "0")
+    resume = ("--ckpt_path", "last", *RESEEDED)
     cli = fit(config, *SHORT_EPISODES, "--trainer.max_epochs", "6", "--trainer.logger.init_args.name", "half", *resume)
 
     assert cli.trainer.current_epoch == 6 and cli.trainer.global_step == 6 * 12  # 720 training pairs, 64 a batch

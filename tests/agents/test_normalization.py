@@ -20,7 +20,7 @@ from datamodules.rollout import RolloutDataModule
 from modules.normalization import RAW_OBSERVATION, ObservationNormalizer
 from modules.ppo import PPO
 from tests.agents.test_ppo_continuous import racing_ppo_config
-from tests.helpers import ROOT, fit, weights, write_config
+from tests.helpers import RESEEDED, ROOT, fit, weights, write_config
 
 
 def test_statistics_are_the_mean_and_variance_of_every_observation_so_far():
@@ -123,7 +123,7 @@ def test_resumed_run_continues_the_statistics_and_ends_with_identical_weights(tm
     first_half = weights(tmp_path / "half/checkpoints/last.ckpt")
     assert first_half["observation_normalizer.count"].item() == 3 * 64  # every collected frame, once
     record = "--trainer.callbacks+=tests.agents.test_normalization.RecordStatistics"
-    cli = fit(interrupted, "--ckpt_path", "last", "--seed_everything", "123", "--data.init_args.seed", "0", record)
+    cli = fit(interrupted, "--ckpt_path", "last", *RESEEDED, record)
     assert cli.trainer.global_step == full.trainer.global_step == 18
     # The resumed run started from the checkpoint's statistics...
     started = next(callback for callback in cli.trainer.callbacks if isinstance(callback, RecordStatistics)).state

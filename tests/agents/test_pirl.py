@@ -11,7 +11,7 @@ import yaml
 
 from datamodules.envs.safety.vehicle import VehicleEnv
 from modules.pirl import PhysicsInformedDQN
-from tests.helpers import ROOT, fit, weights, write_config
+from tests.helpers import RESEEDED, ROOT, fit, weights, write_config
 
 
 def small_run(config_name: str, root: Path, **model: object) -> dict:
@@ -169,9 +169,7 @@ def test_resumed_vehicle_run_ends_with_identical_weights(tmp_path, prefetch):
     fit(config(tmp_path / "full", 82))
     fit(config(tmp_path / "half", 41))
     # Another global seed: only a complete restore (weights, RNG states, envs, buffer) can still match the full run.
-    cli = fit(
-        config(tmp_path / "half", 82), "--ckpt_path", "last", "--seed_everything", "123", "--data.init_args.seed", "0"
-    )
+    cli = fit(config(tmp_path / "half", 82), "--ckpt_path", "last", *RESEEDED)
     assert cli.trainer.global_step == 82
     full = weights(next((tmp_path / "full").rglob("last.ckpt")))
     resumed = weights(next((tmp_path / "half").rglob("last.ckpt")))

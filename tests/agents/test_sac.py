@@ -18,7 +18,7 @@ from app.stages import MARKER, stage_folder
 from datamodules.envs.racing.env import RacingEnv
 from modules.sac import SAC
 from modules.sac_reference import tanh_gaussian_sample
-from tests.helpers import ROOT, fit, weights, write_config
+from tests.helpers import RESEEDED, ROOT, fit, weights, write_config
 
 ENV = RacingEnv(curvature_ahead=[5, 15, 30])
 SPECS = {"observation_spec": ENV.observation_spec[0], "action_spec": ENV.action_spec[0]}
@@ -200,10 +200,7 @@ def test_resumed_sac_run_ends_with_identical_weights(tmp_path, bc_checkpoint):
         str(2 * half),
         "--ckpt_path",
         "last",
-        "--seed_everything",
-        "123",
-        "--data.init_args.seed",
-        "0",
+        *RESEEDED,
     )
     assert cli.trainer.global_step == 2 * half
     full, resumed = weights(tmp_path / "full/checkpoints/last.ckpt"), weights(tmp_path / "half/checkpoints/last.ckpt")

@@ -12,7 +12,7 @@ from tensordict import MemoryMappedTensor, TensorDict
 from tensordict.nn import TensorDictModule
 
 from datamodules.base import AutocastPolicy
-from tests.helpers import ROOT, chain_config, fit, weights, write_config
+from tests.helpers import RESEEDED, ROOT, chain_config, fit, weights, write_config
 
 # Small frames and short stacks keep the real emulator's tests quick; the network is the reference's at any frame size.
 SMALL_MARIO = {
@@ -95,10 +95,7 @@ def test_the_frame_once_store_resumes_exactly(tmp_path):
         "24",
         "--ckpt_path",
         "last",
-        "--seed_everything",
-        "123",
-        "--data.init_args.seed",
-        "0",
+        *RESEEDED,
     )
     assert cli.trainer.global_step == 24
     assert sorted(path.name for path in checkpoints.glob("last.ckpt*")) == [

@@ -17,7 +17,7 @@ pytest.importorskip("mettagrid", reason='the metta extra: pip install -e ".[mett
 
 from app.cli import main
 from datamodules.collection import CollectorWorkers
-from tests.helpers import ROOT, weights
+from tests.helpers import RESEEDED, ROOT, weights
 
 # configs/metta_ppo.yaml shrunk for a test (2 environments of 4 agents on a small map, 16-step rollouts cut into
 # 8-step segments), its worker processes, logger, checkpoints and evaluation left on.
@@ -72,8 +72,7 @@ def test_metta_ppo_trains_logs_and_resumes_exactly_with_its_worker_processes(tmp
         tmp_path / "half",
         "--trainer.max_steps=24",
         "--ckpt_path=last",
-        "--seed_everything=123",
-        "--data.init_args.seed=0",
+        *RESEEDED,
         *workers,
     )
 

@@ -16,7 +16,7 @@ import torch
 
 from app.cli import main
 from callbacks.schedule import AtomicCheckpointIO
-from tests.helpers import PREFETCH, ROOT, chain_config, fit, saved_replay, weights, write_config
+from tests.helpers import PREFETCH, RESEEDED, ROOT, chain_config, fit, saved_replay, weights, write_config
 
 
 @pytest.mark.slow
@@ -55,10 +55,7 @@ def test_resumed_run_ends_with_identical_weights(tmp_path, agent):
         str(2 * half),
         "--ckpt_path",
         "last",
-        "--seed_everything",
-        "123",
-        "--data.init_args.seed",
-        "0",
+        *RESEEDED,
     )
 
     assert cli.trainer.global_step == 2 * half
@@ -445,10 +442,7 @@ def test_ddp_resume_restores_each_ranks_own_state(tmp_path):
         "40",
         "--ckpt_path",
         str(middle),
-        "--seed_everything",
-        "123",
-        "--data.init_args.seed",
-        "0",
+        *RESEEDED,
     )
     resumed = tmp_path / "resumed/checkpoints"
 
