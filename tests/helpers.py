@@ -130,8 +130,12 @@ def weights(checkpoint: Path) -> dict[str, torch.Tensor]:
 
 def saved_replay(checkpoint: Path, data_state: dict) -> tuple[dict, dict]:
     """The replay buffer a checkpoint keeps beside it (``FrameCheckpoint``; ``data_state`` is the data module's entry
-    of the checkpoint, or a rank's state file): its storage, read into memory, and its writer's cursor and count."""
+    of the checkpoint, or a rank's state file): its written rows, read into memory, and its writer's cursor and count.
+
+    Rows the writer has not reached yet are left out: the storage allocates them uninitialised, so they hold
+    whatever the allocator handed back and differ between two runs that wrote the same data."""
     folder = Path(checkpoint).parent / data_state["buffer_folder"]
-    storage = TensorDict.load_memmap(folder / "storage").clone().to_dict()
     writer = json.loads((folder / "writer/metadata.json").read_text())
-    return storage, writer
+    storage = TensorDict.load_memmap(folder / "storage")
+    written = min(writer["write_count"], storage.shape[0])
+    return storage[:written].clone().to_dict(), writer
