@@ -171,7 +171,54 @@ class FrameCheckpoint(ModelCheckpointSteps):
         self._saved_slot = state_dict.get("saved_slot", 0)
 
 
-class PeriodicEvaluation(Callback):
+class FrameSchedule(Callback):
+    """Runs :meth:`run` every ``every_n_frames`` frames of training, before the first update when ``at_start``, and
+    at the end of fit unless it has just run at those frames. Its position is saved in checkpoints, so a resumed run
+    runs at the frames the uninterrupted one would have.
+
+    Subclasses implement :meth:`run`; the frames counted are the data module's, summed over ranks where reported.
+    """
+
+    def __init__(self, every_n_frames: int, at_start: bool) -> None:
+        if every_n_frames < 1:
+            raise ValueError(f"every_n_frames must be >= 1, got {every_n_frames}")
+        self.every_n_frames = every_n_frames
+        self.at_start = at_start
+        self._done_slot = -1  # the last multiple of every_n_frames run at (-1: the run has not started)
+        self._last_frames = -1  # the frames at the last run
+
+    def run(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        raise NotImplementedError
+
+    def _run(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._last_frames = trainer.datamodule.frames * trainer.world_size
+        self.run(trainer, pl_module)
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._done_slot < 0:
+            self._done_slot = 0
+            if self.at_start:
+                self._run(trainer, pl_module)
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any) -> None:
+        slot = trainer.datamodule.frames // self.every_n_frames
+        if slot > self._done_slot:
+            self._done_slot = slot
+            self._run(trainer, pl_module)
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._last_frames != trainer.datamodule.frames * trainer.world_size:
+            self._run(trainer, pl_module)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"done_slot": self._done_slot, "last_frames": self._last_frames}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._done_slot = state_dict["done_slot"]
+        self._last_frames = state_dict.get("last_frames", -1)
+
+
+class PeriodicEvaluation(FrameSchedule):
     """Plays greedy episodes in separate evaluation environments every ``every_n_frames`` frames and at the end.
 
     Logs ``eval/return_mean`` with its spread over the episodes (``eval/return_std``, ``eval/return_iqm``, the 95 %
@@ -204,39 +251,19 @@ class PeriodicEvaluation(Callback):
         random_policy: bool = True,
         stop_at_return: float | None = None,
     ) -> None:
-        if every_n_frames < 1:
-            raise ValueError(f"every_n_frames must be >= 1, got {every_n_frames}")
+        super().__init__(every_n_frames, at_start)
         if episodes is not None and episodes < 1:
             raise ValueError(f"episodes must be >= 1, got {episodes}")
-        self.every_n_frames = every_n_frames
         self.episodes = episodes
-        self.at_start = at_start
         self.random_policy = random_policy
         self.stop_at_return = stop_at_return
         self.history: list[dict[str, float]] = []
         self.random: dict[str, float] = {}  # the random policy's eval/random_* metrics, once measured
-        self._done_slot = -1
         self._elapsed_at_start = 0.0  # seconds of training before this process (restored from a checkpoint)
         self._start_time = time.perf_counter()
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._start_time = time.perf_counter() - self._elapsed_at_start
-
-    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self._done_slot < 0:
-            self._done_slot = 0
-            if self.at_start:
-                self._evaluate(trainer, pl_module)
-
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any) -> None:
-        slot = trainer.datamodule.frames // self.every_n_frames
-        if slot > self._done_slot:
-            self._done_slot = slot
-            self._evaluate(trainer, pl_module)
-
-    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if not self.history or self.history[-1]["frames"] != trainer.datamodule.frames * trainer.world_size:
-            self._evaluate(trainer, pl_module)
 
     def measure(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, float]:
         """The evaluation itself (the model is in eval mode): metrics without the ``eval/`` prefix."""
@@ -246,7 +273,7 @@ class PeriodicEvaluation(Callback):
         """The same evaluation with uniformly random actions: metrics without prefix (logged as ``eval/random_*``)."""
         return trainer.datamodule.evaluate_random(self.episodes)
 
-    def _evaluate(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+    def run(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         with trainer.datamodule.timer.phase("eval"):
             was_training = pl_module.training
             pl_module.eval()
@@ -285,15 +312,17 @@ class PeriodicEvaluation(Callback):
 
     def state_dict(self) -> dict[str, Any]:
         return {
+            **super().state_dict(),
             "history": self.history,
-            "done_slot": self._done_slot,
             "random": self.random,
             "elapsed_s": time.perf_counter() - self._start_time,
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)
         self.history = list(state_dict["history"])
-        self._done_slot = state_dict["done_slot"]
+        if "last_frames" not in state_dict and self.history:  # checkpoints from before the schedule kept it
+            self._last_frames = self.history[-1]["frames"]
         self.random = dict(state_dict.get("random", {}))
         # Checkpoints from before the clock was saved: continue from the last evaluation's time.
         self._elapsed_at_start = state_dict.get("elapsed_s", self.history[-1]["time_s"] if self.history else 0.0)

@@ -18,9 +18,9 @@ from typing import Any
 
 import lightning.pytorch as pl
 import numpy as np
-from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
+from callbacks.schedule import FrameSchedule
 from datamodules.envs.base import cannot_render
 
 #: how to get the encoder, for the error line when it is missing.
@@ -110,7 +110,7 @@ def record_video(
         return datamodule.record(policy, episodes, video.append, max_frames)
 
 
-class EvaluationVideo(Callback):
+class EvaluationVideo(FrameSchedule):
     """Records ``episodes`` greedy evaluation episodes to ``<run folder>/videos/frames_<N>.mp4`` every
     ``every_n_frames`` frames of training (``N``: frames so far) and at the end, and hands each file to the loggers
     that take videos (those with a ``log_video`` method, such as Lightning's ``WandbLogger``).
@@ -137,7 +137,8 @@ class EvaluationVideo(Callback):
         at_start: bool = False,
         dirpath: str | None = None,
     ) -> None:
-        for name, value in (("every_n_frames", every_n_frames), ("episodes", episodes), ("fps", fps)):
+        super().__init__(every_n_frames, at_start)
+        for name, value in (("episodes", episodes), ("fps", fps)):
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
         if max_frames is not None and max_frames < 1:
@@ -145,11 +146,8 @@ class EvaluationVideo(Callback):
         missing = encoder_missing()
         if missing:
             raise ValueError(missing)
-        self.every_n_frames, self.episodes, self.fps, self.max_frames = every_n_frames, episodes, fps, max_frames
-        self.at_start, self.dirpath = at_start, dirpath
+        self.episodes, self.fps, self.max_frames, self.dirpath = episodes, fps, max_frames, dirpath
         self.videos: list[str] = []  # the files written by this process
-        self._done_slot = -1
-        self._last_frames = -1  # the frame count of the last video
         self._dir: Path | None = None
 
     def check_datamodule(self, datamodule: Any) -> None:
@@ -164,25 +162,8 @@ class EvaluationVideo(Callback):
             # Resolved on every rank: trainer.log_dir broadcasts, so rank zero alone would wait for the others forever.
             self._dir = Path(self.dirpath or Path(trainer.log_dir or trainer.default_root_dir) / "videos")
 
-    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self._done_slot < 0:
-            self._done_slot = 0
-            if self.at_start:
-                self._record(trainer, pl_module)
-
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any) -> None:
-        slot = trainer.datamodule.frames // self.every_n_frames
-        if slot > self._done_slot:
-            self._done_slot = slot
-            self._record(trainer, pl_module)
-
-    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self._last_frames != trainer.datamodule.frames * trainer.world_size:
-            self._record(trainer, pl_module)
-
-    def _record(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        frames = trainer.datamodule.frames * trainer.world_size
-        self._last_frames = frames
+    def run(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        frames = self._last_frames
         if not trainer.is_global_zero:  # one video per run: rank 0's episodes
             return
         path = self._dir / f"frames_{frames}.mp4"
@@ -202,10 +183,3 @@ class EvaluationVideo(Callback):
             log_video = getattr(logger, "log_video", None)
             if callable(log_video):  # WandbLogger: one list entry per video, with its fps and format
                 log_video("eval/video", [str(path)], step=trainer.global_step, fps=[self.fps], format=["mp4"])
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"done_slot": self._done_slot, "last_frames": self._last_frames}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self._done_slot = state_dict["done_slot"]
-        self._last_frames = state_dict.get("last_frames", -1)
