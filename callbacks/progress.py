@@ -25,6 +25,12 @@ EVALUATION_ITEMS = (
     ("eval/food_mean", "food", "{:.2f}"),
     ("eval/safety_mae", "safety_mae", "{:.3f}"),
 )
+# (logged key, label on the bar, format) of the training episodes ended before the latest logging step, shown once
+# some have (datamodules/episodes.py): the curve users watch first, long before an evaluation.
+TRAINING_ITEMS = (
+    ("train/return_mean", "ep_return", "{:.2f}"),
+    ("train/length_mean", "ep_length", "{:.0f}"),
+)
 
 
 def compact(value: float) -> str:
@@ -37,7 +43,8 @@ def compact(value: float) -> str:
 
 class RLProgressBar(TQDMProgressBar):
     """The training bar counts updates (towards ``max_steps``) and shows ``frames``, ``frames/s``, ``updates/s``,
-    the latest evaluation (``return``; ``food`` for Snake, ``safety_mae`` for PIRL) and what the model logs with
+    the training episodes' mean return and length as last logged (``ep_return``, ``ep_length``), the latest
+    evaluation (``return``; ``food`` for Snake, ``safety_mae`` for PIRL) and what the model logs with
     ``prog_bar=True`` (``train/loss``).
 
     The loop runs up to thousands of updates a second, and redrawing a terminal line costs about as much as a small
@@ -110,6 +117,8 @@ class RLProgressBar(TQDMProgressBar):
     def get_metrics(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, Any]:
         """What the bar shows; Lightning's ``v_num`` (the logger's version) is left out."""
         items: dict[str, Any] = {"frames": compact(self._frames(trainer)), **self._rates}
+        logged = trainer.callback_metrics
+        items.update({label: form.format(float(logged[key])) for key, label, form in TRAINING_ITEMS if key in logged})
         history = self._evaluation.history if self._evaluation is not None else []
         if history:
             latest = history[-1]

@@ -7,7 +7,8 @@ accessor, and two private hooks.
 - a ``ParallelEnv`` signals "step done" through shared flags, ``_shm_done_flags``, which loading a state leaves up;
 - a replay buffer hands its sampler the generator to draw with as ``Sampler._rng``;
 - a ``TensorStorage`` holds its whole preallocated tensordict in ``_storage`` (a benchmark measures its bytes);
-- ``EnvBase._step_proc_data`` completes a step's output (rewards, dones) against the specs.
+- ``EnvBase._step_proc_data`` completes a step's output (rewards, dones) against the specs;
+- a ``MultiAsyncCollector`` takes each worker's batch, and the worker's index, from its queue in ``_get_from_queue``.
 
 The resume tests (tests/app/test_resume.py, tests/data/test_replay.py, tests/data/test_parallel.py) fail if any of
 these changes meaning; tests/app/test_compat.py fails first, when TorchRL's minor version moves or a name is gone.
@@ -19,7 +20,7 @@ from typing import Any
 
 import torch
 from tensordict import TensorDictBase
-from torchrl.collectors import Collector
+from torchrl.collectors import Collector, MultiAsyncCollector
 from torchrl.envs import ParallelEnv, Transform
 
 DISTRIBUTION = "torchrl"
@@ -37,6 +38,7 @@ PRIVATE_API = (
     ("torchrl.data.replay_buffers.samplers.Sampler", "_rng", "sampler_generator"),
     ("torchrl.data.TensorStorage", "_storage", "storage_contents"),
     ("torchrl.envs.EnvBase", "_step_proc_data", "StepOutputComplete"),
+    ("torchrl.collectors.MultiAsyncCollector", "_get_from_queue", "WorkerTaggedAsyncCollector"),
 )
 
 
@@ -110,3 +112,19 @@ class StepOutputComplete:
     # EnvBase._step_proc_data (private; torchrl 0.14.1): called by EnvBase.step on _step's output.
     def _step_proc_data(self, next_tensordict: TensorDictBase) -> TensorDictBase:
         return super()._step_proc_data(next_tensordict) if self.run_type_checks else next_tensordict  # type: ignore[misc]
+
+
+#: Where :class:`WorkerTaggedAsyncCollector` writes the index of the worker that delivered a batch.
+WORKER_KEY = ("collector", "worker")
+
+
+class WorkerTaggedAsyncCollector(MultiAsyncCollector):
+    """A ``MultiAsyncCollector`` whose batches say which worker delivered them, in :data:`WORKER_KEY`: its
+    batches arrive interleaved, and what continues over a worker's batches (the training episodes' running sums,
+    ``datamodules/episodes.py``) must know whose they are. TorchRL reads the index and drops it."""
+
+    # MultiAsyncCollector._get_from_queue (private; torchrl 0.14.1): returns (worker index, batch count, batch).
+    def _get_from_queue(self, timeout: float | None = None) -> tuple[int, int, TensorDictBase]:
+        worker, count, batch = super()._get_from_queue(timeout)
+        batch.set(WORKER_KEY, torch.full(batch.shape, worker, dtype=torch.long, device=batch.device))
+        return worker, count, batch

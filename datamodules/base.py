@@ -42,6 +42,7 @@ from torchrl.envs import EnvBase, Transform, TransformedEnv
 from datamodules.checkpoint_files import rank_state_path, remove_path
 from datamodules.collection import ACT_DTYPES, AutocastPolicy, Collection, InProcess
 from datamodules.envs.base import BatchedEnv
+from datamodules.episodes import EpisodeStatistics
 from datamodules.evaluation import Evaluation, fixed_seed
 from datamodules.timing import PhaseTimer
 
@@ -245,6 +246,10 @@ class RLDataModule(EnvSpecs, Evaluation, pl.LightningDataModule):
                 raise ValueError(f"--data.init_args.eval_env_options: {error}") from error
 
         self.timer = PhaseTimer()
+        #: the training episodes' return, length and metrics, from every batch collected (datamodules/episodes.py)
+        self.episodes = EpisodeStatistics(
+            self.episode_metric_keys, self.episode_metric_over, num_envs * self.agents_per_env, self.agents_per_env
+        )
         self.frames = 0  # environment frames collected by this rank
         self.samples = 0  # transitions handed to the model by this rank
         self.device = torch.device("cpu")
@@ -379,14 +384,16 @@ class RLDataModule(EnvSpecs, Evaluation, pl.LightningDataModule):
         ``[num_envs, collect_steps]`` (``[num_envs, num_agents, collect_steps]`` for a multi-agent environment)."""
         batch = self.collect_uncounted(self.timer)
         self.frames += batch.numel()
+        self.episodes.count()
         return batch
 
     def collect_uncounted(self, timer: PhaseTimer) -> TensorDictBase:
         """:meth:`collect` without adding to ``frames``, timed into ``timer``: for collection off the training thread
         (:class:`~datamodules.replay.ReplayDataModule`'s prefetch), whose frames count when the training thread takes
-        them."""
+        them, and so do the training episodes that end in it: ``EpisodeStatistics.count``)."""
         with timer.phase("collect"):
             batch = self.collection.collect()  # a dead worker is one error naming it (Collection.check_workers_alive)
+            self.episodes.observe(batch)
         if self.postprocess is not None:
             with timer.phase("advantage"):
                 self.postprocess(batch)
@@ -408,8 +415,9 @@ class RLDataModule(EnvSpecs, Evaluation, pl.LightningDataModule):
 
     def monitor(self) -> dict[str, float]:
         """Figures about the data path that the model logs with its losses (the logged steps only): the
-        collection's."""
-        return self.collection.monitor()
+        collection's, and the training episodes ended since the last call (``EpisodeStatistics.report``:
+        ``train/return_mean``, ``train/length_mean``, ``train/<metric>_mean``, ``data/episodes``)."""
+        return {**self.collection.monitor(), **self.episodes.report()}
 
     def settle(self) -> None:
         """Wait for collection running off the training thread, if any (see ReplayDataModule's ``prefetch``): before
@@ -434,6 +442,7 @@ class RLDataModule(EnvSpecs, Evaluation, pl.LightningDataModule):
     def state_dict(self) -> dict[str, Any]:
         self.settle()
         state = {"frames": self.frames, "samples": self.samples, "rng": rng_state()}
+        state["episodes"] = self.episodes.state_dict()
         if self.trainer is not None:
             # The update this state belongs to names the other ranks' files (rank_state_path).
             state.update(updates=self.trainer.global_step, world_size=self.trainer.world_size)
@@ -482,4 +491,8 @@ class RLDataModule(EnvSpecs, Evaluation, pl.LightningDataModule):
 
     def _restore_collection_state(self, state: dict[str, Any]) -> None:
         self.collection.load_state_dict(state)
+        if "episodes" in state:
+            # The running episodes' sums continue only where the environments continue their episodes.
+            continues = self._env_class.exact_state and not self.collection.asynchronous
+            self.episodes.load_state_dict(state["episodes"], running=continues, device=self.device)
         set_rng_state(state["rng"])

@@ -34,6 +34,7 @@ import contextlib
 import os
 import queue
 import threading
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -42,9 +43,9 @@ import torch
 from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 from torchrl.collectors import Collector, MultiAsyncCollector, MultiSyncCollector
-from torchrl.envs import Compose, EnvBase, ParallelEnv, RewardSum
+from torchrl.envs import EnvBase, ParallelEnv
 
-from compat.torchrl import collector_carrier, parallel_env_lower_done_flags
+from compat.torchrl import WorkerTaggedAsyncCollector, collector_carrier, parallel_env_lower_done_flags
 from datamodules.checkpoint_files import from_plain, to_plain
 from datamodules.workers import (
     DEAD_WORKER,
@@ -360,8 +361,8 @@ class AsyncCollectorWorkers(Collection):
 
     The workers act on the CPU whatever the learner's device; with the learner on a CPU its parameters themselves
     live in shared memory, so every update reaches them at once; with the learner on a GPU the weights are copied
-    to them every ``weight_sync_interval`` updates. Each worker's environments sum their episodes' rewards (TorchRL's
-    ``RewardSum``), which :meth:`monitor` reports with the environment's episode metrics.
+    to them every ``weight_sync_interval`` updates. The feeder hands every batch, dropped ones too, to the data
+    module's training-episode statistics (``datamodules/episodes.py``), tagged with the worker that delivered it.
 
     **Resume** restores the replay buffer, the frame and update counters and the learner's RNG, not the workers'
     episodes: a resumed run's workers start new episodes (the order in which asynchronous workers deliver is not
@@ -382,8 +383,6 @@ class AsyncCollectorWorkers(Collection):
         self.workers, self.learner_nice = workers, learner_nice
         self._feeder: _Feeder | None = None
         self._learner_priority: int | None = None  # the training thread's niceness before collection started
-        self._episodes_ended, self._episodes_reported = 0, 0  # training episodes that ended, for monitor()
-        self._episode_sums: dict[str, float] = {}
 
     def _options(self) -> dict[str, Any]:
         return {"workers": self.workers, "learner_nice": self.learner_nice}
@@ -410,30 +409,26 @@ class AsyncCollectorWorkers(Collection):
     def build(self, data: RLDataModule) -> None:
         self._data = data
         self._log_dir = workers_log_dir(data.trainer)
-        # Each worker's environments sum their episodes' rewards (TorchRL's RewardSum): the training episodes' return,
-        # which monitor() reports with their other metrics.
-        episode_return = RewardSum()
-        transform = (
-            episode_return if data.env_transform is None else Compose(data.env_transform.clone(), episode_return)
-        )
         make_envs = worker_env_factories(
             self._log_dir,
             data._env_class,
             data._env_options,
-            transform,
+            data.env_transform,
             self.workers,
             self.envs_per_worker,
             data.rank_seed,
             WORKER_DEVICE,
         )
         self.collector = multi_process_collector(
-            MultiAsyncCollector,
+            WorkerTaggedAsyncCollector,  # the episode statistics continue each worker's environments' sums
             make_envs,
             data.policy,
             frames_per_batch=self.envs_per_worker * data.collect_steps,
             device=WORKER_DEVICE,
         )
-        self._feeder = _Feeder(self.collector, max_batches=-(-data.buffer_size // self.batch_frames))
+        self._feeder = _Feeder(
+            self.collector, max_batches=-(-data.buffer_size // self.batch_frames), observe=data.episodes.observe
+        )
         self._feeder.start()
         if self.learner_nice:  # after the workers and the feeder started: they keep the priority they had
             self._learner_priority = os.getpriority(os.PRIO_PROCESS, 0)  # Linux: this thread's
@@ -468,31 +463,12 @@ class AsyncCollectorWorkers(Collection):
         """Worker batches delivered and not yet in the replay buffer."""
         return 0 if self._feeder is None else self._feeder.batches.qsize()
 
-    def count_episodes(self, batch: TensorDictBase, metric_keys: tuple[str, ...]) -> None:
-        """Add the training episodes that ended in ``batch`` to the figures :meth:`monitor` reports (their episode
-        metrics, e.g. Mario's ``x_pos``, which the environment writes on an episode's last step)."""
-        done = batch.get(("next", "done")).reshape(-1)
-        ended = int(done.sum())
-        if ended:
-            for key, name in (("episode_reward", "return"), *((key, key) for key in metric_keys)):
-                self._episode_sums[name] = self._episode_sums.get(name, 0.0) + float(
-                    batch.get(("next", key)).reshape(-1)[done].sum()
-                )
-        self._episodes_ended += ended
-
     def monitor(self) -> dict[str, float]:
-        """Worker batches queued for the buffer and dropped, training episodes ended, and their return and episode
-        metrics (means over those ended since the last report: ``train/return_mean``, e.g. ``train/x_pos_mean``)."""
-        figures = {
+        """Worker batches queued for the buffer and dropped."""
+        return {
             "data/queued_batches": float(self.queued_batches),
             "data/dropped": float(self._feeder.dropped_batches) if self._feeder is not None else 0.0,
         }
-        ended = self._episodes_ended - self._episodes_reported
-        if ended:
-            figures.update({f"train/{key}_mean": total / ended for key, total in self._episode_sums.items()})
-        figures["data/episodes"] = float(self._episodes_ended)
-        self._episodes_reported, self._episode_sums = self._episodes_ended, {}
-        return figures
 
     def teardown(self) -> None:
         if self._feeder is not None:
@@ -513,12 +489,13 @@ class AsyncCollectorWorkers(Collection):
 
 
 class _Feeder(threading.Thread):
-    """Iterates the multi-process collector (each ``next`` also tells the delivering worker to go on) and queues what
-    arrives, or the exception that ended it, for the learner; beyond ``max_batches`` waiting, the oldest is dropped."""
+    """Iterates the multi-process collector (each ``next`` also tells the delivering worker to go on), hands each
+    batch to ``observe`` (the training-episode statistics: a dropped batch's episodes were played too) and queues it,
+    or the exception that ended it, for the learner; beyond ``max_batches`` waiting, the oldest is dropped."""
 
-    def __init__(self, collector: Any, max_batches: int) -> None:
+    def __init__(self, collector: Any, max_batches: int, observe: Callable[[TensorDictBase], None]) -> None:
         super().__init__(name="collector-feeder", daemon=True)
-        self.collector, self.max_batches = collector, max_batches
+        self.collector, self.max_batches, self.observe = collector, max_batches, observe
         self.batches: queue.Queue = queue.Queue()
         self.stopping = False  # set before shutting the collector down: what breaks then is not an error
         self.dropped_batches = 0
@@ -528,6 +505,7 @@ class _Feeder(threading.Thread):
     def run(self) -> None:
         try:
             for batch in self.collector:
+                self.observe(batch)
                 while self.batches.qsize() >= self.max_batches:  # only batches are queued before an exception
                     try:
                         oldest = self.batches.get_nowait()

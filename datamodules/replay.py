@@ -258,6 +258,7 @@ class ReplayDataModule(RLDataModule):
         else:
             taken = self._prepare_round(self.frames, self.update_credit, self.timer)
         self.frames, self.update_credit = taken.frames, taken.credit
+        self.episodes.count()  # the round's training episodes count with its frames
         self._round_updates = 0
         return taken.batches
 
@@ -337,6 +338,7 @@ class ReplayDataModule(RLDataModule):
             return None
         batch, dropped_frames = delivered
         self.frames += batch.numel() + dropped_frames
+        self.episodes.count()  # what the feeder observed, delivered or dropped
         return batch
 
     def _batches_as_delivered(self) -> Iterator[TensorDictBase]:
@@ -351,7 +353,6 @@ class ReplayDataModule(RLDataModule):
                 batch = self.delivered(wait)
                 if batch is None:
                     break
-                self.collection.count_episodes(batch, self.episode_metric_keys)
                 with self.timer.phase("buffer_write"):
                     self._store(batch.to(self.device))
                 if self.frames >= self.warmup_frames:
@@ -371,14 +372,14 @@ class ReplayDataModule(RLDataModule):
             yield sample
 
     def monitor(self) -> dict[str, float]:
-        """With asynchronous collector workers, the reference's monitoring: replay buffer fill, worker batches queued
-        for the buffer and dropped, experiences collected, training episodes ended, and their return and episode metrics
-        (:meth:`~datamodules.collection.AsyncCollectorWorkers.monitor`). Otherwise none."""
+        """The training episodes (the base's); with asynchronous collector workers also the reference's monitoring:
+        replay buffer fill, worker batches queued for the buffer and dropped
+        (:meth:`~datamodules.collection.AsyncCollectorWorkers.monitor`), experiences collected."""
         if not self.collection.asynchronous:
             return super().monitor()
         return {
             "data/buffer": float(len(self.buffer)) if self.buffer is not None else 0.0,
-            **self.collection.monitor(),
+            **super().monitor(),
             "data/experiences": float(self.frames),
         }
 

@@ -27,6 +27,7 @@ def test_compact_figures():
 def test_shipped_config_shows_frames_rates_and_the_latest_evaluation(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)  # the config's CSV logger writes runs/snake_dqn/version_0 here
     small = ("--data.init_args.buffer_size", "2000", "--data.init_args.warmup_frames", "512")
+    small += ("--trainer.log_every_n_steps", "10")  # the config logs every 500 updates
     cli = short_snake_fit("snake_dqn.yaml", "--trainer.max_steps", "20", "--data.init_args.batch_size", "64", *small)
     bar = cli.trainer.progress_bar_callback
     assert type(bar) is RLProgressBar  # registered by default: the config does not list it
@@ -40,8 +41,13 @@ def test_shipped_config_shows_frames_rates_and_the_latest_evaluation(tmp_path, m
         and metrics["food"] == f"{latest['eval/food_mean']:.2f}"
     )
     assert "v_num" not in metrics
+    # The training episodes as last logged (datamodules/episodes.py): the mean over those ended before that step.
+    logged = cli.trainer.callback_metrics
+    assert metrics["ep_return"] == f"{float(logged['train/return_mean']):.2f}"
+    assert metrics["ep_length"] == f"{float(logged['train/length_mean']):.0f}"
     shown = capsys.readouterr().out
     assert "20/20 updates" in shown and f"frames={metrics['frames']}" in shown and "food=" in shown
+    assert "ep_return=" in shown and "ep_length=" in shown
     assert (tmp_path / "runs" / "snake_dqn" / "version_0" / "metrics.csv").exists()
 
 

@@ -265,6 +265,8 @@ def test_resume_from_a_mid_run_checkpoint_rewrites_the_lost_rows_exactly(tmp_pat
     assert start_step(cli) == 49 and cli.trainer.log_dir == str(run_dir)
     resumed = metrics_rows(run_dir)
     assert [row["step"] for row in resumed] == [row["step"] for row in straight]
+    # Training episodes that span the checkpoint are summed on from where it stood (their running sums are in it).
+    assert sum(bool(row["train/return_mean"]) for row in straight if int(row["step"]) > 49) >= 2
     for row, again in zip(straight, resumed, strict=True):
         for key, value in row.items():
             if not key.startswith(("time/", "throughput/")):  # wall-clock figures differ between runs

@@ -19,6 +19,7 @@ from tensordict import TensorDict, TensorDictBase
 from app.cli import main
 from datamodules.collection import AsyncCollectorWorkers, CollectorWorkers, _Feeder
 from datamodules.envs.testing.chain import ChainEnv
+from datamodules.episodes import EpisodeStatistics
 from datamodules.replay import ReplayDataModule
 from modules.dqn import DQN
 from tests.helpers import CHAIN, ROOT, chain_config, fit, saved_replay, weights, write_config
@@ -52,28 +53,6 @@ def test_the_learner_trains_on_what_the_workers_deliver_and_stores_every_frame(t
     # At most one update per frames_per_update frames (2): the learner waited for frames when it was faster.
     assert data.frames >= 2 * 40
     assert (tmp_path / "collector_workers" / "worker0.log").exists()
-
-
-@pytest.mark.slow
-def test_the_training_episodes_return_is_each_episodes_own_reward_sum(tmp_path, monkeypatch):
-    # The chain pays 1 on reaching its end and nothing else, so an episode's return is 1 if it ended there
-    # (terminated) and 0 if it ran out of steps: the workers' RewardSum must restart at every episode.
-    ended = {"episodes": 0, "terminated": 0}
-    count = AsyncCollectorWorkers.count_episodes
-
-    def count_and_check(self, batch, metric_keys):
-        done = batch["next", "done"].reshape(-1)
-        ended["episodes"] += int(done.sum())
-        ended["terminated"] += int(batch["next", "terminated"].reshape(-1)[done].sum())
-        count(self, batch, metric_keys)
-
-    monkeypatch.setattr(AsyncCollectorWorkers, "count_episodes", count_and_check)
-    config = parallel_config(tmp_path)
-    config["trainer"].update(max_steps=80, log_every_n_steps=1000)  # nothing reads the figures before the end
-    data = fit(write_config(config, tmp_path / "c.yaml")).datamodule
-    figures = data.monitor()
-    assert ended["episodes"] >= 4 and figures["data/episodes"] == ended["episodes"]  # >= 160 frames, 30-step cap
-    assert figures["train/return_mean"] == pytest.approx(ended["terminated"] / ended["episodes"])
 
 
 def test_the_learners_weights_reach_the_workers_when_pushed_and_on_a_cpu_at_once(tmp_path, monkeypatch):
@@ -267,15 +246,19 @@ def test_monitor_reports_the_buffer_the_queue_and_the_ended_episodes_metrics(tmp
     from tensordict import TensorDict
 
     data = async_replay(1, warmup_frames=1, batch_size=1)
-    data.episode_metric_keys = ("x_pos",)  # as Mario's env declares it
+    data.episodes = EpisodeStatistics(("x_pos",), {}, rows=2, agents_per_env=1)  # Mario's metric
     done = torch.tensor([[False, True, False], [True, False, True]]).unsqueeze(-1)
     x_pos = torch.tensor([[0.0, 300.0, 0.0], [120.0, 0.0, 90.0]]).unsqueeze(-1)
-    returns = torch.tensor([[1.0, 45.0, 0.0], [-3.0, 0.0, 12.0]]).unsqueeze(-1)  # RewardSum's running sums
-    batch = TensorDict({"next": {"done": done, "x_pos": x_pos, "episode_reward": returns}}, batch_size=[2, 3])
-    data.collection.count_episodes(batch, data.episode_metric_keys)
+    reward = torch.tensor([[1.0, 44.0, 0.0], [-3.0, 0.0, 12.0]]).unsqueeze(-1)
+    worker = torch.zeros(2, 3, dtype=torch.long)
+    batch = TensorDict({"next": {"done": done, "x_pos": x_pos, "reward": reward}}, batch_size=[2, 3])
+    batch.set(("collector", "worker"), worker)
+    data.episodes.observe(batch)
+    data.episodes.count()
     figures = data.monitor()
     assert figures["data/episodes"] == 3 and figures["train/x_pos_mean"] == pytest.approx(170.0)
     assert figures["train/return_mean"] == pytest.approx(18.0)  # (45 - 3 + 12) / 3
+    assert figures["train/length_mean"] == pytest.approx(5 / 3)  # 2, 1 and 2 steps
     assert figures["data/queued_batches"] == 0 and figures["data/buffer"] == 0
     # Each report covers the episodes ended since the one before: none since, so no episode mean.
     assert "train/x_pos_mean" not in data.monitor()
@@ -338,11 +321,14 @@ def test_collector_workers_draw_their_own_exploration_noise(tmp_path, monkeypatc
 
 def test_a_learner_far_behind_loses_the_oldest_queued_batches_not_memory():
     # The feeder holds at most a replay buffer's worth of worker batches (the learner could not sample more before the
-    # buffer overwrote them): beyond that it drops the oldest, counting them and their frames.
+    # buffer overwrote them): beyond that it drops the oldest, counting them and their frames. Their episodes were
+    # played, so every batch, dropped or not, reaches the episode statistics.
     batches = [TensorDict(step=torch.full((4, 16), i), batch_size=[4, 16]) for i in range(7)]
-    feeder = _Feeder(iter(batches), max_batches=3)
+    observed = []
+    feeder = _Feeder(iter(batches), max_batches=3, observe=observed.append)
     feeder.start()
     feeder.join(timeout=30)
     kept = [int(feeder.batches.get_nowait()["step"][0, 0]) for _ in range(feeder.batches.qsize())]
     assert kept == [4, 5, 6] and feeder.dropped_batches == 4
+    assert observed == batches
     assert feeder.take_dropped_frames() == 4 * 64 and feeder.take_dropped_frames() == 0

@@ -1,0 +1,128 @@
+"""Training-episode statistics (datamodules/episodes.py): the logged return, length and episode count are those of the
+episodes that actually ended in the collected batches, counted step by step here, for every way of collecting."""
+
+from __future__ import annotations
+
+import csv
+import math
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+from compat.torchrl import WORKER_KEY
+from datamodules.episodes import EpisodeStatistics
+from tests.helpers import chain_config, fit, write_config
+
+
+def step_by_step(batches: list[TensorDict], metric_keys: tuple[str, ...] = ()) -> list[list[dict[str, float]]]:
+    """Per batch, the episodes that ended in it, each ``{"return", "length", <metric>}``: every row's sums carried
+    step by step across the batches (an asynchronous worker's batch continues that worker's rows only)."""
+    running: dict[int, dict[str, float]] = {}
+    ended_per_batch = []
+    for batch in batches:
+        steps = batch.shape[-1]
+        done = batch["next", "done"].reshape(-1, steps)
+        values = {"return": batch["next", "reward"].reshape(-1, steps), "length": torch.ones(done.shape)}
+        values.update({key: batch["next", key].reshape(-1, steps) for key in metric_keys})
+        offset = int(batch[WORKER_KEY].reshape(-1)[0]) * done.shape[0] if WORKER_KEY in batch.keys(True) else 0
+        ended = []
+        for row in range(done.shape[0]):
+            sums = running.setdefault(offset + row, dict.fromkeys(values, 0.0))
+            for t in range(steps):
+                for key, value in values.items():
+                    sums[key] += float(value[row, t])
+                if done[row, t]:
+                    ended.append(dict(sums))
+                    sums.update(dict.fromkeys(values, 0.0))
+        ended_per_batch.append(ended)
+    return ended_per_batch
+
+
+def test_the_sums_continue_across_batches_and_restart_at_every_episode_end():
+    generator = torch.Generator().manual_seed(0)
+    stats = EpisodeStatistics(("laps", "lap_time"), {"lap_time": "laps"}, rows=6, agents_per_env=1)
+    batches = []
+    for steps in (1, 5, 3, 8):
+        shape = (6, steps, 1)
+        done = torch.rand(shape, generator=generator) < 0.3
+        laps = (torch.rand(shape, generator=generator) < 0.5).float() * done
+        next_ = {"reward": torch.randn(shape, generator=generator), "done": done, "laps": laps}
+        next_["lap_time"] = torch.rand(shape, generator=generator) * done
+        batches.append(TensorDict({"next": next_}, batch_size=(6, steps)))
+    reported = []
+    for batch in batches:
+        stats.observe(batch)
+        stats.count()
+        reported.append(stats.report())
+    for figures, ended in zip(reported, step_by_step(batches, ("laps", "lap_time")), strict=True):
+        if not ended:
+            assert "train/return_mean" not in figures
+            continue
+        for key in ("return", "length", "laps"):
+            assert figures[f"train/{key}_mean"] == pytest.approx(sum(e[key] for e in ended) / len(ended), abs=1e-5)
+        lapped = [e["lap_time"] for e in ended if e["laps"] > 0]
+        expected = sum(lapped) / len(lapped) if lapped else math.nan
+        assert figures["train/lap_time_mean"] == pytest.approx(expected, abs=1e-5, nan_ok=True)
+    assert reported[-1]["data/episodes"] == sum(len(ended) for ended in step_by_step(batches))
+
+
+COLLECTIONS = {
+    "in_process_dqn": ("dqn", {}),
+    "prefetch_dqn": ("dqn", {"class_path": "datamodules.collection.InProcess", "init_args": {"prefetch": True}}),
+    "env_workers_dqn": ("dqn", {"class_path": "datamodules.collection.EnvWorkers", "init_args": {"workers": 2}}),
+    "async_workers_dqn": (
+        "dqn",
+        {"class_path": "datamodules.collection.AsyncCollectorWorkers", "init_args": {"workers": 2, "learner_nice": 0}},
+    ),
+    "in_process_ppo": ("ppo", {}),
+    "collector_workers_ppo": (
+        "ppo",
+        {"class_path": "datamodules.collection.CollectorWorkers", "init_args": {"workers": 2}},
+    ),
+    "multi_agent_recurrent_ppo": ("recurrent", {}),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(COLLECTIONS))
+def test_logged_episode_figures_are_those_of_the_episodes_that_ended(tmp_path, monkeypatch, name):
+    agent, collection = COLLECTIONS[name]
+    observed: list[TensorDict] = []
+    observe = EpisodeStatistics.observe
+
+    def record(self, batch):
+        keys = [("next", "reward"), ("next", "done"), WORKER_KEY]
+        observed.append(batch.select(*keys, strict=False).clone())
+        observe(self, batch)
+
+    monkeypatch.setattr(EpisodeStatistics, "observe", record)
+    config = chain_config(agent, tmp_path, **({"collection": collection} if collection else {}))
+    if agent != "recurrent":  # short chain episodes, so that many end in a short run
+        config["data"]["init_args"]["env"] = {**config["data"]["init_args"]["env"], "init_args": {"max_steps": 7}}
+    config["trainer"].update(max_steps=40, log_every_n_steps=10)
+    config["trainer"]["logger"] = {
+        "class_path": "lightning.pytorch.loggers.CSVLogger",
+        "init_args": {"save_dir": str(tmp_path / "runs"), "name": "chain"},
+    }
+    cli = fit(write_config(config, tmp_path / "c.yaml"))
+    agents = cli.datamodule.agents_per_env
+
+    with open(tmp_path / "runs/chain/version_0/metrics.csv", newline="") as file:
+        rows = [row for row in csv.DictReader(file) if row["train/loss"]]
+    assert [int(row["step"]) for row in rows] == [9, 19, 29, 39]
+    # The episodes in the order they were counted; each logged row covers those since the row before it.
+    episodes = [episode for ended in step_by_step(observed) for episode in ended]
+    reported = 0
+    for row in rows:
+        counted = round(float(row["data/episodes"]) * agents)  # an episode is every agent's of one environment
+        since = episodes[reported:counted]
+        if since:
+            for key in ("return", "length"):
+                expected = sum(e[key] for e in since) / len(since)
+                assert float(row[f"train/{key}_mean"]) == pytest.approx(expected, abs=1e-5), (row["step"], key)
+        else:
+            assert row["train/return_mean"] == ""
+        reported = counted
+    assert reported > 0  # episodes ended, and not all alike:
+    assert len({(row["train/return_mean"], row["train/length_mean"]) for row in rows}) > 1
