@@ -219,8 +219,8 @@ class RacingEnv(BatchedEnv):
     @property
     def track(self) -> Track:
         """The one circuit of a ``control_points`` env (a ``tracks`` env has several: :attr:`circuits`)."""
-        if self._track is None:
-            raise AttributeError("this RacingEnv drives several circuits (tracks=...): read env.circuits")
+        if self._track is None:  # not AttributeError: nn.Module's __getattr__ would replace the message
+            raise RuntimeError("this RacingEnv drives several circuits (tracks=...): read env.circuits")
         return self._track
 
     def _assign_circuits_per_env(self) -> None:
@@ -484,24 +484,38 @@ def _macro_blocks(pixels: float) -> int:
     return int(math.ceil(pixels / 16)) * 16
 
 
-def drive_episodes(env: RacingEnv, policy: Callable[[TensorDictBase], TensorDictBase]) -> dict[str, torch.Tensor]:
+def drive_episodes(
+    env: RacingEnv, policy: Callable[[TensorDictBase], TensorDictBase], trace: bool = False
+) -> dict[str, torch.Tensor]:
     """One whole episode per car of ``env`` (from a fresh reset) under ``policy``: per car, the summed ``reward`` and
-    episode metrics (``progress``, ``laps``, ``lap_time`` of the first lap), and the largest |lateral error|
-    (``worst_lateral``)."""
+    episode metrics (``progress``, ``laps``, ``lap_time`` of the first lap), the largest |lateral error|
+    (``worst_lateral``), the steps driven (``steps``) and those off the track (``off_track``); with ``trace``, every
+    car's position after each step (``xy [steps, cars, 2]``, frozen once its episode ended)."""
     cars = env.batch_size[0]
     totals = {key: torch.zeros(cars, device=env.device) for key in ("reward", *env.episode_metric_keys)}
     worst = torch.zeros(cars, device=env.device)
+    steps, off = torch.zeros(cars, device=env.device), torch.zeros(cars, device=env.device)
     running = torch.ones(cars, dtype=torch.bool, device=env.device)
+    positions = []
     td = env.reset()
     while bool(running.any()):
         td = env.step(policy(td))
         nxt = td["next"]
         for key, total in totals.items():
             total += nxt[key].view(-1) * running
-        worst = torch.maximum(worst, env.lateral_of(nxt["observation"]).abs() * running)
+        lateral = env.lateral_of(nxt["observation"]).abs()
+        worst = torch.maximum(worst, lateral * running)
+        steps += running
+        off += (lateral > env.width / 2) & running
+        if trace:
+            here = torch.stack((env.x, env.y), 1)
+            positions.append(torch.where(running.unsqueeze(1), here, positions[-1] if positions else here))
         running &= ~nxt["done"].view(-1)
         td = nxt
-    return {**totals, "worst_lateral": worst}
+    result = {**totals, "worst_lateral": worst, "steps": steps, "off_track": off}
+    if trace:
+        result["xy"] = torch.stack(positions)
+    return result
 
 
 def episode_summary(result: dict[str, torch.Tensor], width: float) -> dict[str, float]:
