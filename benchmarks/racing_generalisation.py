@@ -87,9 +87,16 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def markdown(report: dict[str, Any]) -> str:
-    lines = [f"Racing generalisation ({report['date']}, {report['starts']} starts per circuit, {report['seconds']} s)", ""]
+    lines = [
+        f"Racing generalisation ({report['date']}, {report['starts']} starts per circuit, {report['seconds']} s)",
+        "",
+    ]
     for policy, entry in report["policies"].items():
-        lines += [f"### {policy}", "", "| circuit | length (m) | first lap (s) | first laps completed | laps | off track |"]
+        lines += [
+            f"### {policy}",
+            "",
+            "| circuit | length (m) | first lap (s) | first laps completed | laps | off track |",
+        ]
         lines.append("|---|---:|---:|---:|---:|---:|")
         for row in entry["circuits"]:
             time_s = "—" if row["first_lap_time_s"] is None else f"{row['first_lap_time_s']:.2f}"
@@ -145,19 +152,23 @@ def evaluate(name: str, options: dict[str, Any], policy_for, args: argparse.Name
             line = result["xy"][:ended, first]
     entry = {"circuits": rows, "summary": summary(rows)}
     s = entry["summary"]
+    lap = s["held_out_first_lap_time_s"]
     print(
         f"{name}: held-out first laps completed {100 * s['held_out_first_lap_completed']:.0f} %, mean first lap "
-        f"{s['held_out_first_lap_time_s'] if s['held_out_first_lap_time_s'] is None else round(s['held_out_first_lap_time_s'], 2)} s, "
-        f"off track {100 * s['held_out_off_track_share']:.1f} %"
+        f"{'—' if lap is None else f'{lap:.2f} s'}, off track {100 * s['held_out_off_track_share']:.1f} %"
     )
     return entry, line
 
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", type=Path, default=ROOT / "configs" / "racing_bc_circuits.yaml",
-                        help="a racing config whose environment (circuit distribution) the expert is evaluated on, "
-                        "when no checkpoint gives one")
+    parser.add_argument(
+        "--config",
+        type=Path,
+        default=ROOT / "configs" / "racing_bc_circuits.yaml",
+        help="a racing config whose environment (circuit distribution) the expert is evaluated on, "
+        "when no checkpoint gives one",
+    )
     parser.add_argument("--checkpoints", nargs="*", type=Path, default=[], help="BC or SAC checkpoints to drive")
     parser.add_argument("--starts", type=int, default=2, help="cars per circuit and direction")
     parser.add_argument("--seconds", type=float, default=60.0, help="episode length (s)")

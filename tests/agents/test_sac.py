@@ -223,7 +223,12 @@ def test_resume_on_a_circuit_distribution_draws_the_same_circuits(tmp_path):
     # every 10 steps, so a resume that lost the cars' circuits or their draw counters would train on other data.
     half = 30
     circuits = ("--data.init_args.env.init_args.max_steps", "10", "--data.init_args.env.init_args.tracks.pool", "8")
-    fit(resume_config(tmp_path / "full", None, "racing_sac_circuits.yaml"), "--trainer.max_steps", str(2 * half), *circuits)
+    fit(
+        resume_config(tmp_path / "full", None, "racing_sac_circuits.yaml"),
+        "--trainer.max_steps",
+        str(2 * half),
+        *circuits,
+    )
     interrupted = resume_config(tmp_path / "half", None, "racing_sac_circuits.yaml")
     fit(interrupted, "--trainer.max_steps", str(half), *circuits)
     state = torch.load(tmp_path / "half/checkpoints/last.ckpt", weights_only=True)["ReplayDataModule"]["env"]

@@ -71,7 +71,10 @@ def test_the_road_observation_does_not_change_when_the_world_turns_and_moves(ang
     moved = rotate(DEFAULT_CIRCUIT, angle, shift)
     observations = {}
     for kind in ("road", "reference"):
-        envs = [RacingEnv(num_envs=16, seed=3, control_points=points, observation=kind) for points in (DEFAULT_CIRCUIT, moved)]
+        envs = [
+            RacingEnv(num_envs=16, seed=3, control_points=points, observation=kind)
+            for points in (DEFAULT_CIRCUIT, moved)
+        ]
         experts = [TimeOptimalExpert(env) for env in envs]
         tds = [env.reset() for env in envs]
         rows = [[], []]

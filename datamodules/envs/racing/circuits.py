@@ -143,7 +143,9 @@ class TrackSource:
         fields = set(CircuitGenerator.__dataclass_fields__)
         wrong = sorted(set(generator) - fields)
         if wrong:
-            raise ValueError(f"tracks.generator.{wrong[0]}: unknown option; the options are {', '.join(sorted(fields))}")
+            raise ValueError(
+                f"tracks.generator.{wrong[0]}: unknown option; the options are {', '.join(sorted(fields))}"
+            )
         source = TrackSource(**{**options, "generator": CircuitGenerator(**generator)})
         if source.per not in PER:
             raise ValueError(f"tracks.per must be one of {', '.join(PER)}, got {source.per!r}")

@@ -196,7 +196,9 @@ class RacingEnv(BatchedEnv):
         self.register_buffer("draws", torch.zeros(n, dtype=torch.long, device=dev))
         # Each car's circuit: state to save only when there is a choice of circuits (a one-circuit env's checkpoints
         # keep their old keys).
-        self.register_buffer("circuit", torch.zeros(n, dtype=torch.long, device=dev), persistent=self.source is not None)
+        self.register_buffer(
+            "circuit", torch.zeros(n, dtype=torch.long, device=dev), persistent=self.source is not None
+        )
         self._assign_circuits_per_env()
         low = torch.tensor([ACCELERATION_RANGE[0], -STEERING_LIMIT], device=dev)
         high = torch.tensor([ACCELERATION_RANGE[1], STEERING_LIMIT], device=dev)
@@ -204,7 +206,9 @@ class RacingEnv(BatchedEnv):
         self.register_buffer("action_high", high, persistent=False)
         batch = (n,)
         features = OBSERVATION_DIM if observation == "reference" else ROAD_FEATURES
-        privileged = {} if self.source is None else {"circuit": Unbounded(shape=(*batch, 1), dtype=torch.long, device=dev)}
+        privileged = (
+            {} if self.source is None else {"circuit": Unbounded(shape=(*batch, 1), dtype=torch.long, device=dev)}
+        )
         self.observation_spec = Composite(
             observation=Unbounded(shape=(*batch, features + len(self.curvature_ahead)), device=dev),
             arc=Unbounded(shape=(*batch, 1), device=dev),
