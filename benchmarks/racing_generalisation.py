@@ -144,7 +144,8 @@ def evaluate(name: str, options: dict[str, Any], policy_for, args: argparse.Name
     """Drive one policy (``policy_for(env)``) on every layout; its rows, summary and the first held-out car's line."""
     rows, line = [], None
     for layout, env in layouts(options, args.starts, args.seconds).items():
-        result = drive_episodes(env, policy_for(env), trace=layout == "held_out")
+        with torch.no_grad():  # a trained policy's actions would otherwise carry autograd graphs into the traces
+            result = drive_episodes(env, policy_for(env), trace=layout == "held_out")
         rows += circuit_rows(layout, env, result)
         if layout == "held_out":
             first = int((env.circuit == 0).nonzero()[0])
