@@ -5,7 +5,9 @@ small errors compound into states the expert never visited. So every ``every_n_e
 this callback drives the model's ``policy()`` for one whole episode from each of ``cars`` fixed starts and logs
 ``eval/return_mean``, ``eval/laps_mean``, ``eval/lap_time_mean`` (the first lap's time, over the cars that completed
 one), ``eval/lap_completed`` (their share) and ``eval/never_off_track``; the expert's figures from the same starts
-are logged once as ``eval/expert_*``, and ``eval/return_vs_expert`` is the ratio of the two returns.
+are logged once as ``eval/expert_*``, and ``eval/return_vs_expert`` is the ratio of the two returns. With
+``held_out`` (an environment with a circuit distribution, ``tracks``), the cars drive the held-out circuits instead,
+spread evenly over them: the figures then say how the clone drives circuits it never saw.
 """
 
 from __future__ import annotations
@@ -29,14 +31,15 @@ class ClosedLoopEvaluation(Callback):
     Args:
         every_n_epochs: epochs between evaluations (and one after the last epoch).
         cars: starts, one episode each.
+        held_out: drive the environment's held-out circuits (``tracks: {split: held_out}``) rather than its own.
     """
 
-    def __init__(self, every_n_epochs: int = 10, cars: int = 64) -> None:
+    def __init__(self, every_n_epochs: int = 10, cars: int = 64, held_out: bool = False) -> None:
         if every_n_epochs < 1:
             raise ValueError(f"every_n_epochs must be >= 1, got {every_n_epochs}")
         if cars < 1:
             raise ValueError(f"cars must be >= 1, got {cars}")
-        self.every_n_epochs, self.cars = every_n_epochs, cars
+        self.every_n_epochs, self.cars, self.held_out = every_n_epochs, cars, held_out
         self.expert: dict[str, float] | None = None
         self.history: list[dict[str, float]] = []
 
@@ -46,6 +49,16 @@ class ClosedLoopEvaluation(Callback):
         if epoch % self.every_n_epochs and not last:
             return
         env = trainer.datamodule.env_factory(num_envs=self.cars, seed=EVAL_SEED, device=pl_module.device)
+        if self.held_out:
+            tracks = env.init_kwargs()["tracks"]
+            if tracks is None:
+                raise ValueError("ClosedLoopEvaluation held_out: the environment has no circuit distribution (tracks)")
+            env = trainer.datamodule.env_factory(
+                num_envs=self.cars,
+                seed=0,  # car i drives held-out circuit i mod count: every circuit evenly
+                device=pl_module.device,
+                tracks={**tracks, "split": "held_out", "per": "env"},
+            )
         if self.expert is None:
             self.expert = episode_summary(drive_episodes(env, TimeOptimalExpert(env)), env.width)
         was_training = pl_module.training

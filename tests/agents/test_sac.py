@@ -39,9 +39,10 @@ def bc_config(root: Path, hidden_sizes=(128, 64)) -> Path:
     return write_config(config, root / f"{name}.yaml")
 
 
-def sac_config(root: Path, actor_init: str | None, **model) -> Path:
-    """The shipped SAC config, shortened: few cars, small buffer and batches, short evaluation episodes."""
-    config = yaml.safe_load((ROOT / "configs" / "racing_sac.yaml").read_text())
+def sac_config(root: Path, actor_init: str | None, shipped: str = "racing_sac.yaml", **model) -> Path:
+    """The shipped SAC config (``configs/<shipped>``), shortened: few cars, small buffer and batches, short
+    evaluation episodes."""
+    config = yaml.safe_load((ROOT / "configs" / shipped).read_text())
     config["trainer"].update(max_steps=40, max_time=None, enable_progress_bar=False, log_every_n_steps=10)
     for callback in config["trainer"]["callbacks"]:
         if callback["class_path"].endswith("PeriodicEvaluation"):
@@ -174,9 +175,10 @@ def _prefixed(state: dict) -> dict:
     return {key[len("actor.network.") :]: value for key, value in state.items() if key.startswith("actor.network.")}
 
 
-def resume_config(root: Path, bc_checkpoint: Path | None) -> Path:
+def resume_config(root: Path, bc_checkpoint: Path | None, shipped: str = "racing_sac.yaml") -> Path:
     root.mkdir(parents=True, exist_ok=True)
-    config = yaml.safe_load(sac_config(root, None if bc_checkpoint is None else str(bc_checkpoint)).read_text())
+    actor_init = None if bc_checkpoint is None else str(bc_checkpoint)
+    config = yaml.safe_load(sac_config(root, actor_init, shipped).read_text())
     config["trainer"].update(logger=False, default_root_dir=str(root))
     config["trainer"]["callbacks"] = [
         {"class_path": "callbacks.schedule.FrameCheckpoint", "init_args": {"every_n_frames": 10**9}}
@@ -213,6 +215,28 @@ def test_resumed_sac_run_ends_with_identical_weights(tmp_path, bc_checkpoint):
     ]
     assert "loss_module.log_alpha" in moved and any("target_qvalue" in key for key in moved)
     assert any(key.startswith("actor.") for key in moved)  # the actor trained after its warm-up
+
+
+@pytest.mark.slow
+def test_resume_on_a_circuit_distribution_draws_the_same_circuits(tmp_path):
+    # configs/racing_sac_circuits.yaml from scratch, episodes of 10 steps: every car draws a new circuit of the pool
+    # every 10 steps, so a resume that lost the cars' circuits or their draw counters would train on other data.
+    half = 30
+    circuits = ("--data.init_args.env.init_args.max_steps", "10", "--data.init_args.env.init_args.tracks.pool", "8")
+    fit(
+        resume_config(tmp_path / "full", None, "racing_sac_circuits.yaml"),
+        "--trainer.max_steps",
+        str(2 * half),
+        *circuits,
+    )
+    interrupted = resume_config(tmp_path / "half", None, "racing_sac_circuits.yaml")
+    fit(interrupted, "--trainer.max_steps", str(half), *circuits)
+    state = torch.load(tmp_path / "half/checkpoints/last.ckpt", weights_only=True)["ReplayDataModule"]["env"]
+    assert len(state["circuit"].unique()) > 1 and state["draws"].min() > 2  # several episodes, several circuits
+    fit(interrupted, "--trainer.max_steps", str(2 * half), "--ckpt_path", "last", *RESEEDED, *circuits)
+    full, resumed = weights(tmp_path / "full/checkpoints/last.ckpt"), weights(tmp_path / "half/checkpoints/last.ckpt")
+    for key in full:
+        assert torch.equal(full[key], resumed[key]), key
 
 
 @pytest.mark.slow

@@ -16,6 +16,20 @@ the reference's 8 numbers show no curve before the car is in it, and a policy cl
 for one (BENCHMARKS.md, "Racing", under "Behaviour cloning"). The entry ``arc`` (m along the centre line) is
 privileged information for the expert and the metrics; policies read ``observation`` only.
 
+**Road observation** (``observation="road"``). The reference's observation carries the track's tangent and the car's
+heading in world coordinates, so a policy can learn where it is on one circuit instead of how to drive, and it fails
+on any other (issue 31). The road observation describes only the car relative to the road: ``ROAD_FEATURES`` = lateral
+offset / half width, sin and cos of the heading error, vx and vy / ``max_speed``, the yaw rate (rad/s), the distances
+to the left and right edges / half width, the speed along the centre line / ``max_speed``; then the curvature at the
+``curvature_ahead`` distances (``ROAD_AHEAD`` when none are given) times ``CURVATURE_SCALE``. Rotating or moving the
+whole circuit and car leaves it unchanged (``tests/envs/test_circuits.py``).
+
+**Circuits.** ``tracks`` (:mod:`datamodules.envs.racing.circuits`) replaces the one circuit of ``control_points`` by a
+set of generated ones — a training pool or the held-out circuits, drawn per episode or fixed per car. Each car then
+drives its own circuit (``circuit`` buffer, indices into :class:`~datamodules.envs.racing.track.Circuits`), and the
+entry ``circuit`` (privileged, like ``arc``) says which. A per-episode draw is one more uniform from the car's stream
+at its reset, so the circuits driven are part of the seeded, checkpointed state.
+
 **Reward** per step, each weight a constructor argument:
 ``speed · v cos(heading error) / max_speed − tracking · (e / half width)² − heading · (1 − cos heading error)
 − smoothness · |Δaction / action range|² − off_track · [|e| > half width]``, and ``− crash`` when the car ends the
@@ -35,7 +49,7 @@ single car seeded ``seed + i``. All state is in buffers, so ``state_dict`` captu
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -46,13 +60,18 @@ from torchrl.data import Bounded, Composite, Unbounded
 from datamodules.envs.base import BatchedEnv
 from datamodules.envs.counter_rng import random_bits, uniform
 from datamodules.envs.drawing import fill_polygon
-from datamodules.envs.racing.track import DEFAULT_CIRCUIT, Track, wrap_angle
+from datamodules.envs.racing.circuits import TrackSource
+from datamodules.envs.racing.track import DEFAULT_CIRCUIT, Circuits, Track, wrap_angle
 
 ACCELERATION_RANGE = (-6.0, 4.0)  # m/s²
 STEERING_LIMIT = math.radians(25.0)  # rad
 OBSERVATION_DIM = 8  # the reference's observation, before any curvature ahead
+OBSERVATIONS = ("reference", "road")
+ROAD_FEATURES = 9  # the road observation, before the curvature ahead
+#: the road observation's default look-ahead (m): from the car to about the braking distance from top speed.
+ROAD_AHEAD = (0.0, 5.0, 10.0, 20.0, 35.0, 50.0, 70.0)
 CURVATURE_SCALE = 20.0  # 1/m → about unit scale: the default track's curvature reaches 0.053 /m
-_START_DRAWS = 4  # uniforms per reset: arc, lateral offset, heading offset, speed
+_START_DRAWS = 4  # uniforms per reset: arc, lateral offset, heading offset, speed (then the circuit, if drawn)
 #: ``render``: the longer side of the image (pixels), and the grass around the track's bounding box (m).
 RENDER_SIZE, RENDER_MARGIN = 512, 5.0
 #: ``render``'s colours: grass, run-off, asphalt, centre line, the car's rear and its front (the heading).
@@ -78,7 +97,11 @@ class RacingEnv(BatchedEnv):
         runoff: metres beyond the track's edge before the car crashes (the episode ends).
         start_lateral, start_heading, start_speed: ranges of the start state (m, rad, m/s).
         curvature_ahead: distances ahead (m) at which the track's curvature joins the observation; empty: the
-            reference's 8.
+            reference's 8 (the road observation's default: ``ROAD_AHEAD``).
+        observation: ``reference`` (the reference's 8 numbers) or ``road`` (the car relative to the road only).
+        tracks: a circuit source (:class:`~datamodules.envs.racing.circuits.TrackSource` options: ``generator``,
+            ``seed``, ``per``, ``split``, ``pool``, ``held_out``, ``directions``) instead of ``control_points``; None:
+            the one circuit of ``control_points``.
         speed, tracking, heading, smoothness, off_track, crash: the reward's weights.
         seed: base seed; car ``i`` draws from stream ``seed + i``.
         device: where the batch lives.
@@ -104,6 +127,8 @@ class RacingEnv(BatchedEnv):
         start_heading: float = 0.1,
         start_speed: float = 10.0,
         curvature_ahead: Sequence[float] = (),
+        observation: str = "reference",
+        tracks: Mapping[str, Any] | None = None,
         speed: float = 1.0,
         tracking: float = 0.5,
         heading: float = 0.5,
@@ -133,8 +158,20 @@ class RacingEnv(BatchedEnv):
             raise ValueError(f"start_speed ({start_speed}) must be <= max_speed ({max_speed})")
         if any(not distance >= 0 for distance in curvature_ahead):
             raise ValueError(f"curvature_ahead must be distances >= 0 (m), got {list(curvature_ahead)}")
+        if observation not in OBSERVATIONS:
+            raise ValueError(f"observation must be one of {', '.join(OBSERVATIONS)}, got {observation!r}")
+        source = None if tracks is None else TrackSource.parse(tracks)
         super().__init__(batch_size=torch.Size([num_envs]), device=device)
-        self.track = Track(control_points, width).to(self.device)  # raises on an impossible track
+        self.source = source
+        if self.source is None:
+            self._track = Track(control_points, width).to(self.device)  # raises on an impossible track
+            self.circuits = Circuits([self._track])
+        else:
+            self._track = None
+            self.circuits = Circuits(self.source.tracks(width, runoff)).to(self.device)
+        self.observation_kind = observation
+        if observation == "road" and not curvature_ahead:
+            curvature_ahead = ROAD_AHEAD
         self.curvature_ahead = tuple(float(distance) for distance in curvature_ahead)
         self.register_buffer("ahead", torch.tensor(self.curvature_ahead, device=self.device), persistent=False)
         self.control_points = tuple(tuple(float(c) for c in point) for point in control_points)
@@ -157,20 +194,50 @@ class RacingEnv(BatchedEnv):
         self.register_buffer("steps", torch.zeros(n, dtype=torch.long, device=dev))
         self.register_buffer("stream", torch.arange(n, dtype=torch.long, device=dev) + seed)
         self.register_buffer("draws", torch.zeros(n, dtype=torch.long, device=dev))
+        # Each car's circuit: state to save only when there is a choice of circuits (a one-circuit env's checkpoints
+        # keep their old keys).
+        self.register_buffer(
+            "circuit", torch.zeros(n, dtype=torch.long, device=dev), persistent=self.source is not None
+        )
+        self._assign_circuits_per_env()
         low = torch.tensor([ACCELERATION_RANGE[0], -STEERING_LIMIT], device=dev)
         high = torch.tensor([ACCELERATION_RANGE[1], STEERING_LIMIT], device=dev)
         self.register_buffer("action_low", low, persistent=False)
         self.register_buffer("action_high", high, persistent=False)
         batch = (n,)
+        features = OBSERVATION_DIM if observation == "reference" else ROAD_FEATURES
+        privileged = (
+            {} if self.source is None else {"circuit": Unbounded(shape=(*batch, 1), dtype=torch.long, device=dev)}
+        )
         self.observation_spec = Composite(
-            observation=Unbounded(shape=(*batch, OBSERVATION_DIM + len(self.curvature_ahead)), device=dev),
+            observation=Unbounded(shape=(*batch, features + len(self.curvature_ahead)), device=dev),
             arc=Unbounded(shape=(*batch, 1), device=dev),
+            **privileged,
             **{key: Unbounded(shape=(*batch, 1), device=dev) for key in self.episode_metric_keys},
             shape=batch,
             device=dev,
         )
         self.action_spec = Bounded(low=low.expand(n, 2), high=high.expand(n, 2), shape=(*batch, 2), device=dev)
         self.reward_spec = Unbounded(shape=(*batch, 1), device=dev)
+
+    @property
+    def track(self) -> Track:
+        """The one circuit of a ``control_points`` env (a ``tracks`` env has several: :attr:`circuits`)."""
+        if self._track is None:  # not AttributeError: nn.Module's __getattr__ would replace the message
+            raise RuntimeError("this RacingEnv drives several circuits (tracks=...): read env.circuits")
+        return self._track
+
+    def _assign_circuits_per_env(self) -> None:
+        # per: env — car i (stream seed + i) keeps circuit (seed + i) mod count: a held-out evaluation's cars spread
+        # evenly over its circuits.
+        if self.source is not None and self.source.per == "env":
+            self.circuit.copy_(torch.remainder(self.stream, len(self.circuits)))
+
+    def lateral_of(self, observation: torch.Tensor) -> torch.Tensor:
+        """The lateral error (m, positive left) that ``observation [..., D]`` holds."""
+        if self.observation_kind == "road":
+            return observation[..., 0] * (self.width / 2)
+        return observation[..., 0]
 
     # ---------------------------------------------------------------------------------------------- dynamics
     def slip_and_yaw_rate(self, speed: torch.Tensor, steering: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -189,7 +256,8 @@ class RacingEnv(BatchedEnv):
         car a rectangle of ``CAR_LENGTH`` × ``CAR_WIDTH`` m at its position and heading, its front half in
         ``CAR_FRONT``. :meth:`pixel_of` maps track coordinates to the image's."""
         index = self._render_index(index)
-        image = self._track_image().copy()
+        circuit = int(self.circuit[index])
+        image = self._track_image(circuit).copy()
         x, y, yaw = (float(getattr(self, name)[index]) for name in ("x", "y", "yaw"))
         forward = np.array([math.cos(yaw), math.sin(yaw)])
         left = np.array([-forward[1], forward[0]])
@@ -199,32 +267,42 @@ class RacingEnv(BatchedEnv):
                 np.array([x, y]) + along * forward + side * left
                 for along, side in ((back, -half_width), (front, -half_width), (front, half_width), (back, half_width))
             ]
-            fill_polygon(image, np.array([self.pixel_of(*corner) for corner in corners]), colour)
+            fill_polygon(image, np.array([self._pixel(circuit, *corner) for corner in corners]), colour)
         return image
 
-    def pixel_of(self, x: float, y: float) -> tuple[float, float]:
-        """Where the track point ``(x, y)`` (m) is in :meth:`render`'s image: ``(column, row)`` in pixels."""
-        self._track_image()
-        return self._pixel(x, y)
+    def pixel_of(self, x: float, y: float, index: int = 0) -> tuple[float, float]:
+        """Where the track point ``(x, y)`` (m) is in :meth:`render`'s image of car ``index``: ``(column, row)`` in
+        pixels."""
+        circuit = int(self.circuit[self._render_index(index)])
+        self._track_image(circuit)
+        return self._pixel(circuit, x, y)
 
-    def _pixel(self, x: float, y: float) -> tuple[float, float]:
+    def _pixel(self, circuit: int, x: float, y: float) -> tuple[float, float]:
         # pixel_of once the image's origin and scale are set (while the track is being drawn).
-        (left, top), scale = self._render_origin, self._render_scale
+        (left, top), scale = self._render_frames[circuit]
         return (x - left) * scale, (top - y) * scale
 
-    def _track_image(self) -> np.ndarray:
-        """The track without the car, drawn at the first call: bands along the centre line, widest first (run-off,
-        asphalt, the centre line), each a chain of quadrilaterals between samples about a metre apart."""
-        if getattr(self, "_track_pixels", None) is not None:
-            return self._track_pixels
-        step = max(1, round(1.0 / self.track.resolution))
-        centre = self.track.xy[::step].double().cpu().numpy()
-        heading = self.track.heading[::step].double().cpu().numpy()
+    def _track_image(self, circuit: int) -> np.ndarray:
+        """Circuit ``circuit`` without the car, drawn at its first call: bands along the centre line, widest first
+        (run-off, asphalt, the centre line), each a chain of quadrilaterals between samples about a metre apart."""
+        images = self.__dict__.setdefault("_track_pixels", {})
+        if circuit in images:
+            return images[circuit]
+        track = self.circuits.tracks[circuit]
+        step = max(1, round(1.0 / track.resolution))
+        centre = track.xy[::step].double().cpu().numpy()
+        heading = track.heading[::step].double().cpu().numpy()
         normal = np.stack((-np.sin(heading), np.cos(heading)), 1)
         low, high = centre.min(0) - RENDER_MARGIN, centre.max(0) + RENDER_MARGIN
         scale = RENDER_SIZE / float((high - low).max())
         width, height = (_macro_blocks(float(extent) * scale) for extent in high - low)
-        self._render_origin, self._render_scale = (float(low[0]), float(high[1])), scale
+        if len(self.circuits) > 1:
+            # Several circuits: every one centred on the same square, so a video's frames keep one size when the
+            # car's circuit changes between episodes.
+            width = height = _macro_blocks(RENDER_SIZE)
+            centre_box = (low + high) / 2
+            low, high = centre_box - width / scale / 2, centre_box + height / scale / 2
+        self.__dict__.setdefault("_render_frames", {})[circuit] = ((float(low[0]), float(high[1])), scale)
         image = np.empty((height, width, 3), dtype=np.uint8)
         image[:] = GRASS
         line = 1.0 / scale  # the centre line: two pixels wide
@@ -236,40 +314,74 @@ class RacingEnv(BatchedEnv):
             left, right = centre + half_width * normal, centre - half_width * normal
             for i in range(len(centre) - 1):  # the samples close the loop: the last is the first again
                 corners = np.array([left[i], left[i + 1], right[i + 1], right[i]])
-                fill_polygon(image, np.array([self._pixel(x, y) for x, y in corners]), colour)
-        self._track_pixels = image
+                fill_polygon(image, np.array([self._pixel(circuit, x, y) for x, y in corners]), colour)
+        images[circuit] = image
         return image
 
     def _observe(self, lateral: torch.Tensor, track_heading: torch.Tensor) -> TensorDict:
         heading_error = wrap_angle(self.yaw - track_heading)
-        beta, _ = self.slip_and_yaw_rate(self.speed, self.last_action[:, 1])
-        observation = torch.stack(
+        beta, yaw_rate = self.slip_and_yaw_rate(self.speed, self.last_action[:, 1])
+        if self.observation_kind == "reference":
+            observation = torch.stack(
+                (
+                    lateral,
+                    heading_error,
+                    self.speed * torch.cos(beta),
+                    self.speed * torch.sin(beta),
+                    torch.cos(track_heading),
+                    torch.sin(track_heading),
+                    torch.cos(self.yaw),
+                    torch.sin(self.yaw),
+                ),
+                1,
+            )
+        else:
+            observation = self._road(lateral, heading_error, beta, yaw_rate)
+        if self.curvature_ahead:
+            _, _, curvature = self.circuits.at(self.circuit, self.arc.unsqueeze(1) + self.ahead)
+            observation = torch.cat((observation, CURVATURE_SCALE * curvature), 1)
+        out = {"observation": observation, "arc": self.arc.unsqueeze(1).clone()}
+        if self.source is not None:
+            out["circuit"] = self.circuit.unsqueeze(1).clone()
+        return TensorDict(out, batch_size=self.batch_size)
+
+    def _road(
+        self, lateral: torch.Tensor, heading_error: torch.Tensor, beta: torch.Tensor, yaw_rate: torch.Tensor
+    ) -> torch.Tensor:
+        """The road observation's first ``ROAD_FEATURES`` (module docstring): relative quantities only."""
+        offset = lateral / (self.width / 2)
+        _, _, curvature = self.circuits.at(self.circuit, self.arc)
+        # Speed along the centre line: the velocity's component along the tangent, over the distance to the centre
+        # of the curve (a car inside a curve covers more of the centre line than it drives). The run-off keeps
+        # |κ e| well below 1 on a valid track; the floor only guards the division.
+        along = self.speed * torch.cos(heading_error + beta) / (1 - curvature * lateral).clamp_min(0.1)
+        return torch.stack(
             (
-                lateral,
-                heading_error,
-                self.speed * torch.cos(beta),
-                self.speed * torch.sin(beta),
-                torch.cos(track_heading),
-                torch.sin(track_heading),
-                torch.cos(self.yaw),
-                torch.sin(self.yaw),
+                offset,
+                torch.sin(heading_error),
+                torch.cos(heading_error),
+                self.speed * torch.cos(beta) / self.max_speed,
+                self.speed * torch.sin(beta) / self.max_speed,
+                yaw_rate,
+                1 - offset,
+                1 + offset,
+                along / self.max_speed,
             ),
             1,
-        )
-        if self.curvature_ahead:
-            _, _, curvature = self.track.at(self.arc.unsqueeze(1) + self.ahead)
-            observation = torch.cat((observation, CURVATURE_SCALE * curvature), 1)
-        return TensorDict(
-            {"observation": observation, "arc": self.arc.unsqueeze(1).clone()}, batch_size=self.batch_size
         )
 
     def _reset(self, tensordict: TensorDictBase | None = None, **kwargs: Any) -> TensorDictBase:
         mask = None if tensordict is None else tensordict.get("_reset", None)
         mask = torch.ones(self.batch_size, dtype=torch.bool, device=self.device) if mask is None else mask.view(-1)
-        draws = uniform(random_bits(self.stream, self.draws, _START_DRAWS))
-        arc = self.track.length * draws[:, 0]
+        drawn = self.source is not None and self.source.per == "episode"
+        draws = uniform(random_bits(self.stream, self.draws, _START_DRAWS + drawn))
+        if drawn:  # the circuit first: the start is a point of it
+            count = len(self.circuits)
+            circuit = (draws[:, _START_DRAWS] * count).long().clamp_max(count - 1)
+            self.circuit.copy_(torch.where(mask, circuit, self.circuit))
+        arc = self.circuits.length[self.circuit] * draws[:, 0]
         offset = self.start_lateral * (2 * draws[:, 1] - 1)
-        centre, track_heading, _ = self.track.at(arc)
+        centre, track_heading, _ = self.circuits.at(self.circuit, arc)
         normal = torch.stack((-torch.sin(track_heading), torch.cos(track_heading)), 1)
         position = centre + offset.unsqueeze(1) * normal
         fresh = {
@@ -292,8 +404,8 @@ class RacingEnv(BatchedEnv):
         self.steps.masked_fill_(mask, 0)
         self.draws.add_(mask)
         false = torch.zeros(*self.batch_size, 1, dtype=torch.bool, device=self.device)
-        _, track_heading, _ = self.track.at(self.arc)
-        _, lateral = self.track.project(torch.stack((self.x, self.y), 1), self.arc, window=0.0)
+        _, track_heading, _ = self.circuits.at(self.circuit, self.arc)
+        _, lateral = self.circuits.project(self.circuit, torch.stack((self.x, self.y), 1), self.arc, window=0.0)
         out = self._observe(lateral, track_heading)
         zero = torch.zeros(*self.batch_size, 1, device=self.device)
         out.update({key: zero.clone() for key in self.episode_metric_keys})
@@ -322,18 +434,18 @@ class RacingEnv(BatchedEnv):
         self.speed.copy_((self.speed + self.dt * acceleration).clamp(0.0, self.max_speed))
         # The nearest centre-line point, searched around the last one: a car moves < 1 m per step.
         previous_arc = self.arc.clone()
-        arc, lateral = self.track.project(torch.stack((self.x, self.y), 1), self.arc, window=2.0)
+        arc, lateral = self.circuits.project(self.circuit, torch.stack((self.x, self.y), 1), self.arc, window=2.0)
         self.arc.copy_(arc)
-        length = self.track.length
+        length = self.circuits.length[self.circuit]
         advance = torch.remainder(arc - previous_arc + length / 2, length) - length / 2  # across the start line too
         self.progress.add_(advance)
         self.elapsed.add_(self.dt)
         self.steps.add_(1)
-        completed = self.progress >= (self.laps + 1) * self.track.length
+        completed = self.progress >= (self.laps + 1) * length
         first_lap_time = torch.where(completed & (self.laps == 0), self.elapsed, torch.zeros_like(self.elapsed))
         self.laps.add_(completed)
 
-        _, track_heading, _ = self.track.at(arc)
+        _, track_heading, _ = self.circuits.at(self.circuit, arc)
         heading_error = wrap_angle(self.yaw - track_heading)
         half_width = self.width / 2
         change = (action - self.last_action) / (self.action_high - self.action_low)
@@ -353,7 +465,7 @@ class RacingEnv(BatchedEnv):
         out.update(
             {
                 "reward": reward.unsqueeze(1),
-                "progress": (advance / self.track.length).unsqueeze(1),
+                "progress": (advance / length).unsqueeze(1),
                 "laps": completed.float().unsqueeze(1),
                 "lap_time": first_lap_time.unsqueeze(1),
                 "done": (crashed | truncated).unsqueeze(1),
@@ -367,6 +479,7 @@ class RacingEnv(BatchedEnv):
         seed = 0 if seed is None else seed
         self.stream.copy_(torch.arange(self.batch_size[0], device=self.device) + seed)
         self.draws.zero_()
+        self._assign_circuits_per_env()
 
 
 @torch.no_grad()
@@ -375,24 +488,38 @@ def _macro_blocks(pixels: float) -> int:
     return int(math.ceil(pixels / 16)) * 16
 
 
-def drive_episodes(env: RacingEnv, policy: Callable[[TensorDictBase], TensorDictBase]) -> dict[str, torch.Tensor]:
+def drive_episodes(
+    env: RacingEnv, policy: Callable[[TensorDictBase], TensorDictBase], trace: bool = False
+) -> dict[str, torch.Tensor]:
     """One whole episode per car of ``env`` (from a fresh reset) under ``policy``: per car, the summed ``reward`` and
-    episode metrics (``progress``, ``laps``, ``lap_time`` of the first lap), and the largest |lateral error|
-    (``worst_lateral``)."""
+    episode metrics (``progress``, ``laps``, ``lap_time`` of the first lap), the largest |lateral error|
+    (``worst_lateral``), the steps driven (``steps``) and those off the track (``off_track``); with ``trace``, every
+    car's position after each step (``xy [steps, cars, 2]``, frozen once its episode ended)."""
     cars = env.batch_size[0]
     totals = {key: torch.zeros(cars, device=env.device) for key in ("reward", *env.episode_metric_keys)}
     worst = torch.zeros(cars, device=env.device)
+    steps, off = torch.zeros(cars, device=env.device), torch.zeros(cars, device=env.device)
     running = torch.ones(cars, dtype=torch.bool, device=env.device)
+    positions = []
     td = env.reset()
     while bool(running.any()):
         td = env.step(policy(td))
         nxt = td["next"]
         for key, total in totals.items():
             total += nxt[key].view(-1) * running
-        worst = torch.maximum(worst, nxt["observation"][:, 0].abs() * running)
+        lateral = env.lateral_of(nxt["observation"]).abs()
+        worst = torch.maximum(worst, lateral * running)
+        steps += running
+        off += (lateral > env.width / 2) & running
+        if trace:
+            here = torch.stack((env.x, env.y), 1)
+            positions.append(torch.where(running.unsqueeze(1), here, positions[-1] if positions else here))
         running &= ~nxt["done"].view(-1)
         td = nxt
-    return {**totals, "worst_lateral": worst}
+    result = {**totals, "worst_lateral": worst, "steps": steps, "off_track": off}
+    if trace:
+        result["xy"] = torch.stack(positions)
+    return result
 
 
 def episode_summary(result: dict[str, torch.Tensor], width: float) -> dict[str, float]:

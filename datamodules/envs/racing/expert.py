@@ -12,8 +12,10 @@ learned policy can still win.
 ``a = gain · (v_target − v)`` clipped to the action box; the steering is Stanley's law around the curvature's
 feed-forward, ``δ = atan(L κ) − k_ψ · heading error − atan(k_e · e / (v + 1))``, clipped to ±25°.
 
-It reads the observation and the privileged ``arc`` entry, and writes ``action``: a TorchRL policy module, so the
-demonstration collector runs it like any learned policy.
+It reads the observation (either kind: it knows its environment's layout) and the privileged ``arc`` entry — and
+``circuit``, which circuit each car drives, when the environment has several (one profile per circuit) — and writes
+``action``: a TorchRL policy module, so the demonstration collector runs it like any learned policy. Its actions
+depend on the car's state only, not on the kind of observation that carries it.
 """
 
 from __future__ import annotations
@@ -75,32 +77,53 @@ class TimeOptimalExpert(TensorDictModuleBase):
             "heading_gain": heading_gain,
             "lateral_gain": lateral_gain,
         }
-        self.in_keys, self.out_keys = ["observation", "arc"], ["action"]
-        self.track, self.wheelbase = env.track, env.lf + env.lr
+        self.several = env.source is not None
+        self.in_keys, self.out_keys = ["observation", "arc", *(["circuit"] if self.several else [])], ["action"]
+        self.circuits, self.wheelbase = env.circuits, env.lf + env.lr
+        self.road, self.half_width, self.max_speed = env.observation_kind == "road", env.width / 2, env.max_speed
         self.preview, self.speed_gain = preview, speed_gain
         self.heading_gain, self.lateral_gain = heading_gain, lateral_gain
-        profile = speed_profile(
-            self.track.curvature.tolist(),
-            self.track.resolution,
-            margin * env.grip,
-            env.max_speed,
-            ACCELERATION_RANGE[1],
-            braking,
-        )
-        self.register_buffer("profile", torch.tensor(profile, device=env.track.xy.device))
+        profiles = [
+            speed_profile(
+                track.curvature.tolist(),
+                track.resolution,
+                margin * env.grip,
+                env.max_speed,
+                ACCELERATION_RANGE[1],
+                braking,
+            )
+            for track in self.circuits.tracks
+        ]
+        samples = self.circuits.xy.shape[1]  # padded like the circuits' samples; the padding is never read
+        padded = [profile + [profile[-1]] * (samples - len(profile)) for profile in profiles]
+        self.register_buffer("profile", torch.tensor(padded, device=self.circuits.xy.device))
 
-    def target_speed(self, arc: torch.Tensor) -> torch.Tensor:
-        position = torch.remainder(arc, self.track.length) / self.track.resolution
-        index = position.long().clamp_max(self.track.samples - 1)
-        return torch.lerp(self.profile[index], self.profile[index + 1], position - index)
+    def _circuit(self, tensordict: TensorDictBase, arc: torch.Tensor) -> torch.Tensor:
+        if self.several:
+            return tensordict["circuit"].squeeze(-1)
+        return torch.zeros(arc.shape, dtype=torch.long, device=arc.device)
+
+    def target_speed(self, arc: torch.Tensor, circuit: torch.Tensor | None = None) -> torch.Tensor:
+        """The profile's speed at arc lengths ``arc`` of circuits ``circuit`` (default: the first)."""
+        if circuit is None:
+            circuit = torch.zeros(arc.shape, dtype=torch.long, device=arc.device)
+        return self.circuits.interpolate(self.profile, circuit, arc)
+
+    def car_state(self, observation: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Lateral error (m), heading error (rad), vx and vy (m/s) read from either kind of observation."""
+        if self.road:
+            offset, sin, cos, vx, vy = observation.unbind(-1)[:5]
+            return offset * self.half_width, torch.atan2(sin, cos), vx * self.max_speed, vy * self.max_speed
+        return tuple(observation.unbind(-1)[:4])
 
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
         observation, arc = tensordict["observation"], tensordict["arc"].squeeze(-1)
-        lateral, heading_error, vx, vy = observation.unbind(-1)[:4]
+        circuit = self._circuit(tensordict, arc)
+        lateral, heading_error, vx, vy = self.car_state(observation)
         speed = torch.sqrt(vx.square() + vy.square())
         ahead = arc + self.preview * speed
-        acceleration = (self.speed_gain * (self.target_speed(ahead) - speed)).clamp(*ACCELERATION_RANGE)
-        _, _, curvature = self.track.at(ahead)
+        acceleration = (self.speed_gain * (self.target_speed(ahead, circuit) - speed)).clamp(*ACCELERATION_RANGE)
+        _, _, curvature = self.circuits.at(circuit, ahead)
         steering = (
             torch.atan(self.wheelbase * curvature)
             - self.heading_gain * heading_error

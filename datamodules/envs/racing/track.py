@@ -88,7 +88,8 @@ class Track:
             raise ValueError(
                 f"control_points {i} and {(i + 1) % points.shape[0]} are the same point: {points[i].tolist()}"
             )
-        self.width, self.resolution = float(width), float(resolution)
+        self.width, self.resolution, self.requested_resolution = float(width), float(resolution), float(resolution)
+        self.control_points = tuple(tuple(float(c) for c in point) for point in points.tolist())
         position, first, second = _bspline(points, _SAMPLES_PER_SEGMENT)
         speed = first.norm(dim=1)
         if bool((speed < 1e-9).any()):
@@ -121,6 +122,7 @@ class Track:
         self.xy, self.heading, self.curvature = xy.float(), heading.float(), kappa.float()
 
     def to(self, device: torch.device | str) -> Track:
+        self._circuits = None
         self.xy, self.heading, self.curvature = (t.to(device) for t in (self.xy, self.heading, self.curvature))
         return self
 
@@ -131,28 +133,96 @@ class Track:
 
     def at(self, arc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Centre-line position ``[..., 2]``, heading and curvature at arc lengths ``arc`` (m, any shape, any lap)."""
-        position = torch.remainder(arc, self.length) / self.resolution
-        index = position.long().clamp_max(self.samples - 1)
-        frac = position - index
-        xy = torch.lerp(self.xy[index], self.xy[index + 1], frac.unsqueeze(-1))
-        heading = torch.lerp(self.heading[index], self.heading[index + 1], frac)
-        curvature = torch.lerp(self.curvature[index], self.curvature[index + 1], frac)
-        return xy, heading, curvature
+        return self._alone().at(torch.zeros(arc.shape, dtype=torch.long, device=arc.device), arc)
 
     def project(self, xy: torch.Tensor, arc: torch.Tensor, window: float) -> tuple[torch.Tensor, torch.Tensor]:
         """The arc length of the centre-line point nearest to each position ``xy [N, 2]``, searched within ``window``
         m of the previous arc lengths ``arc [N]``, and the signed distance from it (m, positive to the left)."""
-        reach = int(math.ceil(window / self.resolution))
+        return self._alone().project(torch.zeros(arc.shape, dtype=torch.long, device=arc.device), xy, arc, window)
+
+    def _alone(self) -> Circuits:
+        # This track as a set of one, so that one implementation serves single and per-car lookups; rebuilt when
+        # `to` moved the samples.
+        alone = getattr(self, "_circuits", None)
+        if alone is None or alone.xy.device != self.xy.device:
+            alone = self._circuits = Circuits([self])
+        return alone
+
+    def reversed(self) -> Track:
+        """The same circuit driven the other way (its control points in reverse order)."""
+        return Track(self.control_points[::-1], self.width, self.requested_resolution)
+
+
+class Circuits:
+    """Several tracks stacked for batched lookups: each car reads its own circuit (``circuit``, indices into
+    ``tracks``) with tensor ops only.
+
+    Each track keeps its own samples (about ``resolution`` m apart, an exact divisor of its lap); the tensors are
+    padded to the longest track's sample count, so a lookup is one gather whatever the mix of circuits, and a track's
+    padding is never read (indices wrap at its own sample count). Attributes: ``xy [T, S + 1, 2]``, ``heading`` and
+    ``curvature [T, S + 1]`` and, per track, ``length``, ``resolution`` (float32) and ``samples`` (int64) ``[T]``.
+    """
+
+    def __init__(self, tracks: Sequence[Track]) -> None:
+        if not tracks:
+            raise ValueError("Circuits needs at least one track")
+        self.tracks = list(tracks)
+        count = max(track.samples for track in self.tracks) + 1
+
+        def padded(values: torch.Tensor) -> torch.Tensor:
+            return torch.cat((values, values[-1:].expand(count - values.shape[0], *values.shape[1:])))
+
+        self.xy = torch.stack([padded(track.xy) for track in self.tracks])
+        self.heading = torch.stack([padded(track.heading) for track in self.tracks])
+        self.curvature = torch.stack([padded(track.curvature) for track in self.tracks])
+        device = self.xy.device
+        self.length = torch.tensor([track.length for track in self.tracks], device=device)
+        self.resolution = torch.tensor([track.resolution for track in self.tracks], device=device)
+        self.samples = torch.tensor([track.samples for track in self.tracks], device=device)
+        self.finest = min(track.resolution for track in self.tracks)  # sets the projection's search reach
+
+    def __len__(self) -> int:
+        return len(self.tracks)
+
+    def to(self, device: torch.device | str) -> Circuits:
+        for name in ("xy", "heading", "curvature", "length", "resolution", "samples"):
+            setattr(self, name, getattr(self, name).to(device))
+        return self
+
+    def interpolate(self, values: torch.Tensor, circuit: torch.Tensor, arc: torch.Tensor) -> torch.Tensor:
+        """``values [T, S + 1, ...]`` (a quantity sampled like the tracks) at arc lengths ``arc`` (m, any lap) of the
+        circuits ``circuit`` (indices, broadcast over ``arc``'s trailing dimensions)."""
+        circuit = circuit.view(*circuit.shape, *(1,) * (arc.ndim - circuit.ndim)).expand(arc.shape)
+        position = torch.remainder(arc, self.length[circuit]) / self.resolution[circuit]
+        index = torch.minimum(position.long(), self.samples[circuit] - 1)
+        frac = position - index
+        if values.ndim > 2:
+            frac = frac.unsqueeze(-1)
+        return torch.lerp(values[circuit, index], values[circuit, index + 1], frac)
+
+    def at(self, circuit: torch.Tensor, arc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Centre-line position ``[..., 2]``, heading and curvature of circuits ``circuit`` at arc lengths ``arc``."""
+        return tuple(self.interpolate(values, circuit, arc) for values in (self.xy, self.heading, self.curvature))
+
+    def project(
+        self, circuit: torch.Tensor, xy: torch.Tensor, arc: torch.Tensor, window: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """For cars on circuits ``circuit [N]``: the arc length of the centre-line point nearest to each position
+        ``xy [N, 2]``, searched within ``window`` m of the previous arc lengths ``arc [N]``, and the signed distance
+        from it (m, positive to the left)."""
+        reach = int(math.ceil(window / self.finest))
         offsets = torch.arange(-reach, reach + 1, device=arc.device)
-        index = torch.remainder((arc / self.resolution).round().long().unsqueeze(1) + offsets, self.samples)
-        distance = (self.xy[index] - xy.unsqueeze(1)).square().sum(-1)
+        resolution, row = self.resolution[circuit], circuit.unsqueeze(1)
+        start = (arc / resolution).round().long().unsqueeze(1)
+        index = torch.remainder(start + offsets, self.samples[row])
+        distance = (self.xy[row, index] - xy.unsqueeze(1)).square().sum(-1)
         nearest = index.gather(1, distance.argmin(1, keepdim=True)).squeeze(1)
         # Refine along the tangent at the nearest sample: continuous arc length, signed lateral offset.
-        delta = xy - self.xy[nearest]
-        heading = self.heading[nearest]
+        delta = xy - self.xy[circuit, nearest]
+        heading = self.heading[circuit, nearest]
         along = delta[:, 0] * torch.cos(heading) + delta[:, 1] * torch.sin(heading)
         lateral = -delta[:, 0] * torch.sin(heading) + delta[:, 1] * torch.cos(heading)
-        return torch.remainder(nearest * self.resolution + along, self.length), lateral
+        return torch.remainder(nearest * resolution + along, self.length[circuit]), lateral
 
 
 def _wrap(angle: torch.Tensor) -> torch.Tensor:
