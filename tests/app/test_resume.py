@@ -130,7 +130,7 @@ def test_interrupted_checkpoint_write_leaves_previous_checkpoint_intact(tmp_path
         io.save_checkpoint({"state_dict": {"w": torch.zeros(3)}}, path)
     monkeypatch.undo()
     assert torch.equal(torch.load(path, weights_only=True)["state_dict"]["w"], torch.ones(3))
-    assert os.listdir(tmp_path) == ["last.ckpt"]  # no temporary file left behind
+    assert sorted(os.listdir(tmp_path)) == ["last.ckpt", "last.ckpt.sha256"]  # no temporary file left behind
 
 
 class PoisonWeights(pl.Callback):
@@ -327,7 +327,7 @@ def test_kill_9_during_a_checkpoint_write_resumes_from_the_previous_checkpoint(t
     fit_shipped("snake_dqn", runs, "--trainer.max_steps", "20")
     folder = runs / "snake_dqn/version_0/checkpoints"
     before = {path.relative_to(folder): path.stat().st_mtime_ns for path in folder.rglob("*")}
-    assert sorted(path.name for path in folder.glob("last.ckpt*")) == ["last.ckpt", "last.ckpt.replay-rank0-step20"]
+    assert sorted(path.name for path in folder.iterdir()) == checkpoint_files(20)
     # Killed while writing the replay buffer's folder, and (another process) while writing the checkpoint itself.
     temporaries = [kill_9_while_writing(part, folder / "last.ckpt") for part in ("replay folder", "checkpoint")]
     replay_temporary, checkpoint_temporary = temporaries
@@ -345,22 +345,32 @@ def test_kill_9_during_a_checkpoint_write_resumes_from_the_previous_checkpoint(t
     cli = fit_shipped("snake_dqn", runs, "--trainer.max_steps", "40", "--ckpt_path", "last")
 
     assert start_step(cli) == 20 and cli.trainer.global_step == 40
-    # The dead writers' temporaries are gone, and the previous checkpoint's folder with its checkpoint.
-    assert sorted(path.name for path in folder.glob("*ckpt*")) == ["last.ckpt", "last.ckpt.replay-rank0-step40"]
+    # The dead writers' temporaries are gone; the previous checkpoint is kept with its folder (keep_last 2).
+    assert sorted(path.name for path in folder.iterdir()) == checkpoint_files(20, 40)
     assert not any(path.exists() for path in temporaries)
     assert [path.name for path in (runs / "snake_dqn").iterdir()] == ["version_0"]
 
-    # A checkpoint copied without its buffer's folder: resuming it is one error naming the flag and the folder.
+    # A checkpoint copied without its buffer's folder: resuming that file is one error naming the flag and the folder.
     shutil.rmtree(folder / "last.ckpt.replay-rank0-step40")
     capsys.readouterr()
     with pytest.raises(SystemExit) as stopped:
-        fit_shipped("snake_dqn", runs, "--trainer.max_steps", "60", "--ckpt_path", "last")
+        fit_shipped("snake_dqn", runs, "--trainer.max_steps", "60", "--ckpt_path", str(folder / "last.ckpt"))
     assert stopped.value.code == 2
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert errors == [
         f"error: --ckpt_path {folder / 'last.ckpt'}: its replay buffer's folder last.ckpt.replay-rank0-step40 is not "
         "beside it (keep the folder with its checkpoint)"
     ]
+
+
+def checkpoint_files(*updates: int) -> list[str]:
+    """What a checkpoint folder of a replay config holds with the checkpoints of ``updates`` kept, sorted by name:
+    ``last.ckpt`` (the newest), each kept one with its checksum, replay folder and manifest of that folder."""
+    names = ["last.ckpt"]
+    for step in updates:
+        names += [f"last-step{step}.ckpt", f"last-step{step}.ckpt.sha256"]
+        names += [f"last.ckpt.replay-rank0-step{step}", f"last.ckpt.sums-rank0-step{step}"]
+    return sorted(names)
 
 
 # ------------------------------------------------------------------------------------------------------------------
