@@ -121,6 +121,8 @@ class FrameCheckpoint(ModelCheckpointSteps):
         if keep_last < 1:
             raise ValueError(f"keep_last must be >= 1, got {keep_last}")
         self.keep_last = keep_last
+        self._started_at = 0  # the update this fit started from (a resumed one's checkpoint)
+        self._written: set[int] = set()  # the updates this fit wrote checkpoints at
         super().__init__(
             dirpath=dirpath,
             filename="frames={frames}",
@@ -138,6 +140,9 @@ class FrameCheckpoint(ModelCheckpointSteps):
         if stage == "fit" and trainer.is_global_zero and is_local_path(self.dirpath):
             for path in remove_stale_temporaries(self.dirpath):
                 rank_zero_info(f"Removed {path}, a checkpoint being written when its process was killed")
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._started_at, self._written = trainer.global_step, set()
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any) -> None:
         frames = trainer.datamodule.frames
@@ -198,12 +203,15 @@ class FrameCheckpoint(ModelCheckpointSteps):
         return f"{self.CHECKPOINT_NAME_LAST}{self.FILE_EXTENSION}"
 
     def _kept_updates(self, last: Path, rank: int, step: int) -> set[int]:
-        """The updates whose checkpoints stay: the ``keep_last`` newest up to ``step``. Any later one is from a run
-        that was resumed from an earlier checkpoint (the later one was damaged): its future was abandoned. Read from
-        this rank's own files, which every rank has on its disk."""
+        """The updates whose checkpoints stay: the ``keep_last`` newest of those this fit wrote and those it started
+        from or before. Any later one on disk is from a run resumed from an earlier checkpoint (the later one was
+        damaged, or not wanted): its future was abandoned. Read from this rank's own files, which every rank has on
+        its disk."""
+        self._written.add(step)
         names = [*last.parent.glob(kept_path(last, "*").name), *last.parent.glob(f"{last.name}.*rank{rank}-step*")]
-        updates = {updates_in_name(path) for path in names} | {step}
-        return set(sorted(update for update in updates if update is not None and update <= step)[-self.keep_last :])
+        on_disk = {updates_in_name(path) for path in names} - {None}
+        updates = {update for update in on_disk if update <= self._started_at} | self._written
+        return set(sorted(updates)[-self.keep_last :])
 
     def delete_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:
         super().delete_checkpoint(trainer, filepath)

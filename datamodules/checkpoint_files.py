@@ -116,16 +116,39 @@ class HashingFile:
 
     def __init__(self, file: IO[bytes]) -> None:
         self.file, self.hash = file, hashlib.sha256()
+        self.error: OSError | None = None  # the first failed write: torch.save reports it as a RuntimeError
 
     def write(self, data: bytes) -> int:
         self.hash.update(data)
-        return self.file.write(data)
+        try:
+            return self.file.write(data)
+        except OSError as error:
+            self.error = self.error or error
+            raise
 
     def flush(self) -> None:
         self.file.flush()
 
     def hexdigest(self) -> str:
         return self.hash.hexdigest()
+
+
+def save_hashed(obj: Any, file: IO[bytes]) -> str:
+    """``torch.save(obj, file)`` with plain writes; return the SHA-256 of what was written.
+
+    Raises:
+        OSError: a write failed (torch's own writer turns it into a RuntimeError, which would not say why).
+    """
+    hashing = HashingFile(file)
+    try:
+        torch.save(obj, hashing)
+        file.flush()  # a write the buffer still holds fails here
+    except RuntimeError:
+        if hashing.error is not None:
+            raise hashing.error from None
+        file.flush()
+        raise
+    return hashing.hexdigest()
 
 
 def sha256_of(path: Path) -> str:
@@ -157,18 +180,16 @@ def save_atomically(obj: Any, path: Path, verify: bool = False) -> str:
     temporary = path.with_name(f".{path.name}{TEMPORARY_MARK}{os.getpid()}")
     try:
         with open(temporary, "wb") as file:
-            hashing = HashingFile(file)
-            torch.save(obj, hashing)
-            file.flush()
+            digest = save_hashed(obj, file)
             os.fsync(file.fileno())
-        if verify and sha256_of(temporary) != hashing.hexdigest():
+        if verify and sha256_of(temporary) != digest:
             raise OSError(errno.EIO, "the file read back differs from what was written")
         os.replace(temporary, path)
     except OSError as error:
         raise write_error(path.parent, needed, error) from error
     finally:
         temporary.unlink(missing_ok=True)
-    return hashing.hexdigest()
+    return digest
 
 
 def write_sums(path: Path, digests: dict[str, str]) -> None:

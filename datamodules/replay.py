@@ -19,9 +19,9 @@ from compat.tensordict import own_interaction_type
 from compat.torchrl import multistep_window, set_multistep_window
 from datamodules.base import RLDataModule, check_positive
 from datamodules.checkpoint_files import (
-    HashingFile,
     beside_path,
     from_plain,
+    save_hashed,
     tensor_bytes,
     to_plain,
     write_folder_atomically,
@@ -484,9 +484,7 @@ class ReplayDataModule(RLDataModule):
         # error that is reported. Returns each file's SHA-256, hashed as it was written.
         contents = self._buffer_contents() if contents is None else contents
         with open(folder / BUFFER_FILE, "wb") as file:
-            hashing = HashingFile(file)
-            torch.save(contents, hashing)
-        return {BUFFER_FILE: hashing.hexdigest()}
+            return {BUFFER_FILE: save_hashed(contents, file)}
 
     def _load_buffer(self, folder: Path) -> None:
         if not folder.is_dir():
