@@ -431,18 +431,21 @@ def test_ddp_resume_restores_each_ranks_own_state(tmp_path):
     middle = full / "frames=96.ckpt"
     # 64 warm-up frames, then 8 frames per 4 updates: 96 frames after update 17, and the end of fit at 136 frames.
     assert torch.load(middle, weights_only=True)["global_step"] == 17
-    # Rank 1's state beside each checkpoint, one per checkpoint: last.ckpt's of update 17 was deleted when superseded.
+    # Rank 1's state beside each checkpoint, one per checkpoint: the two `last` ones are kept (keep_last 2), so
+    # last.ckpt's of update 17 stays beside last-step17.ckpt.
     assert sorted(path.name for path in full.glob("*.rank*")) == [
         "frames=136.ckpt.rank1-step40",
         "frames=96.ckpt.rank1-step17",
+        "last.ckpt.rank1-step17",
         "last.ckpt.rank1-step40",
     ]
-    # Each rank's replay buffer beside each checkpoint, likewise.
-    assert sorted(path.name for path in full.glob("*.replay-*")) == [
-        f"{checkpoint}.replay-rank{rank}-step{step}"
-        for checkpoint, step in (("frames=136.ckpt", 40), ("frames=96.ckpt", 17), ("last.ckpt", 40))
-        for rank in (0, 1)
-    ]
+    assert sorted(path.name for path in full.glob("last-step*.ckpt")) == ["last-step17.ckpt", "last-step40.ckpt"]
+    # Each rank's replay buffer beside each checkpoint, likewise, and each rank's manifest of its files.
+    kept = (("frames=136.ckpt", 40), ("frames=96.ckpt", 17), ("last.ckpt", 17), ("last.ckpt", 40))
+    for kind in ("replay", "sums"):
+        assert sorted(path.name for path in full.glob(f"*.{kind}-*")) == sorted(
+            f"{checkpoint}.{kind}-rank{rank}-step{step}" for checkpoint, step in kept for rank in (0, 1)
+        )
     config["trainer"]["default_root_dir"] = str(tmp_path / "resumed")
     config["trainer"]["callbacks"][1]["init_args"]["dirpath"] = str(tmp_path / "resumed")
     resumed_config = write_config(config, tmp_path / "resumed.yaml")
