@@ -72,12 +72,12 @@ def resolve_resume(config: Namespace, subcommand: str) -> Path | None:
         if not candidates:
             raise ValueError(f"--ckpt_path last: no {looked_in} — nothing to resume")
         folder = max(candidates, key=lambda folder: max(path.stat().st_mtime for path in _last_checkpoints(folder)))
-        checkpoint = _newest_sound(folder)
+        checkpoint = _newest_sound(folder, beside=subcommand == "fit")
     else:
         checkpoint = Path(requested)
         if not checkpoint.is_file():
             raise ValueError(f"--ckpt_path {requested}: no such checkpoint file")
-        damage = checkpoint_damage(checkpoint)
+        damage = checkpoint_damage(checkpoint, beside=subcommand == "fit")
         if damage is not None:
             raise ValueError(f"--ckpt_path {requested}: {damage}")
     config["ckpt_path"] = str(checkpoint)
@@ -103,11 +103,12 @@ def _last_checkpoints(folder: Path) -> list[Path]:
     return kept
 
 
-def _newest_sound(folder: Path) -> Path:
-    """The newest checkpoint in ``folder`` that is as it was written; one warning line for those skipped."""
+def _newest_sound(folder: Path, beside: bool) -> Path:
+    """The newest checkpoint in ``folder`` that is as it was written (with the files ``beside`` it: see
+    :func:`checkpoint_damage`); one warning line for those skipped."""
     skipped = []
     for checkpoint in _last_checkpoints(folder):
-        damage = checkpoint_damage(checkpoint)
+        damage = checkpoint_damage(checkpoint, beside)
         if damage is None:
             if skipped:
                 print(

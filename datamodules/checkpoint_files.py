@@ -262,9 +262,10 @@ def link_atomically(source: Path, name: Path) -> None:
         temporary.unlink(missing_ok=True)
 
 
-def checkpoint_damage(path: Path) -> str | None:
+def checkpoint_damage(path: Path, beside: bool = True) -> str | None:
     """Why the checkpoint ``path`` cannot be resumed as written, or None: unreadable, not matching the SHA-256 in its
-    manifest (``<name>.sha256``, or for ``last.ckpt`` its kept name's), or a file beside it missing or changed."""
+    manifest (``<name>.sha256``, or for ``last.ckpt`` its kept name's), or (with ``beside``: resuming training needs
+    them, validating does not) a file beside it missing or changed."""
     try:
         saved = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
         updates = int(saved["global_step"])
@@ -276,7 +277,7 @@ def checkpoint_damage(path: Path) -> str | None:
             if len(listed) == 1 and sha256_of(path) != next(iter(listed.values())):
                 return f"does not match its checksum in {sums.name}"
             break
-    states = [state for state in saved.values() if isinstance(state, dict) and "updates" in state]
+    states = [state for state in saved.values() if beside and isinstance(state, dict) and "updates" in state]
     for state in states:
         folder = state.get("buffer_folder")
         if folder is not None and not (path.parent / folder).is_dir():
