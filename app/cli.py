@@ -49,7 +49,7 @@ from callbacks.tracking import TrackingRuns
 from compat.jsonargparse import read_init_of_subclasses
 from compat.lightning import cli_config_get
 from datamodules.base import RLDataModule
-from datamodules.checkpoint_files import rank_state_path
+from datamodules.checkpoint_files import CheckpointWriteError, beside_base, rank_state_path
 from modules.base import RLModule
 from modules.optim import FLAG as OPTIMIZER_FLAG
 
@@ -276,8 +276,10 @@ class RLCLI(LightningCLI):
                 "with its checkpoint)"
             )
         if self.trainer.num_nodes == 1:  # on several nodes, other ranks' files are on other machines' disks
+            saved = torch.load(self.resume_from, map_location="cpu", mmap=True, weights_only=True)
+            data = next((state for state in saved.values() if isinstance(state, dict) and "updates" in state), {})
             for rank in range(1, self.trainer.world_size):
-                path = rank_state_path(self.resume_from, rank, step)
+                path = rank_state_path(beside_base(self.resume_from, data), rank, step)
                 if not path.is_file():
                     self.parser.error(
                         f"--ckpt_path {self.resume_from}: no state of rank {rank} beside it ({path.name}); "
@@ -392,6 +394,11 @@ def main(args: list[str] | None = None, extra_callbacks: Sequence[Callback] = ()
         # scheduler would read as a finished run.
         print("stopped by SIGTERM: continue with --ckpt_path last", file=sys.stderr)
         raise SystemExit(128 + signal.SIGTERM) from None
+    except CheckpointWriteError as error:
+        # A full disk or a failed write: the previous checkpoints are whole and the temporaries are gone, so one line
+        # says all there is (exit status 1, as for any error).
+        print(f"error: checkpoint not saved: {error.strerror}", file=sys.stderr)
+        raise SystemExit(1) from None
 
 
 def build(config_paths: list[str], overrides: list[str] | tuple[str, ...] = ()) -> tuple[RLModule, RLDataModule]:

@@ -6,6 +6,8 @@ Resuming continues that folder rather than starting the next ``version_N``:
 
 - ``--ckpt_path last`` is resolved here, never by Lightning (whose lookup searches only the new run's own, empty
   folder): the newest ``checkpoints/last.ckpt`` among the config's runs; nothing there is an error, not a fresh start.
+  Its checkpoints are checked (readable, their SHA-256 and their files beside them): a damaged one is skipped, with
+  one warning line, for the newest one kept before it (``last-step<N>.ckpt``, ``FrameCheckpoint``'s ``keep_last``).
 - The logger is pointed at the run the checkpoint belongs to (its ``version``) before it creates any folder.
 - Lightning's ``CSVLogger`` deletes an existing ``metrics.csv``; a run continued in place gets
   :class:`ResumableCSVLogger` instead, which keeps the rows logged up to the checkpoint and appends after them.
@@ -19,6 +21,7 @@ import csv
 import importlib
 import os
 import re
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +40,7 @@ from compat.lightning import (
     set_csv_logger_writer,
     tensorboard_available,
 )
+from datamodules.checkpoint_files import checkpoint_damage, kept_path, updates_in_name
 
 if TYPE_CHECKING:
     from fsspec import AbstractFileSystem
@@ -64,14 +68,18 @@ def resolve_resume(config: Namespace, subcommand: str) -> Path | None:
     logger = _folder_logger(trainer)
     if requested == "last":
         folders, looked_in = _checkpoint_folders(trainer, logger)
-        candidates = [folder / LAST for folder in folders if (folder / LAST).is_file()]
+        candidates = [folder for folder in folders if _last_checkpoints(folder)]
         if not candidates:
             raise ValueError(f"--ckpt_path last: no {looked_in} — nothing to resume")
-        checkpoint = max(candidates, key=lambda path: path.stat().st_mtime)
+        folder = max(candidates, key=lambda folder: max(path.stat().st_mtime for path in _last_checkpoints(folder)))
+        checkpoint = _newest_sound(folder, beside=subcommand == "fit")
     else:
         checkpoint = Path(requested)
         if not checkpoint.is_file():
             raise ValueError(f"--ckpt_path {requested}: no such checkpoint file")
+        damage = checkpoint_damage(checkpoint, beside=subcommand == "fit")
+        if damage is not None:
+            raise ValueError(f"--ckpt_path {requested}: {damage}")
     config["ckpt_path"] = str(checkpoint)
     run_dir = _run_of(checkpoint, logger)
     if subcommand != "fit" or run_dir is None:
@@ -83,6 +91,33 @@ def resolve_resume(config: Namespace, subcommand: str) -> Path | None:
     if logger.class_path in (_LIGHTNING_CSV, f"{CSVLogger.__module__}.CSVLogger"):
         logger.class_path = f"{__name__}.ResumableCSVLogger"  # same arguments; keeps metrics.csv instead of deleting
     return checkpoint
+
+
+def _last_checkpoints(folder: Path) -> list[Path]:
+    """The ``last`` checkpoints in ``folder``, newest first: those kept by update (``last-step<N>.ckpt``), and
+    ``last.ckpt`` where it is not one of them (a run from before checkpoints were kept)."""
+    kept = sorted(folder.glob(kept_path(LAST, "*").name), key=updates_in_name, reverse=True)
+    last = folder / LAST
+    if last.is_file() and not any(os.path.samefile(last, path) for path in kept):
+        kept.insert(0, last)
+    return kept
+
+
+def _newest_sound(folder: Path, beside: bool) -> Path:
+    """The newest checkpoint in ``folder`` that is as it was written (with the files ``beside`` it: see
+    :func:`checkpoint_damage`); one warning line for those skipped."""
+    skipped = []
+    for checkpoint in _last_checkpoints(folder):
+        damage = checkpoint_damage(checkpoint, beside)
+        if damage is None:
+            if skipped:
+                print(
+                    f"warning: --ckpt_path last: skipped {'; '.join(skipped)}; resuming from {checkpoint}",
+                    file=sys.stderr,
+                )
+            return checkpoint
+        skipped.append(f"{checkpoint} ({damage})")
+    raise ValueError(f"--ckpt_path last: no checkpoint in {folder} can be resumed: {'; '.join(skipped)}")
 
 
 def checkpoint_global_step(checkpoint: Path) -> int:

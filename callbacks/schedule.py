@@ -21,15 +21,27 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from compat.lightning import ModelCheckpointSteps, is_local_path
 from datamodules.base import RLDataModule
-from datamodules.checkpoint_files import TEMPORARY_MARK, remove_path
+from datamodules.checkpoint_files import (
+    SUMS,
+    TEMPORARY_MARK,
+    kept_path,
+    link_atomically,
+    remove_path,
+    save_atomically,
+    updates_in_name,
+    write_sums,
+)
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """Writes each checkpoint to a temporary file in the same folder, then renames it into place.
+    """Writes each checkpoint to a temporary file in the same folder, then renames it into place, with its SHA-256
+    in ``<name>.sha256`` beside it.
 
     A rename within one filesystem is atomic, so a run killed mid-write leaves the previous ``last.ckpt`` intact
     rather than a truncated one. The temporary file (``.<name>.tmp-<pid>``) of a process killed outright (``kill -9``)
-    stays behind; :func:`remove_stale_temporaries` deletes those of dead processes when the next fit starts.
+    stays behind; :func:`remove_stale_temporaries` deletes those of dead processes when the next fit starts. The
+    free space is checked first and the file is read back before the rename: a full disk or a failed write is a
+    :class:`~datamodules.checkpoint_files.CheckpointWriteError` naming the folder, with nothing replaced.
     """
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any = None) -> None:
@@ -37,16 +49,13 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             super().save_checkpoint(checkpoint, path, storage_options)  # remote stores have their own semantics
             return
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_name(f".{path.name}{TEMPORARY_MARK}{os.getpid()}")
-        try:
-            with open(temporary, "wb") as file:
-                torch.save(checkpoint, file)
-                file.flush()
-                os.fsync(file.fileno())
-            os.replace(temporary, path)
-        finally:
-            temporary.unlink(missing_ok=True)
+        digest = save_atomically(checkpoint, path, verify=True)
+        write_sums(path.with_name(path.name + SUMS), {path.name: digest})
+
+    def remove_checkpoint(self, path: str | Path) -> None:
+        super().remove_checkpoint(path)
+        if is_local_path(path):
+            Path(f"{path}{SUMS}").unlink(missing_ok=True)
 
 
 def remove_stale_temporaries(folder: str | Path) -> list[Path]:
@@ -76,7 +85,8 @@ def _process_alive(pid: int) -> bool:
 
 
 class FrameCheckpoint(ModelCheckpointSteps):
-    """Saves ``last.ckpt`` (and, with ``save_top_k``, numbered ones) every ``every_n_frames`` environment frames.
+    """Saves ``last.ckpt`` (and, with ``save_top_k``, numbered ones) every ``every_n_frames`` environment frames,
+    keeping the ``keep_last`` newest as ``last-step<N>.ckpt``.
 
     At the start of ``fit`` it removes temporary files left in its folder by killed processes. Before rank 0 writes
     a checkpoint, each rank writes what it keeps beside it (:meth:`RLDataModule.save_beside
@@ -85,11 +95,18 @@ class FrameCheckpoint(ModelCheckpointSteps):
     checkpoint never exists without the parts it needs; the parts of older checkpoints are deleted once it is in
     place. A run stopped by SIGTERM is checkpointed where it stopped (Lightning stops it between updates).
 
+    Each checkpoint is written as ``last-step<N>.ckpt`` (N: the update), verified, and ``last.ckpt`` is then made
+    another name of it (a hard link); the ``keep_last`` newest are kept with their files beside them, so a damaged
+    newest one (``--ckpt_path last`` checks each file's SHA-256) still leaves one to resume from.
+
     Args:
         every_n_frames: frames between checkpoints (counted on rank 0's data module; all ranks collect alike).
         dirpath: folder for the checkpoints; default ``<log_dir>/checkpoints``.
         save_top_k: numbered ``frames=N.ckpt`` checkpoints kept besides ``last.ckpt`` (the most recent ones). 0 by
             default: each comes with a copy of the whole replay buffer (130 MB for Snake-DQN, 1 GB for Mario).
+        keep_last: ``last`` checkpoints kept (``last-step<N>.ckpt``, the newest also named ``last.ckpt``), each with
+            its replay folders and rank files. 2 by default, so that a damaged newest one never ends the run; the
+            disk must hold one more while the next is written. 1: only ``last.ckpt``.
     """
 
     def __init__(
@@ -97,9 +114,15 @@ class FrameCheckpoint(ModelCheckpointSteps):
         every_n_frames: int = 100_000,
         dirpath: str | None = None,
         save_top_k: int = 0,
+        keep_last: int = 2,
     ) -> None:
         if every_n_frames < 1:
             raise ValueError(f"every_n_frames must be >= 1, got {every_n_frames}")
+        if keep_last < 1:
+            raise ValueError(f"keep_last must be >= 1, got {keep_last}")
+        self.keep_last = keep_last
+        self._started_at = 0  # the update this fit started from (a resumed one's checkpoint)
+        self._written: set[int] = set()  # the updates this fit wrote checkpoints at
         super().__init__(
             dirpath=dirpath,
             filename="frames={frames}",
@@ -117,6 +140,9 @@ class FrameCheckpoint(ModelCheckpointSteps):
         if stage == "fit" and trainer.is_global_zero and is_local_path(self.dirpath):
             for path in remove_stale_temporaries(self.dirpath):
                 rank_zero_info(f"Removed {path}, a checkpoint being written when its process was killed")
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._started_at, self._written = trainer.global_step, set()
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any) -> None:
         frames = trainer.datamodule.frames
@@ -148,13 +174,44 @@ class FrameCheckpoint(ModelCheckpointSteps):
 
     def write_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:
         data = trainer.datamodule if isinstance(trainer.datamodule, RLDataModule) else None
+        step = trainer.global_step
         if data is not None:
             data.save_beside(filepath)  # every rank: its large stores, and on ranks > 0 its state
             if trainer.world_size > 1:
                 trainer.strategy.barrier("FrameCheckpoint.beside")  # all ranks' parts on disk before the checkpoint
-        super().write_checkpoint(trainer, filepath)  # rank 0 writes the checkpoint; all ranks wait for it
+        keeps = self.keep_last > 1 and is_local_path(filepath) and Path(filepath).name == self._last_name
+        if not keeps:
+            super().write_checkpoint(trainer, filepath)  # rank 0 writes the checkpoint; all ranks wait for it
+            kept = {step}
+        else:
+            # The new checkpoint under its own name first; `last.ckpt` moves to it only once it is written and read
+            # back, so the previous one stays whole until then, and afterwards as `last-step<M>.ckpt`.
+            super().write_checkpoint(trainer, str(kept_path(filepath, step)))
+            if trainer.is_global_zero:
+                link_atomically(kept_path(filepath, step), Path(filepath))
+                Path(f"{filepath}{SUMS}").unlink(missing_ok=True)  # a keep_last=1 run's: last.ckpt is checked by step
+            kept = self._kept_updates(Path(filepath), trainer.global_rank, step)
+            if trainer.is_global_zero:
+                for path in Path(filepath).parent.glob(kept_path(filepath, "*").name):
+                    if updates_in_name(path) not in kept:
+                        trainer.strategy.remove_checkpoint(path)
         if data is not None:
-            data.remove_beside(filepath, keep_updates=trainer.global_step)  # older, now superseded
+            data.remove_beside(filepath, keep_updates=kept)  # older, now superseded
+
+    @property
+    def _last_name(self) -> str:
+        return f"{self.CHECKPOINT_NAME_LAST}{self.FILE_EXTENSION}"
+
+    def _kept_updates(self, last: Path, rank: int, step: int) -> set[int]:
+        """The updates whose checkpoints stay: the ``keep_last`` newest of those this fit wrote and those it started
+        from or before. Any later one on disk is from a run resumed from an earlier checkpoint (the later one was
+        damaged, or not wanted): its future was abandoned. Read from this rank's own files, which every rank has on
+        its disk."""
+        self._written.add(step)
+        names = [*last.parent.glob(kept_path(last, "*").name), *last.parent.glob(f"{last.name}.*rank{rank}-step*")]
+        on_disk = {updates_in_name(path) for path in names} - {None}
+        updates = {update for update in on_disk if update <= self._started_at} | self._written
+        return set(sorted(updates)[-self.keep_last :])
 
     def delete_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:
         super().delete_checkpoint(trainer, filepath)

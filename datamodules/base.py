@@ -24,7 +24,7 @@ from __future__ import annotations
 import glob
 import os
 import random
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Container, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +39,15 @@ from torchrl.collectors import Collector
 from torchrl.data import Composite, TensorSpec
 from torchrl.envs import EnvBase, Transform, TransformedEnv
 
-from datamodules.checkpoint_files import rank_state_path, remove_path
+from datamodules.checkpoint_files import (
+    beside_base,
+    rank_state_path,
+    remove_path,
+    save_atomically,
+    sums_path,
+    updates_in_name,
+    write_sums,
+)
 from datamodules.collection import ACT_DTYPES, AutocastPolicy, Collection, InProcess
 from datamodules.envs.base import BatchedEnv
 from datamodules.episodes import EpisodeStatistics
@@ -260,6 +268,7 @@ class RLDataModule(EnvSpecs, Evaluation, pl.LightningDataModule):
         self.env_transform: Transform | None = None
         self._eval_env: EnvBase | None = None
         self._pending_state: dict[str, Any] | None = None
+        self._beside_name: str | None = None  # the checkpoint name its files beside start with (save_beside)
         self._updates_since_sync = 0
 
     @property
@@ -446,6 +455,10 @@ class RLDataModule(EnvSpecs, Evaluation, pl.LightningDataModule):
         if self.trainer is not None:
             # The update this state belongs to names the other ranks' files (rank_state_path).
             state.update(updates=self.trainer.global_step, world_size=self.trainer.world_size)
+        if self._beside_name is not None:
+            # The name the files beside this checkpoint start with (``last.ckpt``), which a kept checkpoint's own
+            # name (``last-step1200.ckpt``) no longer tells.
+            state["beside"] = self._beside_name
         if self.collector is not None:
             # What continues collection exactly: the environments' state and the observations (and recurrent states)
             # the collector carries between calls; with collector workers, each worker's (and its generator's).
@@ -456,7 +469,9 @@ class RLDataModule(EnvSpecs, Evaluation, pl.LightningDataModule):
         """Restore this rank's own state: rank 0's is the checkpoint's, any other rank's is in its file beside it."""
         trainer = self.trainer
         if trainer is not None and trainer.global_rank > 0:
-            path = rank_state_path(trainer.ckpt_path, trainer.global_rank, state_dict.get("updates", -1))
+            path = rank_state_path(
+                beside_base(trainer.ckpt_path, state_dict), trainer.global_rank, state_dict.get("updates", -1)
+            )
             if not os.path.exists(path):
                 raise FileNotFoundError(
                     f"--ckpt_path {trainer.ckpt_path}: rank {trainer.global_rank} has no state beside it ({path.name});"
@@ -465,20 +480,26 @@ class RLDataModule(EnvSpecs, Evaluation, pl.LightningDataModule):
             state_dict = trainer.strategy.checkpoint_io.load_checkpoint(path, weights_only=True)
         self._load_state(state_dict)
 
-    def save_beside(self, checkpoint_path: str | Path) -> None:
+    def save_beside(self, checkpoint_path: str | Path, digests: dict[str, str] | None = None) -> None:
         """Write what this rank keeps beside the checkpoint at ``checkpoint_path``, before the checkpoint is written:
-        on ranks > 0, the rank's whole state (rank 0's is inside the checkpoint). Subclasses with large stores write
-        them first (see ``ReplayDataModule``)."""
-        if self.trainer.global_rank > 0:
-            path = rank_state_path(checkpoint_path, self.trainer.global_rank, self.trainer.global_step)
-            self.trainer.strategy.checkpoint_io.save_checkpoint(self.state_dict(), path)
+        on ranks > 0, the rank's whole state (rank 0's is inside the checkpoint); then the manifest of this rank's
+        files (``<checkpoint>.sums-rank<r>-step<N>``) with their SHA-256. Subclasses with large stores write them
+        first and pass their files' ``digests`` on (see ``ReplayDataModule``)."""
+        self._beside_name = Path(checkpoint_path).name
+        rank, step = self.trainer.global_rank, self.trainer.global_step
+        digests = dict(digests or {})
+        if rank > 0:
+            path = rank_state_path(checkpoint_path, rank, step)
+            digests[path.name] = save_atomically(self.state_dict(), path)
+        if digests:
+            write_sums(sums_path(checkpoint_path, rank, step), digests)
 
-    def remove_beside(self, checkpoint_path: str | Path, keep_updates: int | None = None) -> None:
-        """Delete this rank's files and folders beside ``checkpoint_path``, except those written at update
+    def remove_beside(self, checkpoint_path: str | Path, keep_updates: Container[int] | None = None) -> None:
+        """Delete this rank's files and folders beside ``checkpoint_path``, except those written at the updates
         ``keep_updates`` (all of them without it: the checkpoint itself is being removed)."""
         checkpoint, rank = Path(checkpoint_path), self.trainer.global_rank
         for path in checkpoint.parent.glob(f"{glob.escape(checkpoint.name)}.*rank{rank}-step*"):
-            if keep_updates is None or not path.name.endswith(f"rank{rank}-step{keep_updates}"):
+            if keep_updates is None or updates_in_name(path) not in keep_updates:
                 remove_path(path)
 
     def _load_state(self, state_dict: dict[str, Any]) -> None:

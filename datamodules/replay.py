@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Container, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -18,10 +18,19 @@ from torchrl.envs import EnvBase, Transform
 from compat.tensordict import own_interaction_type
 from compat.torchrl import multistep_window, set_multistep_window
 from datamodules.base import RLDataModule, check_positive
-from datamodules.checkpoint_files import beside_path, from_plain, to_plain, write_folder_atomically
+from datamodules.checkpoint_files import (
+    beside_path,
+    from_plain,
+    save_hashed,
+    tensor_bytes,
+    to_plain,
+    write_folder_atomically,
+)
 from datamodules.frames import FrameStackStore, ring_capacity
 from datamodules.prioritized import ProportionalSampler
 from datamodules.timing import PhaseTimer
+
+BUFFER_FILE = "buffer.pt"  # the replay folder's one file: the buffer's state and its frame ring
 
 # The batches of every update one collection earns are drawn in one call, larger than the buffer's batch size (which
 # stays the size of one update's batch); TorchRL warns about the difference on every such call.
@@ -443,28 +452,40 @@ class ReplayDataModule(RLDataModule):
         super()._load_state(state_dict)
 
     # ------------------------------------------------------------------------------ the buffer beside checkpoints
-    def save_beside(self, checkpoint_path: str | Path) -> None:
+    def save_beside(self, checkpoint_path: str | Path, digests: dict[str, str] | None = None) -> None:
         self._buffer_beside = None
         self.settle()  # a round being prepared in the background writes to the buffer
+        digests = dict(digests or {})
         if self.buffer is not None and len(self.buffer) > 0:
             step = self.trainer.global_step
             folder = beside_path(checkpoint_path, "replay", self.trainer.global_rank, step)
-            write_folder_atomically(folder, self._dump_buffer)
+            contents = self._buffer_contents()
+            written = write_folder_atomically(
+                folder, lambda into: self._dump_buffer(into, contents), tensor_bytes(contents)
+            )
+            digests.update({f"{folder.name}/{name}": digest for name, digest in written.items()})
             self._buffer_beside = (step, folder.name)
-        super().save_beside(checkpoint_path)  # ranks > 0: their state, which names the folder
+        super().save_beside(checkpoint_path, digests)  # ranks > 0: their state, which names the folder
 
-    def remove_beside(self, checkpoint_path: str | Path, keep_updates: int | None = None) -> None:
+    def remove_beside(self, checkpoint_path: str | Path, keep_updates: Container[int] | None = None) -> None:
         super().remove_beside(checkpoint_path, keep_updates)
         self._buffer_beside = None  # the checkpoint that names it is written: later states hold their own
 
-    def _dump_buffer(self, folder: Path) -> None:
-        # TorchRL's own checkpointers: the storage memory-mapped (TensorStorageCheckpointer), the sampler's state (the
-        # priorities, for ProportionalSampler) and the writer's cursor.
-        self.buffer.storage.dumps(folder / "storage")
-        self.buffer.sampler.dumps(folder / "sampler")
-        self.buffer.writer.dumps(folder / "writer")
-        if self.frame_store is not None:  # most of the buffer's bytes: memory-mapped as well
-            TensorDict(self.frame_store.state_dict()).memmap(folder / "frames")
+    def _buffer_contents(self) -> dict[str, Any]:
+        # TorchRL's own state of the buffer (the storage, the sampler's priorities, the writer's cursor) and, with
+        # store_frames_once, the frame ring: views of the buffer's memory, nothing copied.
+        contents = {"buffer": self.buffer.state_dict()}
+        if self.frame_store is not None:
+            contents["frames"] = self.frame_store.state_dict()
+        return contents
+
+    def _dump_buffer(self, folder: Path, contents: dict[str, Any] | None = None) -> dict[str, str]:
+        # Plain writes (torch.save), not TorchRL's memory-mapped storage checkpointer: writing through a memory map
+        # turns a full disk into SIGBUS, which kills the process with no word of why; a plain write fails with an
+        # error that is reported. Returns each file's SHA-256, hashed as it was written.
+        contents = self._buffer_contents() if contents is None else contents
+        with open(folder / BUFFER_FILE, "wb") as file:
+            return {BUFFER_FILE: save_hashed(contents, file)}
 
     def _load_buffer(self, folder: Path) -> None:
         if not folder.is_dir():
@@ -472,7 +493,15 @@ class ReplayDataModule(RLDataModule):
                 f"--ckpt_path {self.trainer.ckpt_path}: its replay buffer is missing ({folder.name}, a folder that "
                 "must stay beside the checkpoint)"
             )
-        self.buffer.storage.loads(folder / "storage")  # copied into the buffer's own memory, the files left alone
+        if (folder / BUFFER_FILE).is_file():
+            # Memory-mapped while read: copied into the buffer's own memory, the file left alone.
+            contents = torch.load(folder / BUFFER_FILE, map_location=self.device, mmap=True, weights_only=True)
+            self.buffer.load_state_dict(contents["buffer"])
+            if self.frame_store is not None:
+                self.frame_store.load_state_dict(contents["frames"])
+            return
+        # A folder written before the buffer was saved with plain writes: TorchRL's memory-mapped checkpointers.
+        self.buffer.storage.loads(folder / "storage")
         self.buffer.sampler.loads(folder / "sampler")
         self.buffer.writer.loads(folder / "writer")
         if self.frame_store is not None:

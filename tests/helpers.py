@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any
 
 import torch
 import yaml
-from tensordict import TensorDict
 
 from app.cli import main
 
@@ -135,7 +133,8 @@ def saved_replay(checkpoint: Path, data_state: dict) -> tuple[dict, dict]:
     Rows the writer has not reached yet are left out: the storage allocates them uninitialised, so they hold
     whatever the allocator handed back and differ between two runs that wrote the same data."""
     folder = Path(checkpoint).parent / data_state["buffer_folder"]
-    writer = json.loads((folder / "writer/metadata.json").read_text())
-    storage = TensorDict.load_memmap(folder / "storage")
-    written = min(writer["write_count"], storage.shape[0])
-    return storage[:written].clone().to_dict(), writer
+    buffer = torch.load(folder / "buffer.pt", weights_only=True)["buffer"]
+    writer = {"cursor": buffer["_writer"]["_cursor"], "write_count": buffer["_writer"]["_write_count"]}
+    storage = buffer["_storage"]["_storage"]  # the storage's TensorDict, its keys flattened ("next.reward")
+    written = min(writer["write_count"], buffer["_storage"]["_len"])
+    return {key: value[:written].clone() for key, value in storage.items() if isinstance(value, torch.Tensor)}, writer

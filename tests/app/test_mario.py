@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tensordict import MemoryMappedTensor, TensorDict
+from tensordict import TensorDict
 from tensordict.nn import TensorDictModule
 
 from datamodules.base import AutocastPolicy
@@ -80,15 +80,12 @@ def test_the_frame_once_store_resumes_exactly(tmp_path):
     fit(half, "--trainer.max_steps", "12")
     checkpoints = tmp_path / "half/checkpoints"
     state = torch.load(checkpoints / "last.ckpt", weights_only=True)["ReplayDataModule"]
-    # The buffer is beside the checkpoint, not in it: TorchRL's memory-mapped storage, the sampler's priorities and
-    # the frame store's ring, in the one folder the checkpoint names (earlier checkpoints' folders are gone).
+    # The buffer is beside the checkpoint, not in it: TorchRL's state of the buffer (storage, the sampler's
+    # priorities) and the frame store's ring, in the one file of the folder the checkpoint names.
     assert "buffer" not in state and state["buffer_folder"] == "last.ckpt.replay-rank0-step12"
-    assert sorted(path.name for path in checkpoints.glob("last.ckpt*")) == ["last.ckpt", state["buffer_folder"]]
-    folder = checkpoints / state["buffer_folder"]
-    assert {path.suffix for path in (folder / "storage").rglob("*.memmap")} == {".memmap"}
-    assert (folder / "sampler/sampler_priorities.pt").is_file()
-    ring = TensorDict.load_memmap(folder / "frames")
-    assert isinstance(ring["frames"], MemoryMappedTensor) and int(ring["written"]) > 0  # the frames are in its ring
+    assert sorted(path.name for path in checkpoints.glob("last.ckpt.replay-*")) == [state["buffer_folder"]]
+    saved = torch.load(checkpoints / state["buffer_folder"] / "buffer.pt", weights_only=True)
+    assert saved["buffer"]["_sampler"] and int(saved["frames"]["written"]) > 0  # the frames are in its ring
     cli = fit(
         half,
         "--trainer.max_steps",
@@ -98,8 +95,9 @@ def test_the_frame_once_store_resumes_exactly(tmp_path):
         *RESEEDED,
     )
     assert cli.trainer.global_step == 24
-    assert sorted(path.name for path in checkpoints.glob("last.ckpt*")) == [
-        "last.ckpt",
+    # The previous checkpoint is kept (keep_last 2) with its folder.
+    assert sorted(path.name for path in checkpoints.glob("last.ckpt.replay-*")) == [
+        "last.ckpt.replay-rank0-step12",
         "last.ckpt.replay-rank0-step24",
     ]
     a, b = weights(tmp_path / "full/checkpoints/last.ckpt"), weights(tmp_path / "half/checkpoints/last.ckpt")
@@ -145,7 +143,7 @@ def test_the_shipped_config_trains_with_workers_and_resumes_in_its_run_folder(tm
     run = tmp_path / "runs/mario_ddqn/version_0"
     saved = torch.load(run / "checkpoints/last.ckpt", weights_only=True)
     saved_folder = run / "checkpoints" / saved["ReplayDataModule"]["buffer_folder"]
-    written = int(TensorDict.load_memmap(saved_folder / "frames")["written"])
+    written = int(torch.load(saved_folder / "buffer.pt", weights_only=True)["frames"]["written"])
     cli = fit(config, *small, "--trainer.max_steps", "5", "--ckpt_path", "last")
     assert cli.trainer.global_step == 5
     assert [path.name for path in (tmp_path / "runs/mario_ddqn").iterdir()] == ["version_0"]
@@ -163,7 +161,8 @@ def test_the_shipped_config_trains_with_workers_and_resumes_in_its_run_folder(tm
     assert data.samples == state["samples"] + 2 * 2 * 8  # 2 updates of 2 accumulated batches of 8
     store = data.buffer._transform[0]
     assert int(store.written) >= written > 0
-    assert not saved_folder.exists()  # superseded by the resumed run's checkpoint and its own folder
+    # Kept beside the previous checkpoint (keep_last 2), now last-step3.ckpt.
+    assert saved_folder.is_dir() and (run / "checkpoints/last-step3.ckpt").is_file()
     assert (run / "collector_workers/worker0.log").exists()
     assert (run / "throughput.json").exists()
     assert isinstance(data.policy, AutocastPolicy) and data.policy.dtype == torch.bfloat16  # the config's bf16 acting

@@ -130,7 +130,7 @@ def test_interrupted_checkpoint_write_leaves_previous_checkpoint_intact(tmp_path
         io.save_checkpoint({"state_dict": {"w": torch.zeros(3)}}, path)
     monkeypatch.undo()
     assert torch.equal(torch.load(path, weights_only=True)["state_dict"]["w"], torch.ones(3))
-    assert os.listdir(tmp_path) == ["last.ckpt"]  # no temporary file left behind
+    assert sorted(os.listdir(tmp_path)) == ["last.ckpt", "last.ckpt.sha256"]  # no temporary file left behind
 
 
 class PoisonWeights(pl.Callback):
@@ -329,7 +329,7 @@ def test_kill_9_during_a_checkpoint_write_resumes_from_the_previous_checkpoint(t
     fit_shipped("snake_dqn", runs, "--trainer.max_steps", "20")
     folder = runs / "snake_dqn/version_0/checkpoints"
     before = {path.relative_to(folder): path.stat().st_mtime_ns for path in folder.rglob("*")}
-    assert sorted(path.name for path in folder.glob("last.ckpt*")) == ["last.ckpt", "last.ckpt.replay-rank0-step20"]
+    assert sorted(path.name for path in folder.iterdir()) == checkpoint_files(20)
     # Killed while writing the replay buffer's folder, and (another process) while writing the checkpoint itself.
     temporaries = [kill_9_while_writing(part, folder / "last.ckpt") for part in ("replay folder", "checkpoint")]
     replay_temporary, checkpoint_temporary = temporaries
@@ -347,22 +347,32 @@ def test_kill_9_during_a_checkpoint_write_resumes_from_the_previous_checkpoint(t
     cli = fit_shipped("snake_dqn", runs, "--trainer.max_steps", "40", "--ckpt_path", "last")
 
     assert start_step(cli) == 20 and cli.trainer.global_step == 40
-    # The dead writers' temporaries are gone, and the previous checkpoint's folder with its checkpoint.
-    assert sorted(path.name for path in folder.glob("*ckpt*")) == ["last.ckpt", "last.ckpt.replay-rank0-step40"]
+    # The dead writers' temporaries are gone; the previous checkpoint is kept with its folder (keep_last 2).
+    assert sorted(path.name for path in folder.iterdir()) == checkpoint_files(20, 40)
     assert not any(path.exists() for path in temporaries)
     assert [path.name for path in (runs / "snake_dqn").iterdir()] == ["version_0"]
 
-    # A checkpoint copied without its buffer's folder: resuming it is one error naming the flag and the folder.
+    # A checkpoint copied without its buffer's folder: resuming that file is one error naming the flag and the folder.
     shutil.rmtree(folder / "last.ckpt.replay-rank0-step40")
     capsys.readouterr()
     with pytest.raises(SystemExit) as stopped:
-        fit_shipped("snake_dqn", runs, "--trainer.max_steps", "60", "--ckpt_path", "last")
+        fit_shipped("snake_dqn", runs, "--trainer.max_steps", "60", "--ckpt_path", str(folder / "last.ckpt"))
     assert stopped.value.code == 2
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert errors == [
         f"error: --ckpt_path {folder / 'last.ckpt'}: its replay buffer's folder last.ckpt.replay-rank0-step40 is not "
         "beside it (keep the folder with its checkpoint)"
     ]
+
+
+def checkpoint_files(*updates: int) -> list[str]:
+    """What a checkpoint folder of a replay config holds with the checkpoints of ``updates`` kept, sorted by name:
+    ``last.ckpt`` (the newest), each kept one with its checksum, replay folder and manifest of that folder."""
+    names = ["last.ckpt"]
+    for step in updates:
+        names += [f"last-step{step}.ckpt", f"last-step{step}.ckpt.sha256"]
+        names += [f"last.ckpt.replay-rank0-step{step}", f"last.ckpt.sums-rank0-step{step}"]
+    return sorted(names)
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -423,18 +433,21 @@ def test_ddp_resume_restores_each_ranks_own_state(tmp_path):
     middle = full / "frames=96.ckpt"
     # 64 warm-up frames, then 8 frames per 4 updates: 96 frames after update 17, and the end of fit at 136 frames.
     assert torch.load(middle, weights_only=True)["global_step"] == 17
-    # Rank 1's state beside each checkpoint, one per checkpoint: last.ckpt's of update 17 was deleted when superseded.
+    # Rank 1's state beside each checkpoint, one per checkpoint: the two `last` ones are kept (keep_last 2), so
+    # last.ckpt's of update 17 stays beside last-step17.ckpt.
     assert sorted(path.name for path in full.glob("*.rank*")) == [
         "frames=136.ckpt.rank1-step40",
         "frames=96.ckpt.rank1-step17",
+        "last.ckpt.rank1-step17",
         "last.ckpt.rank1-step40",
     ]
-    # Each rank's replay buffer beside each checkpoint, likewise.
-    assert sorted(path.name for path in full.glob("*.replay-*")) == [
-        f"{checkpoint}.replay-rank{rank}-step{step}"
-        for checkpoint, step in (("frames=136.ckpt", 40), ("frames=96.ckpt", 17), ("last.ckpt", 40))
-        for rank in (0, 1)
-    ]
+    assert sorted(path.name for path in full.glob("last-step*.ckpt")) == ["last-step17.ckpt", "last-step40.ckpt"]
+    # Each rank's replay buffer beside each checkpoint, likewise, and each rank's manifest of its files.
+    kept = (("frames=136.ckpt", 40), ("frames=96.ckpt", 17), ("last.ckpt", 17), ("last.ckpt", 40))
+    for kind in ("replay", "sums"):
+        assert sorted(path.name for path in full.glob(f"*.{kind}-*")) == sorted(
+            f"{checkpoint}.{kind}-rank{rank}-step{step}" for checkpoint, step in kept for rank in (0, 1)
+        )
     config["trainer"]["default_root_dir"] = str(tmp_path / "resumed")
     config["trainer"]["callbacks"][1]["init_args"]["dirpath"] = str(tmp_path / "resumed")
     resumed_config = write_config(config, tmp_path / "resumed.yaml")

@@ -1,0 +1,211 @@
+"""Faults that must not lose a run: a full disk while checkpointing, a damaged newest checkpoint, and the k kept."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from datamodules.checkpoint_files import checkpoint_damage
+from tests.app.test_resume import SHORT, fit_shipped, start_step
+from tests.helpers import ROOT, chain_config, fit, write_config
+
+# ------------------------------------------------------------------------------------------------------------------
+# A full disk: a real tmpfs of 40 MB (the size in the issue), mounted for the test; it needs root and mount rights.
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=40m", "tmpfs", str(disk)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def fill(disk: Path, leave: int) -> Path:
+    """A file that takes all but ``leave`` bytes of ``disk``'s free space."""
+    filler = disk / "filler"
+    with open(filler, "wb") as file:
+        os.posix_fallocate(file.fileno(), 0, max(os.statvfs(disk).f_bavail * os.statvfs(disk).f_frsize - leave, 0))
+    return filler
+
+
+@pytest.mark.slow
+def test_a_full_disk_at_the_end_of_fit_is_one_error_and_the_previous_checkpoint_resumes(small_disk):
+    runs = small_disk / "runs"
+    fit_shipped("snake_dqn", runs, "--trainer.max_steps", "20")
+    folder = runs / "snake_dqn/version_0/checkpoints"
+    buffer_bytes = (folder / "last.ckpt.replay-rank0-step20/buffer.pt").stat().st_size
+    before = {path.name: path.read_bytes() for path in folder.iterdir() if path.is_file()}
+    # Room for the run's small files, not for the next replay folder. As a separate process: a SIGBUS (writing
+    # through a memory map onto a full tmpfs) would kill it with status 135 and no message.
+    filler = fill(small_disk, buffer_bytes // 2)
+    args = [*SHORT["snake_dqn"], "--threads", "1", "--trainer.logger.init_args.save_dir", str(runs)]
+    args += ["--trainer.enable_progress_bar", "false", "--data.init_args.env.init_args.backend", "torch"]
+    result = subprocess.run(
+        [sys.executable, "-m", "app", "fit", "--config", "configs/snake_dqn.yaml", *args]
+        + ["--trainer.max_steps", "40", "--ckpt_path", "last"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+
+    assert result.returncode == 1, result.stderr[-3000:]  # not 135 (128 + SIGBUS)
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, result.stderr[-3000:]
+    match = re.fullmatch(
+        rf"error: checkpoint not saved: not enough disk space in {re.escape(str(folder))}: ([\d,]+) bytes needed, "
+        r"([\d,]+) free",
+        errors[0],
+    )
+    assert match, errors[0]
+    needed, free = (int(group.replace(",", "")) for group in match.groups())
+    assert needed >= buffer_bytes * 0.99 and free < needed
+    assert "Traceback" not in result.stderr
+    # The previous checkpoint is whole, and nothing half-written is left.
+    assert {path.name: path.read_bytes() for path in folder.iterdir() if path.is_file()} == before
+    assert not [path for path in folder.iterdir() if ".tmp-" in path.name]
+    assert checkpoint_damage(folder / "last.ckpt") is None
+
+    filler.unlink()
+    cli = fit_shipped("snake_dqn", runs, "--trainer.max_steps", "40", "--ckpt_path", "last")
+    assert start_step(cli) == 20 and cli.trainer.global_step == 40
+    assert torch.load(folder / "last.ckpt", weights_only=True)["global_step"] == 40
+
+
+@pytest.mark.slow
+def test_a_write_that_fails_after_the_space_check_is_the_same_one_error(tmp_path):
+    # A file-size limit (RLIMIT_FSIZE, SIGXFSZ ignored) makes the kernel refuse the replay folder's write with EFBIG
+    # after the free-space check has passed: the write itself fails, as on a disk filled by another process meanwhile.
+    config = chain_config("dqn", tmp_path, buffer_size=100_000)
+    path = write_config(config, tmp_path / "c.yaml")
+    limit = 1 << 20  # the chain buffer of 100,000 rows is several MB; everything else the run writes is far smaller
+    program = (
+        "import resource, signal, sys; signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
+        f"resource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, {limit})); "
+        "from app.cli import main; main(sys.argv[1:])"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", program, "fit", "--config", str(path), "--trainer.max_steps", "20"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert result.returncode == 1, result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    folder = tmp_path / "checkpoints"
+    assert len(errors) == 1 and re.fullmatch(
+        rf"error: checkpoint not saved: cannot write in {re.escape(str(folder))} \(File too large\): [\d,]+ bytes "
+        r"needed, [\d,]+ free",
+        errors[0],
+    ), result.stderr[-3000:]
+    assert sorted(path.name for path in folder.iterdir()) == ["config.yaml"]  # no checkpoint, no temporary
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Damaged checkpoints, and the k kept.
+
+
+def chain_run(tmp_path: Path, max_steps: int, *overrides: str):
+    config = chain_config("dqn", tmp_path)
+    config["trainer"]["callbacks"][0]["init_args"]["every_n_frames"] = 40
+    return fit(write_config(config, tmp_path / "c.yaml"), "--trainer.max_steps", str(max_steps), *overrides)
+
+
+def test_keep_last_keeps_exactly_the_newest_checkpoints_with_their_files(tmp_path):
+    # A checkpoint every 40 frames (8 per collect, 2 per update after 64 warm-up frames) and at the end of fit: the
+    # last two are those of updates 29 and 40, which stay, each with its replay folder and manifests.
+    chain_run(tmp_path, 40)
+    folder = tmp_path / "checkpoints"
+    assert sorted(path.name for path in folder.iterdir()) == sorted(
+        ["last.ckpt", "config.yaml"]
+        + [f"last-step{step}.ckpt{suffix}" for step in (29, 40) for suffix in ("", ".sha256")]
+        + [f"last.ckpt.{kind}-rank0-step{step}" for step in (29, 40) for kind in ("replay", "sums")]
+    )
+    assert os.path.samefile(folder / "last.ckpt", folder / "last-step40.ckpt")
+    assert checkpoint_damage(folder / "last-step29.ckpt") is None and checkpoint_damage(folder / "last.ckpt") is None
+
+
+def test_keep_last_1_keeps_only_last_ckpt(tmp_path):
+    chain_run(tmp_path, 40, "--trainer.callbacks.init_args.keep_last", "1")
+    assert sorted(path.name for path in (tmp_path / "checkpoints").iterdir()) == [
+        "config.yaml",
+        "last.ckpt",
+        "last.ckpt.replay-rank0-step40",
+        "last.ckpt.sha256",
+        "last.ckpt.sums-rank0-step40",
+    ]
+
+
+def truncate(path: Path) -> None:
+    with open(path, "r+b") as file:
+        file.truncate(os.path.getsize(path) // 2)
+
+
+def flip_a_byte(path: Path) -> None:
+    with open(path, "r+b") as file:
+        file.seek(os.path.getsize(path) // 2)
+        byte = file.read(1)
+        file.seek(-1, os.SEEK_CUR)
+        file.write(bytes([byte[0] ^ 0xFF]))
+
+
+@pytest.mark.parametrize(
+    ("damaged", "damage", "reason"),
+    [
+        ("last.ckpt", truncate, r"not a readable checkpoint \(\w+\)"),
+        ("last.ckpt", flip_a_byte, r"does not match its checksum in last-step40\.ckpt\.sha256"),
+        (
+            "last.ckpt.replay-rank0-step40/buffer.pt",
+            flip_a_byte,
+            r"last\.ckpt\.replay-rank0-step40/buffer\.pt does not match its checksum in last\.ckpt\.sums-rank0-step40",
+        ),
+    ],
+    ids=["checkpoint-truncated", "checkpoint-flipped", "replay-flipped"],
+)
+def test_ckpt_path_last_skips_a_damaged_checkpoint_for_the_previous_one(tmp_path, capsys, damaged, damage, reason):
+    chain_run(tmp_path, 40)
+    folder = tmp_path / "checkpoints"
+    damage(folder / damaged)
+    capsys.readouterr()
+    cli = chain_run(tmp_path, 60, "--ckpt_path", "last")
+
+    warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and re.fullmatch(
+        rf"warning: --ckpt_path last: skipped {re.escape(str(folder / 'last-step40.ckpt'))} \({reason}\); "
+        rf"resuming from {re.escape(str(folder / 'last-step29.ckpt'))}",
+        warnings[0],
+    ), warnings
+    # It continued from update 29, not 40, with the frames of update 29: those of an uninterrupted run at 60.
+    assert cli.trainer.global_step == 60 and cli.datamodule.frames == 64 + (60 - 4) * 2
+    # The damaged one's future was abandoned with it: the kept ones are those the resumed run wrote (at 160 frames
+    # and at the end).
+    kept = sorted(path.name for path in folder.glob("last-step*.ckpt"))
+    assert kept == ["last-step49.ckpt", "last-step60.ckpt"]
+    assert not list(folder.glob("*step40*"))
+
+
+def test_an_explicit_damaged_checkpoint_is_one_error(tmp_path, capsys):
+    chain_run(tmp_path, 40)
+    checkpoint = tmp_path / "checkpoints/last-step29.ckpt"
+    flip_a_byte(checkpoint)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as stopped:
+        chain_run(tmp_path, 60, "--ckpt_path", str(checkpoint))
+    assert stopped.value.code == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert errors == [f"error: --ckpt_path {checkpoint}: does not match its checksum in last-step29.ckpt.sha256"]
