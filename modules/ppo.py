@@ -35,7 +35,7 @@ from modules.bare import POOL, optimizer_step, transitions
 from modules.base import RLModule
 from modules.gaussian import DISTRIBUTIONS, SCALES, ClipAction, DeterministicAction, gaussian_actor, gaussian_outputs
 from modules.networks import observation_network
-from modules.normalization import RAW_OBSERVATION, ObservationNormalizer
+from modules.normalization import RAW_OBSERVATION, ObservationNormalizer, RewardScaler
 from modules.optim import OptimizerOptions
 from modules.spaces import BOX, DISCRETE, SpaceError, box_bounds, check_action_space, check_bounded, observation_entry
 
@@ -114,6 +114,11 @@ class PPO(RLModule):
             rollout so far, updated by the learner after each rollout) in every environment the policy acts in,
             clipped to ±``observation_clip``; the statistics are in the checkpoint. Float observations only.
         observation_clip: the normalised observations' bound.
+        normalize_rewards: the learner divides each rollout's rewards by the running standard deviation of the
+            discounted return (:class:`~modules.normalization.RewardScaler`: Stable-Baselines3's ``VecNormalize``
+            reward scaling, the RL Zoo's ``normalize: true``), clipped to ±``reward_clip``; the statistics are in the
+            checkpoint. The environments and the episode metrics keep the task's rewards.
+        reward_clip: the scaled rewards' bound.
         gamma: discount.
         gae_lambda: GAE's λ.
         clip_epsilon: PPO's ratio clip.
@@ -134,6 +139,8 @@ class PPO(RLModule):
         scale: Literal["state_independent", "state_dependent"] = "state_independent",
         normalize_observations: bool = False,
         observation_clip: float = 10.0,
+        normalize_rewards: bool = False,
+        reward_clip: float = 10.0,
         gamma: float = 0.99,
         gae_lambda: float = 0.95,
         clip_epsilon: float = 0.2,
@@ -158,6 +165,11 @@ class PPO(RLModule):
         self.observation_normalizer = None
         if normalize_observations:
             self.observation_normalizer = make_normalizer(observation, observation_clip)
+        self.reward_scaler = None
+        if normalize_rewards:
+            if not reward_clip > 0:
+                raise ValueError(f"--model.init_args.reward_clip must be > 0, got {reward_clip}")
+            self.reward_scaler = RewardScaler(gamma, reward_clip)
 
         outputs = action_spec.space.n if kind == DISCRETE else gaussian_outputs(action_spec, scale)
         self.actor_network = observation_network(observation, network, hidden_sizes, outputs)
@@ -215,7 +227,10 @@ class PPO(RLModule):
     @torch.no_grad()
     def postprocess(self, rollout: TensorDictBase) -> None:
         """GAE over the ``[num_envs, steps]`` rollout, writing ``advantage`` and ``value_target`` in place; then the
-        rollout's raw observations into the normaliser's statistics, which the next rollout acts with."""
+        rollout's raw observations into the normaliser's statistics, which the next rollout acts with. With
+        ``normalize_rewards`` the rewards are scaled first, in place (the advantages are of the scaled rewards)."""
+        if self.reward_scaler is not None:
+            self.reward_scaler.scale_(rollout["next", "reward"], rollout["next", "done"])
         self.advantage(rollout)
         if self.observation_normalizer is not None:
             self.observation_normalizer.update(rollout[RAW_OBSERVATION])
