@@ -109,7 +109,9 @@ class PPO(RLModule):
             keeping the sample) or ``tanh_normal`` (squashed into the box; its entropy is estimated from a sample;
             needs a bounded box).
         scale: Box actions only: the Gaussian's σ, ``state_independent`` (one learned log-σ per action dimension,
-            starting at σ = 1 half-range) or ``state_dependent`` (a second head of the actor's network).
+            starting at σ = ``init_scale``) or ``state_dependent`` (a second head of the actor's network).
+        init_scale: Box actions only: the Gaussian's σ at the start, in half-ranges of the box (before tanh for
+            ``tanh_normal``); Stable-Baselines3's ``log_std_init`` is its log.
         normalize_observations: standardise observations with running statistics (mean and variance over every
             rollout so far, updated by the learner after each rollout) in every environment the policy acts in,
             clipped to ±``observation_clip``; the statistics are in the checkpoint. Float observations only.
@@ -137,6 +139,7 @@ class PPO(RLModule):
         network: Literal["auto", "mlp", "nature_cnn"] = "auto",
         distribution: Literal["normal", "tanh_normal"] = "normal",
         scale: Literal["state_independent", "state_dependent"] = "state_independent",
+        init_scale: float = 1.0,
         normalize_observations: bool = False,
         observation_clip: float = 10.0,
         normalize_rewards: bool = False,
@@ -158,6 +161,8 @@ class PPO(RLModule):
             if value not in choices:
                 raise ValueError(f"--model.init_args.{name} must be one of {', '.join(choices)}, got {value!r}")
         kind = check_action_space(self, action_spec, (DISCRETE, BOX))
+        if not init_scale > 0:
+            raise ValueError(f"--model.init_args.init_scale must be > 0, got {init_scale}")
         if kind == BOX and distribution == "tanh_normal":
             squashes = "--model.init_args.distribution tanh_normal squashes actions into a bounded box"
             check_bounded(action_spec, squashes, "use normal")
@@ -179,12 +184,12 @@ class PPO(RLModule):
             self.actor = categorical_actor(logits, action_spec)
         else:
             # The Gaussian's parameters start near 0 (CleanRL's 0.01 gain on the last layer): the first actions are
-            # centred on the box, and a state-dependent σ starts at 1 half-range.
+            # centred on the box, and a state-dependent σ starts at init_scale.
             with torch.no_grad():
                 [*_, last] = (module for module in self.actor_network.modules() if isinstance(module, nn.Linear))
                 last.weight.mul_(0.01)
                 last.bias.zero_()
-            self.actor = gaussian_actor(self.actor_network, action_spec, distribution, scale)
+            self.actor = gaussian_actor(self.actor_network, action_spec, distribution, scale, init_scale)
         self.gaussian = kind == BOX
         # CleanRL's ClipAction: the environment receives a normal sample clipped into the box (the rollout keeps it).
         self.clips_actions = kind == BOX and distribution == "normal" and box_bounds(action_spec) is not None
