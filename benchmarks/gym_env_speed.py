@@ -3,6 +3,9 @@
     python benchmarks/gym_env_speed.py                                   # CartPole-v1 and Pendulum-v1, 1, 8, 64 envs
     python benchmarks/gym_env_speed.py --env-ids LunarLander-v3 --num-envs 16 --threads 1
     python benchmarks/gym_env_speed.py --others                          # and the vectorisations not chosen
+    # MuJoCo and Atari as the shipped configs build them (wrappers included), against AsyncVectorEnv and envpool:
+    python benchmarks/gym_env_speed.py --configs configs/gym/halfcheetah_ppo.yaml configs/gym/breakout_ppo.yaml \
+        --num-envs 1 8 16 --others --most-processes 16
 
 Reports frames per second (environments × steps / seconds) of:
 
@@ -15,7 +18,12 @@ Reports frames per second (environments × steps / seconds) of:
 - with ``--others``: ``loop``, ``gymnasium.make`` copies stepped in a bare Python loop (what the wrapper runs inside,
   without its outputs: the floor under both the wrapper and ``SyncVectorEnv``); ``AsyncVectorEnv`` and TorchRL's own
   ``GymEnv`` (one process per copy, as TorchRL builds it over ``AsyncVectorEnv`` for several copies: 8 copies at most,
-  so as not to swamp the machine); and, when ``envpool`` imports, its C++ pool (one thread).
+  so as not to swamp the machine; ``--most-processes`` raises it); and, when ``envpool`` imports and has the task, its
+  C++ pool with one thread and with a thread per copy (up to the CPU count).
+
+``--configs`` measures the environment a shipped config builds (its ``env_id``, ``env_kwargs``, ``wrappers`` and
+``episodic_life``), and gives the Gymnasium vector envs the same wrappers; envpool does the same preprocessing itself
+(:data:`ENVPOOL_TASKS`: Atari's no-op starts, frame skip, 84×84 grey, frame stack, life loss, FIRE and reward clip).
 
 The overhead column is the time a path adds over ``vector`` (the target for ``wrapped`` is ≤ 10 %). Episodes end and
 restart during the timed passes. Passes run round-robin and the best of ``--repeats`` is kept, so every path sees
@@ -25,20 +33,34 @@ the same share of whatever else the machine is doing.
 from __future__ import annotations
 
 import argparse
+import functools
+import os
 import platform
 import sys
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import gymnasium
 import torch
+import yaml
 from tensordict import TensorDict
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from datamodules.envs.gym.env import GymnasiumEnv  # noqa: E402
+from datamodules.envs.gym.make import find_spec, resolve_wrappers  # noqa: E402
+
+#: envpool's id and options for a Gymnasium id whose task it has, preprocessed as the shipped configs do.
+ENVPOOL_TASKS = {
+    "HalfCheetah-v5": ("HalfCheetah-v5", {}),
+    "ALE/Breakout-v5": (
+        "Breakout-v5",
+        {"episodic_life": True, "reward_clip": True, "stack_num": 4, "frame_skip": 4, "noop_max": 30},
+    ),
+}
 
 #: The paths with a process per copy run up to this many copies only (a 2-core machine shared with other work).
 _MOST_PROCESSES = 8
@@ -50,10 +72,15 @@ def timed(run: Callable[[], None]) -> float:
     return time.perf_counter() - start
 
 
-def measure(env_id: str, n: int, steps: int, repeats: int, others: bool) -> dict[str, float]:
-    """Seconds of ``steps`` batch steps of each path (the best of ``repeats``)."""
-    vector = gymnasium.make_vec(env_id, num_envs=n, vectorization_mode="sync")
-    env = GymnasiumEnv(num_envs=n, env_id=env_id, seed=0)
+def measure(
+    env_id: str, n: int, steps: int, repeats: int, others: bool, options: dict | None = None, most: int = 8
+) -> dict[str, float]:
+    """Seconds of ``steps`` batch steps of each path (the best of ``repeats``); ``options`` are a config's
+    GymnasiumEnv options (``env_kwargs``, ``wrappers``, ``episodic_life``)."""
+    options = dict(options or {})
+    find_spec(env_id)  # registers the ids of a namespace's package (ALE/: ale_py) for make_vec
+    vector = gymnasium.make_vec(env_id, num_envs=n, vectorization_mode="sync", **vector_options(options))
+    env = GymnasiumEnv(num_envs=n, env_id=env_id, seed=0, **options)
     torch.manual_seed(0)
     actions = [env.action_spec.rand() for _ in range(steps)]
     raw_actions = [action.numpy() for action in actions]
@@ -78,7 +105,7 @@ def measure(env_id: str, n: int, steps: int, repeats: int, others: bool) -> dict
     paths: dict[str, Callable[[], None]] = {"vector": raw, "core": core, "wrapped": wrapped}
     closing = [vector.close, env.close]
     if others:
-        paths.update(other_paths(env_id, n, raw_actions, actions, closing))
+        paths.update(other_paths(env_id, n, raw_actions, actions, closing, options, most))
     timings = dict.fromkeys(paths, float("inf"))
     for run in paths.values():  # a warm-up pass each (first steps, lazy imports)
         run()
@@ -90,11 +117,26 @@ def measure(env_id: str, n: int, steps: int, repeats: int, others: bool) -> dict
     return timings
 
 
-def other_paths(env_id: str, n: int, raw_actions: list, actions: list, closing: list) -> dict[str, Callable[[], None]]:
+def vector_options(options: dict) -> dict:
+    """``gymnasium.make_vec``'s arguments for a config's options: the env's keyword arguments, and its wrappers as
+    callables applied to each copy."""
+    wrappers = [functools.partial(cls, **kwargs) for cls, kwargs in resolve_wrappers(options.get("wrappers"))]
+    return {**options.get("env_kwargs", {}), **({"wrappers": wrappers} if wrappers else {})}
+
+
+def other_paths(
+    env_id: str, n: int, raw_actions: list, actions: list, closing: list, options: dict, most: int
+) -> dict[str, Callable[[], None]]:
     """The vectorisations measured against and not chosen (``--others``)."""
     from torchrl.envs import GymEnv  # noqa: PLC0415
 
-    copies = [gymnasium.make(env_id) for _ in range(n)]
+    def make() -> gymnasium.Env:
+        env = gymnasium.make(env_id, **options.get("env_kwargs", {}))
+        for cls, kwargs in resolve_wrappers(options.get("wrappers")):
+            env = cls(env, **kwargs)
+        return env
+
+    copies = [make() for _ in range(n)]
     for i, copy in enumerate(copies):
         copy.reset(seed=i)
         closing.append(copy.close)
@@ -106,8 +148,9 @@ def other_paths(env_id: str, n: int, raw_actions: list, actions: list, closing: 
                     copy.reset()
 
     paths = {"loop": loop}
-    if n <= _MOST_PROCESSES:
-        asynchronous = gymnasium.make_vec(env_id, num_envs=n, vectorization_mode="async")
+    if n <= most:
+        kwargs = vector_options(options)
+        asynchronous = gymnasium.make_vec(env_id, num_envs=n, vectorization_mode="async", **kwargs)
         asynchronous.reset(seed=0)
         closing.append(asynchronous.close)
 
@@ -116,6 +159,7 @@ def other_paths(env_id: str, n: int, raw_actions: list, actions: list, closing: 
                 asynchronous.step(action)
 
         paths["AsyncVectorEnv"] = async_steps
+    if n <= most and not options.get("wrappers"):  # TorchRL's GymEnv takes no Gymnasium wrappers
         torchrl_env = GymEnv(env_id, num_envs=n) if n > 1 else GymEnv(env_id)
         closing.append(torchrl_env.close)
         state = {"td": torchrl_env.reset()}
@@ -131,21 +175,28 @@ def other_paths(env_id: str, n: int, raw_actions: list, actions: list, closing: 
         import envpool  # noqa: PLC0415
     except ImportError:
         return paths
-    pool = envpool.make_gymnasium(env_id, num_envs=n, seed=0, num_threads=1)
-    pool.reset()
-    pool_actions = [action.astype(pool.action_space.dtype) for action in raw_actions]
+    pool_id, pool_options = ENVPOOL_TASKS.get(env_id, (env_id, {}))
+    if pool_id not in envpool.list_all_envs():
+        return paths
+    for threads in sorted({1, min(n, os.cpu_count() or 1)}):
+        pool = envpool.make_gymnasium(pool_id, num_envs=n, seed=0, num_threads=threads, **pool_options)
+        pool.reset()
+        closing.append(pool.close)
+        pool_actions = [action.astype(pool.action_space.dtype) for action in raw_actions]
 
-    def envpool_steps() -> None:
-        for action in pool_actions:
-            pool.step(action)
+        def envpool_steps(pool: Any = pool, pool_actions: list = pool_actions) -> None:
+            for action in pool_actions:
+                pool.step(action)
 
-    paths["envpool (1 thread)"] = envpool_steps
+        paths[f"envpool ({threads} thread{'s' if threads > 1 else ''})"] = envpool_steps
     return paths
 
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--env-ids", nargs="+", default=["CartPole-v1", "Pendulum-v1"])
+    parser.add_argument("--env-ids", nargs="+", default=None, help="default: CartPole-v1 Pendulum-v1")
+    parser.add_argument("--configs", nargs="+", default=[], help="shipped configs whose environments to measure")
+    parser.add_argument("--most-processes", type=int, default=_MOST_PROCESSES, help="most copies of process paths")
     parser.add_argument("--num-envs", type=int, nargs="+", default=[1, 8, 64])
     parser.add_argument("--frames", type=int, default=20_000, help="frames per timed pass (steps = frames / envs)")
     parser.add_argument("--repeats", type=int, default=3, help="timed passes; the best is reported")
@@ -159,10 +210,14 @@ def main(argv: list[str] | None = None) -> dict:
     print("| env | envs | path | frames/s | µs per batch step | overhead vs vector |")
     print("|---|---:|---|---:|---:|---:|")
     report = {}
-    for env_id in args.env_ids:
+    tasks = [(env_id, {}) for env_id in args.env_ids or ([] if args.configs else ["CartPole-v1", "Pendulum-v1"])]
+    for path in args.configs:
+        options = dict(yaml.safe_load(Path(path).read_text())["data"]["init_args"]["env"]["init_args"])
+        tasks.append((options.pop("env_id"), options))
+    for env_id, options in tasks:
         for n in args.num_envs:
             steps = max(args.frames // n, 50)
-            timings = measure(env_id, n, steps, args.repeats, args.others)
+            timings = measure(env_id, n, steps, args.repeats, args.others, options, args.most_processes)
             for name, seconds in timings.items():
                 overhead = seconds / timings["vector"] - 1
                 print(

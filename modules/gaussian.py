@@ -21,6 +21,8 @@ at σ = 1 (TorchRL's ``AddStateIndependentNormalScale``; CleanRL's and Stable-Ba
 
 from __future__ import annotations
 
+import math
+
 import torch
 from tensordict.nn import AddStateIndependentNormalScale, NormalParamExtractor, TensorDictModule, TensorDictSequential
 from torch import nn
@@ -53,15 +55,18 @@ class BoxUnits(nn.Module):
         return self.centre + self.half_range * loc, self.half_range * scale
 
 
-def gaussian_actor(network: nn.Module, action_spec: TensorSpec, distribution: str, scale: str) -> ProbabilisticActor:
+def gaussian_actor(
+    network: nn.Module, action_spec: TensorSpec, distribution: str, scale: str, init_scale: float = 1.0
+) -> ProbabilisticActor:
     """A policy sampling Box actions from the Gaussian ``network`` parameterises (the module docstring), recording each
     action's log-probability (PPO's ratio needs it); under ``ExplorationType.DETERMINISTIC`` its deterministic action
-    (the mean; for ``tanh_normal`` the squashed mean)."""
+    (the mean; for ``tanh_normal`` the squashed mean). σ starts at ``init_scale`` (half-range units; before tanh for
+    ``tanh_normal``): the learned log-σ's start, or the state-dependent head's σ where it outputs 0."""
     (action_dim,) = action_spec.shape
     parameters = (
-        AddStateIndependentNormalScale(action_dim, scale_mapping="exp", init_value=0.0)
+        AddStateIndependentNormalScale(action_dim, scale_mapping="exp", init_value=math.log(init_scale))
         if scale == "state_independent"
-        else NormalParamExtractor(scale_mapping="biased_softplus_1.0")
+        else NormalParamExtractor(scale_mapping=f"biased_softplus_{init_scale}")
     )
     module = TensorDictModule(nn.Sequential(network, parameters), in_keys=["observation"], out_keys=["loc", "scale"])
     bounds = box_bounds(action_spec)

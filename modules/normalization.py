@@ -1,4 +1,5 @@
-"""Observation normalisation: running statistics the learner keeps, applied by TorchRL transforms in every environment.
+"""Observation normalisation: running statistics the learner keeps, applied by TorchRL transforms in every environment
+(and reward scaling, :class:`RewardScaler`, applied by the learner to each rollout).
 
 :class:`ObservationNormalizer` holds the running mean and variance of the raw observations (buffers of the model: in
 every checkpoint, restored in place) and TorchRL's ``ObservationNorm`` that applies them, ``(x − mean) / √(var + ε)``,
@@ -77,19 +78,78 @@ class ObservationNormalizer(nn.Module):
     def update(self, raw: torch.Tensor) -> None:
         """Merge the raw observations ``raw`` (``[..., *shape]``) into the statistics and write the transform's loc and
         scale. With several processes (DDP) every rank's are merged: each rank calls this with its own rollout."""
-        x = raw.reshape(-1, *self.mean.shape).to(torch.float64)
-        count = reduce(torch.tensor(float(x.shape[0]), dtype=torch.float64, device=x.device))
-        batch_mean = reduce(x.sum(0)) / count
-        batch_var = reduce((x - batch_mean).pow(2).sum(0)) / count
-        # Chan, Golub and LeVeque's parallel update: the merged mean, and the merged sum of squared deviations.
-        total = self.count + count
-        delta = batch_mean - self.mean
-        squares = self.var * self.count + batch_var * count + delta.pow(2) * self.count * count / total
-        self.mean += delta * count / total
-        self.var.copy_(squares / total)
-        self.count.copy_(total)
+        merge_moments(self.count, self.mean, self.var, raw.reshape(-1, *self.mean.shape))
         self.norm.loc.copy_(self.mean)
         self.norm.scale.copy_(torch.sqrt(self.var + self.epsilon))
+
+
+def merge_moments(count: torch.Tensor, mean: torch.Tensor, var: torch.Tensor, x: torch.Tensor) -> None:
+    """Merge the samples ``x`` (``[samples, *mean.shape]``; with DDP every rank's) into the running ``count``,
+    ``mean`` and ``var`` (float64 buffers), in place."""
+    x = x.to(torch.float64)
+    n = reduce(torch.tensor(float(x.shape[0]), dtype=torch.float64, device=x.device))
+    batch_mean = reduce(x.sum(0)) / n
+    batch_var = reduce((x - batch_mean).pow(2).sum(0)) / n
+    # Chan, Golub and LeVeque's parallel update: the merged mean, and the merged sum of squared deviations.
+    total = count + n
+    delta = batch_mean - mean
+    squares = var * count + batch_var * n + delta.pow(2) * count * n / total
+    mean += delta * n / total
+    var.copy_(squares / total)
+    count.copy_(total)
+
+
+class RewardScaler(nn.Module):
+    """Rewards divided by the running standard deviation of the discounted return, then clipped to ±``clip``: what
+    Stable-Baselines3's ``VecNormalize(norm_reward=True)`` (the RL Zoo's ``normalize: true``) and CleanRL's
+    ``NormalizeReward`` feed the learner, so that the critic's targets are of order 1 whatever the task's reward scale.
+
+    Only the learner reads rewards, so the scaling is applied to each rollout as it comes in (before GAE), not in the
+    environments: the environments and the episode metrics keep the task's own rewards. Like the observation
+    statistics the statistics are the learner's buffers (in every checkpoint), updated once per rollout from the
+    rollout alone. Each copy's running discounted return ``returns`` carries over from one rollout to the next (it is
+    reset where an episode ends), so it is sized at the first rollout and restored with the checkpoint. The
+    difference from ``VecNormalize``: a rollout is scaled with statistics that include the whole rollout, where the
+    environment wrapper scales each step with those up to that step.
+
+    Args:
+        gamma: the discount of the running return (the agent's own).
+        clip: scaled rewards are clipped to ``[-clip, clip]`` (Stable-Baselines3's 10).
+        epsilon: added to the variance before its square root.
+    """
+
+    def __init__(self, gamma: float, clip: float = 10.0, epsilon: float = 1e-8) -> None:
+        super().__init__()
+        self.gamma, self.clip, self.epsilon = gamma, clip, epsilon
+        self.register_buffer("count", torch.zeros((), dtype=torch.float64))
+        self.register_buffer("mean", torch.zeros((), dtype=torch.float64))
+        self.register_buffer("var", torch.ones((), dtype=torch.float64))
+        self.register_buffer("returns", torch.zeros(0, dtype=torch.float64))  # per copy, sized at the first rollout
+
+    @torch.no_grad()
+    def scale_(self, reward: torch.Tensor, done: torch.Tensor) -> None:
+        """Update the statistics with a ``[copies, steps, 1]`` rollout's rewards, and scale them in place."""
+        copies, steps = reward.shape[:2]
+        if self.returns.shape != (copies,):
+            if self.returns.numel():
+                raise ValueError(f"RewardScaler: rollouts of {copies} copies after rollouts of {self.returns.numel()}")
+            self.returns = torch.zeros(copies, dtype=torch.float64, device=reward.device)
+        r, d = reward.reshape(copies, steps).to(torch.float64), done.reshape(copies, steps)
+        discounted = torch.empty_like(r)
+        for t in range(steps):  # the running return of each copy, reset after its episode's last step
+            self.returns.mul_(self.gamma).add_(r[:, t])
+            discounted[:, t] = self.returns
+            self.returns.masked_fill_(d[:, t], 0.0)
+        merge_moments(self.count, self.mean, self.var, discounted.reshape(-1))
+        scaled = (r / torch.sqrt(self.var + self.epsilon)).clamp(-self.clip, self.clip)
+        reward.copy_(scaled.reshape(reward.shape).to(reward.dtype))
+
+    def _load_from_state_dict(self, state_dict: dict, prefix: str, *args: Any, **kwargs: Any) -> None:
+        # The per-copy returns are sized by the first rollout: take the checkpoint's size before loading into them.
+        saved = state_dict.get(prefix + "returns")
+        if saved is not None:
+            self.returns = torch.zeros_like(saved, device=self.returns.device)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
 
 def reduce(tensor: torch.Tensor) -> torch.Tensor:

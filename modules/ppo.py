@@ -35,7 +35,7 @@ from modules.bare import POOL, optimizer_step, transitions
 from modules.base import RLModule
 from modules.gaussian import DISTRIBUTIONS, SCALES, ClipAction, DeterministicAction, gaussian_actor, gaussian_outputs
 from modules.networks import observation_network
-from modules.normalization import RAW_OBSERVATION, ObservationNormalizer
+from modules.normalization import RAW_OBSERVATION, ObservationNormalizer, RewardScaler
 from modules.optim import OptimizerOptions
 from modules.spaces import BOX, DISCRETE, SpaceError, box_bounds, check_action_space, check_bounded, observation_entry
 
@@ -109,11 +109,18 @@ class PPO(RLModule):
             keeping the sample) or ``tanh_normal`` (squashed into the box; its entropy is estimated from a sample;
             needs a bounded box).
         scale: Box actions only: the Gaussian's σ, ``state_independent`` (one learned log-σ per action dimension,
-            starting at σ = 1 half-range) or ``state_dependent`` (a second head of the actor's network).
+            starting at σ = ``init_scale``) or ``state_dependent`` (a second head of the actor's network).
+        init_scale: Box actions only: the Gaussian's σ at the start, in half-ranges of the box (before tanh for
+            ``tanh_normal``); Stable-Baselines3's ``log_std_init`` is its log.
         normalize_observations: standardise observations with running statistics (mean and variance over every
             rollout so far, updated by the learner after each rollout) in every environment the policy acts in,
             clipped to ±``observation_clip``; the statistics are in the checkpoint. Float observations only.
         observation_clip: the normalised observations' bound.
+        normalize_rewards: the learner divides each rollout's rewards by the running standard deviation of the
+            discounted return (:class:`~modules.normalization.RewardScaler`: Stable-Baselines3's ``VecNormalize``
+            reward scaling, the RL Zoo's ``normalize: true``), clipped to ±``reward_clip``; the statistics are in the
+            checkpoint. The environments and the episode metrics keep the task's rewards.
+        reward_clip: the scaled rewards' bound.
         gamma: discount.
         gae_lambda: GAE's λ.
         clip_epsilon: PPO's ratio clip.
@@ -132,8 +139,11 @@ class PPO(RLModule):
         network: Literal["auto", "mlp", "nature_cnn"] = "auto",
         distribution: Literal["normal", "tanh_normal"] = "normal",
         scale: Literal["state_independent", "state_dependent"] = "state_independent",
+        init_scale: float = 1.0,
         normalize_observations: bool = False,
         observation_clip: float = 10.0,
+        normalize_rewards: bool = False,
+        reward_clip: float = 10.0,
         gamma: float = 0.99,
         gae_lambda: float = 0.95,
         clip_epsilon: float = 0.2,
@@ -151,6 +161,8 @@ class PPO(RLModule):
             if value not in choices:
                 raise ValueError(f"--model.init_args.{name} must be one of {', '.join(choices)}, got {value!r}")
         kind = check_action_space(self, action_spec, (DISCRETE, BOX))
+        if not init_scale > 0:
+            raise ValueError(f"--model.init_args.init_scale must be > 0, got {init_scale}")
         if kind == BOX and distribution == "tanh_normal":
             squashes = "--model.init_args.distribution tanh_normal squashes actions into a bounded box"
             check_bounded(action_spec, squashes, "use normal")
@@ -158,6 +170,11 @@ class PPO(RLModule):
         self.observation_normalizer = None
         if normalize_observations:
             self.observation_normalizer = make_normalizer(observation, observation_clip)
+        self.reward_scaler = None
+        if normalize_rewards:
+            if not reward_clip > 0:
+                raise ValueError(f"--model.init_args.reward_clip must be > 0, got {reward_clip}")
+            self.reward_scaler = RewardScaler(gamma, reward_clip)
 
         outputs = action_spec.space.n if kind == DISCRETE else gaussian_outputs(action_spec, scale)
         self.actor_network = observation_network(observation, network, hidden_sizes, outputs)
@@ -167,12 +184,12 @@ class PPO(RLModule):
             self.actor = categorical_actor(logits, action_spec)
         else:
             # The Gaussian's parameters start near 0 (CleanRL's 0.01 gain on the last layer): the first actions are
-            # centred on the box, and a state-dependent σ starts at 1 half-range.
+            # centred on the box, and a state-dependent σ starts at init_scale.
             with torch.no_grad():
                 [*_, last] = (module for module in self.actor_network.modules() if isinstance(module, nn.Linear))
                 last.weight.mul_(0.01)
                 last.bias.zero_()
-            self.actor = gaussian_actor(self.actor_network, action_spec, distribution, scale)
+            self.actor = gaussian_actor(self.actor_network, action_spec, distribution, scale, init_scale)
         self.gaussian = kind == BOX
         # CleanRL's ClipAction: the environment receives a normal sample clipped into the box (the rollout keeps it).
         self.clips_actions = kind == BOX and distribution == "normal" and box_bounds(action_spec) is not None
@@ -215,7 +232,10 @@ class PPO(RLModule):
     @torch.no_grad()
     def postprocess(self, rollout: TensorDictBase) -> None:
         """GAE over the ``[num_envs, steps]`` rollout, writing ``advantage`` and ``value_target`` in place; then the
-        rollout's raw observations into the normaliser's statistics, which the next rollout acts with."""
+        rollout's raw observations into the normaliser's statistics, which the next rollout acts with. With
+        ``normalize_rewards`` the rewards are scaled first, in place (the advantages are of the scaled rewards)."""
+        if self.reward_scaler is not None:
+            self.reward_scaler.scale_(rollout["next", "reward"], rollout["next", "done"])
         self.advantage(rollout)
         if self.observation_normalizer is not None:
             self.observation_normalizer.update(rollout[RAW_OBSERVATION])

@@ -17,7 +17,7 @@ from torchrl.data import Composite, Unbounded
 from datamodules.collection import CollectorWorkers, EnvWorkers, InProcess
 from datamodules.envs.racing.env import RacingEnv
 from datamodules.rollout import RolloutDataModule
-from modules.normalization import RAW_OBSERVATION, ObservationNormalizer
+from modules.normalization import RAW_OBSERVATION, ObservationNormalizer, RewardScaler
 from modules.ppo import PPO
 from tests.agents.test_ppo_continuous import racing_ppo_config
 from tests.helpers import RESEEDED, ROOT, fit, weights, write_config
@@ -171,3 +171,32 @@ def test_ddp_ranks_normalise_with_statistics_of_all_their_rollouts(tmp_path):
     assert rank0["statistics"]["count"].item() == 2 * 2 * 64  # both ranks' rollouts
     for key, value in rank0["statistics"].items():
         assert torch.equal(value, rank1["statistics"][key]), key
+
+
+# ------------------------------------------------------------------------------------------------ reward scaling
+def test_rewards_are_scaled_by_the_std_of_the_discounted_return_carried_across_rollouts_and_episodes():
+    scaler = RewardScaler(gamma=0.5, clip=10.0, epsilon=0.0)
+    reward = torch.tensor([[1.0, 2.0], [4.0, 0.0]]).unsqueeze(-1)  # two copies, two steps
+    done = torch.tensor([[True, False], [False, False]]).unsqueeze(-1)
+    scaler.scale_(reward, done)
+    # Copy 0: returns 1, then 2 (its episode ended after step 0); copy 1: 4, then 0.5 · 4 + 0 = 2.
+    returns = torch.tensor([1.0, 2.0, 4.0, 2.0], dtype=torch.float64)
+    assert scaler.var.item() == pytest.approx(returns.var(unbiased=False).item())
+    std = returns.var(unbiased=False).sqrt().item()
+    assert reward.flatten().tolist() == pytest.approx([1 / std, 2 / std, 4 / std, 0.0])
+    assert scaler.returns.tolist() == [2.0, 2.0]
+    # The next rollout carries each copy's return: copy 0 continues from 2, copy 1 from 2.
+    second = torch.tensor([[1.0], [-1.0]]).unsqueeze(-1)
+    scaler.scale_(second, torch.zeros(2, 1, 1, dtype=torch.bool))
+    assert scaler.returns.tolist() == [2.0, 0.0] and scaler.count.item() == 6
+    merged = torch.cat([returns, torch.tensor([2.0, 0.0], dtype=torch.float64)])
+    assert scaler.var.item() == pytest.approx(merged.var(unbiased=False).item())
+    # A large reward is clipped (it raises the variance too: about 3 standard deviations here, above a clip of 2); a
+    # checkpoint restores the per-copy returns into a fresh scaler.
+    scaler.clip = 2.0
+    big = torch.tensor([[1e6], [0.0]]).unsqueeze(-1)
+    scaler.scale_(big, torch.zeros(2, 1, 1, dtype=torch.bool))
+    assert big[0].item() == 2.0
+    restored = RewardScaler(gamma=0.5)
+    restored.load_state_dict(scaler.state_dict())
+    assert torch.equal(restored.returns, scaler.returns) and restored.var.item() == scaler.var.item()

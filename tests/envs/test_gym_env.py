@@ -265,14 +265,25 @@ def test_an_environment_whose_extra_is_not_installed_names_the_install_command(t
 
 # ------------------------------------------------------------------------------------------ the shipped configs
 #: Shorter than shipped where one collection alone would take seconds (the rollout's geometry stays valid).
-SHORT = {"lunarlander_ppo": ("--data.init_args.collect_steps", "64")}
+SHORT = {
+    "lunarlander_ppo": ("--data.init_args.collect_steps", "64"),
+    "halfcheetah_sac": ("--data.init_args.warmup_frames", "256"),
+    "halfcheetah_ppo": ("--data.init_args.collect_steps", "64"),
+    # Whole games take minutes to evaluate: games of 200 emulator frames here (the config's other options kept).
+    "breakout_ppo": (
+        *("--data.init_args.collect_steps", "32"),
+        "--data.init_args.eval_env_options",
+        "{episodic_life: false, env_kwargs: {frameskip: 1, repeat_action_probability: 0.0, max_episode_steps: 200}}",
+    ),
+}
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("config", GYM_CONFIGS, ids=lambda path: path.stem)
 def test_each_shipped_gym_config_fits_a_few_updates(config, tmp_path):
-    if "LunarLander" in config.read_text() and importlib.util.find_spec("Box2D") is None:
-        pytest.skip('Box2D: the gym extra, pip install -e ".[gym]"')
+    for marker, module in (("LunarLander", "Box2D"), ("HalfCheetah", "mujoco"), ("ALE/", "ale_py")):
+        if marker in config.read_text() and importlib.util.find_spec(module) is None:
+            pytest.skip(f'{module}: the gym extra, pip install -e ".[gym]"')
     cli = fit(
         config,
         *("--trainer.max_steps", "8", "--trainer.logger.init_args.save_dir", str(tmp_path / "runs")),

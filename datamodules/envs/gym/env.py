@@ -31,6 +31,14 @@ reward before the user's wrappers, e.g. before ``ClipReward``), 0 on every step 
 reports them as ``episode_return_mean`` and ``episode_length_mean`` beside its ``return_mean`` of the reward the
 agent learns from.
 
+**Life loss** (``episodic_life: true``, Atari): a step on which the game's ``info["lives"]`` falls ends the agent's
+episode (``terminated``, so values do not bootstrap across a lost life), but the game goes on: the copy's next
+"reset" continues from where it is, and only a game over resets the game. This is Stable-Baselines3's
+``EpisodicLifeEnv`` (the RL Zoo's Atari wrapper) and envpool's ``episodic_life``; Gymnasium's ``AtariPreprocessing``
+has ``terminal_on_life_loss``, but its reset then restarts the whole game, so an agent would never play past its
+first life. The episode metrics are the whole game's: 0 at a lost life, the game's score and length at game over.
+Evaluation plays whole games with ``eval_env_options: {episodic_life: false}``.
+
 **Seeding.** Copy ``i`` of a batch seeded ``seed`` starts its first episode with ``reset(seed=seed + i)`` and its
 later ones continue its own generator, as Gymnasium's vector envs do: a batch plays what
 ``gymnasium.make(env_id)`` copies seeded ``seed + i`` play under the same actions.
@@ -70,6 +78,8 @@ class GymnasiumEnv(StepOutputComplete, BatchedEnv):
         env_kwargs: keyword arguments of ``gymnasium.make``: the environment's own, and ``max_episode_steps``.
         wrappers: Gymnasium wrappers applied to each copy in order: a name from ``gymnasium.wrappers`` or a dotted
             class path, alone or as ``{class_path: ..., init_args: {...}}``.
+        episodic_life: a lost life (the ``lives`` entry of the step's info falls) ends the agent's episode, not the
+            game (module docstring); for environments that report ``lives`` (the ALE's).
         seed: base seed; copy ``i`` plays the episodes of stream ``seed + i``.
         device: where the returned tensors live (the environments run on the CPU).
     """
@@ -88,6 +98,7 @@ class GymnasiumEnv(StepOutputComplete, BatchedEnv):
         env_id: str = "CartPole-v1",
         env_kwargs: dict[str, Any] | None = None,
         wrappers: list[str | dict[str, Any]] | None = None,
+        episodic_life: bool = False,
         seed: int = 0,
         device: str | torch.device = "cpu",
     ) -> None:
@@ -102,6 +113,8 @@ class GymnasiumEnv(StepOutputComplete, BatchedEnv):
         try:
             observation = observation_spec(self._observation_space, env_id, num_envs)
             action = action_spec(self._action_space, env_id, num_envs)
+            if episodic_life:  # refused here, in one line, rather than at the collector's first reset
+                lives(envs[0].reset()[1], env_id)
         except ValueError:
             envs[0].close()  # a simulator's resources (a MuJoCo model, an emulator) go with the refusal
             raise
@@ -110,6 +123,7 @@ class GymnasiumEnv(StepOutputComplete, BatchedEnv):
         self.env_id = env_id
         self._envs = envs
         self._steps = [env.step for env in envs]
+        self.episodic_life = episodic_life
         # With wrappers the episode statistics come from the copies' own (inner) RecordEpisodeStatistics; without,
         # nothing can change the reward, and the rewards are summed here.
         self._inner_statistics = bool(resolved)
@@ -130,6 +144,8 @@ class GymnasiumEnv(StepOutputComplete, BatchedEnv):
         self._ready = False  # every copy started: it can be stepped
         self._terminated, self._truncated = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
         self._return, self._length = np.zeros(n, dtype=np.float64), np.zeros(n, dtype=np.int64)
+        # episodic_life: each copy's lives after its last step, and whether its episode ended by a lost life only.
+        self._lives, self._life_lost = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=bool)
 
         dev, batch = self.device, (n,)
         self.observation_spec = Composite(
@@ -150,11 +166,16 @@ class GymnasiumEnv(StepOutputComplete, BatchedEnv):
         state is loaded the copy's generator is gone: its next episode ``k`` is seeded ``episode_seed(stream, k)``.
         """
         for i in envs:
+            if self._life_lost[i]:  # the game goes on: the agent's next episode starts where the last life ended
+                self._life_lost[i], self._terminated[i], self._truncated[i] = False, False, False
+                continue
             seed = None
             if self._reseed[i]:
                 stream, episode = int(self._stream[i]), int(self._next_episode[i])
                 seed, self._reseed[i] = stream if episode == 0 else episode_seed(stream, episode), False
-            self._obs[i], _ = self._envs[i].reset(seed=seed)
+            self._obs[i], info = self._envs[i].reset(seed=seed)
+            if self.episodic_life:
+                self._lives[i] = lives(info, self.env_id)
             self._next_episode[i] += 1
             self._started[i], self._terminated[i], self._truncated[i] = True, False, False
             self._return[i], self._length[i] = 0.0, 0
@@ -233,9 +254,11 @@ class GymnasiumEnv(StepOutputComplete, BatchedEnv):
         # In place: `self._return += reward` would assign the attribute through torch.nn.Module.__setattr__.
         np.add(self._return, reward, out=self._return)
         self._length[live] += 1
-        if True not in terminated and True not in truncated:
+        if self.episodic_life:
+            self._lose_lives(live, infos)
+        if True not in terminated and True not in truncated and not self._life_lost.any():
             return self._output(reward)
-        ended = np.flatnonzero((self._terminated | self._truncated) & ~finished)
+        ended = np.flatnonzero((self._terminated | self._truncated) & ~finished & ~self._life_lost)
         episode_return, length = np.zeros_like(reward), np.zeros_like(reward)
         for i in ended.tolist():
             if self._inner_statistics:  # the return before the wrappers, from the copy's RecordEpisodeStatistics
@@ -243,6 +266,15 @@ class GymnasiumEnv(StepOutputComplete, BatchedEnv):
                 self._return[i], self._length[i] = stats["r"], stats["l"]
             episode_return[i], length[i] = self._return[i], self._length[i]
         return self._output(reward, episode_return, length)
+
+    def _lose_lives(self, live: list[int] | slice, infos: tuple[dict, ...]) -> None:
+        """``episodic_life``: end the agent's episode of each stepped copy whose lives fell and whose game goes on."""
+        stepped = range(self.batch_size[0]) if isinstance(live, slice) else live
+        for i, info in zip(stepped, infos, strict=True):
+            now = lives(info, self.env_id)
+            if now < self._lives[i] and not (self._terminated[i] or self._truncated[i]):
+                self._terminated[i], self._life_lost[i] = True, True
+            self._lives[i] = now
 
     def render(self, index: int = 0) -> np.ndarray:
         """Copy ``index``'s ``render()`` in Gymnasium's ``rgb_array`` mode (uint8 ``[height, width, 3]``)."""
@@ -284,7 +316,14 @@ class GymnasiumEnv(StepOutputComplete, BatchedEnv):
         self._stream, self._next_episode = state["stream"].numpy().copy(), state["next_episode"].numpy().copy()
         self._started[:], self._terminated[:], self._truncated[:], self._reseed[:] = False, False, False, True
         self._ready = False
-        self._return[:], self._length[:] = 0.0, 0
+        self._return[:], self._length[:], self._life_lost[:] = 0.0, 0, False
+
+
+def lives(info: dict[str, Any], env_id: str) -> int:
+    """The ``lives`` entry of a step's or reset's info, which ``episodic_life`` needs."""
+    if "lives" not in info:
+        raise ValueError(f"episodic_life needs the lives in the info of each step; env_id {env_id}'s has none")
+    return int(info["lives"])
 
 
 def observation_spec(space: gymnasium.Space, env_id: str, num_envs: int) -> TensorSpec:
