@@ -31,7 +31,7 @@ from torchrl.modules import ProbabilisticActor, ValueOperator
 from torchrl.objectives import ClipPPOLoss
 from torchrl.objectives.value import GAE
 
-from modules.bare import POOL, optimizer_step, transitions
+from modules.bare import batch_pool, optimizer_step
 from modules.base import RLModule
 from modules.gaussian import DISTRIBUTIONS, SCALES, ClipAction, DeterministicAction, gaussian_actor, gaussian_outputs
 from modules.networks import observation_network
@@ -275,14 +275,17 @@ def ppo_update(model: RLModule, batches: list[TensorDictBase]) -> tuple[torch.Te
     return loss, losses
 
 
-def ppo_batch(data: Any, size: int, seed: int) -> dict[str, torch.Tensor]:
-    """Real transitions with stand-in rollout statistics (behaviour log-probability, advantages, value targets)."""
-    batch = transitions(data, size, seed)
-    generator = torch.Generator().manual_seed(seed)
-    batch["log_prob"] = torch.full_like(batch["reward"], -1.386)  # log(1/4): a uniform behaviour policy's
-    batch["advantage"] = torch.randn(size, generator=generator)
-    batch["value_target"] = torch.randn(size, generator=generator)
-    return batch
+def ppo_batches(data: Any, size: int) -> list[dict[str, torch.Tensor]]:
+    """The bare loop's pool of minibatches: real transitions (drawn in one go, :func:`~modules.bare.batch_pool`: an
+    emulator is slow to build) with stand-in rollout statistics (behaviour log-probability, advantages, value
+    targets), each batch's drawn from its own seed."""
+    batches = batch_pool(data, size)
+    for seed, batch in enumerate(batches):
+        generator = torch.Generator().manual_seed(seed)
+        batch["log_prob"] = torch.full_like(batch["reward"], -1.386)  # log(1/4): a uniform behaviour policy's
+        batch["advantage"] = torch.randn(size, generator=generator)
+        batch["value_target"] = torch.randn(size, generator=generator)
+    return batches
 
 
 def reference_ppo_update(model: PPO, data: Any) -> Callable[[int], torch.Tensor]:
@@ -294,12 +297,12 @@ def reference_ppo_update(model: PPO, data: Any) -> Callable[[int], torch.Tensor]
     parameters = [*(p for layer in actor for p in layer.parameters()), *critic.parameters()]
     optimizer = torch.optim.Adam(parameters, lr=model.optim.lr, fused=True)
     hp = model.hparams
-    batches = [ppo_batch(data, data.minibatch_size, seed) for seed in range(POOL)]
+    batches = ppo_batches(data, data.minibatch_size)
     log_prob_and_entropy = gaussian_log_prob_and_entropy if model.gaussian else categorical_log_prob_and_entropy
     bounds = box_bounds(model.action_spec) if model.gaussian else None
 
     def step(i: int) -> torch.Tensor:
-        batch = batches[i % POOL]
+        batch = batches[i % len(batches)]
         log_prob, entropy = log_prob_and_entropy(actor, batch, hp.distribution == "tanh_normal", bounds)
         advantage = batch["advantage"]
         if hp.normalize_advantage:

@@ -10,7 +10,7 @@ from tensordict import TensorDict
 
 from app.cli import build, main
 from modules.bare import as_replay_sample, bare_update, batch_pool, framework_free_update
-from modules.ppo import ppo_batch
+from modules.ppo import ppo_batches
 from tests.helpers import ROOT, chain_config, write_config
 
 SMALL = ["--threads", "1", "--data.init_args.num_envs", "4"]
@@ -75,7 +75,7 @@ def test_bare_sac_update_computes_the_agents_loss():
 def test_bare_ppo_update_computes_clip_ppo_loss():
     model, data = build([str(ROOT / "configs/snake_ppo.yaml")], [*SMALL, "--data.init_args.minibatch_size", "64"])
     step = bare_update(model, data)
-    batch = ppo_batch(data, data.minibatch_size, seed=0)
+    batch = ppo_batches(data, data.minibatch_size)[0]
     td = as_replay_sample(batch)
     td["action_log_prob"] = batch["log_prob"]
     td["advantage"] = batch["advantage"].unsqueeze(-1)
