@@ -12,6 +12,7 @@ from torchrl.envs import TransformedEnv
 from torchrl.envs.utils import ExplorationType, set_exploration_type
 
 from datamodules.envs.gym.env import GymnasiumEnv
+from datamodules.episodes import EpisodeStatistics
 from modules.networks import NatureCNN
 from modules.ppo import PPO
 from modules.sac import SAC
@@ -76,10 +77,11 @@ def test_the_reported_episode_return_is_the_whole_games_unclipped_score():
     agent, game = GymnasiumEnv(seed=3, **clipped), GymnasiumEnv(seed=3, **plain)
     td, reference = agent.reset(), game.reset()
     generator = torch.Generator().manual_seed(0)
-    lives_lost, clipped_total, score, games = 0, 0.0, 0.0, []
+    lives_lost, clipped_total, score, games, steps = 0, 0.0, 0.0, [], []
     for _ in range(5000):
         action = torch.randint(4, (1,), generator=generator)
         stepped, td = agent.step_and_maybe_reset(td.set("action", action))
+        steps.append(stepped.clone())
         expected = game.step(reference.set("action", action))["next"]
         clipped_total += stepped["next", "reward"].item()
         score += expected["reward"].item()
@@ -88,6 +90,7 @@ def test_the_reported_episode_return_is_the_whole_games_unclipped_score():
             assert stepped["next", "episode_return"].item() == expected["episode_return"].item() == score
             assert clipped_total == pytest.approx(score / 2)
             assert stepped["next", "episode_length"].item() == expected["episode_length"].item()
+            assert stepped["next", "games"].item() == expected["games"].item() == 1
             games.append(score)
             if score > 0:  # a game with bricks broken: the unclipped score differs from the clipped sum
                 break
@@ -97,8 +100,17 @@ def test_the_reported_episode_return_is_the_whole_games_unclipped_score():
         if stepped["next", "done"].item():  # a lost life: the agent's episode ends, the game and its score go on
             lives_lost += 1
             assert stepped["next", "terminated"].item() and stepped["next", "episode_return"].item() == 0
+            assert stepped["next", "games"].item() == 0
     else:
         pytest.fail(f"no game with a score in 5,000 steps: {games}")
+    # The training episodes' statistics: an episode per life, the game's score averaged over the games alone.
+    statistics = EpisodeStatistics(agent.episode_metric_keys, agent.episode_metric_over, rows=1, agents_per_env=1)
+    statistics.observe(torch.stack(steps, -1))
+    statistics.count()
+    figures = statistics.report()
+    assert figures["data/episodes"] == 5 * len(games) and figures["train/games_mean"] == pytest.approx(1 / 5)
+    assert figures["train/episode_return_mean"] == pytest.approx(sum(games) / len(games))
+    assert figures["train/return_mean"] == pytest.approx(sum(games) / 2 / (5 * len(games)))  # clipped, per life
     agent.close(), game.close()
 
 

@@ -37,7 +37,10 @@ episode (``terminated``, so values do not bootstrap across a lost life), but the
 ``EpisodicLifeEnv`` (the RL Zoo's Atari wrapper) and envpool's ``episodic_life``; Gymnasium's ``AtariPreprocessing``
 has ``terminal_on_life_loss``, but its reset then restarts the whole game, so an agent would never play past its
 first life. The episode metrics are the whole game's: 0 at a lost life, the game's score and length at game over.
-Evaluation plays whole games with ``eval_env_options: {episodic_life: false}``.
+Evaluation plays whole games with ``eval_env_options: {episodic_life: false}``. A game with lives (its info has
+``lives``, episodic or not) has one more metric, ``games``: 1 at a game over, 0 at a lost life; the return and length
+are averaged over the episodes that ended a game (``episode_metric_over``), so the training episodes' game scores
+(``train/episode_return_mean``) are not diluted by the lives' zeros.
 
 **Seeding.** Copy ``i`` of a batch seeded ``seed`` starts its first episode with ``reset(seed=seed + i)`` and its
 later ones continue its own generator, as Gymnasium's vector envs do: a batch plays what
@@ -113,8 +116,11 @@ class GymnasiumEnv(StepOutputComplete, BatchedEnv):
         try:
             observation = observation_spec(self._observation_space, env_id, num_envs)
             action = action_spec(self._action_space, env_id, num_envs)
+            # A game with lives (an unseeded reset here: each copy's first episode is seeded at its own reset).
+            info = envs[0].reset()[1]
+            has_lives = "lives" in info
             if episodic_life:  # refused here, in one line, rather than at the collector's first reset
-                lives(envs[0].reset()[1], env_id)
+                lives(info, env_id)
         except ValueError:
             envs[0].close()  # a simulator's resources (a MuJoCo model, an emulator) go with the refusal
             raise
@@ -124,6 +130,9 @@ class GymnasiumEnv(StepOutputComplete, BatchedEnv):
         self._envs = envs
         self._steps = [env.step for env in envs]
         self.episodic_life = episodic_life
+        if has_lives:
+            self.episode_metric_keys = (*GymnasiumEnv.episode_metric_keys, "games")
+            self.episode_metric_over = {"episode_return": "games", "episode_length": "games"}
         # With wrappers the episode statistics come from the copies' own (inner) RecordEpisodeStatistics; without,
         # nothing can change the reward, and the rewards are summed here.
         self._inner_statistics = bool(resolved)
@@ -204,6 +213,8 @@ class GymnasiumEnv(StepOutputComplete, BatchedEnv):
             "episode_return": torch.from_numpy(zero if episode_return is None else episode_return[:, None]),
             "episode_length": torch.from_numpy(zero.copy() if length is None else length[:, None]),
         }
+        if "games" in self.episode_metric_keys:  # 1 where a game ended (its length is positive)
+            out["games"] = torch.from_numpy(zero.copy() if length is None else (length[:, None] > 0).astype(np.float32))
         if reward is not None:
             out["reward"] = torch.from_numpy(reward[:, None])
         data = tensordict_unchecked(out, self.batch_size, _CPU)
