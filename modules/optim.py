@@ -13,6 +13,7 @@ those of the plain ``torch.optim.Adam``. The measurements: BENCHMARKS.md, "The u
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -21,6 +22,13 @@ from compat.torch import clip_grads_by_global_norm_, fused_adam_step_
 
 #: Where the options are set: ``optimizer:`` in a model's ``init_args``.
 FLAG = "--model.init_args.optimizer"
+
+
+#: ``lr_decay``'s shapes: the share of ``lr - lr_end`` left at ``progress`` (0 to 1) through a period.
+DECAYS: dict[str, Callable[[float], float]] = {
+    "cosine": lambda progress: 0.5 * (1.0 + math.cos(math.pi * progress)),
+    "linear": lambda progress: 1.0 - progress,
+}
 
 
 @dataclass(frozen=True)
@@ -33,7 +41,9 @@ class OptimizerOptions:
         lr_end: with a value, the learning rate follows a cosine from ``lr`` at frame 0 to ``lr_end`` at ``lr_frames``
             frames, and stays there; None: constant ``lr``. In frames, like ε, so that a run's schedule does not
             depend on the machine's speed or the replay ratio.
-        lr_frames: frames over which the cosine decay runs (its first period, with ``lr_restart_mult``).
+        lr_frames: frames over which the decay runs (its first period, with ``lr_restart_mult``).
+        lr_decay: the decay's shape from ``lr`` to ``lr_end``: ``cosine``, or ``linear`` (Stable-Baselines3's and the
+            RL Zoo's ``lin_`` schedules, which fall linearly to 0 over the run).
         lr_restart_mult: with a value, the cosine restarts at ``lr`` after each period, each period this many times
             longer than the one before (SGDR's warm restarts, Loshchilov & Hutter 2017: PyTorch's
             ``CosineAnnealingWarmRestarts(T_0, T_mult)`` with ``T_0 = lr_frames`` counted in frames, ``eta_min =
@@ -51,6 +61,7 @@ class OptimizerOptions:
     lr_end: float | None = None
     lr_frames: int = 1_000_000
     lr_restart_mult: float | None = None
+    lr_decay: str = "cosine"
     weight_decay: float = 0.0
     max_grad_norm: float | None = None
     accumulate_grad_batches: int = 1
@@ -64,6 +75,8 @@ class OptimizerOptions:
             )
         if self.lr_frames < 1:
             raise ValueError(f"{FLAG}.lr_frames must be >= 1, got {self.lr_frames}")
+        if self.lr_decay not in DECAYS:
+            raise ValueError(f"{FLAG}.lr_decay must be one of {', '.join(DECAYS)}, got {self.lr_decay!r}")
         if self.lr_restart_mult is not None and not self.lr_restart_mult >= 1:
             raise ValueError(f"{FLAG}.lr_restart_mult must be >= 1 (or null), got {self.lr_restart_mult}")
         if self.lr_restart_mult is not None and self.lr_end is None:
@@ -76,8 +89,8 @@ class OptimizerOptions:
             raise ValueError(f"{FLAG}.accumulate_grad_batches must be >= 1, got {self.accumulate_grad_batches}")
 
     def learning_rate(self, frames: int) -> float:
-        """The learning rate after ``frames`` frames: ``lr``, or its cosine decay to ``lr_end`` over ``lr_frames``
-        (restarting, with ``lr_restart_mult``)."""
+        """The learning rate after ``frames`` frames: ``lr``, or its decay (``lr_decay``) to ``lr_end`` over
+        ``lr_frames`` (restarting, with ``lr_restart_mult``)."""
         if self.lr_end is None:
             return self.lr
         if self.lr_restart_mult is None:
@@ -87,7 +100,7 @@ class OptimizerOptions:
             while frames >= start + period:
                 start, period = start + period, period * self.lr_restart_mult
             progress = (frames - start) / period
-        return self.lr_end + (self.lr - self.lr_end) * 0.5 * (1.0 + math.cos(math.pi * progress))
+        return self.lr_end + (self.lr - self.lr_end) * DECAYS[self.lr_decay](progress)
 
     def adam(self, groups: list[dict]) -> torch.optim.Optimizer:
         """A fused Adam (AdamW with ``weight_decay``) on parameter ``groups``; a group without ``lr`` takes ``lr``."""

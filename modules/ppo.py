@@ -124,6 +124,8 @@ class PPO(RLModule):
         gamma: discount.
         gae_lambda: GAE's λ.
         clip_epsilon: PPO's ratio clip.
+        clip_decay_frames: with a value, the clip falls linearly from ``clip_epsilon`` to 0 over this many frames,
+            set at each rollout (the RL Zoo's ``clip_range: lin_0.2``); None: constant.
         entropy_coef: weight of the entropy bonus.
         critic_coef: weight of the value loss.
         normalize_advantage: standardise advantages within each minibatch.
@@ -147,6 +149,7 @@ class PPO(RLModule):
         gamma: float = 0.99,
         gae_lambda: float = 0.95,
         clip_epsilon: float = 0.2,
+        clip_decay_frames: int | None = None,
         entropy_coef: float = 0.01,
         critic_coef: float = 0.5,
         normalize_advantage: bool = True,
@@ -161,6 +164,8 @@ class PPO(RLModule):
             if value not in choices:
                 raise ValueError(f"--model.init_args.{name} must be one of {', '.join(choices)}, got {value!r}")
         kind = check_action_space(self, action_spec, (DISCRETE, BOX))
+        if clip_decay_frames is not None and clip_decay_frames < 1:
+            raise ValueError(f"--model.init_args.clip_decay_frames must be >= 1 (or null), got {clip_decay_frames}")
         if not init_scale > 0:
             raise ValueError(f"--model.init_args.init_scale must be > 0, got {init_scale}")
         if kind == BOX and distribution == "tanh_normal":
@@ -233,7 +238,13 @@ class PPO(RLModule):
     def postprocess(self, rollout: TensorDictBase) -> None:
         """GAE over the ``[num_envs, steps]`` rollout, writing ``advantage`` and ``value_target`` in place; then the
         rollout's raw observations into the normaliser's statistics, which the next rollout acts with. With
-        ``normalize_rewards`` the rewards are scaled first, in place (the advantages are of the scaled rewards)."""
+        ``normalize_rewards`` the rewards are scaled first, in place (the advantages are of the scaled rewards); with
+        ``clip_decay_frames`` the clip this rollout's updates use is set from the frames so far, this rollout's
+        included (as Stable-Baselines3 sets it after collecting)."""
+        if self.hparams.clip_decay_frames is not None:
+            frames = self.datamodule.frames + rollout.numel()
+            left = max(0.0, 1.0 - frames / self.hparams.clip_decay_frames)
+            self.loss_module.clip_epsilon.fill_(self.hparams.clip_epsilon * left)
         if self.reward_scaler is not None:
             self.reward_scaler.scale_(rollout["next", "reward"], rollout["next", "done"])
         self.advantage(rollout)

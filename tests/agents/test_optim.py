@@ -100,11 +100,26 @@ def test_learning_rate_follows_a_cosine_in_frames_to_lr_end():
     assert OptimizerOptions(lr=1e-3).learning_rate(10**9) == 1e-3  # no lr_end: constant
 
 
+def test_learning_rate_falls_linearly_with_lr_decay_linear_and_restarts_as_the_cosine_does():
+    options = OptimizerOptions(lr=1e-3, lr_end=0.0, lr_frames=1000, lr_decay="linear")  # the RL Zoo's lin_1e-3
+    assert [options.learning_rate(frames) for frames in (0, 250, 500, 1000, 10**9)] == pytest.approx(
+        [1e-3, 0.75e-3, 0.5e-3, 0.0, 0.0]
+    )
+    restarting = OptimizerOptions(lr=1e-3, lr_end=0.0, lr_frames=1000, lr_restart_mult=2.0, lr_decay="linear")
+    assert [restarting.learning_rate(frames) for frames in (999, 1000, 2000, 3000)] == pytest.approx(
+        [1e-6, 1e-3, 0.5e-3, 1e-3]
+    )
+
+
 def test_bad_learning_rate_schedule_names_the_flag():
     with pytest.raises(ValueError, match="--model.init_args.optimizer.lr_end must be in"):
         DQN(**SPECS, optimizer=OptimizerOptions(lr=1e-3, lr_end=2e-3))
     with pytest.raises(ValueError, match="--model.init_args.optimizer.lr_frames must be >= 1"):
         OptimizerOptions(lr_end=0.0, lr_frames=0)
+    with pytest.raises(
+        ValueError, match="^--model.init_args.optimizer.lr_decay must be one of cosine, linear, got 'step'$"
+    ):
+        OptimizerOptions(lr_end=0.0, lr_decay="step")
 
 
 @pytest.mark.slow

@@ -85,6 +85,18 @@ def test_next_rollout_is_collected_only_after_the_last_minibatch(tmp_path):
     assert cli.datamodule.frames == 64
 
 
+@pytest.mark.slow
+def test_the_clip_falls_linearly_over_clip_decay_frames_set_at_each_rollout(tmp_path):
+    # 32 frames per rollout, 4 updates each: 8 updates are two rollouts, the second set at 64 of 128 frames.
+    config = chain_config("ppo", tmp_path, num_envs=4, collect_steps=8, minibatch_size=16, update_epochs=2)
+    config["model"]["init_args"].update(clip_epsilon=0.2, clip_decay_frames=128)
+    cli = fit(write_config(config, tmp_path / "c.yaml"), "--trainer.max_steps", "8")
+    assert cli.datamodule.frames == 64
+    assert cli.model.loss_module.clip_epsilon.item() == pytest.approx(0.2 * (1 - 64 / 128))
+    with pytest.raises(ValueError, match="^--model.init_args.clip_decay_frames must be >= 1 \\(or null\\), got 0$"):
+        PPO(**SPECS, clip_decay_frames=0)
+
+
 def test_the_export_network_gives_the_logits_whose_argmax_the_greedy_policy_acts():
     # `python -m app export` traces export_network(): its argmax must be the action greedy evaluation takes.
     from torchrl.envs.utils import ExplorationType, set_exploration_type
