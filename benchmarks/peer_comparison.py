@@ -221,7 +221,16 @@ def run_lightrl(task: Task, seed: int, args: argparse.Namespace, folder: Path) -
                         "return": float(row["eval/return_mean"]),
                     }
                 )
-    return {"curve": curve, "process_seconds": process_seconds}
+    # Where the time went: the throughput report's share of wall time per phase, and the update against its bare
+    # arithmetic (callbacks/throughput.py).
+    report = json.loads((folder / "lightrl" / "version_0" / "throughput.json").read_text())
+    bare = report.get("bare_update") or {}
+    return {
+        "curve": curve,
+        "process_seconds": process_seconds,
+        "phases": report["this_process"]["fraction"],
+        "update_vs_bare": bare.get("ratio"),
+    }
 
 
 # --------------------------------------------------------------------------------------------- Stable-Baselines3
@@ -306,12 +315,17 @@ def return_at(curve: list[dict[str, float]], key: str, value: float) -> float | 
     return before[-1] if before else None
 
 
+def figure(value: float) -> str:
+    """Four significant figures, thousands separated, never in scientific notation (10,000, not 1e+04)."""
+    return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
+
+
 def spread(values: list[float]) -> str:
     if not values:
         return "—"
     if len(values) == 1:
-        return f"{values[0]:,.4g}"
-    return f"{statistics.median(values):,.4g} ({min(values):,.4g}–{max(values):,.4g})"
+        return figure(values[0])
+    return f"{figure(statistics.median(values))} ({figure(min(values))}–{figure(max(values))})"
 
 
 def summarise(results: dict[str, Any]) -> str:
@@ -342,6 +356,16 @@ def summarise(results: dict[str, Any]) -> str:
                 f"{spread([v for v in at_seconds if v is not None])} at {common_seconds:,.0f} s | "
                 f"{task.zoo_score if name == 'sb3' else ''} |"
             )
+        phases = [run["phases"] for run in runs.get("lightrl", []) if run.get("phases")]
+        if phases:
+            shares = ", ".join(
+                f"{phase} {100 * statistics.median(run[phase] for run in phases):.0f} %"
+                for phase in phases[0]
+                if statistics.median(run[phase] for run in phases) >= 0.005
+            )
+            ratios = [run["update_vs_bare"] for run in runs["lightrl"] if run.get("update_vs_bare")]
+            bare = f"; its update step took {statistics.median(ratios):.2f}× its bare arithmetic" if ratios else ""
+            notes.append(f"- {task.env_id} ({task_name}): lightrl's wall time (median over seeds): {shares}{bare}.")
         if medians.get("lightrl") and medians.get("sb3"):
             notes.append(
                 f"- {task.env_id} ({task_name}): lightrl's median time to {task.threshold:g} is "
