@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import importlib
 import re
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
 import yaml
 
+from app.__main__ import COMMANDS
 from app.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository
@@ -109,6 +112,26 @@ def write_config(config: dict, path: Path) -> Path:
 def fit(config_path: Path, *overrides: str):
     """``python -m app fit --config config_path overrides...`` in-process; returns the CLI (trainer, model, data)."""
     return main(["fit", "--config", str(config_path), *overrides])
+
+
+def app_in_process(capsys, *args: str) -> SimpleNamespace:
+    """``python -m app *args`` in this process, dispatched as ``app/__main__.py`` does; its exit status, stdout and
+    stderr, as a ``subprocess.run`` result has them. For commands that stop before training (refusals,
+    ``--print_config``): a process each would cost seconds of imports, and the tests that start one show that the same
+    paths print nothing else."""
+    capsys.readouterr()
+    try:
+        if args and args[0] in COMMANDS:
+            importlib.import_module(COMMANDS[args[0]]).main(list(args[1:]))
+        else:
+            main(list(args))
+        code = 0
+    except SystemExit as stop:
+        code = stop.code
+    out, err = capsys.readouterr()
+    if isinstance(code, str):  # sys.exit("...") prints its message and exits 1, as the interpreter does
+        err, code = f"{err}{code}\n", 1
+    return SimpleNamespace(returncode=code or 0, stdout=out, stderr=err)
 
 
 def short_snake_fit(config_name: str, *overrides: str):

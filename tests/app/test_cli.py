@@ -14,7 +14,7 @@ import yaml
 
 from app.cli import main
 from app.errors import MOVED_MODULES
-from tests.helpers import ROOT, chain_config, fit, write_config
+from tests.helpers import ROOT, app_in_process, chain_config, fit, write_config
 
 
 def run_app(*args: str, cwd: Path, pythonpath: tuple[Path, ...] = ()) -> subprocess.CompletedProcess:
@@ -123,9 +123,8 @@ def test_bad_input_exits_with_one_clear_message_before_any_output(tmp_path, caps
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.slow
-def test_an_unknown_tracking_backend_is_one_line_naming_the_flag_and_the_choices(tmp_path):
-    result = run_app(*snake_dqn_args(tmp_path, "--trainer.logger", "tensorbord"), cwd=tmp_path)
+def test_an_unknown_tracking_backend_is_one_line_naming_the_flag_and_the_choices(tmp_path, capsys):
+    result = app_in_process(capsys, *snake_dqn_args(tmp_path, "--trainer.logger", "tensorbord"))
     message = (
         "--trainer.logger tensorbord: unknown backend 'tensorbord'; choose csv, tensorboard, wandb, mlflow "
         "(comma-separated for several) or a Logger class path"
@@ -134,9 +133,9 @@ def test_an_unknown_tracking_backend_is_one_line_naming_the_flag_and_the_choices
     assert not (tmp_path / "runs").exists()
 
 
-@pytest.mark.slow
-def test_missing_config_file_is_named(tmp_path):
-    result = run_app("fit", "--config", "configs/nope.yaml", cwd=tmp_path)
+def test_missing_config_file_is_named(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = app_in_process(capsys, "fit", "--config", "configs/nope.yaml")
     assert result.returncode != 0
     assert "configs/nope.yaml" in result.stderr
     assert "Traceback" not in result.stderr
@@ -176,27 +175,15 @@ def with_evaluation_every(tmp_path: Path, every_n_frames: object) -> Path:
             "--data.init_args.env.init_args.spawn_margin 3 leaves no room for the 3-block snake on a 4x4 board "
             "(size must be >= 2 * spawn_margin + 3 = 9); at most 0 fits, or leave it unset",
         ),
-        (  # refused by the parser, three objects deep
-            ["--data.init_args.env.init_args.size", "ten"],
-            "--data.init_args.env.init_args.size must be an int, got 'ten'",
-        ),
-        (  # a callback added and configured on the command line, refused by its constructor
-            [
-                "--trainer.callbacks+=callbacks.schedule.PeriodicEvaluation",
-                "--trainer.callbacks.init_args.every_n_frames",
-                "0",
-            ],
-            "--trainer.callbacks.init_args.every_n_frames must be >= 1, got 0",
-        ),
     ],
 )
 def test_nested_option_errors_are_one_line_naming_the_full_flag(tmp_path, args, message):
+    # In a process of its own, as users run it: nothing but the one line (the other kinds: in-process below).
     result = run_app(*snake_dqn_args(tmp_path, *args), cwd=tmp_path)
     assert_one_error_line(result.returncode, result.stderr, message)  # no traceback, no usage dump
     assert not (tmp_path / "runs").exists()
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize(
     ("ckpt_path", "message"),
     [
@@ -205,20 +192,13 @@ def test_nested_option_errors_are_one_line_naming_the_full_flag(tmp_path, args, 
     ],
     ids=["last", "missing-file"],
 )
-def test_resume_with_nothing_to_resume_exits_naming_the_flag(tmp_path, ckpt_path, message):
+def test_resume_with_nothing_to_resume_exits_naming_the_flag(tmp_path, capsys, monkeypatch, ckpt_path, message):
     # A run that was never started: asking to resume it must not start a fresh one.
+    monkeypatch.chdir(tmp_path)
     runs = tmp_path / "runs"
     ckpt_path = ckpt_path.format(runs=runs)
-    result = run_app(
-        "fit",
-        "--config",
-        str(ROOT / "configs/snake_ppo.yaml"),
-        "--trainer.logger.init_args.save_dir",
-        str(runs),
-        "--ckpt_path",
-        ckpt_path,
-        cwd=tmp_path,
-    )
+    config = ("--config", str(ROOT / "configs/snake_ppo.yaml"), "--trainer.logger.init_args.save_dir", str(runs))
+    result = app_in_process(capsys, "fit", *config, "--ckpt_path", ckpt_path)
     assert result.returncode != 0
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert errors == [message.format(runs=runs, ckpt_path=ckpt_path)]
@@ -237,9 +217,8 @@ def test_with_the_logger_off_the_config_goes_to_the_checkpoint_folder(tmp_path, 
     assert sorted(path.name for path in (tmp_path / "out").iterdir()) == ["checkpoints"]
 
 
-@pytest.mark.slow
-def test_a_bad_callback_in_a_config_list_is_named_by_position_and_class(tmp_path):
-    result = run_app(*snake_dqn_args(tmp_path, config=with_evaluation_every(tmp_path, 0)), cwd=tmp_path)
+def test_a_bad_callback_in_a_config_list_is_named_by_position_and_class(tmp_path, capsys):
+    result = app_in_process(capsys, *snake_dqn_args(tmp_path, config=with_evaluation_every(tmp_path, 0)))
     message = "trainer.callbacks[1] (callbacks.schedule.PeriodicEvaluation) every_n_frames must be >= 1, got 0"
     assert_one_error_line(result.returncode, result.stderr, message)
     assert not (tmp_path / "runs").exists()
@@ -251,6 +230,18 @@ def test_a_bad_callback_in_a_config_list_is_named_by_position_and_class(tmp_path
         (
             ["--data.init_args.env.init_args.size", "2"],
             "--data.init_args.env.init_args.size must be >= 3 to fit the 3-block snake, got 2",
+        ),
+        (  # refused by the parser, three objects deep
+            ["--data.init_args.env.init_args.size", "ten"],
+            "--data.init_args.env.init_args.size must be an int, got 'ten'",
+        ),
+        (  # a callback added and configured on the command line, refused by its constructor
+            [
+                "--trainer.callbacks+=callbacks.schedule.PeriodicEvaluation",
+                "--trainer.callbacks.init_args.every_n_frames",
+                "0",
+            ],
+            "--trainer.callbacks.init_args.every_n_frames must be >= 1, got 0",
         ),
         (
             ["--data.init_args.env.init_args.backend", "gpu"],
@@ -317,15 +308,15 @@ def test_a_7x7_board_fits_the_shipped_snake_config_without_a_margin_override(tmp
     assert checkpoint["ReplayDataModule"]["env"]["board"].shape[1] == 3 * 7 * 7 + 1
 
 
-@pytest.mark.slow
-def test_prefetch_is_refused_for_an_update_that_draws_random_numbers(tmp_path):
+def test_prefetch_is_refused_for_an_update_that_draws_random_numbers(tmp_path, capsys, monkeypatch):
     # SAC's actor loss samples actions from the global generator (PIRL draws its points from a generator of its own).
     paths = [
         arg
         for name in ("racing_sac.yaml", "bench/sac_scratch.yaml")
         for arg in ("--config", str(ROOT / "configs" / name))
     ]
-    result = run_app("fit", *paths, "--data.init_args.collection.prefetch", "true", cwd=tmp_path)
+    monkeypatch.chdir(tmp_path)
+    result = app_in_process(capsys, "fit", *paths, "--data.init_args.collection.prefetch", "true")
     assert_one_error_line(result.returncode, result.stderr, result.stderr.strip().splitlines()[-1][len("error: ") :])
     assert "--data.init_args.collection.init_args.prefetch:" in result.stderr
     assert "draws random numbers" in result.stderr
@@ -424,30 +415,23 @@ def test_an_old_optimizer_option_is_one_line_naming_the_new_flag(tmp_path, capsy
     assert not (tmp_path / "out").exists()
 
 
-def test_a_composed_config_sets_single_optimizer_options_over_the_agents_defaults(tmp_path):
+def test_a_composed_config_sets_single_optimizer_options_over_the_agents_defaults(tmp_path, capsys):
     config = chain_config("recurrent", tmp_path / "out")  # recurrent PPO's default clips the gradient norm at 0.5
     preset = tmp_path / "preset.yaml"
     preset.write_text(yaml.safe_dump({"model": {"init_args": {"optimizer": {"lr_end": 1e-4}}}}))
-    result = run_app(
-        "fit",
-        "--config",
-        str(write_config(config, tmp_path / "c.yaml")),
-        "--config",
-        str(preset),
-        "--print_config",
-        cwd=tmp_path,
-    )
+    base = write_config(config, tmp_path / "c.yaml")
+    result = app_in_process(capsys, "fit", "--config", str(base), "--config", str(preset), "--print_config")
     assert result.returncode == 0, result.stderr
     optimizer = yaml.safe_load(result.stdout)["model"]["init_args"]["optimizer"]
     assert optimizer["lr"] == 0.003 and optimizer["lr_end"] == 1e-4  # the base config's, then the preset's
     assert optimizer["max_grad_norm"] == 0.5  # the agent's own default, kept
 
 
-def test_only_the_subcommands_that_work_are_offered_and_help_names_export(tmp_path):
+def test_only_the_subcommands_that_work_are_offered_and_help_names_export(tmp_path, capsys):
     help_text = run_app("--help", cwd=tmp_path).stdout
     assert "fit" in help_text and "validate" in help_text and "python -m app export" in help_text
     for removed in ("test", "predict"):
-        result = run_app(removed, "--config", str(ROOT / "configs/snake_dqn.yaml"), cwd=tmp_path)
+        result = app_in_process(capsys, removed, "--config", str(ROOT / "configs/snake_dqn.yaml"))
         assert result.returncode == 2
         assert result.stderr.strip().splitlines()[-1].startswith("error: argument subcommand: invalid choice")
 

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from tests.app.test_cli import run_app
-from tests.helpers import evaluated_chain_config, write_config
+from tests.helpers import app_in_process, evaluated_chain_config, write_config
 
 
 def seeds_config(tmp_path):
@@ -54,8 +54,9 @@ def test_seeds_run_into_one_folder_aggregate_and_are_reused(tmp_path):
         (["--config", "missing.yaml"], "--config missing.yaml: no such file"),
     ],
 )
-def test_bad_seed_options_are_one_line(tmp_path, args, message):
+def test_bad_seed_options_are_one_line(tmp_path, capsys, monkeypatch, args, message):
+    monkeypatch.chdir(tmp_path)
     config = seeds_config(tmp_path)
-    result = run_app("seeds", "--config", str(config), *args, cwd=tmp_path)
+    result = app_in_process(capsys, "seeds", "--config", str(config), *args)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1].endswith(f"error: {message}")

@@ -11,7 +11,7 @@ import yaml
 
 from app.tune import check_space, read_space
 from tests.app.test_cli import run_app
-from tests.helpers import ROOT, evaluated_chain_config, write_config
+from tests.helpers import ROOT, app_in_process, evaluated_chain_config, write_config
 
 LR = "model.init_args.optimizer.lr"
 EPOCHS = "data.init_args.update_epochs"
@@ -122,11 +122,12 @@ def test_a_stopped_search_resumes_where_it_stopped(tmp_path):
         (SPACE, ["--space", "missing.yaml"], "--space missing.yaml: no such file"),
     ],
 )
-def test_bad_tuning_input_is_one_line(tmp_path, space, args, message):
+def test_bad_tuning_input_is_one_line(tmp_path, capsys, monkeypatch, space, args, message):
+    monkeypatch.chdir(tmp_path)
     config, _ = tune_config(tmp_path)
     (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
     command = ["tune", "--config", str(config), "--space", "space.yaml", "--trials", "2", *args]
-    result = run_app(*command, cwd=tmp_path)
+    result = app_in_process(capsys, *command)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1] == f"python -m app tune: error: {message}"
     assert not (tmp_path / "runs").exists()
