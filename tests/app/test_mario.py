@@ -138,6 +138,9 @@ def test_the_shipped_config_trains_with_workers_and_resumes_in_its_run_folder(tm
     small += ["--model.init_args.optimizer.accumulate_grad_batches", "2", "--data.init_args.buffer_size", "2000"]
     small += ["--trainer.enable_progress_bar", "false", "--trainer.log_every_n_steps", "1"]
     small += ["--trainer.callbacks.init_args.bare_update_seconds", "0"]
+    # The shipped niceness lowers the learner below every other process: beside other tests (a parallel run) it
+    # would wait for all of them.
+    small += ["--data.init_args.collection.learner_nice", "0"]
     config = str(ROOT / "configs/mario_ddqn.yaml")
     fit(config, *small, "--trainer.max_steps", "3")
     run = tmp_path / "runs/mario_ddqn/version_0"
