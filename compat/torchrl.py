@@ -8,7 +8,9 @@ accessor, and two private hooks.
 - a replay buffer hands its sampler the generator to draw with as ``Sampler._rng``;
 - a ``TensorStorage`` holds its whole preallocated tensordict in ``_storage`` (a benchmark measures its bytes);
 - ``EnvBase._step_proc_data`` completes a step's output (rewards, dones) against the specs;
-- a ``MultiAsyncCollector`` takes each worker's batch, and the worker's index, from its queue in ``_get_from_queue``.
+- a ``MultiAsyncCollector`` takes each worker's batch, and the worker's index, from its queue in ``_get_from_queue``;
+- the multi-process collectors find a dead worker with ``torchrl._utils._check_for_faulty_process``, which this module
+  replaces (:func:`install_dead_worker_check`).
 
 The resume tests (tests/app/test_resume.py, tests/data/test_replay.py, tests/data/test_parallel.py) fail if any of
 these changes meaning; tests/app/test_compat.py fails first, when TorchRL's minor version moves or a name is gone.
@@ -39,6 +41,11 @@ PRIVATE_API = (
     ("torchrl.data.TensorStorage", "_storage", "storage_contents"),
     ("torchrl.envs.EnvBase", "_step_proc_data", "StepOutputComplete"),
     ("torchrl.collectors.MultiAsyncCollector", "_get_from_queue", "WorkerTaggedAsyncCollector"),
+    ("torchrl", "_utils", "install_dead_worker_check"),
+    ("torchrl._utils", "_check_for_faulty_process", "install_dead_worker_check"),
+    ("torchrl.collectors", "_multi_async", "install_dead_worker_check"),
+    ("torchrl.collectors", "_multi_base", "install_dead_worker_check"),
+    ("torchrl.collectors", "_multi_sync", "install_dead_worker_check"),
 )
 
 
@@ -128,3 +135,46 @@ class WorkerTaggedAsyncCollector(MultiAsyncCollector):
         worker, count, batch = super()._get_from_queue(timeout)
         batch.set(WORKER_KEY, torch.full(batch.shape, worker, dtype=torch.long, device=batch.device))
         return worker, count, batch
+
+
+def check_for_dead_worker(processes: list) -> None:
+    """TorchRL's check for a dead collector worker (``_check_for_faulty_process``), its survivors joined before they
+    are closed.
+
+    TorchRL's own terminates the survivors, waits a fixed 0.1 s and closes them: a survivor still exiting then (a
+    loaded machine) makes ``close()`` raise ``ValueError: Cannot close a process while it is still running``, which
+    hides the error naming the dead worker, so a SIGKILLed worker ended the run with a traceback instead of one line
+    (found by benchmarks/fault_soak.py). The message is TorchRL's, which ``datamodules.workers.DEAD_WORKER`` reads.
+    """
+    for index, process in enumerate(processes):
+        if _alive(process) is not False:
+            continue
+        failed = f"worker {index} (exit code {process.exitcode})"
+        for survivor in processes:
+            if _alive(survivor):
+                survivor.terminate()
+                survivor.join(timeout=10)
+                if survivor.is_alive():
+                    survivor.kill()
+                    survivor.join()
+                survivor.close()
+        raise RuntimeError(f"At least one process failed: {failed}. Check for more infos in the log.")
+
+
+def _alive(process) -> bool | None:
+    """Whether a worker process runs; None once it is closed (``is_alive`` refuses a closed one)."""
+    try:
+        return process.is_alive()
+    except ValueError:
+        return None
+
+
+def install_dead_worker_check() -> None:
+    """Put :func:`check_for_dead_worker` in place of TorchRL's ``_check_for_faulty_process``, in every module of
+    TorchRL that imported it by name."""
+    import torchrl._utils
+    from torchrl.collectors import _multi_async, _multi_base, _multi_sync
+
+    for module in (torchrl._utils, _multi_async, _multi_base, _multi_sync):
+        if hasattr(module, "_check_for_faulty_process"):
+            module._check_for_faulty_process = check_for_dead_worker

@@ -34,10 +34,11 @@ from torchrl.collectors import Collector, MultiAsyncCollector, MultiSyncCollecto
 from torchrl.envs import EnvBase, TransformedEnv
 from torchrl.weight_update import SharedMemWeightSyncScheme
 
-from compat.torchrl import collector_carrier, collector_counters, set_collector_counters
+from compat.torchrl import collector_carrier, collector_counters, install_dead_worker_check, set_collector_counters
 
 # How TorchRL's ParallelEnv and multi-process collectors name a worker process that died.
 DEAD_WORKER = re.compile(r"worker (\d+) \(exit code -?\d+\)")
+install_dead_worker_check()  # a dead worker found reliably, whatever the load (compat/torchrl.py)
 
 
 def workers_log_dir(trainer: Any) -> Path:

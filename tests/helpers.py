@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import os
 import re
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -161,3 +165,27 @@ def saved_replay(checkpoint: Path, data_state: dict) -> tuple[dict, dict]:
     storage = buffer["_storage"]["_storage"]  # the storage's TensorDict, its keys flattened ("next.reward")
     written = min(writer["write_count"], buffer["_storage"]["_len"])
     return {key: value[:written].clone() for key, value in storage.items() if isinstance(value, torch.Tensor)}, writer
+
+
+@contextlib.contextmanager
+def small_file_system(folder: Path, megabytes: int) -> Iterator[str | None]:
+    """A real tmpfs of ``megabytes`` MB mounted on ``folder`` (created), unmounted on exit. Yields None once mounted,
+    or why it could not be (mounting needs root and mount rights), ``folder`` then left an ordinary folder."""
+    folder.mkdir(parents=True, exist_ok=True)
+    command = ["mount", "-t", "tmpfs", "-o", f"size={megabytes}m", "tmpfs", str(folder)]
+    mounted = subprocess.run(command, capture_output=True)
+    if mounted.returncode != 0:
+        yield mounted.stderr.decode().strip() or f"mount exited with status {mounted.returncode}"
+        return
+    try:
+        yield None
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=False)
+
+
+def fill(disk: Path, leave: int) -> Path:
+    """A file that takes all but ``leave`` bytes of ``disk``'s free space."""
+    filler = disk / "filler"
+    with open(filler, "wb") as file:
+        os.posix_fallocate(file.fileno(), 0, max(os.statvfs(disk).f_bavail * os.statvfs(disk).f_frsize - leave, 0))
+    return filler

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -13,7 +14,7 @@ import torch
 
 from datamodules.checkpoint_files import checkpoint_damage
 from tests.app.test_resume import SHORT, fit_shipped, start_step
-from tests.helpers import ROOT, chain_config, fit, write_config
+from tests.helpers import ROOT, chain_config, fill, fit, small_file_system, write_config
 
 # ------------------------------------------------------------------------------------------------------------------
 # A full disk: a real tmpfs of 40 MB (the size in the issue), mounted for the test; it needs root and mount rights.
@@ -22,22 +23,10 @@ from tests.helpers import ROOT, chain_config, fit, write_config
 @pytest.fixture
 def small_disk(tmp_path):
     disk = tmp_path / "disk"
-    disk.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=40m", "tmpfs", str(disk)], capture_output=True)
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
-    try:
+    with small_file_system(disk, 40) as refused:
+        if refused:
+            pytest.skip(f"cannot mount a tmpfs here: {refused}")
         yield disk
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], check=False)
-
-
-def fill(disk: Path, leave: int) -> Path:
-    """A file that takes all but ``leave`` bytes of ``disk``'s free space."""
-    filler = disk / "filler"
-    with open(filler, "wb") as file:
-        os.posix_fallocate(file.fileno(), 0, max(os.statvfs(disk).f_bavail * os.statvfs(disk).f_frsize - leave, 0))
-    return filler
 
 
 @pytest.mark.slow
@@ -209,3 +198,33 @@ def test_an_explicit_damaged_checkpoint_is_one_error(tmp_path, capsys):
     assert stopped.value.code == 2
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert errors == [f"error: --ckpt_path {checkpoint}: does not match its checksum in last-step29.ckpt.sha256"]
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# The fault-injection soak (benchmarks/fault_soak.py), short: one fault of each kind on the shipped Snake DQN.
+
+
+@pytest.mark.slow
+def test_a_short_fault_soak_ends_with_the_uninterrupted_runs_state(tmp_path):
+    # One SIGKILL, one SIGTERM and one full disk (a real tmpfs filled by a file) at moments drawn from seed 0, each
+    # followed by the same command with --ckpt_path last: the final weights, optimizer, data module, replay buffer
+    # and metrics.csv equal the uninterrupted run's, and every process ended as README says its fault ends it.
+    result = subprocess.run(
+        [sys.executable, "benchmarks/fault_soak.py", "--collection", "in_process", "--faults", "3", "--seed", "0"]
+        + ["--max-steps", "100", "--out", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    report = json.loads((tmp_path / "soak.json").read_text())
+    kinds = {"sigkill", "sigterm"} if report["disk_full_skipped"] else {"sigkill", "sigterm", "disk_full"}
+    assert {kind for kind, count in report["faults_by_kind"].items() if count} == kinds  # no disk: where no tmpfs
+    assert report["faults"] == 3
+    assert report["held"] == {
+        name: True
+        for name in ("updates", "weights", "optimizer", "data_state", "replay_buffer", "metrics", "no_temporaries")
+    }
+    assert report["unexpected_endings"] == [] and report["passed"]

@@ -332,3 +332,32 @@ def test_a_learner_far_behind_loses_the_oldest_queued_batches_not_memory():
     assert kept == [4, 5, 6] and feeder.dropped_batches == 4
     assert observed == batches
     assert feeder.take_dropped_frames() == 4 * 64 and feeder.take_dropped_frames() == 0
+
+
+def _exits_at_once() -> None:
+    pass
+
+
+def _slow_to_stop() -> None:
+    # A worker that takes longer to stop than TorchRL's fixed 0.1 s wait: one busy on a loaded machine.
+    signal.signal(signal.SIGTERM, lambda *args: (time.sleep(0.5), os._exit(0)))
+    time.sleep(60)
+
+
+def test_a_dead_worker_is_named_even_when_the_others_are_slow_to_stop():
+    # TorchRL's own check closed the survivors 0.1 s after terminating them, and a survivor still running made close()
+    # raise ValueError, which hid the error naming the dead worker (a SIGKILLed collector worker in the fault soak).
+    import torchrl.collectors._multi_sync
+
+    from compat.torchrl import check_for_dead_worker
+
+    assert torchrl.collectors._multi_sync._check_for_faulty_process is check_for_dead_worker  # datamodules.workers
+    context = multiprocessing.get_context("fork")
+    dead, slow = context.Process(target=_exits_at_once), context.Process(target=_slow_to_stop)
+    dead.start(), slow.start()
+    dead.join()
+    time.sleep(0.2)  # the survivor's SIGTERM handler in place
+    with pytest.raises(RuntimeError, match=r"worker 0 \(exit code 0\)"):
+        check_for_dead_worker([dead, slow])
+    with pytest.raises(ValueError):  # closed
+        slow.is_alive()
