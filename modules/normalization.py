@@ -125,6 +125,7 @@ class RewardScaler(nn.Module):
         self.register_buffer("mean", torch.zeros((), dtype=torch.float64))
         self.register_buffer("var", torch.ones((), dtype=torch.float64))
         self.register_buffer("returns", torch.zeros(0, dtype=torch.float64))  # per copy, sized at the first rollout
+        self.register_load_state_dict_pre_hook(_size_returns_as_saved)
 
     @torch.no_grad()
     def scale_(self, reward: torch.Tensor, done: torch.Tensor) -> None:
@@ -144,12 +145,12 @@ class RewardScaler(nn.Module):
         scaled = (r / torch.sqrt(self.var + self.epsilon)).clamp(-self.clip, self.clip)
         reward.copy_(scaled.reshape(reward.shape).to(reward.dtype))
 
-    def _load_from_state_dict(self, state_dict: dict, prefix: str, *args: Any, **kwargs: Any) -> None:
-        # The per-copy returns are sized by the first rollout: take the checkpoint's size before loading into them.
-        saved = state_dict.get(prefix + "returns")
-        if saved is not None:
-            self.returns = torch.zeros_like(saved, device=self.returns.device)
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+def _size_returns_as_saved(scaler: RewardScaler, state_dict: dict, prefix: str, *args: Any) -> None:
+    """The per-copy returns are sized by the first rollout: take the checkpoint's size before loading into them."""
+    saved = state_dict.get(prefix + "returns")
+    if saved is not None:
+        scaler.returns = torch.zeros_like(saved, device=scaler.returns.device)
 
 
 def reduce(tensor: torch.Tensor) -> torch.Tensor:
