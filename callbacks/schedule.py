@@ -168,6 +168,11 @@ class FrameCheckpoint(ModelCheckpointSteps):
         if self.saved_at(trainer.global_step):
             return
         with trainer.datamodule.timer.phase("checkpoint"):  # its own phase in the throughput report
+            # The rows logged so far go to disk first: a logger holds them between its writes, and a process killed
+            # after this checkpoint would lose them, where the resumed run logs only the updates after it.
+            if trainer.is_global_zero:
+                for logger in trainer.loggers:
+                    logger.save()
             candidates = self.monitor_candidates(trainer)
             candidates["frames"] = torch.tensor(trainer.datamodule.frames)
             self.save_top_k_and_last(trainer, candidates)

@@ -273,6 +273,58 @@ def test_resume_from_a_mid_run_checkpoint_rewrites_the_lost_rows_exactly(tmp_pat
                 assert again[key] == value, (row["step"], key)
 
 
+class KillBefore(pl.Callback):
+    """SIGKILLs this process as update ``step`` + 1 starts: after everything update ``step`` wrote (its checkpoint)."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_start(self, trainer, *args):
+        if trainer.global_step == self.step:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+@pytest.mark.slow
+def test_a_process_killed_right_after_a_checkpoint_keeps_the_rows_it_logged_before_it(tmp_path):
+    # The CSV logger holds rows in memory between its writes: a checkpoint writes them first, so a process killed
+    # after the checkpoint loses none that the resumed run (which logs only the updates after it) would not redo.
+    every_256 = tmp_path / "every_256.yaml"
+    every_256.write_text(
+        "trainer:\n  callbacks:\n"
+        "    - {class_path: callbacks.schedule.FrameCheckpoint, init_args: {every_n_frames: 256}}\n"
+        "    - {class_path: callbacks.schedule.PeriodicEvaluation, init_args: {every_n_frames: 256, episodes: 8}}\n"
+    )
+    straight_runs, runs = tmp_path / "straight", tmp_path / "runs"
+    fit_shipped("snake_ppo", straight_runs, "--config", str(every_256), "--trainer.max_steps", "60")
+    killed = subprocess.run(
+        [
+            *(sys.executable, "-m", "app", "fit", "--config", str(ROOT / "configs/snake_ppo.yaml")),
+            *SHORT["snake_ppo"],
+            *("--threads", "1", "--trainer.logger.init_args.save_dir", str(runs), "--trainer.log_every_n_steps", "5"),
+            *("--trainer.enable_progress_bar", "false", "--config", str(every_256), "--trainer.max_steps", "60"),
+            *("--trainer.callbacks+=tests.app.test_resume.KillBefore", "--trainer.callbacks.init_args.step", "49"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    run_dir = runs / "snake_ppo/version_0"
+    assert torch.load(run_dir / "checkpoints/last.ckpt", weights_only=True)["global_step"] == 49
+    assert {row["step"] for row in metrics_rows(run_dir)} >= {"4", "24", "49"}  # on disk before the kill
+
+    cli = fit_shipped("snake_ppo", runs, "--config", str(every_256), "--trainer.max_steps", "60", "--ckpt_path", "last")
+
+    assert start_step(cli) == 49
+    straight, resumed = metrics_rows(straight_runs / "snake_ppo/version_0"), metrics_rows(run_dir)
+    assert [row["step"] for row in resumed] == [row["step"] for row in straight]
+    for row, again in zip(straight, resumed, strict=True):
+        for key, value in row.items():
+            if not key.startswith(("time/", "throughput/")) and key != "eval/time_s":  # wall-clock figures differ
+                assert again[key] == value, (row["step"], key)
+
+
 # A checkpoint write that a SIGKILL interrupts: the real AtomicCheckpointIO, whose torch.save has written half of a real
 # checkpoint when the process is killed (the wrapper only holds it there long enough to be killed mid-write).
 WRITE_AND_HANG = """
