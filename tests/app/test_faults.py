@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -12,7 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from datamodules.checkpoint_files import checkpoint_damage
+from datamodules import checkpoint_files, replay
+from datamodules.checkpoint_files import SUMS, TEMPORARY_MARK, checkpoint_damage
 from tests.app.test_resume import SHORT, fit_shipped, start_step
 from tests.helpers import ROOT, chain_config, fill, fit, small_file_system, write_config
 
@@ -105,14 +107,87 @@ def test_a_write_that_fails_after_the_space_check_is_the_same_one_error(tmp_path
     assert sorted(path.name for path in folder.iterdir()) == ["config.yaml"]  # no checkpoint, no temporary
 
 
-# ------------------------------------------------------------------------------------------------------------------
-# Damaged checkpoints, and the k kept.
-
-
 def chain_run(tmp_path: Path, max_steps: int, *overrides: str):
     config = chain_config("dqn", tmp_path)
     config["trainer"]["callbacks"][0]["init_args"]["every_n_frames"] = 40
     return fit(write_config(config, tmp_path / "c.yaml"), "--trainer.max_steps", str(max_steps), *overrides)
+
+
+class NoSpace:
+    """A file opened for writing on which every write fails as on a full disk (ENOSPC)."""
+
+    def __init__(self, file) -> None:
+        self.file = file
+
+    def write(self, data) -> int:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    def writelines(self, lines) -> None:
+        self.write("")
+
+    def __getattr__(self, name: str):
+        return getattr(self.file, name)
+
+    def __enter__(self) -> NoSpace:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.file.close()
+
+
+#: Each file a checkpoint writes, in order, as (the module that opens it, a test of the name it is opened under).
+WRITE_POINTS = {
+    "replay folder": (replay, lambda name: name == replay.BUFFER_FILE),
+    "checkpoint": (checkpoint_files, lambda name: ".ckpt" in name and SUMS not in name),
+    "checkpoint's checksum": (checkpoint_files, lambda name: SUMS in name),
+    "replay folder's checksums": (checkpoint_files, lambda name: ".sums-rank" in name),
+}
+
+
+@pytest.mark.parametrize("point", WRITE_POINTS)
+def test_a_full_disk_at_each_write_of_a_checkpoint_is_one_error_and_keeps_the_previous_one(
+    tmp_path, capsys, monkeypatch, point
+):
+    # Simulated: the write of one file fails with ENOSPC (the real full disk is the tmpfs test above).
+    chain_run(tmp_path, 29)
+    folder = tmp_path / "checkpoints"
+    # Every checkpoint file (config.yaml is the run's config, which each fit writes anew).
+    before = {path.name: path.read_bytes() for path in folder.iterdir() if path.is_file() and path.suffix != ".yaml"}
+    module, chosen = WRITE_POINTS[point]
+    real_open = open
+
+    refused = []
+
+    def open_without_space(file, mode="r", *args, **kwargs):
+        opened = real_open(file, mode, *args, **kwargs)
+        if "w" in mode and chosen(Path(file).name.split(TEMPORARY_MARK)[0]):
+            refused.append(Path(file).name)
+            return NoSpace(opened)
+        return opened
+
+    monkeypatch.setattr(module, "open", open_without_space, raising=False)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as stopped:
+        chain_run(tmp_path, 40, "--ckpt_path", "last")
+    assert stopped.value.code == 1 and len(refused) == 1, refused  # the chosen file, the first time it was written
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and re.fullmatch(
+        rf"error: checkpoint not saved: cannot write in {re.escape(str(folder))} \(No space left on device\): "
+        r"[\d,]+ bytes needed, [\d,]+ free",
+        errors[0],
+    ), errors
+    # What the previous checkpoint wrote is untouched and resumes; nothing half-written is left.
+    assert {name: (folder / name).read_bytes() for name in before} == before
+    assert not [path for path in folder.rglob("*") if TEMPORARY_MARK in path.name]
+    assert torch.load(folder / "last.ckpt", weights_only=True)["global_step"] == 29
+    assert checkpoint_damage(folder / "last.ckpt") is None
+    monkeypatch.undo()
+    cli = chain_run(tmp_path, 40, "--ckpt_path", "last")
+    assert cli.trainer.global_step == 40 and checkpoint_damage(folder / "last.ckpt") is None
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Damaged checkpoints, and the k kept.
 
 
 def test_keep_last_keeps_exactly_the_newest_checkpoints_with_their_files(tmp_path):
