@@ -464,8 +464,9 @@ class AsyncCollectorWorkers(Collection):
                 item = self._feeder.batches.get(timeout=_POLL_S if wait else 0)
                 break
             except queue.Empty:
-                # A dead worker can leave the feeder waiting on TorchRL's queue for good: the watch is asked first.
-                self.check_workers_alive(None, self._frames())
+                # A dead worker can leave the feeder waiting on TorchRL's queue for good: the watch is asked too.
+                if self._watch is not None and self._watch.death is not None:
+                    self._raise_death_reported_by_feeder()
                 if not wait:
                     return None
                 if not self._feeder.is_alive():
@@ -475,6 +476,15 @@ class AsyncCollectorWorkers(Collection):
             # not a death TorchRL reported: the feeder's own error, as it is
             raise RuntimeError(f"collecting from the workers failed: {item}") from item
         return item, self._feeder.take_dropped_frames()
+
+    def _raise_death_reported_by_feeder(self) -> None:
+        """The watch saw a worker die: raise the error naming it, with TorchRL's report of it (which has its exit
+        code when TorchRL collected the worker first) if the feeder queues one within a moment."""
+        try:
+            report = self._feeder.batches.get(timeout=2.0)
+        except queue.Empty:
+            report = None
+        self.check_workers_alive(report if isinstance(report, BaseException) else None, self._frames())
 
     def sync_weights(self, device: torch.device) -> None:
         self.collector.update_policy_weights_()

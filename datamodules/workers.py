@@ -161,9 +161,9 @@ def worker_death_error(
     death = watch.death if watch is not None and watch.death is not None else reported
     if death is None:
         return None
+    if death[1] is None and reported is not None:  # TorchRL saw it first: its report has the exit code
+        death = reported
     index, code = death
-    if code is None and reported is not None and reported[0] == index:
-        code = reported[1]
     cause = _last_exception_line(log_dir / f"worker{index}.log") if log_dir is not None else ""
     logs = f" (the workers' logs: {log_dir})" if log_dir is not None else ""
     return WorkerDied(
@@ -225,17 +225,20 @@ class WorkerWatch(threading.Thread):
         self.workers: list[int] = []  # worker pids, by index
         self.death: tuple[int, int | None] | None = None  # (index, exit code as multiprocessing gives it: -N: signal N)
         self._known = set(_spawned_children())  # started before this watch (other strategies'): not watched
-        self._stop = threading.Event()
+        self._stopping = threading.Event()
 
     def run(self) -> None:
-        while not self._stop.wait(self.poll_s):
+        while not self._stopping.wait(self.poll_s):
             self.workers += self._new_workers()
-            for index, pid in enumerate(self.workers):
-                ended, code = _exit_code(pid)
-                if ended and not self._stop.is_set():
-                    self.death = (index, code)
-                    self._kill_others(pid)
-                    return
+            ended = [(index, *_exit_code(pid)) for index, pid in enumerate(self.workers)]
+            ended = [(index, code) for index, done, code in ended if done]
+            if ended and not self._stopping.is_set():
+                # TorchRL may have seen the death first: it collected that worker (its code unknown here) and
+                # terminated the others (SIGTERM), which are not the one that died.
+                ended.sort(key=lambda death: (death[1] is None, death[1] == -signal.SIGTERM))
+                self.death = ended[0]
+                self._kill_others(self.workers[self.death[0]])
+                return
 
     def _kill_others(self, dead: int) -> None:
         for pid in self.workers:
@@ -257,7 +260,7 @@ class WorkerWatch(threading.Thread):
 
     def stop(self) -> None:
         """Stop watching (before the workers are shut down on purpose)."""
-        self._stop.set()
+        self._stopping.set()
         if self.is_alive() and threading.current_thread() is not self:
             self.join(timeout=5 * self.poll_s)
 
