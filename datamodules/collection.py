@@ -143,7 +143,8 @@ class Collection:
             return
         if error is not None:
             self._watch.settle()  # the learner's wait may have ended (a closed pipe) before the watch's next look
-        death = worker_death_error(error, self._log_dir, frames, self._watch, self.worker_kind)
+        processes = getattr(self.collector, "procs", None) or []  # TorchRL's multi-process collectors' workers
+        death = worker_death_error(error, self._log_dir, frames, self._watch, self.worker_kind, processes)
         if death is not None:
             raise death from error
 

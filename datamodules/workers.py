@@ -150,9 +150,12 @@ def worker_death_error(
     frames: int,
     watch: WorkerWatch | None = None,
     kind: str = "collector",
+    processes: list[Any] = (),
 ) -> WorkerDied | None:
     """One error naming the dead worker, how it died and the exception it printed, when ``watch`` saw a worker die or
-    ``error`` (or what it was raised from) is TorchRL's report of one; None otherwise."""
+    ``error`` (or what it was raised from) is TorchRL's report of one; None otherwise. ``processes`` (the collector's
+    ``multiprocessing`` processes, by index) give the exit code when neither has it (``multiprocessing`` collected the
+    worker before the watch looked)."""
     found, chained = None, error
     while chained is not None and found is None:
         found = DEAD_WORKER.search(str(chained))
@@ -164,6 +167,9 @@ def worker_death_error(
     if death[1] is None and reported is not None:  # TorchRL saw it first: its report has the exit code
         death = reported
     index, code = death
+    if code is None and index < len(processes):
+        with contextlib.suppress(ValueError):  # a process object TorchRL closed
+            code = processes[index].exitcode
     cause = _last_exception_line(log_dir / f"worker{index}.log") if log_dir is not None else ""
     logs = f" (the workers' logs: {log_dir})" if log_dir is not None else ""
     return WorkerDied(
