@@ -14,5 +14,10 @@ if __name__ == "__main__":
         importlib.import_module(COMMANDS[command]).main(sys.argv[2:])
     else:
         from app.cli import main
+        from app.errors import exit_on_fatal_error
 
-        main()
+        try:
+            main()
+        except Exception as error:  # a dead worker or memory that ran out: one line (app/errors.py), exit status 1
+            exit_on_fatal_error(error)  # returns for any other error: its traceback
+            raise

@@ -48,8 +48,9 @@ from callbacks.progress import RLProgressBar
 from callbacks.tracking import TrackingRuns
 from compat.jsonargparse import read_init_of_subclasses
 from compat.lightning import cli_config_get
-from datamodules.base import RLDataModule
+from datamodules.base import RLDataModule, resolve_device
 from datamodules.checkpoint_files import CheckpointWriteError, beside_base, rank_state_path
+from datamodules.memory import check_memory, parameters_need
 from modules.base import RLModule
 from modules.optim import FLAG as OPTIMIZER_FLAG
 
@@ -129,6 +130,14 @@ class RLCLI(LightningCLI):
             default=1,
             help="torch intra-op threads per process. 1 is fastest for small batched envs on a shared CPU; "
             "raise it on an idle many-core machine.",
+        )
+        parser.add_argument(
+            "--memory_check",
+            type=bool,
+            default=True,
+            help="estimate at start what the run's stores (replay buffer, frame ring, rollout, model and optimizer) "
+            "will take and refuse a config that cannot fit in the memory available (datamodules/memory.py); false "
+            "skips it.",
         )
         # The model is sized by the environment: specs flow one way, from the data module's throw-away env.
         parser.link_arguments(
@@ -322,7 +331,7 @@ class RLCLI(LightningCLI):
                     name = f"{type(callback).__module__}.{type(callback).__qualname__}"
                     self.parser.error(f"trainer.callbacks[{index}] ({name}): {error}")
         try:
-            return super().instantiate_trainer(**kwargs)
+            built = super().instantiate_trainer(**kwargs)
         except (ValueError, MisconfigurationException) as error:
             trainer = cli_config_get(self, self.config_init, "trainer")
             if any(word in str(error).lower() for word in ("gpu", "cuda", "device", "accelerator", "backend")):
@@ -330,6 +339,28 @@ class RLCLI(LightningCLI):
             else:
                 flags = "--trainer"
             raise ValueError(f"{flags}: {error}") from error
+        self._check_memory(built)
+        return built
+
+    def _check_memory(self, trainer: pl.Trainer) -> None:
+        """Refuse, before the stores are allocated (the data module's ``setup``), a run whose stores cannot fit in the
+        memory available; warn when they nearly fill it (datamodules/memory.py)."""
+        config = self.config.get(self.subcommand) if self.subcommand else self.config
+        if self.subcommand != "fit" or not config.get("memory_check", True):
+            return
+        if not isinstance(self.datamodule, RLDataModule):
+            return
+        device = resolve_device(self.datamodule.device_name, trainer)
+        needs = [*self.datamodule.memory_needs(device)]
+        if isinstance(self.model, torch.nn.Module):
+            needs.append(parameters_need(self.model, trainer.strategy.root_device))
+        try:
+            warnings_found = check_memory(needs)
+        except ValueError as error:
+            self.parser.error(str(error))
+        for line in warnings_found:
+            if trainer.is_global_zero:
+                print(f"warning: {line}", file=sys.stderr)
 
 
 def _model_flag(option: str) -> str:

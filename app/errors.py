@@ -21,20 +21,26 @@ from __future__ import annotations
 
 import difflib
 import inspect
+import logging
+import multiprocessing
 import os
 import pydoc
 import re
 import sys
+import traceback
 import typing
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any, NoReturn
 
+import torch
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.cli import LightningArgumentParser
 from torchrl.envs import EnvBase
 
 from datamodules.collection import MOVED_OPTIONS
+from datamodules.workers import WorkerDied
 from modules.base import RLModule
 from modules.optim import FLAG as OPTIMIZER_FLAG
 from modules.optim import OPTIMIZER_OPTIONS
@@ -291,3 +297,71 @@ class OneLineErrorParser(LightningArgumentParser):
         argv = getattr(self, "args", None) or sys.argv[1:]
         sys.stderr.write(f"error: {parse_error_line(message, ex, argv)}\n")
         self.exit(2)
+
+
+# --------------------------------------------------------------------------------- a run that stops on its own
+#: Seconds a worker process still alive gets to end once killed, after a fatal error.
+EXIT_GRACE_S = 5.0
+_REPOSITORY = Path(__file__).resolve().parents[1]
+_OUT_OF_MEMORY_TEXT = ("DefaultCPUAllocator: can't allocate memory", "CUDA out of memory", "out of memory")
+
+
+def fatal_error_line(error: BaseException) -> str | None:
+    """One line for an error that stops a run and that the user can act on without a traceback: a worker process
+    that died, or memory that could not be allocated (where, and what to make smaller); None for anything else (a
+    bug: its traceback is what helps)."""
+    for cause in _chain(error):
+        if isinstance(cause, WorkerDied):
+            return str(cause)
+    for cause in _chain(error):
+        if _out_of_memory(cause):
+            return (
+                f"out of memory in {_where(cause)}: {_one_line(str(cause)).split(' (Tried')[0][:160]}; make the run "
+                "smaller (--data.init_args.buffer_size, --data.init_args.batch_size or minibatch_size, "
+                "--data.init_args.num_envs), or see the memory estimate printed at start (README, 'Memory and "
+                "worker failures')"
+            )
+    return None
+
+
+def _out_of_memory(error: BaseException) -> bool:
+    if isinstance(error, MemoryError | torch.OutOfMemoryError):
+        return True
+    return isinstance(error, RuntimeError) and any(text in str(error) for text in _OUT_OF_MEMORY_TEXT[:2])
+
+
+def _where(error: BaseException) -> str:
+    """Which part of the run allocated: the last frame of the project's own code in the error's traceback."""
+    for frame in reversed(traceback.extract_tb(error.__traceback__)):
+        path = Path(frame.filename).resolve()
+        if _REPOSITORY not in path.parents:
+            continue
+        part = path.relative_to(_REPOSITORY).parts[0]
+        place = f"{path.relative_to(_REPOSITORY)}:{frame.lineno} {frame.name}"
+        if part == "datamodules":
+            return f"the collection (collecting or storing experience, {place})"
+        if part == "modules":
+            return f"the update ({place})"
+        return place
+    return "the learner"
+
+
+def exit_on_fatal_error(error: BaseException) -> None:
+    """Print ``error``'s one line and end the process with status 1 if it is a fatal error the user can act on
+    (:func:`fatal_error_line`); return otherwise.
+
+    Lightning has already stopped the run (the data module's ``on_exception`` tore the collection down, the loggers
+    were finalised). The interpreter's own exit would then join what TorchRL left behind: a worker killed while the
+    collectors were being built left a thread and a process join waiting for good (issue 30: a run that did not exit
+    for half an hour), so the process ends here, after killing any worker process still alive."""
+    line = fatal_error_line(error)
+    if line is None:
+        return
+    sys.stderr.write(f"error: {line}\n")
+    for child in multiprocessing.active_children():
+        child.kill()
+        child.join(timeout=EXIT_GRACE_S)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(1)

@@ -307,7 +307,8 @@ ITEMS: dict[str, tuple[Callable[[Context], dict], int]] = {
     "metta": (metta, 70),
     "mario": (mario, 150),  # 14 worker processes start one after the other
 }
-QUICK_CAP = 240  # seconds per item with --quick: each takes a few, but a loaded machine (a parallel test run) slows them many times
+# Seconds per item with --quick: each takes a few, but a loaded machine (a parallel test run) slows them many times.
+QUICK_CAP = 240
 
 
 # -------------------------------------------------------------------------------------------------------- helpers

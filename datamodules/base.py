@@ -52,6 +52,7 @@ from datamodules.collection import ACT_DTYPES, AutocastPolicy, Collection, InPro
 from datamodules.envs.base import BatchedEnv
 from datamodules.episodes import EpisodeStatistics
 from datamodules.evaluation import Evaluation, fixed_seed
+from datamodules.memory import MemoryNeed, transition_bytes
 from datamodules.timing import PhaseTimer
 
 __all__ = ["RLDataModule", "EnvSpecs", "AutocastPolicy", "check_positive", "fixed_seed", "rng_state", "set_rng_state"]
@@ -353,7 +354,7 @@ class RLDataModule(EnvSpecs, Evaluation, pl.LightningDataModule):
     def _build_collector(self) -> None:
         if self.policy is None:
             raise RuntimeError("the model must call datamodule.connect(policy) in its setup before training starts")
-        self.collection.build(self)
+        self.collection.build_watched(self)  # a worker that dies meanwhile is one error naming it
         if self.trainer is not None and self.trainer.world_size > 1:
             # seed_everything gives every rank the same global RNG; exploration noise (ε-greedy draws, sampled
             # actions, buffer sampling) must differ per rank like the environments' seeds do.
@@ -386,6 +387,21 @@ class RLDataModule(EnvSpecs, Evaluation, pl.LightningDataModule):
         self.settle()
         self.collection.teardown()
         self.close_evaluation_env()
+
+    def memory_needs(self, device: torch.device) -> list[MemoryNeed]:
+        """What this data module will allocate on ``device`` (its store's), estimated from the specs before anything
+        is (``datamodules/memory.py`` checks the sum against the machine). The base: the collector's batch of
+        ``num_envs x collect_steps`` transitions, twice with worker processes (their shared-memory copy)."""
+        per_frame = transition_bytes(self.observation_spec, self.action_spec)
+        copies = 2 if self.collection.uses_workers else 1
+        return [
+            MemoryNeed(
+                "the collector's batches",
+                f"--data.init_args.num_envs {self.num_envs}",
+                copies * self.frames_per_batch * per_frame,
+                device,
+            )
+        ]
 
     # ------------------------------------------------------------------------------------------- collection
     def collect(self) -> TensorDictBase:

@@ -48,8 +48,8 @@ from torchrl.envs import EnvBase, ParallelEnv
 from compat.torchrl import WorkerTaggedAsyncCollector, collector_carrier, parallel_env_lower_done_flags
 from datamodules.checkpoint_files import from_plain, to_plain
 from datamodules.workers import (
-    DEAD_WORKER,
     ResumableCollector,
+    WorkerWatch,
     multi_process_collector,
     stateful_env,
     worker_death_error,
@@ -87,6 +87,7 @@ class Collection:
         self.collector: Collector | MultiSyncCollector | MultiAsyncCollector | None = None
         self._iterator: Any = None
         self._log_dir: Path | None = None  # collector workers' stderr, under the run's folder
+        self._watch: WorkerWatch | None = None  # the worker processes' liveness (strategies with workers)
 
     def __repr__(self) -> str:
         options = ", ".join(f"{key}={value!r}" for key, value in self._options().items())
@@ -125,15 +126,45 @@ class Collection:
 
     def teardown(self) -> None:
         """Stop the collector and whatever runs beside it; the strategy can be built again after."""
+        if self._watch is not None:  # the workers' exits from here on are not deaths
+            self._watch.stop()
+            self._watch = None
         if self.collector is not None:
             self.collector.shutdown()
             self.collector = None
         self._iterator = None
 
-    def check_workers_alive(self, error: BaseException, frames: int) -> None:
-        """Raise one error naming the worker when ``error`` reports a dead worker process. Nothing is saved after it,
-        so the last checkpoint is the one to continue from. (Workers are not restarted: a restarted worker's
-        environments would not continue the episodes the checkpointed run was playing.) Default: no workers."""
+    def check_workers_alive(self, error: BaseException | None, frames: int) -> None:
+        """Raise one error naming the worker (and how it died) when a worker process died: the watch saw it, or
+        ``error`` reports it. Nothing is saved after it, so the last checkpoint is the one to continue from. (Workers
+        are not restarted: a restarted worker's environments would not continue the episodes the checkpointed run was
+        playing.) Strategies without workers have nothing to check."""
+        if self._watch is None:
+            return
+        if error is not None:
+            self._watch.settle()  # the learner's wait may have ended (a closed pipe) before the watch's next look
+        processes = getattr(self.collector, "procs", None) or []  # TorchRL's multi-process collectors' workers
+        death = worker_death_error(error, self._log_dir, frames, self._watch, self.worker_kind, processes)
+        if death is not None:
+            raise death from error
+
+    #: how the error names a worker: "environment" (env workers) or "collector"
+    worker_kind = "collector"
+
+    def build_watched(self, data: RLDataModule) -> None:
+        """:meth:`build`, with the worker processes it starts watched from their start (:class:`WorkerWatch`): a
+        worker that dies while the collector is being built is one error naming it too."""
+        if self.uses_workers:
+            self._watch = WorkerWatch()
+            self._watch.start()
+        try:
+            self.build(data)
+        except Exception as error:
+            self.check_workers_alive(error, data.frames)
+            raise
+
+    #: whether the strategy starts worker processes
+    uses_workers = False
 
     def monitor(self) -> dict[str, float]:
         """Figures about the collection that the model logs with its losses. Default: none."""
@@ -233,6 +264,9 @@ class EnvWorkers(Collection):
         prefetch: as :class:`InProcess`'s.
     """
 
+    uses_workers = True
+    worker_kind = "environment"
+
     def __init__(self, workers: int, prefetch: bool = False) -> None:
         super().__init__()
         self.workers, self.prefetch = workers, prefetch
@@ -270,18 +304,6 @@ class EnvWorkers(Collection):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._load_in_process_state(state)
 
-    def check_workers_alive(self, error: BaseException, frames: int) -> None:
-        # TorchRL's ParallelEnv notices the death, closes its workers and raises "worker i (exit code c)" somewhere
-        # in the exception chain; that is what is matched.
-        while error is not None:
-            found = DEAD_WORKER.search(str(error))
-            if found:
-                raise RuntimeError(
-                    f"environment worker process died: {found.group(0)}, at {frames:,} frames; training stopped "
-                    "without saving, so the last checkpoint is intact: continue from it with --ckpt_path last"
-                ) from error
-            error = error.__cause__ or error.__context__
-
 
 class CollectorWorkers(Collection):
     """``workers`` processes, each with its own ``num_envs / workers`` environments and its own copy of the policy
@@ -294,6 +316,8 @@ class CollectorWorkers(Collection):
     Args:
         workers: collector worker processes; must divide ``num_envs``.
     """
+
+    uses_workers = True
 
     def __init__(self, workers: int) -> None:
         super().__init__()
@@ -340,11 +364,6 @@ class CollectorWorkers(Collection):
         if "workers" in state:
             self.collector.load_state_dict(state["workers"])
 
-    def check_workers_alive(self, error: BaseException, frames: int) -> None:
-        death = worker_death_error(error, self._log_dir, frames)
-        if death is not None:
-            raise death from error
-
 
 class AsyncCollectorWorkers(Collection):
     """``workers`` processes, each stepping ``num_envs / workers`` environments with its own copy of the policy, one
@@ -377,6 +396,7 @@ class AsyncCollectorWorkers(Collection):
     """
 
     asynchronous = True
+    uses_workers = True
 
     def __init__(self, workers: int, learner_nice: int = 10) -> None:
         super().__init__()
@@ -445,6 +465,9 @@ class AsyncCollectorWorkers(Collection):
                 item = self._feeder.batches.get(timeout=_POLL_S if wait else 0)
                 break
             except queue.Empty:
+                # A dead worker can leave the feeder waiting on TorchRL's queue for good: the watch is asked too.
+                if self._watch is not None and self._watch.death is not None:
+                    self._raise_death_reported_by_feeder()
                 if not wait:
                     return None
                 if not self._feeder.is_alive():
@@ -454,6 +477,15 @@ class AsyncCollectorWorkers(Collection):
             # not a death TorchRL reported: the feeder's own error, as it is
             raise RuntimeError(f"collecting from the workers failed: {item}") from item
         return item, self._feeder.take_dropped_frames()
+
+    def _raise_death_reported_by_feeder(self) -> None:
+        """The watch saw a worker die: raise the error naming it, with TorchRL's report of it (which has its exit
+        code when TorchRL collected the worker first) if the feeder queues one within a moment."""
+        try:
+            report = self._feeder.batches.get(timeout=2.0)
+        except queue.Empty:
+            report = None
+        self.check_workers_alive(report if isinstance(report, BaseException) else None, self._frames())
 
     def sync_weights(self, device: torch.device) -> None:
         self.collector.update_policy_weights_()
@@ -481,11 +513,6 @@ class AsyncCollectorWorkers(Collection):
             with contextlib.suppress(PermissionError):  # only a privileged user may lower a niceness again
                 os.setpriority(os.PRIO_PROCESS, 0, self._learner_priority)
             self._learner_priority = None
-
-    def check_workers_alive(self, error: BaseException, frames: int) -> None:
-        death = worker_death_error(error, self._log_dir, frames)
-        if death is not None:
-            raise death from error
 
 
 class _Feeder(threading.Thread):

@@ -26,7 +26,8 @@ from datamodules.checkpoint_files import (
     to_plain,
     write_folder_atomically,
 )
-from datamodules.frames import FrameStackStore, ring_capacity
+from datamodules.frames import FRAME_IDS, FrameStackStore, ring_capacity
+from datamodules.memory import MemoryNeed, spec_bytes, transition_bytes
 from datamodules.prioritized import ProportionalSampler
 from datamodules.timing import PhaseTimer
 
@@ -200,6 +201,30 @@ class ReplayDataModule(RLDataModule):
                 batch_size=self.batch_size,
                 transform=frames,
             )
+
+    def memory_needs(self, device: torch.device) -> list[MemoryNeed]:
+        """The replay buffer (``buffer_size`` transitions: both observations, the action, the reward and the flags;
+        with ``store_frames_once`` the frames' ids instead of the stacks, and the frame ring beside), and the base's."""
+        needs = super().memory_needs(device)
+        buffer_flag = f"--data.init_args.buffer_size {self.buffer_size}"
+        if not self.store_frames_once:
+            per_transition = transition_bytes(self.observation_spec, self.action_spec)
+            return [MemoryNeed("the replay buffer", buffer_flag, self.buffer_size * per_transition, device), *needs]
+        stack, height, width = self.observation_spec["observation"].shape
+        others = spec_bytes(self.observation_spec) - spec_bytes(self.observation_spec["observation"])
+        ids = 2 * stack * torch.empty((), dtype=torch.long).element_size()  # FRAME_IDS per transition
+        per_transition = ids + 2 * others + spec_bytes(self.action_spec) + 7
+        ring = self.frame_capacity * (height * width + 8)  # each frame and the id of the frame in its slot
+        return [
+            MemoryNeed("the replay buffer", buffer_flag, self.buffer_size * per_transition, device),
+            MemoryNeed(
+                f"the frame ring ({FRAME_IDS} point into it)",
+                f"--data.init_args.frame_capacity {self.frame_capacity} (from {buffer_flag})",
+                ring,
+                device,
+            ),
+            *needs,
+        ]
 
     @property
     def prioritized(self) -> bool:

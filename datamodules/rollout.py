@@ -11,6 +11,7 @@ from torchrl.envs import EnvBase
 
 from datamodules.base import RLDataModule, check_positive
 from datamodules.checkpoint_files import from_plain, to_plain
+from datamodules.memory import MemoryNeed, transition_bytes
 
 
 class RolloutDataModule(RLDataModule):
@@ -73,6 +74,14 @@ class RolloutDataModule(RLDataModule):
         self.rollout: TensorDictBase | None = None  # the current rollout: [frames], or [segments, bptt] (_units)
         self.order: torch.Tensor | None = None  # row order for this rollout's minibatches, all epochs concatenated
         self.cursor = 0  # minibatches already served from this rollout
+
+    def memory_needs(self, device: torch.device) -> list[MemoryNeed]:
+        """The rollout kept for its epochs (one observation per step, the action, the reward, the flags and the
+        advantage, value target, log-probability and value) and the base's (the collector's batch)."""
+        per_frame = transition_bytes(self.observation_spec, self.action_spec, observations=1) + 4 * 4
+        flag = f"--data.init_args.num_envs {self.num_envs} x --data.init_args.collect_steps {self.collect_steps}"
+        rollout = MemoryNeed("the rollout", flag, self.frames_per_batch * per_frame, device)
+        return [rollout, *super().memory_needs(device)]
 
     def _batches(self) -> Iterator[TensorDictBase]:
         while True:

@@ -14,14 +14,21 @@ What is shared here:
 - :class:`ResumableCollector`: the collector each worker runs, whose ``state_dict`` holds what continues its
   collection exactly (its environments' state, the observations and recurrent states it carries between batches, and
   its process's generator). TorchRL's own holds only the transforms' state and counters.
-- :func:`worker_death_error`: one error naming the dead worker and its last exception.
+- :class:`WorkerWatch`: a thread that notices a worker process that died (the out-of-memory killer's SIGKILL too)
+  within a fraction of a second, remembers which and how, and kills the other workers, so that whatever the learner
+  waits on in TorchRL (a pipe, a queue, a worker that waits for the dead one) returns at once.
+- :func:`worker_death_error`: one error naming the dead worker, how it died, and its last exception.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+import signal
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from functools import partial
@@ -37,8 +44,10 @@ from torchrl.weight_update import SharedMemWeightSyncScheme
 from compat.torchrl import collector_carrier, collector_counters, install_dead_worker_check, set_collector_counters
 
 # How TorchRL's ParallelEnv and multi-process collectors name a worker process that died.
-DEAD_WORKER = re.compile(r"worker (\d+) \(exit code -?\d+\)")
+DEAD_WORKER = re.compile(r"worker (\d+) \(exit code (-?\d+)\)")
 install_dead_worker_check()  # a dead worker found reliably, whatever the load (compat/torchrl.py)
+#: What the learner was told when the worker it waited for died, or was killed because another one did.
+STOPPED_BY_DEATH = "the worker processes stopped because one died"
 
 
 def workers_log_dir(trainer: Any) -> Path:
@@ -132,21 +141,167 @@ class ResumableCollector(Collector):
         set_collector_counters(self, int(state["frames"]), int(state["iter"]))
 
 
-def worker_death_error(error: BaseException, log_dir: Path | None, frames: int) -> RuntimeError | None:
-    """One error naming the dead worker and the exception it printed, when ``error`` (or what it was raised from) is
-    TorchRL's report of a worker that died; None otherwise."""
+class WorkerDied(RuntimeError):
+    """A worker process died and the run stopped: the command line prints its message as one line (exit status 1)."""
+
+
+def worker_death_error(
+    error: BaseException | None,
+    log_dir: Path | None,
+    frames: int,
+    watch: WorkerWatch | None = None,
+    kind: str = "collector",
+    processes: list[Any] = (),
+) -> WorkerDied | None:
+    """One error naming the dead worker, how it died and the exception it printed, when ``watch`` saw a worker die or
+    ``error`` (or what it was raised from) is TorchRL's report of one; None otherwise. ``processes`` (the collector's
+    ``multiprocessing`` processes, by index) give the exit code when neither has it (``multiprocessing`` collected the
+    worker before the watch looked)."""
     found, chained = None, error
     while chained is not None and found is None:
         found = DEAD_WORKER.search(str(chained))
         chained = chained.__cause__ or chained.__context__
-    if found is None:
+    reported = (int(found.group(1)), int(found.group(2))) if found else None
+    death = watch.death if watch is not None and watch.death is not None else reported
+    if death is None:
         return None
-    cause = _last_exception_line(log_dir / f"worker{found.group(1)}.log") if log_dir is not None else ""
-    return RuntimeError(
-        f"collector {found.group(0)} died{': ' + cause if cause else ''}, at {frames:,} frames; training stopped "
-        "without saving, so the last checkpoint is intact: continue from it with --ckpt_path last (the workers' "
-        f"logs: {log_dir})"
+    if death[1] is None and reported is not None:  # TorchRL saw it first: its report has the exit code
+        death = reported
+    index, code = death
+    if code is None and index < len(processes):
+        with contextlib.suppress(ValueError):  # a process object TorchRL closed
+            code = processes[index].exitcode
+    cause = _last_exception_line(log_dir / f"worker{index}.log") if log_dir is not None else ""
+    logs = f" (the workers' logs: {log_dir})" if log_dir is not None else ""
+    return WorkerDied(
+        f"{kind} worker {index} {exit_description(code)}{': ' + cause if cause else ''}, at {frames:,} frames; "
+        "training stopped without saving, so the last checkpoint is intact: continue from it with --ckpt_path last"
+        + logs
     )
+
+
+def exit_description(code: int | None) -> str:
+    """How a process ended, from its exit code as multiprocessing gives it (``-N``: killed by signal N)."""
+    if code is None:
+        return "died"
+    if code >= 0:
+        return f"died (exit code {code})"
+    number = -code
+    try:
+        name = signal.Signals(number).name
+    except ValueError:
+        name = f"signal {number}"
+    if number != signal.SIGKILL:
+        return f"died: killed by {name} (signal {number})"
+    oom = _kernel_oom_line()
+    if oom:
+        return f"died: killed by SIGKILL (signal 9: out of memory: the kernel said '{oom}')"
+    return "died: killed by SIGKILL (signal 9), as the out-of-memory killer does"
+
+
+def _kernel_oom_line() -> str:
+    """The kernel's last out-of-memory kill message, when the kernel log is readable by this user; else ''."""
+    try:
+        import subprocess
+
+        log = subprocess.run(["dmesg"], capture_output=True, text=True, timeout=2, check=False).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    kills = [line.split("]", 1)[-1].strip() for line in log.splitlines() if "Killed process" in line]
+    return kills[-1] if kills else ""
+
+
+class WorkerWatch(threading.Thread):
+    """Watches the worker processes this process starts while it runs, and acts when one dies.
+
+    TorchRL checks its workers' liveness in most of its waits, not all: a worker killed while the collector is being
+    built, or while another worker waits on it, left the learner blocked on a pipe for good (and the interpreter, at
+    exit, waiting to join the workers still alive). So this thread looks, every ``poll_s``, at this process's child
+    processes started by ``multiprocessing`` (``spawn_main`` in their command line; numbered in the order they
+    appear, which is the order TorchRL starts its workers). When one has ended, it records which and how
+    (``waitid`` with ``WNOWAIT``, which leaves the exit status for ``multiprocessing`` to collect), then kills the
+    others: every wait of the learner on them then ends (a closed pipe, TorchRL's own liveness checks), and the
+    error says which worker died first, and how (:func:`worker_death_error`).
+
+    Call :meth:`stop` before shutting the workers down normally (their exits are not deaths).
+    """
+
+    def __init__(self, poll_s: float = 0.2) -> None:
+        super().__init__(name="worker-watch", daemon=True)
+        self.poll_s = poll_s
+        self.workers: list[int] = []  # worker pids, by index
+        self.death: tuple[int, int | None] | None = None  # (index, exit code as multiprocessing gives it: -N: signal N)
+        self._known = set(_spawned_children())  # started before this watch (other strategies'): not watched
+        self._stopping = threading.Event()
+
+    def run(self) -> None:
+        while not self._stopping.wait(self.poll_s):
+            self.workers += self._new_workers()
+            ended = [(index, *_exit_code(pid)) for index, pid in enumerate(self.workers)]
+            ended = [(index, code) for index, done, code in ended if done]
+            if ended and not self._stopping.is_set():
+                # TorchRL may have seen the death first: it collected that worker (its code unknown here) and
+                # terminated the others (SIGTERM), which are not the one that died.
+                ended.sort(key=lambda death: (death[1] is None, death[1] == -signal.SIGTERM))
+                self.death = ended[0]
+                self._kill_others(self.workers[self.death[0]])
+                return
+
+    def _kill_others(self, dead: int) -> None:
+        for pid in self.workers:
+            if pid != dead:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+
+    def settle(self, timeout_s: float = 2.0) -> None:
+        """Wait (at most ``timeout_s``) for the watch to record a worker that has ended and not been looked at yet:
+        an error in the learner can come from the death (a closed pipe) a moment before the watch's next look."""
+        deadline = time.monotonic() + timeout_s
+        while self.death is None and self.is_alive() and time.monotonic() < deadline:
+            if not any(_exit_code(pid)[0] for pid in [*self.workers, *self._new_workers()]):
+                return
+            time.sleep(self.poll_s / 4)
+
+    def _new_workers(self) -> list[int]:
+        return sorted(set(_spawned_children()) - self._known - set(self.workers))
+
+    def stop(self) -> None:
+        """Stop watching (before the workers are shut down on purpose)."""
+        self._stopping.set()
+        if self.is_alive() and threading.current_thread() is not self:
+            self.join(timeout=5 * self.poll_s)
+
+
+def _spawned_children() -> list[int]:
+    """This process's child processes started by ``multiprocessing`` (spawn or forkserver)."""
+    pids = []
+    for task in Path(f"/proc/{os.getpid()}/task").glob("*/children"):
+        try:
+            pids += [int(pid) for pid in task.read_text().split()]
+        except OSError:
+            continue
+    found = []
+    for pid in pids:
+        try:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"spawn_main" in command or b"forkserver" in command:
+            found.append(pid)
+    return found
+
+
+def _exit_code(pid: int) -> tuple[bool, int | None]:
+    """``(ended, exit code)`` of child ``pid``: the code as ``multiprocessing`` gives it (``-N``: killed by signal
+    N), None when unknown (already collected by ``multiprocessing``, whose TorchRL report then has it). The child
+    stays waitable (``WNOWAIT``), so ``multiprocessing`` still reads its exit code."""
+    try:
+        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return True, None
+    if info is None:
+        return False, None
+    return True, (-info.si_status if info.si_code in (os.CLD_KILLED, os.CLD_DUMPED) else info.si_status)
 
 
 def _worker_env(log: Path, env_class: type, transform: Any, **options: Any) -> EnvBase:
