@@ -51,6 +51,7 @@ from datamodules.workers import (
     ResumableCollector,
     WorkerWatch,
     multi_process_collector,
+    remove_temporary_logs,
     stateful_env,
     worker_death_error,
     worker_env_factories,
@@ -87,6 +88,7 @@ class Collection:
         self.collector: Collector | MultiSyncCollector | MultiAsyncCollector | None = None
         self._iterator: Any = None
         self._log_dir: Path | None = None  # collector workers' stderr, under the run's folder
+        self._died = False  # a worker died (check_workers_alive raised)
         self._watch: WorkerWatch | None = None  # the worker processes' liveness (strategies with workers)
 
     def __repr__(self) -> str:
@@ -133,6 +135,8 @@ class Collection:
             self.collector.shutdown()
             self.collector = None
         self._iterator = None
+        if not self._died:  # a dead worker's error names its log, which stays
+            remove_temporary_logs(self._log_dir)
 
     def check_workers_alive(self, error: BaseException | None, frames: int) -> None:
         """Raise one error naming the worker (and how it died) when a worker process died: the watch saw it, or
@@ -146,6 +150,7 @@ class Collection:
         processes = getattr(self.collector, "procs", None) or []  # TorchRL's multi-process collectors' workers
         death = worker_death_error(error, self._log_dir, frames, self._watch, self.worker_kind, processes)
         if death is not None:
+            self._died = True
             raise death from error
 
     #: how the error names a worker: "environment" (env workers) or "collector"

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import signal
 import sys
 import tempfile
@@ -50,12 +51,22 @@ install_dead_worker_check()  # a dead worker found reliably, whatever the load (
 STOPPED_BY_DEATH = "the worker processes stopped because one died"
 
 
+TEMPORARY_LOGS = "collector_workers-"  # the name of a temporary log folder starts with this
+
+
 def workers_log_dir(trainer: Any) -> Path:
     """Where the workers' logs go: ``<run>/collector_workers``, or a new temporary folder when there is no run folder
     (a data module driven without a logger or trainer), never the current folder."""
     if trainer is not None and trainer.log_dir:
         return Path(trainer.log_dir) / "collector_workers"
-    return Path(tempfile.mkdtemp(prefix="collector_workers-"))
+    return Path(tempfile.mkdtemp(prefix=TEMPORARY_LOGS))
+
+
+def remove_temporary_logs(log_dir: Path | None) -> None:
+    """Delete ``log_dir`` if it is a temporary folder of :func:`workers_log_dir`'s (a run folder's logs stay)."""
+    temporary = log_dir is not None and log_dir.parent == Path(tempfile.gettempdir())
+    if temporary and log_dir.name.startswith(TEMPORARY_LOGS):
+        shutil.rmtree(log_dir, ignore_errors=True)
 
 
 def worker_env_factories(

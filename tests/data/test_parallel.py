@@ -10,7 +10,9 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -76,6 +78,8 @@ def test_the_learners_weights_reach_the_workers_when_pushed_and_on_a_cpu_at_once
     try:
         set_weights(0)
         data._build_collector()
+        logs = data.collection._log_dir  # no trainer, so no run folder: the workers log into a temporary folder
+        assert logs.parent == Path(tempfile.gettempdir()) and (logs / "worker0.log").exists()
         for action, change in ((1, push), (0, push), (1, push), (0, set_weights)):
             change(action)
             # Batches already under way may hold the old weights' actions; a few later ones all have the new ones.
@@ -86,6 +90,7 @@ def test_the_learners_weights_reach_the_workers_when_pushed_and_on_a_cpu_at_once
         assert all(parameter.is_shared() for parameter in model.q_network.parameters())
     finally:
         data.teardown("fit")
+    assert not logs.exists()  # removed with the workers (a dead worker's would stay: its error names the log)
 
 
 class ExplodingChainEnv(ChainEnv):
