@@ -269,9 +269,11 @@ SHORT = {
     "lunarlander_ppo": ("--data.init_args.collect_steps", "64"),
     "halfcheetah_sac": ("--data.init_args.warmup_frames", "256"),
     "halfcheetah_ppo": ("--data.init_args.collect_steps", "64"),
-    # Whole games take minutes to evaluate: games of 200 emulator frames here (the config's other options kept).
+    # Whole games take minutes to evaluate: games of 200 emulator frames here (the config's other options kept), and
+    # CNN updates of 64 images; the throughput report without its bare-update yardstick (tests/agents/test_bare.py).
     "breakout_ppo": (
-        *("--data.init_args.collect_steps", "32"),
+        *("--data.init_args.collect_steps", "32", "--data.init_args.minibatch_size", "64"),
+        *("--trainer.callbacks.init_args.bare_update_seconds", "0"),
         "--data.init_args.eval_env_options",
         "{episodic_life: false, env_kwargs: {frameskip: 1, repeat_action_probability: 0.0, max_episode_steps: 200}}",
     ),
