@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import importlib.util
 import json
 import os
 import platform
@@ -436,11 +437,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.report_only:
         write_report(json.loads((out / "peers.json").read_text()), out)
         return
-    if "sb3" in args.frameworks:
-        try:
-            import stable_baselines3  # noqa: F401
-        except ImportError:
-            sys.exit('error: --frameworks sb3 needs Stable-Baselines3: pip install -e ".[bench]"')
+    # Looked up, not imported: importing it here would print its notes about the old gym package for nothing.
+    if "sb3" in args.frameworks and importlib.util.find_spec("stable_baselines3") is None:
+        sys.exit('error: --frameworks sb3 needs Stable-Baselines3: pip install -e ".[bench]"')
     for task_name in args.tasks:
         if not (ROOT / TASKS[task_name].config).exists():
             sys.exit(f"error: --tasks {task_name}: {TASKS[task_name].config} does not exist")
