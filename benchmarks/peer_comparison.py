@@ -278,6 +278,7 @@ def sb3_run(task_name: str, seed: int, csv_path: Path, episodes: int, threads: i
     stop = StopTrainingOnRewardThreshold(reward_threshold=task.threshold, verbose=0)
     recorder = Recorder(
         eval_env,
+        log_path=str(csv_path.parent),  # EvalCallback keeps its evaluations (evaluations_results) only with a log path
         callback_on_new_best=stop,
         n_eval_episodes=episodes,
         eval_freq=max(task.eval_every // task.sb3_envs, 1),
@@ -300,6 +301,8 @@ def run_sb3(task_name: str, seed: int, args: argparse.Namespace, folder: Path) -
     if result.returncode != 0:
         tail = (result.stderr or result.stdout).strip().splitlines()[-3:]
         raise RuntimeError(f"sb3 {task_name} seed {seed} failed: {' | '.join(tail)}")
+    if not csv_path.exists():
+        raise RuntimeError(f"sb3 {task_name} seed {seed} recorded no evaluation (see {folder / 'output.log'})")
     with open(csv_path) as file:
         curve = [{key: float(value) for key, value in row.items()} for row in csv.DictReader(file)]
     return {"curve": curve, "process_seconds": process_seconds}
