@@ -304,7 +304,11 @@ def run_sb3(task_name: str, seed: int, args: argparse.Namespace, folder: Path) -
     if not csv_path.exists():
         raise RuntimeError(f"sb3 {task_name} seed {seed} recorded no evaluation (see {folder / 'output.log'})")
     with open(csv_path) as file:
-        curve = [{key: float(value) for key, value in row.items()} for row in csv.DictReader(file)]
+        rows = csv.DictReader(file)
+        curve = [
+            {"frames": int(float(r["frames"])), "seconds": float(r["seconds"]), "return": float(r["return"])}
+            for r in rows
+        ]
     return {"curve": curve, "process_seconds": process_seconds}
 
 
@@ -356,7 +360,7 @@ def summarise(results: dict[str, Any]) -> str:
             lines.append(
                 f"| {task.env_id} ({task_name}) | {name} | {len(times)}/{len(hits)} | {spread(times)} | "
                 f"{spread([hit['frames'] for hit in hits if hit])} | {spread(rates)} | "
-                f"{spread([v for v in at_frames if v is not None])} at {common_frames:,} | "
+                f"{spread([v for v in at_frames if v is not None])} at {common_frames:,.0f} | "
                 f"{spread([v for v in at_seconds if v is not None])} at {common_seconds:,.0f} s | "
                 f"{task.zoo_score if name == 'sb3' else ''} |"
             )
@@ -395,8 +399,10 @@ def plot(results: dict[str, Any], path: Path) -> None:
                 runs = [run["curve"] for run in results["tasks"][task_name].get(name, []) if run["curve"]]
                 if not runs:
                     continue
-                for curve in runs:  # each seed's curve, thin; their median as points of the evaluation grid
-                    axis.plot([p[key] for p in curve], [p["return"] for p in curve], color=colour, alpha=0.35, lw=1)
+                for index, curve in enumerate(runs):  # each seed's curve, thin; their median on the frame grid
+                    label = f"{name} (each seed)" if key == "seconds" and index == 0 else None
+                    points = ([p[key] for p in curve], [p["return"] for p in curve])
+                    axis.plot(*points, color=colour, alpha=0.35, lw=1, label=label)
                 grid = sorted({p[key] for curve in runs for p in curve}) if key == "frames" else None
                 if grid:
                     values = [[return_at(curve, key, x) for curve in runs] for x in grid]
