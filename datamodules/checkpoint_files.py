@@ -133,12 +133,28 @@ class HashingFile:
         return self.hash.hexdigest()
 
 
+def reserve(file: IO[bytes], size: int) -> None:
+    """Allocate ``size`` bytes of disk for ``file`` before it is written (``posix_fallocate``), so that a disk that
+    cannot hold it fails here, at once, rather than part-way through; nothing where the platform or the file system
+    has no such call (the writes are checked all the same)."""
+    if size <= 0 or not hasattr(os, "posix_fallocate"):
+        return
+    try:
+        os.posix_fallocate(file.fileno(), 0, size)
+    except OSError as error:
+        if error.errno not in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+            raise
+
+
 def save_hashed(obj: Any, file: IO[bytes]) -> str:
-    """``torch.save(obj, file)`` with plain writes; return the SHA-256 of what was written.
+    """``torch.save(obj, file)`` with plain writes into the disk space reserved for it (:func:`reserve`: its tensors'
+    bytes); return the SHA-256 of what was written.
 
     Raises:
-        OSError: a write failed (torch's own writer turns it into a RuntimeError, which would not say why).
+        OSError: the space could not be reserved, or a write failed (torch's own writer turns that into a
+            RuntimeError, which would not say why).
     """
+    reserve(file, tensor_bytes(obj))
     hashing = HashingFile(file)
     try:
         torch.save(obj, hashing)
@@ -148,6 +164,7 @@ def save_hashed(obj: Any, file: IO[bytes]) -> str:
             raise hashing.error from None
         file.flush()
         raise
+    file.truncate(file.tell())  # what the reservation held beyond the file's end (the estimate is not exact)
     return hashing.hexdigest()
 
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from datamodules import checkpoint_files, replay
-from datamodules.checkpoint_files import SUMS, TEMPORARY_MARK, checkpoint_damage
+from datamodules.checkpoint_files import SUMS, TEMPORARY_MARK, checkpoint_damage, reserve
 from tests.app.test_resume import SHORT, fit_shipped, start_step
 from tests.helpers import ROOT, chain_config, fill, fit, small_file_system, write_config
 
@@ -74,6 +74,16 @@ def test_a_full_disk_at_the_end_of_fit_is_one_error_and_the_previous_checkpoint_
     cli = fit_shipped("snake_dqn", runs, "--trainer.max_steps", "40", "--ckpt_path", "last")
     assert start_step(cli) == 20 and cli.trainer.global_step == 40
     assert torch.load(folder / "last.ckpt", weights_only=True)["global_step"] == 40
+
+
+def test_the_space_a_file_needs_is_reserved_before_it_is_written(small_disk):
+    # posix_fallocate: the blocks are the file's before any byte is written, and a disk without them refuses at once.
+    with open(small_disk / "room", "wb") as file:
+        reserve(file, 8 << 20)
+        assert os.fstat(file.fileno()).st_blocks * 512 >= 8 << 20
+    with open(small_disk / "no_room", "wb") as file, pytest.raises(OSError) as refused:
+        reserve(file, 64 << 20)  # more than the 40 MB disk
+    assert refused.value.errno == errno.ENOSPC
 
 
 @pytest.mark.slow
