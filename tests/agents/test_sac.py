@@ -29,7 +29,7 @@ def bc_config(root: Path, hidden_sizes=(128, 64)) -> Path:
     """The shipped BC config, shortened: 2,400 pairs, one epoch, closed-loop evaluation of 4 short episodes."""
     config = yaml.safe_load((ROOT / "configs" / "racing_bc.yaml").read_text())
     config["trainer"]["max_epochs"] = 1
-    config["data"]["init_args"].update(episodes=8, steps=300, batch_size=64, root=str(root / "demonstrations"))
+    config["data"]["init_args"].update(episodes=8, steps=300, batch_size=64)
     config["data"]["init_args"]["env"]["init_args"].update(SHORT_EPISODES)
     config["model"]["init_args"]["hidden_sizes"] = list(hidden_sizes)
     evaluation = next(c for c in config["trainer"]["callbacks"] if c["class_path"].endswith("ClosedLoopEvaluation"))
