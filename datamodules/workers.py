@@ -252,8 +252,9 @@ class WorkerWatch(threading.Thread):
             ended = [(index, code) for index, done, code in ended if done]
             if ended and not self._stopping.is_set():
                 # TorchRL may have seen the death first: it collected that worker (its code unknown here) and
-                # terminated the others (SIGTERM), which are not the one that died.
-                ended.sort(key=lambda death: (death[1] is None, death[1] == -signal.SIGTERM))
+                # terminated the others (SIGTERM), which are not the one that died. So a known code comes first,
+                # then an unknown one (TorchRL's report names it), and a SIGTERM only when nothing else ended.
+                ended.sort(key=lambda death: (death[1] == -signal.SIGTERM, death[1] is None))
                 self.death = ended[0]
                 self._kill_others(self.workers[self.death[0]])
                 return
