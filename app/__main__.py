@@ -8,16 +8,24 @@ import sys
 #: Commands outside Lightning's CLI, and their modules; each imports the training stack only once its flags are checked.
 COMMANDS = {"export": "app.export", "seeds": "app.seeds", "watch": "app.watch", "tune": "app.tune"}
 
-if __name__ == "__main__":
-    command = sys.argv[1] if len(sys.argv) > 1 else None
-    if command in COMMANDS:
-        importlib.import_module(COMMANDS[command]).main(sys.argv[2:])
+
+def dispatch(argv: list[str] | None = None) -> None:
+    """Run ``python -m app *argv`` (default: the command line): a command of :data:`COMMANDS`, or Lightning's
+    (``fit``, ``validate``)."""
+    words = sys.argv[1:] if argv is None else argv
+    if words and words[0] in COMMANDS:
+        importlib.import_module(COMMANDS[words[0]]).main(words[1:])
     else:
         from app.cli import main
+
+        main(argv)  # None: Lightning reads the command line itself (given a list, it warns of a second one)
+
+
+if __name__ == "__main__":
+    try:
+        dispatch()
+    except Exception as error:  # a dead worker or memory that ran out: one line (app/errors.py), exit status 1
         from app.errors import exit_on_fatal_error
 
-        try:
-            main()
-        except Exception as error:  # a dead worker or memory that ran out: one line (app/errors.py), exit status 1
-            exit_on_fatal_error(error)  # returns for any other error: its traceback
-            raise
+        exit_on_fatal_error(error)  # returns for any other error: its traceback
+        raise

@@ -250,6 +250,7 @@ class FrameSchedule(Callback):
         self._last_frames = -1  # the frames at the last run
 
     def run(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """What runs on the schedule: each subclass's own (an evaluation, a video)."""
         raise NotImplementedError
 
     def _run(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import importlib
 import os
 import re
 import subprocess
@@ -15,7 +14,7 @@ from typing import Any
 import torch
 import yaml
 
-from app.__main__ import COMMANDS
+from app.__main__ import dispatch
 from app.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository
@@ -125,10 +124,7 @@ def app_in_process(capsys, *args: str) -> SimpleNamespace:
     paths print nothing else."""
     capsys.readouterr()
     try:
-        if args and args[0] in COMMANDS:
-            importlib.import_module(COMMANDS[args[0]]).main(list(args[1:]))
-        else:
-            main(list(args))
+        dispatch(list(args))
         code = 0
     except SystemExit as stop:
         code = stop.code
