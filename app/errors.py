@@ -304,6 +304,9 @@ class OneLineErrorParser(LightningArgumentParser):
 EXIT_GRACE_S = 5.0
 _REPOSITORY = Path(__file__).resolve().parents[1]
 _OUT_OF_MEMORY_TEXT = ("DefaultCPUAllocator: can't allocate memory", "CUDA out of memory", "out of memory")
+#: The prefix of a C++ check that failed in torch (``[enforce fail at alloc_cpu.cpp:127] err == 0. ``): where in torch's
+#: sources, not what the user can act on, and long enough to cut the allocator's own words off the line.
+_TORCH_CHECK_PREFIX = re.compile(r"^\[enforce fail at [^\]]*\] [^.]*\.\s*")
 
 
 def fatal_error_line(error: BaseException) -> str | None:
@@ -316,12 +319,18 @@ def fatal_error_line(error: BaseException) -> str | None:
     for cause in _chain(error):
         if _out_of_memory(cause):
             return (
-                f"out of memory in {_where(cause)}: {_one_line(str(cause)).split(' (Tried')[0][:160]}; make the run "
+                f"out of memory in {_where(cause)}: {_allocator_message(cause)}; make the run "
                 "smaller (--data.init_args.buffer_size, --data.init_args.batch_size or minibatch_size, "
                 "--data.init_args.num_envs), or see the memory estimate printed at start (README, 'Memory and "
                 "worker failures')"
             )
     return None
+
+
+def _allocator_message(error: BaseException) -> str:
+    """The allocator's words (what it tried to allocate) on one line, without torch's check prefix, cut at 160
+    characters."""
+    return _TORCH_CHECK_PREFIX.sub("", _one_line(str(error))).split(" (Tried")[0][:160]
 
 
 def _out_of_memory(error: BaseException) -> bool:

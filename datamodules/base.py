@@ -25,6 +25,7 @@ import glob
 import os
 import random
 from collections.abc import Callable, Container, Iterator, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +53,7 @@ from datamodules.collection import ACT_DTYPES, AutocastPolicy, Collection, InPro
 from datamodules.envs.base import BatchedEnv
 from datamodules.episodes import EpisodeStatistics
 from datamodules.evaluation import Evaluation, fixed_seed
-from datamodules.memory import MemoryNeed, transition_bytes
+from datamodules.memory import MemoryNeed, WorkerMemory, transition_bytes
 from datamodules.timing import PhaseTimer
 
 __all__ = ["RLDataModule", "EnvSpecs", "AutocastPolicy", "check_positive", "fixed_seed", "rng_state", "set_rng_state"]
@@ -247,6 +248,11 @@ class RLDataModule(EnvSpecs, Evaluation, pl.LightningDataModule):
         self.observation_layout: Any = probe.observation_layout
         #: whether the environment draws itself (``render``): what videos need.
         self.can_render: bool = probe.can_render
+        #: what each worker process will hold (``datamodules/memory.py``), measured now, before any store exists and
+        #: with the throw-away environment built; None without workers.
+        self.worker_memory: WorkerMemory | None = None
+        if self.collection.uses_workers:
+            self.worker_memory = WorkerMemory.measure(partial(env, num_envs=1, seed=seed + 1, device="cpu"))
         probe.close()
         if self.eval_env_options:
             try:  # fail now, not at the first evaluation
@@ -391,7 +397,8 @@ class RLDataModule(EnvSpecs, Evaluation, pl.LightningDataModule):
     def memory_needs(self, device: torch.device) -> list[MemoryNeed]:
         """What this data module will allocate on ``device`` (its store's), estimated from the specs before anything
         is (``datamodules/memory.py`` checks the sum against the machine). The base: the collector's batch of
-        ``num_envs x collect_steps`` transitions, twice with worker processes (their shared-memory copy)."""
+        ``num_envs x collect_steps`` transitions, twice with worker processes (their shared-memory copy), and the
+        worker processes themselves (:meth:`~datamodules.collection.Collection.memory_needs`)."""
         per_frame = transition_bytes(self.observation_spec, self.action_spec)
         copies = 2 if self.collection.uses_workers else 1
         return [
@@ -400,7 +407,8 @@ class RLDataModule(EnvSpecs, Evaluation, pl.LightningDataModule):
                 f"--data.init_args.num_envs {self.num_envs}",
                 copies * self.frames_per_batch * per_frame,
                 device,
-            )
+            ),
+            *self.collection.memory_needs(self),
         ]
 
     # ------------------------------------------------------------------------------------------- collection

@@ -60,6 +60,7 @@ from datamodules.workers import (
 
 if TYPE_CHECKING:
     from datamodules.base import RLDataModule
+    from datamodules.memory import MemoryNeed
 
 FLAG = "--data.init_args.collection"
 
@@ -170,6 +171,16 @@ class Collection:
 
     #: whether the strategy starts worker processes
     uses_workers = False
+    #: how many (a strategy with workers sets it from its ``workers`` option)
+    workers = 0
+
+    def memory_needs(self, data: RLDataModule) -> list[MemoryNeed]:
+        """The memory its worker processes will hold, each an interpreter with ``num_envs / workers`` environments
+        (``data.worker_memory``, measured when ``data`` was built: ``datamodules/memory.py``); none without workers."""
+        if not self.uses_workers or data.worker_memory is None:
+            return []
+        flag = f"{FLAG}.init_args.workers {self.workers}"
+        return [data.worker_memory.need(self.workers, data.num_envs // self.workers, flag)]
 
     def monitor(self) -> dict[str, float]:
         """Figures about the collection that the model logs with its losses. Default: none."""

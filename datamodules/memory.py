@@ -3,29 +3,38 @@ the machine has: a config that cannot fit is refused at start with the numbers, 
 out-of-memory killer an hour later (issue 30).
 
 Each data module says what it will allocate (:meth:`datamodules.base.RLDataModule.memory_needs`: the replay buffer,
-the frame ring, the rollout, the collector's batches), the command line adds the model and its optimizer, and
-:func:`check_memory` compares the sum per device with the memory available there: ``MemAvailable`` of
-``/proc/meminfo`` or, if lower, what the cgroup's limit leaves (``/sys/fs/cgroup/memory.max``); on a GPU,
-``torch.cuda.mem_get_info``. Refused: one line naming the flag of the largest need. Above :data:`WARN_FRACTION` of it:
-one warning line. ``--memory_check false`` skips the check (README, "Memory and worker failures").
+the frame ring, the rollout, the collector's batches, the worker processes: :class:`WorkerMemory`), the command line
+adds the model and its optimizer, and :func:`check_memory` compares the sum per device with the memory available there:
+``MemAvailable`` of ``/proc/meminfo`` or, if lower, what the cgroup's limit leaves (``/sys/fs/cgroup/memory.max``); on
+a GPU, ``torch.cuda.mem_get_info``. Refused: one line naming the flag of the largest need. Above
+:data:`WARN_FRACTION` of it: one warning line. ``--memory_check false`` skips the check (README, "Memory and worker
+failures").
 
-The estimates count the tensors' bytes only (not the allocator's slack, Python objects or the environments' own
-state), so they are a floor: what fits here may still be tight, which is what the warning is for.
+The stores' estimates count the tensors' bytes only (not the allocator's slack or Python objects), so they are a
+floor: what fits here may still be tight, which is what the warning is for. The worker processes' is measured instead
+(:class:`WorkerMemory`): a worker is an interpreter with torch imported, whose size no spec gives.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import os
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torchrl.data import Composite, TensorSpec
+
+if TYPE_CHECKING:
+    from torchrl.envs import EnvBase
 
 #: Above this share of the available memory a run is started with a warning.
 WARN_FRACTION = 0.8
 #: The flag that skips the check.
 SKIP_FLAG = "--memory_check false"
+#: How the worker processes' need starts (:meth:`WorkerMemory.need`).
+WORKER_POOL = "the pool"
 #: Bytes of the entries a stored transition has besides its observations and action: reward (float32), and the
 #: done, terminated and truncated flags of the step (bool).
 STEP_ENTRIES_BYTES = 4 + 3
@@ -63,6 +72,55 @@ def parameters_need(module: torch.nn.Module, device: torch.device) -> MemoryNeed
     weights = sum(p.numel() * p.element_size() for p in parameters)
     buffers = sum(b.numel() * b.element_size() for b in module.buffers())
     return MemoryNeed("the model and its optimizer", "--model", 4 * weights + buffers, device)
+
+
+def private_resident_bytes() -> int:
+    """This process's resident memory that is its own: ``/proc/self/statm``'s resident pages less its shared ones (the
+    pages of the files it maps, shared libraries above all, which every process that maps them shares, and shared
+    memory)."""
+    _, resident, shared, *_ = Path("/proc/self/statm").read_text().split()
+    return (int(resident) - int(shared)) * os.sysconf("SC_PAGE_SIZE")
+
+
+@dataclass(frozen=True)
+class WorkerMemory:
+    """What one worker process holds besides the stores, measured in this process when the data module is built.
+
+    ``process``: this process's own resident memory (:func:`private_resident_bytes`) at that moment: after the
+    imports, the model's classes and a throw-away environment, before any store. A worker is spawned: it starts a new
+    interpreter, which imports the same stack (torch, TorchRL, Lightning through the policy's classes it unpickles,
+    the environment's module), so it starts about where this process stands; not a figure written down here, which
+    would go stale with every release of those libraries. (The pages of the shared libraries are counted once, in
+    this process's use of the machine, not per worker.) ``per_env``: what one more environment adds, built and reset
+    beside the throw-away one (so its module's first-use costs are in ``process``); an engine's own memory (an
+    emulator's) is in it, which the environment's tensors would not show.
+
+    Where a worker imports less (environment workers get no policy, so no Lightning), or where it is measured in a
+    process that holds more than a training run's does before its stores (a test runner after other tests), it
+    overestimates: it errs on the side of the warning.
+    """
+
+    process: int
+    per_env: int
+
+    @classmethod
+    def measure(cls, make_env: Callable[[], EnvBase]) -> WorkerMemory:
+        """Measure both; ``make_env`` builds one environment (of one element)."""
+        process = private_resident_bytes()
+        env = make_env()
+        try:
+            env.reset()
+            per_env = max(private_resident_bytes() - process, 0)
+        finally:
+            env.close()
+        return cls(process, per_env)
+
+    def need(self, workers: int, envs_per_worker: int, flag: str) -> MemoryNeed:
+        """``workers`` processes of ``envs_per_worker`` environments each, in the host's memory whatever the
+        learner's device; ``flag`` sizes it."""
+        each = self.process + envs_per_worker * self.per_env
+        what = f"{WORKER_POOL} of {workers} worker processes ({gigabytes(each)} each)"
+        return MemoryNeed(what, flag, workers * each, torch.device("cpu"))
 
 
 def available_bytes(device: torch.device) -> tuple[int, str]:
