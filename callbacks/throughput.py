@@ -37,6 +37,8 @@ TIMED_PHASES = ("collect", "advantage", "buffer_write", "sample", "update", "eva
 PHASES = (*TIMED_PHASES, "other")
 COUNTS = ("frames", "updates", "samples", "steps")
 _PACKAGES = ("torch", "lightning", "torchrl", "tensordict")
+#: The largest share of the fit's wall time that the bare-update yardstick may take.
+BARE_UPDATE_SHARE = 0.05
 
 
 class ThroughputReport(Callback):
@@ -64,7 +66,8 @@ class ThroughputReport(Callback):
         bare_update_seconds: seconds spent at the end of fit timing the agent's bare reference update (its update
             arithmetic in plain eager PyTorch, :mod:`modules.bare`, on 1 thread) on this machine, now: the yardstick
             that makes runs on machines, or days, of different speed comparable, and the training loop's cost per
-            update a ratio. 0 skips it.
+            update a ratio. 0 skips it. It takes at most :data:`BARE_UPDATE_SHARE` of the fit's wall time, so that a
+            short run (a smoke test, a debugging run) is not held up for a yardstick it hardly needs.
     """
 
     def __init__(
@@ -166,16 +169,12 @@ class ThroughputReport(Callback):
         """The bare reference update's time on this machine now, and the loop's wall time per update against it."""
         if self.bare_update_seconds == 0 or figures["updates"] == 0:
             return None
-        ms = bare_update_ms(pl_module, trainer.datamodule, self.bare_update_seconds)
+        seconds = min(self.bare_update_seconds, BARE_UPDATE_SHARE * figures["wall_s"])
+        ms = bare_update_ms(pl_module, trainer.datamodule, seconds)
         if ms is None:
             return None
         loop_ms = 1e3 * figures["wall_s"] / figures["updates"]
-        return {
-            "ms": ms,
-            "loop_ms_per_update": loop_ms,
-            "ratio": loop_ms / ms,
-            "seconds_timed": self.bare_update_seconds,
-        }
+        return {"ms": ms, "loop_ms_per_update": loop_ms, "ratio": loop_ms / ms, "seconds_timed": seconds}
 
     # ------------------------------------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict[str, Any]:

@@ -12,7 +12,7 @@ import torch
 import callbacks.throughput as throughput
 import datamodules.timing as timing
 from callbacks.schedule import PeriodicEvaluation
-from callbacks.throughput import ThroughputReport
+from callbacks.throughput import BARE_UPDATE_SHARE, ThroughputReport
 from datamodules.timing import PhaseTimer
 from tests.helpers import chain_config, fit, write_config
 
@@ -274,9 +274,9 @@ def test_real_fit_through_the_cli_writes_the_report(tmp_path):
     assert "throughput/frames_per_s" not in cli.trainer.progress_bar_metrics  # the progress bar has its own rates
     assert (tmp_path / "out" / "learning_curve.png").exists()
     # The yardstick: the bare update of this DQN timed at the end, and the loop's time per update against it.
-    bare = report["bare_update"]
-    assert bare["ms"] > 0 and bare["seconds_timed"] == 2.0
-    steady = report["steady_state"]
+    bare, steady = report["bare_update"], report["steady_state"]
+    # timed for its 2 s, or less in a run so short that 2 s would be more than its share of the run's time
+    assert bare["ms"] > 0 and bare["seconds_timed"] == min(2.0, BARE_UPDATE_SHARE * steady["wall_s"]) > 0
     assert bare["loop_ms_per_update"] == pytest.approx(1e3 * steady["wall_s"] / steady["updates"])
     assert bare["ratio"] == pytest.approx(bare["loop_ms_per_update"] / bare["ms"])
     assert f"{bare['ratio']:.2f}x" in (tmp_path / "out" / "throughput.md").read_text()
