@@ -116,12 +116,22 @@ class RLCLI(LightningCLI):
         # `--trainer.logger wandb` (a backend's short name, app/tracking.py) becomes the class path jsonargparse parses.
         if isinstance(args, dict | Namespace):
             super().parse_arguments(parser, args)
+            self._note_stage_seed()
             return
         try:
             argv = expand_short_names(sys.argv[1:] if args is None else args)
         except ValueError as error:
             parser.error(str(error))
         self.config = parser.parse_args(argv)
+        self._note_stage_seed()
+
+    def _note_stage_seed(self) -> None:
+        """The seed the run's stages follow (app/stages.py): the ``seed_everything`` the run was given, read before
+        Lightning replaces ``true`` by a seed it draws (a stage at a new seed each time would never be reused)."""
+        subcommand = self.config.get("subcommand")
+        config = self.config.get(subcommand, self.config) if subcommand else self.config
+        seed = config.get("seed_everything")
+        self.stage_seed = seed if type(seed) is int else None  # not True or False, which are ints too
 
     def add_arguments_to_parser(self, parser) -> None:
         parser.add_argument(
@@ -162,7 +172,9 @@ class RLCLI(LightningCLI):
             self._continue_backend_runs(config)
         for option, stage in self._stages(config).items():
             try:
-                stage_folder(stage, _model_flag(option))  # readable, with a logger that names its folder
+                stage_folder(
+                    stage, _model_flag(option), self.stage_seed
+                )  # readable, with a logger that names its folder
             except ValueError as error:
                 self.parser.error(str(error))
         callbacks = list(self.trainer_defaults.get("callbacks", []))
@@ -263,10 +275,11 @@ class RLCLI(LightningCLI):
     def _run_stages(self, config) -> None:
         # After every option has been checked (the constructors, the trainer) and before anything is written. Rank 0
         # runs a stage; the other ranks reuse it, waiting for it when they were started beside rank 0 rather than by it.
+        # The stage runs at this run's seed when it was given one (app/stages.py).
         for option, stage in self._stages(config).items():
             flag = _model_flag(option)
             try:
-                checkpoint = run_stage(stage, flag, wait=not self.trainer.is_global_zero)
+                checkpoint = run_stage(stage, flag, self.stage_seed, wait=not self.trainer.is_global_zero)
             except ValueError as error:
                 self.parser.error(str(error))
             setattr(self.model, option, str(checkpoint))  # the model reads that checkpoint when fit starts

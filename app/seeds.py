@@ -14,6 +14,14 @@ continues from its ``last.ckpt``; so a stopped command picks up where it stopped
 the best evaluation, across seeds the mean, standard deviation, interquartile mean and 95 % bootstrap interval of the
 final returns (:func:`datamodules.evaluation.episode_statistics`, with seeds as the samples), and the learning curve
 against frames and against wall time with the seeds' 95 % band and the random policy's line.
+
+The report also pairs each seed's final evaluation with its first, which ``PeriodicEvaluation`` plays at frame 0,
+before any update: the policy the run started from, on the run's own evaluation episodes. That is what training
+added, measured seed by seed (the spread between seeds cancels out of each difference): per seed the start, the
+final return and their difference, across seeds the mean difference with its 95 % bootstrap interval and a sentence
+saying whether that interval excludes 0. For a run from scratch the start is the untrained policy; for a config whose
+model starts from an earlier stage (racing SAC's ``actor_init: racing_bc.yaml``, app/stages.py) it is that stage's
+result, run at the seed's own seed, so racing's report is behaviour cloning against SAC, paired by seed.
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ import torch
 import yaml
 
 from app.run_folder import LAST
+from app.stages import stage_configs
 from datamodules.evaluation import episode_statistics
 
 MARKER = "seed.json"
@@ -130,6 +139,50 @@ def aggregate(curves: dict[int, list[dict[str, float]]]) -> dict[str, Any]:
     }
 
 
+def start_label(run: Path) -> str:
+    """What a run's frame-0 evaluation measures: the earlier stage its model starts from (read from the run's saved
+    config), else the policy it was built with."""
+    try:
+        model = (yaml.safe_load((run / "config.yaml").read_text()) or {}).get("model") or {}
+    except (OSError, yaml.YAMLError):
+        model = {}
+    stages = [Path(config).stem for config in stage_configs(model).values()] if isinstance(model, dict) else []
+    return f"start ({', '.join(stages)} stage)" if stages else "start (frame 0)"
+
+
+def paired(curves: dict[int, list[dict[str, float]]], label: str) -> dict[str, Any] | None:
+    """Each seed's final return against its start (its evaluation at frame 0), and the mean difference's statistics
+    across seeds. None when a seed has no evaluation at frame 0 (``PeriodicEvaluation(at_start=False)``)."""
+    seeds = sorted(seed for seed, curve in curves.items() if curve)
+    if not seeds or any(curves[seed][0]["frames"] != 0 for seed in seeds):
+        return None
+    per_seed = {}
+    for seed in seeds:
+        start, final = curves[seed][0]["eval/return_mean"], curves[seed][-1]["eval/return_mean"]
+        per_seed[seed] = {"start_return": start, "final_return": final, "difference": final - start}
+    differences = torch.tensor([row["difference"] for row in per_seed.values()])
+    stats = episode_statistics(differences, prefix="difference")
+    low, high = stats["difference_ci_low"], stats["difference_ci_high"]
+    interval = f"mean difference {stats['difference_mean']:+.4g}, 95 % bootstrap interval [{low:.4g}, {high:.4g}]"
+    if len(seeds) < 2:
+        verdict = f"One seed: no interval across seeds (difference {stats['difference_mean']:+.4g})."
+    elif low > 0:
+        where = "in every seed and on average" if (differences > 0).all() else "on average"
+        verdict = f"The final policy beats the starting one {where}: {interval}, which excludes 0."
+    elif high < 0:
+        where = "in every seed and on average" if (differences < 0).all() else "on average"
+        verdict = f"The final policy is worse than the starting one {where}: {interval}, which excludes 0."
+    else:
+        verdict = f"The difference is within the interval: no gain shown ({interval}, which includes 0)."
+    return {
+        "start": label,
+        "seeds": per_seed,
+        "difference": stats,
+        "excludes_zero": len(seeds) > 1 and (low > 0 or high < 0),
+        "verdict": verdict,
+    }
+
+
 def write_report(result: dict[str, Any], out: Path, title: str) -> None:
     (out / "seeds.json").write_text(json.dumps(result, indent=1))
     stats = result["final_return"]
@@ -152,6 +205,23 @@ def write_report(result: dict[str, Any], out: Path, title: str) -> None:
         + (f"; random policy {result['random_return']:.4g}." if result["random_return"] is not None else "."),
         "",
     ]
+    pair = result.get("paired")
+    if pair is None:
+        lines += ["No paired comparison: a seed has no evaluation at frame 0 (PeriodicEvaluation's at_start).", ""]
+    else:
+        lines += [
+            "Final against start, paired by seed (the start: each run's evaluation at frame 0, before any update):",
+            "",
+            f"| seed | {pair['start']} | final | final − start |",
+            "|---:|---:|---:|---:|",
+            *(
+                f"| {seed} | {row['start_return']:.4g} | {row['final_return']:.4g} | {row['difference']:+.4g} |"
+                for seed, row in pair["seeds"].items()
+            ),
+            "",
+            pair["verdict"],
+            "",
+        ]
     (out / "seeds.md").write_text("\n".join(lines))
     plot(result, out / "seeds.png", title)
 
@@ -174,6 +244,10 @@ def plot(result: dict[str, Any], path: Path, title: str) -> None:
         axis.fill_between(x, low, high, alpha=0.25, step="post" if key == "time_s" else None, label="95 % interval")
         if result["random_return"] is not None:
             axis.axhline(result["random_return"], color="0.4", linestyle="--", label="random policy")
+        if result.get("paired") is not None:
+            starts = [row["start_return"] for row in result["paired"]["seeds"].values()]
+            start = f"{result['paired']['start']}, mean"
+            axis.axhline(sum(starts) / len(starts), color="tab:green", linestyle=":", label=start)
         axis.set_xlabel(label)
         axis.grid(alpha=0.3)
     axes[0].set_ylabel("greedy return")
@@ -219,6 +293,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m app seeds") -
         sys.exit(f"{prog}: error: {error}")
     curves = {seed: read_curve(run) for seed, run in runs.items()}
     result = {"command": ["python", "-m", "app", "seeds", *argv], **aggregate(curves)}
+    result["paired"] = paired(curves, start_label(runs[seeds[0]]))
     write_report(result, out, name)
     print(f"Wrote {out / 'seeds.md'} and seeds.png", flush=True)
     return result

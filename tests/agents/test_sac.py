@@ -4,6 +4,7 @@ compiled and bf16 updates, the soft target update, export and validate."""
 from __future__ import annotations
 
 import copy
+import json
 import math
 from pathlib import Path
 
@@ -14,10 +15,13 @@ from tensordict import TensorDict
 from torchrl.envs.utils import ExplorationType, set_exploration_type
 from torchrl.modules import TanhNormal
 
+from app.seeds import read_curve
 from app.stages import MARKER, stage_folder
 from datamodules.envs.racing.env import RacingEnv
+from datamodules.evaluation import episode_statistics
 from modules.sac import SAC
 from modules.sac_reference import tanh_gaussian_sample
+from tests.app.test_cli import run_app
 from tests.helpers import RESEEDED, ROOT, fit, weights, write_config
 
 ENV = RacingEnv(curvature_ahead=[5, 15, 30])
@@ -117,18 +121,23 @@ def test_actor_init_of_another_shape_or_a_bad_file_is_an_error_naming_the_flag(t
     assert len(error) == 1 and "--model.init_args.actor_init" in error[0] and "do not fit" in error[0]
 
 
-@pytest.mark.slow
-def test_one_command_runs_the_bc_stage_once_then_reuses_it(tmp_path, monkeypatch, capfd):
-    # As README runs it, from a folder that is not the configs': the SAC config names its BC stage by a path relative
-    # to itself (as the shipped one does), and the runs are written under the current folder.
+def pipeline_configs(tmp_path: Path, monkeypatch) -> tuple[Path, Path]:
+    """The shortened BC and SAC configs in ``tmp_path/configs``, the current folder ``tmp_path/work``. As README runs
+    the pipeline, from a folder that is not the configs': the SAC config names its BC stage by a path relative to
+    itself (as the shipped one does), and the runs are written under the current folder."""
     configs, work = tmp_path / "configs", tmp_path / "work"
     configs.mkdir(), work.mkdir()
     monkeypatch.chdir(work)
     bc = bc_config(configs).resolve()
-    config = sac_config(configs, bc.name)
+    return bc, sac_config(configs, bc.name)
+
+
+@pytest.mark.slow
+def test_one_command_runs_the_bc_stage_once_then_reuses_it(tmp_path, monkeypatch, capfd):
+    bc, config = pipeline_configs(tmp_path, monkeypatch)
     cli = fit(config)
-    stage = stage_folder(bc, "flag")
-    assert stage.parent == Path("runs/racing_bc") and stage.name.startswith("stage-")
+    stage = stage_folder(bc, "flag", seed=0)  # the SAC config's seed_everything: 0, which the stage follows
+    assert stage.parent == Path("runs/racing_bc") and stage.name.startswith("stage-") and stage.name.endswith("-seed_0")
     assert (stage / MARKER).is_file() and (stage / "checkpoints" / "last.ckpt").is_file()
     assert list(Path("runs/demonstrations").glob("demonstrations-*/complete.json"))
     # The first 20 updates train only the critics: the actor is still the clone's after 40 updates' warm-up half.
@@ -162,7 +171,46 @@ def test_one_command_runs_the_bc_stage_once_then_reuses_it(tmp_path, monkeypatch
     # An edited BC config is another stage: a new folder, never the stale run.
     edited = bc.with_name("edited.yaml")
     edited.write_text(bc.read_text() + "\n# edited\n")
-    assert stage_folder(edited, "flag") != stage
+    assert stage_folder(edited, "flag", seed=0) != stage
+
+
+@pytest.mark.slow
+def test_seeds_of_the_pipeline_start_from_their_own_bc_stage_and_pair_against_it(tmp_path, monkeypatch, capfd):
+    # Seed k's SAC starts from seed k's clone (its own stage run, at seed k), and the report pairs each seed's final
+    # evaluation with its frame-0 one: that clone, on SAC's own evaluation episodes.
+    bc, config = pipeline_configs(tmp_path, monkeypatch)
+    result = run_app("seeds", "--config", str(config), "--seeds", "2", "--parallel", "2", cwd=Path.cwd())
+    assert result.returncode == 0, result.stderr
+    stages = {seed: stage_folder(bc, "flag", seed) for seed in (0, 1)}
+    assert stages[0] != stages[1] and sorted(Path("runs/racing_bc").iterdir()) == sorted(stages.values())
+    for seed, stage in stages.items():
+        stage_config = yaml.safe_load((stage / "config.yaml").read_text())
+        assert stage_config["seed_everything"] == seed and json.loads((stage / MARKER).read_text())["seed"] == seed
+        assert stage_config["data"]["init_args"]["seed"] == seed  # its demonstrations too: one set per seed
+    assert len(list(Path("runs/demonstrations").glob("demonstrations-*/complete.json"))) == 2
+    # The paired report holds the runs' first and last evaluations and the statistics of their differences.
+    out = Path("runs/racing_sac_seeds")
+    pair = json.loads((out / "seeds.json").read_text())["paired"]
+    assert pair["start"] == "start (racing_bc stage)"
+    differences = []
+    for seed in (0, 1):
+        returns = [row["eval/return_mean"] for row in read_curve(out / f"seed_{seed}" / "version_0")]
+        row = pair["seeds"][str(seed)]
+        assert (row["start_return"], row["final_return"]) == (returns[0], returns[-1])
+        assert row["difference"] == returns[-1] - returns[0]
+        differences.append(row["difference"])
+    assert pair["difference"] == episode_statistics(torch.tensor(differences), prefix="difference")
+    report = (out / "seeds.md").read_text()
+    assert "| seed | start (racing_bc stage) | final | final − start |" in report and pair["verdict"] in report
+    within = pair["difference"]["difference_ci_low"] <= 0 <= pair["difference"]["difference_ci_high"]
+    assert pair["excludes_zero"] is not within
+    assert pair["verdict"].startswith("The difference is within" if within else "The final policy")
+    # Another command at seed 1 reuses seed 1's stage: no third run.
+    marker_time = (stages[1] / MARKER).stat().st_mtime_ns
+    cli = fit(config, "--seed_everything", "1", "--trainer.max_steps", "1")
+    assert f"reusing its finished run {stages[1]}" in capfd.readouterr().out
+    assert cli.model.actor_init == str(stages[1] / "checkpoints" / "last.ckpt")
+    assert (stages[1] / MARKER).stat().st_mtime_ns == marker_time and len(list(Path("runs/racing_bc").iterdir())) == 2
 
 
 def _bc_network() -> torch.nn.Module:

@@ -39,6 +39,12 @@ def test_seeds_run_into_one_folder_aggregate_and_are_reused(tmp_path):
     assert stats["return_ci_low"] <= stats["return_mean"] <= stats["return_ci_high"]
     assert summary["random_return"] is not None and summary["curve"]["frames"]
     assert (out / "seeds.png").stat().st_size > 0 and "| 1 |" in (out / "seeds.md").read_text()
+    # From scratch, the start each seed is paired with is its untrained policy, evaluated at frame 0.
+    pair = summary["paired"]
+    assert pair["start"] == "start (frame 0)" and pair["verdict"] in (out / "seeds.md").read_text()
+    for seed, row in pair["seeds"].items():
+        assert row["final_return"] == summary["seeds"][seed]["final_return"]
+        assert row["difference"] == row["final_return"] - row["start_return"]
     # A second command reuses the finished seeds and adds only the new one.
     again = run_app("seeds", "--config", str(config), "--seeds", "3", cwd=work)
     assert again.returncode == 0, again.stderr
