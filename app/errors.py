@@ -343,7 +343,8 @@ def _where(error: BaseException) -> str:
     """Which part of the run allocated: the last frame of the project's own code in the error's traceback."""
     for frame in reversed(traceback.extract_tb(error.__traceback__)):
         path = Path(frame.filename).resolve()
-        if _REPOSITORY not in path.parents:
+        # A virtual environment inside the checkout (.venv) holds the libraries' code, not the project's.
+        if _REPOSITORY not in path.parents or "site-packages" in path.parts:
             continue
         part = path.relative_to(_REPOSITORY).parts[0]
         place = f"{path.relative_to(_REPOSITORY)}:{frame.lineno} {frame.name}"

@@ -133,63 +133,29 @@ def pipeline_configs(tmp_path: Path, monkeypatch) -> tuple[Path, Path]:
 
 
 @pytest.mark.slow
-def test_one_command_runs_the_bc_stage_once_then_reuses_it(tmp_path, monkeypatch, capfd):
-    bc, config = pipeline_configs(tmp_path, monkeypatch)
-    cli = fit(config)
-    stage = stage_folder(bc, "flag", seed=0)  # the SAC config's seed_everything: 0, which the stage follows
-    assert stage.parent == Path("runs/racing_bc") and stage.name.startswith("stage-") and stage.name.endswith("-seed_0")
-    assert (stage / MARKER).is_file() and (stage / "checkpoints" / "last.ckpt").is_file()
-    assert list(Path("runs/demonstrations").glob("demonstrations-*/complete.json"))
-    # The first 20 updates train only the critics: the actor is still the clone's after 40 updates' warm-up half.
-    clone = torch.load(stage / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
-    observation = torch.randn(16, 11)
-    expected = torch.tanh(torch.func.functional_call(_bc_network(), _prefixed(clone), (observation,)))
-    run = Path("runs/racing_sac/version_0")
-    assert cli.trainer.global_step == 40 and (run / "checkpoints" / "last.ckpt").is_file()
-    # The app ran the stage and handed the model its checkpoint; the run's config and hyperparameters keep the
-    # stage config as given, so that the saved config.yaml runs (or reuses) the same stage again.
-    assert cli.model.actor_init == str(stage / "checkpoints" / "last.ckpt")
-    assert yaml.safe_load((run / "config.yaml").read_text())["model"]["init_args"]["actor_init"] == str(bc)
-    assert yaml.safe_load((run / "hparams.yaml").read_text())["actor_init"] == str(bc)
-    assert (run / "checkpoints" / "best.ckpt").is_file()  # the best evaluation's actor
-    assert "Stage" in capfd.readouterr().out
-    # Run again: the finished stage is reused, not run again.
-    marker_time = (stage / MARKER).stat().st_mtime_ns
-    cli = fit(config, "--trainer.max_steps", "10")
-    out = capfd.readouterr().out
-    assert "reusing its finished run" in out and (stage / MARKER).stat().st_mtime_ns == marker_time
-    assert len(list(Path("runs/racing_bc").iterdir())) == 1
-    # After 10 updates (all in the actor's warm-up) the actor acts as the clone does.
-    centre_free = cli.model.export_network()(observation)
-    space = cli.model.action_spec.space
-    torch.testing.assert_close(centre_free, (space.high + space.low) / 2 + (space.high - space.low) / 2 * expected)
-    # `--ckpt_path last` continues the newest SAC run in its folder, from its own actor: no stage, no clone copied.
-    cli = fit(config, "--trainer.max_steps", "20", "--ckpt_path", "last")
-    out = capfd.readouterr().out
-    assert cli.trainer.global_step == 20 and "Stage" not in out and "actor initialised" not in out
-    assert sorted(path.name for path in Path("runs/racing_sac").iterdir()) == ["version_0", "version_1"]
-    # An edited BC config is another stage: a new folder, never the stale run.
-    edited = bc.with_name("edited.yaml")
-    edited.write_text(bc.read_text() + "\n# edited\n")
-    assert stage_folder(edited, "flag", seed=0) != stage
-
-
-@pytest.mark.slow
-def test_seeds_of_the_pipeline_start_from_their_own_bc_stage_and_pair_against_it(tmp_path, monkeypatch, capfd):
-    # Seed k's SAC starts from seed k's clone (its own stage run, at seed k), and the report pairs each seed's final
-    # evaluation with its frame-0 one: that clone, on SAC's own evaluation episodes.
+def test_the_pipeline_runs_each_seeds_bc_stage_once_pairs_sac_against_it_and_reuses_it(tmp_path, monkeypatch, capfd):
+    # One command over two seeds: seed k's SAC starts from seed k's clone (its own stage run, at seed k), and the
+    # report pairs each seed's final evaluation with its frame-0 one: that clone, on SAC's own evaluation episodes.
     bc, config = pipeline_configs(tmp_path, monkeypatch)
     result = run_app("seeds", "--config", str(config), "--seeds", "2", "--parallel", "2", cwd=Path.cwd())
     assert result.returncode == 0, result.stderr
     stages = {seed: stage_folder(bc, "flag", seed) for seed in (0, 1)}
     assert stages[0] != stages[1] and sorted(Path("runs/racing_bc").iterdir()) == sorted(stages.values())
     for seed, stage in stages.items():
+        assert stage.name.startswith("stage-") and stage.name.endswith(f"-seed_{seed}")
+        assert (stage / MARKER).is_file() and (stage / "checkpoints" / "last.ckpt").is_file()
         stage_config = yaml.safe_load((stage / "config.yaml").read_text())
         assert stage_config["seed_everything"] == seed and json.loads((stage / MARKER).read_text())["seed"] == seed
         assert stage_config["data"]["init_args"]["seed"] == seed  # its demonstrations too: one set per seed
     assert len(list(Path("runs/demonstrations").glob("demonstrations-*/complete.json"))) == 2
-    # The paired report holds the runs' first and last evaluations and the statistics of their differences.
+    # The runs' config and hyperparameters keep the stage config as given, so that the saved config.yaml runs (or
+    # reuses) the same stage again.
     out = Path("runs/racing_sac_seeds")
+    run = out / "seed_0" / "version_0"
+    assert yaml.safe_load((run / "config.yaml").read_text())["model"]["init_args"]["actor_init"] == str(bc)
+    assert yaml.safe_load((run / "hparams.yaml").read_text())["actor_init"] == str(bc)
+    assert (run / "checkpoints" / "best.ckpt").is_file()  # the best evaluation's actor
+    # The paired report holds the runs' first and last evaluations and the statistics of their differences.
     pair = json.loads((out / "seeds.json").read_text())["paired"]
     assert pair["start"] == "start (racing_bc stage)"
     differences = []
@@ -205,12 +171,29 @@ def test_seeds_of_the_pipeline_start_from_their_own_bc_stage_and_pair_against_it
     within = pair["difference"]["difference_ci_low"] <= 0 <= pair["difference"]["difference_ci_high"]
     assert pair["excludes_zero"] is not within
     assert pair["verdict"].startswith("The difference is within" if within else "The final policy")
-    # Another command at seed 1 reuses seed 1's stage: no third run.
-    marker_time = (stages[1] / MARKER).stat().st_mtime_ns
-    cli = fit(config, "--seed_everything", "1", "--trainer.max_steps", "1")
-    assert f"reusing its finished run {stages[1]}" in capfd.readouterr().out
-    assert cli.model.actor_init == str(stages[1] / "checkpoints" / "last.ckpt")
-    assert (stages[1] / MARKER).stat().st_mtime_ns == marker_time and len(list(Path("runs/racing_bc").iterdir())) == 2
+    # A plain fit at the config's seed (0) reuses seed 0's finished stage, not run again, and hands the model its
+    # checkpoint. The first 20 updates train only the critics: after 10, the actor acts as the clone does.
+    capfd.readouterr()
+    marker_time = (stages[0] / MARKER).stat().st_mtime_ns
+    cli = fit(config, "--trainer.max_steps", "10")
+    assert f"reusing its finished run {stages[0]}" in capfd.readouterr().out
+    assert cli.model.actor_init == str(stages[0] / "checkpoints" / "last.ckpt")
+    assert (stages[0] / MARKER).stat().st_mtime_ns == marker_time and len(list(Path("runs/racing_bc").iterdir())) == 2
+    clone = torch.load(stages[0] / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+    observation = torch.randn(16, 11)
+    expected = torch.tanh(torch.func.functional_call(_bc_network(), _prefixed(clone), (observation,)))
+    centre_free = cli.model.export_network()(observation)
+    space = cli.model.action_spec.space
+    torch.testing.assert_close(centre_free, (space.high + space.low) / 2 + (space.high - space.low) / 2 * expected)
+    # `--ckpt_path last` continues the SAC run in its folder, from its own actor: no stage, no clone copied.
+    cli = fit(config, "--trainer.max_steps", "20", "--ckpt_path", "last")
+    out = capfd.readouterr().out
+    assert cli.trainer.global_step == 20 and "Stage" not in out and "actor initialised" not in out
+    assert sorted(path.name for path in Path("runs/racing_sac").iterdir()) == ["version_0"]
+    # An edited BC config is another stage: a new folder, never the stale run.
+    edited = bc.with_name("edited.yaml")
+    edited.write_text(bc.read_text() + "\n# edited\n")
+    assert stage_folder(edited, "flag", seed=0) != stages[0]
 
 
 def _bc_network() -> torch.nn.Module:
