@@ -134,8 +134,26 @@ def aggregate(curves: dict[int, list[dict[str, float]]]) -> dict[str, Any]:
     return {
         "seeds": per_seed,
         "final_return": episode_statistics(finals),
+        "final_figures": final_figures(curves, seeds),
         "random_return": sum(randoms) / len(randoms) if randoms else None,
         "curve": bands,
+    }
+
+
+#: Evaluation columns that are not figures of their own: the return and its spread over episodes (the return is
+#: aggregated above), the random policy's line, and where the evaluation happened.
+_NOT_FIGURES = ("eval/return_", "eval/random_")
+
+
+def final_figures(curves: dict[int, list[dict[str, float]]], seeds: list[int]) -> dict[str, dict[str, float]]:
+    """The statistics across seeds of every other figure of the final evaluation that all seeds logged: the
+    environment's own measures (food eaten, laps and lap time, PIRL's safety error), which are often the result a
+    system is judged by rather than its return."""
+    keys = set.intersection(*(set(curves[seed][-1]) for seed in seeds)) if seeds else set()
+    figures = sorted(key for key in keys if key.startswith("eval/") and not key.startswith(_NOT_FIGURES))
+    return {
+        key.removeprefix("eval/"): episode_statistics(torch.tensor([curves[seed][-1][key] for seed in seeds]), "value")
+        for key in figures
     }
 
 
@@ -205,6 +223,19 @@ def write_report(result: dict[str, Any], out: Path, title: str) -> None:
         + (f"; random policy {result['random_return']:.4g}." if result["random_return"] is not None else "."),
         "",
     ]
+    if result.get("final_figures"):
+        lines += [
+            "The final evaluation's other figures across seeds (mean ± std, IQM, 95 % bootstrap interval of the mean):",
+            "",
+            "| figure | mean | std | IQM | 95 % interval |",
+            "|---|---:|---:|---:|---:|",
+            *(
+                f"| {name} | {f['value_mean']:.4g} | {f['value_std']:.3g} | {f['value_iqm']:.4g} | "
+                f"[{f['value_ci_low']:.4g}, {f['value_ci_high']:.4g}] |"
+                for name, f in result["final_figures"].items()
+            ),
+            "",
+        ]
     pair = result.get("paired")
     if pair is None:
         lines += ["No paired comparison: a seed has no evaluation at frame 0 (PeriodicEvaluation's at_start).", ""]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 import yaml
 
 from tests.app.test_cli import run_app
@@ -66,3 +67,26 @@ def test_bad_seed_options_are_one_line(tmp_path, capsys, monkeypatch, args, mess
     result = app_in_process(capsys, "seeds", "--config", str(config), *args)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1].endswith(f"error: {message}")
+
+
+def test_the_aggregate_reports_every_figure_of_the_final_evaluation_that_all_seeds_logged(tmp_path):
+    from app.seeds import aggregate, write_report
+    from datamodules.evaluation import episode_statistics
+
+    def point(frames, food, **more):
+        return {"frames": frames, "time_s": frames / 10, "eval/return_mean": food, "eval/return_std": 1.0,
+                "eval/random_return_mean": 0.1, "eval/food_mean": food, **more}  # fmt: skip
+
+    curves = {
+        0: [point(0, 0.0), point(100, 4.0, **{"eval/safety_mae": 0.2})],
+        1: [point(0, 0.5), point(100, 6.0)],  # no safety_mae: not a figure of every seed
+        2: [point(0, 0.2), point(100, 8.0, **{"eval/safety_mae": 0.1})],
+    }
+    result = {"command": ["python", "-m", "app", "seeds"], **aggregate(curves), "paired": None}
+    # The return and its spread, and the random policy's line, are reported elsewhere, not as figures.
+    assert list(result["final_figures"]) == ["food_mean"]
+    assert result["final_figures"]["food_mean"] == episode_statistics(torch.tensor([4.0, 6.0, 8.0]), "value")
+    write_report(result, tmp_path, "toy")
+    figures = result["final_figures"]["food_mean"]
+    row = f"| food_mean | {figures['value_mean']:.4g} | {figures['value_std']:.3g} |"
+    assert row in (tmp_path / "seeds.md").read_text()
