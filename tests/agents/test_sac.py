@@ -71,6 +71,8 @@ def bc_checkpoint(tmp_path_factory) -> Path:
         bc_config(root),
         "--trainer.logger.init_args.save_dir",
         str(root / "runs"),
+        "--data.init_args.root",  # its demonstrations under this test's folder, not the current folder's runs/
+        str(root / "runs" / "demonstrations"),
         "--trainer.enable_progress_bar",
         "false",
     )
