@@ -172,9 +172,8 @@ class RLCLI(LightningCLI):
             self._continue_backend_runs(config)
         for option, stage in self._stages(config).items():
             try:
-                stage_folder(
-                    stage, _model_flag(option), self.stage_seed
-                )  # readable, with a logger that names its folder
+                # readable, with a logger that names its folder
+                stage_folder(stage, _model_flag(option), self.stage_seed)
             except ValueError as error:
                 self.parser.error(str(error))
         callbacks = list(self.trainer_defaults.get("callbacks", []))
