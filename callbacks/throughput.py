@@ -25,6 +25,7 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities import rank_zero_warn
 
 from callbacks.report_plots import plot_learning_curve, plot_phases, run_name
 from callbacks.schedule import PeriodicEvaluation
@@ -157,7 +158,9 @@ class ThroughputReport(Callback):
             resumed += f"{whole_run['frames']:,} frames in {whole_run['wall_s']:.1f} s"
         bare = self.report["bare_update"]
         versus_bare = (
-            f"; {bare['ratio']:.2f}x the bare update ({bare['ms']:.3f} ms on 1 thread here, now)" if bare else ""
+            f"; {bare['ratio']:.2f}x the bare update ({bare['ms']:.3f} ms on 1 thread here, now)"
+            if bare and "ratio" in bare
+            else ""
         )
         print(
             f"Throughput: {best['frames_per_s']:,.0f} frames/s, {best['updates_per_s']:,.1f} updates/s"
@@ -170,7 +173,12 @@ class ThroughputReport(Callback):
         if self.bare_update_seconds == 0 or figures["updates"] == 0:
             return None
         seconds = min(self.bare_update_seconds, BARE_UPDATE_SHARE * figures["wall_s"])
-        ms = bare_update_ms(pl_module, trainer.datamodule, seconds)
+        try:
+            ms = bare_update_ms(pl_module, trainer.datamodule, seconds)
+        except Exception as error:  # a yardstick that breaks must not take the finished run's report with it
+            failure = f"{type(error).__name__}: {error}".splitlines()[0]
+            rank_zero_warn(f"throughput report: the bare-update yardstick failed ({failure}); the report has no ratio")
+            return {"error": failure}
         if ms is None:
             return None
         loop_ms = 1e3 * figures["wall_s"] / figures["updates"]
@@ -350,6 +358,8 @@ def _background_lines(seconds: dict[str, float] | None) -> list[str]:
 def _bare_lines(bare: dict | None, over: str) -> list[str]:
     if not bare:
         return []
+    if "error" in bare:
+        return [f"- bare update: not timed, its yardstick failed ({bare['error']})"]
     return [
         "- bare update (the agent's update arithmetic in plain eager PyTorch, 1 thread, timed at the end of the run): "
         f"{bare['ms']:.3f} ms; the training loop's wall time per update ({over}): {bare['loop_ms_per_update']:.3f} ms"

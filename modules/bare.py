@@ -26,7 +26,8 @@ from torch import nn
 from modules.optim import FusedAdamStep
 
 POOL = 16  # at most this many distinct pre-drawn batches the bare loop cycles through ...
-POOL_TRANSITIONS = 2048  # ... and at most this many transitions in all (Mario's are 256 KiB each), but 2 batches
+POOL_TRANSITIONS = 1024  # ... and at most this many transitions in all (Mario's are 256 KiB each, and its emulators
+#                          slow to build and step: the pool is drawn at the end of a run), but 2 batches
 MAX_ENVS = 16  # environments that play them: an emulator is slow to build ...
 MAX_STEPS = 64  # ... unless that takes more steps than this: a step of a batched env on a GPU costs milliseconds
 

@@ -294,8 +294,9 @@ def ppo_batches(data: Any, size: int) -> list[dict[str, torch.Tensor]]:
     for seed, batch in enumerate(batches):
         generator = torch.Generator().manual_seed(seed)
         batch["log_prob"] = torch.full_like(batch["reward"], -1.386)  # log(1/4): a uniform behaviour policy's
-        batch["advantage"] = torch.randn(size, generator=generator)
-        batch["value_target"] = torch.randn(size, generator=generator)
+        # Drawn on the CPU (the same numbers on any device), then put where the batch lives.
+        batch["advantage"] = torch.randn(size, generator=generator).to(batch["reward"].device)
+        batch["value_target"] = torch.randn(size, generator=generator).to(batch["reward"].device)
     return batches
 
 

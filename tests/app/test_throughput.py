@@ -14,6 +14,7 @@ import datamodules.timing as timing
 from callbacks.schedule import PeriodicEvaluation
 from callbacks.throughput import BARE_UPDATE_SHARE, ThroughputReport
 from datamodules.timing import PhaseTimer
+from modules.dqn import DQN
 from tests.helpers import chain_config, fit, write_config
 
 FRAMES_PER_STEP, SAMPLES_PER_STEP = 180, 36
@@ -280,6 +281,32 @@ def test_real_fit_through_the_cli_writes_the_report(tmp_path):
     assert bare["loop_ms_per_update"] == pytest.approx(1e3 * steady["wall_s"] / steady["updates"])
     assert bare["ratio"] == pytest.approx(bare["loop_ms_per_update"] / bare["ms"])
     assert f"{bare['ratio']:.2f}x" in (tmp_path / "out" / "throughput.md").read_text()
+
+
+class BrokenYardstickDQN(DQN):
+    """The real DQN whose bare reference update cannot be built (as PPO's once failed on a GPU, its stand-in
+    advantages on the CPU and its batches on the device)."""
+
+    def reference_update(self, data):
+        raise RuntimeError("Expected all tensors to be on the same device\nsecond line")
+
+
+@pytest.mark.slow
+def test_a_failing_bare_update_yardstick_leaves_the_run_and_its_report(tmp_path):
+    config = chain_config("dqn", tmp_path / "out")
+    config["model"]["class_path"] = "tests.app.test_throughput.BrokenYardstickDQN"
+    with pytest.warns(UserWarning, match="the bare-update yardstick failed .RuntimeError: Expected all tensors"):
+        cli = fit(
+            write_config(config, tmp_path / "c.yaml"),
+            "--trainer.max_steps", "12",
+            "--trainer.callbacks+=callbacks.throughput.ThroughputReport",
+            "--trainer.callbacks.skip_first_steps", "2",
+        )  # fmt: skip
+    assert cli.trainer.global_step == 12
+    report = json.loads((tmp_path / "out" / "throughput.json").read_text())
+    assert report["bare_update"] == {"error": "RuntimeError: Expected all tensors to be on the same device"}
+    assert report["steady_state"]["frames_per_s"] > 0
+    assert "bare update: not timed, its yardstick failed" in (tmp_path / "out" / "throughput.md").read_text()
 
 
 class SlowEvaluation(PeriodicEvaluation):
