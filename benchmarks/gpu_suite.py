@@ -34,14 +34,16 @@ The items, in the order they run (each figure's target is the reference reports'
                           updates/s against the reference's 1,800 and 10)
 ========================  ========================================================================================
 
-``--quick`` runs the same code on the CPU at toy sizes, so that the suite cannot rot between GPU sessions (a test
-runs it). Its figures mean nothing. Items whose packages are missing (MettaGrid, the NES emulator) fail with the
-import error and the suite goes on.
+``--quick`` runs the same code on the CPU at toy sizes, every item in the suite's own process (a process each would
+spend more time importing than measuring; ``--isolate``: a process each, as on the GPU), so that the suite cannot
+rot between GPU sessions (a test runs it). Its figures mean nothing. Items whose packages are missing (MettaGrid, the
+NES emulator) fail with the import error and the suite goes on.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import faulthandler
 import json
 import os
@@ -459,7 +461,21 @@ def run_item(name: str, quick: bool, out: Path, cap: int) -> None:
     path.write_text(json.dumps(result, indent=2, default=str) + "\n")
 
 
-def run_suite(names: list[str], quick: bool, out: Path, caps: dict[str, int]) -> dict:
+def run_here(name: str, out: Path, cap: int, log: Path) -> int:
+    """``--quick``: one item in this process, its output and any traceback in ``log``; 0 if it finished."""
+    folder = Path.cwd()
+    with log.open("w") as stream, contextlib.redirect_stdout(stream), contextlib.redirect_stderr(stream):
+        try:
+            run_item(name, True, out, cap)
+            return 0
+        except Exception:
+            traceback.print_exc()
+            return 1
+        finally:
+            os.chdir(folder)  # run_item works from the checkout
+
+
+def run_suite(names: list[str], quick: bool, out: Path, caps: dict[str, int], isolate: bool = True) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     suite = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -477,11 +493,14 @@ def run_suite(names: list[str], quick: bool, out: Path, caps: dict[str, int]) ->
         sampler, start = GpuSampler(), time.perf_counter()
         log = out / "logs" / f"{name}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
-        with log.open("w") as stream:
-            try:
-                code = subprocess.run(command, stdout=stream, stderr=subprocess.STDOUT, timeout=cap).returncode
-            except subprocess.TimeoutExpired:
-                code = None
+        if not isolate:  # toy sizes take seconds: a process per item would spend more on its imports than on the item
+            code = run_here(name, out, cap, log)
+        else:
+            with log.open("w") as stream:
+                try:
+                    code = subprocess.run(command, stdout=stream, stderr=subprocess.STDOUT, timeout=cap).returncode
+                except subprocess.TimeoutExpired:
+                    code = None
         entry: dict[str, Any] = {"seconds": round(time.perf_counter() - start, 1), "gpu": sampler.stop()}
         result_path = out / "items" / f"{name}.json"
         if code == 0 and result_path.exists():
@@ -553,6 +572,9 @@ def main(argv: list[str] | None = None) -> dict | None:
     parser.add_argument(
         "--cap", nargs="+", default=[], metavar="ITEM=SECONDS", help="another wall-clock cap for these items"
     )
+    parser.add_argument(
+        "--isolate", action="store_true", help="with --quick: each item in its own process, as on the GPU"
+    )
     parser.add_argument("--item", choices=sorted(ITEMS), help=argparse.SUPPRESS)  # the child process's one item
     args = parser.parse_args(argv)
     out = args.out.resolve()
@@ -576,7 +598,7 @@ def main(argv: list[str] | None = None) -> dict | None:
     if not args.quick and not torch.cuda.is_available():
         parser.error("no CUDA device on this machine: run with --quick to check the suite on the CPU")
     names = [name for name in ITEMS if not args.only or name in args.only]
-    suite = run_suite(names, args.quick, out, caps)
+    suite = run_suite(names, args.quick, out, caps, isolate=args.isolate or not args.quick)
     failed = [name for name, item in suite["items"].items() if item["status"] != "ok"]
     print(f"[gpu_suite] {len(names) - len(failed)} of {len(names)} items ok -> {out / 'gpu_suite.md'}")
     return suite

@@ -46,6 +46,17 @@ def test_quick_mode_runs_every_item_from_any_folder_and_writes_both_reports(tmp_
     assert "compile=false" in figures["dqn_update"]["ratio_to_bare"] and not figures["dqn_update"]["errors"]
     markdown = (out / "gpu_suite.md").read_text()
     assert all(f"| {name} | ok |" in markdown for name in ITEMS)
+    assert (out / "logs" / "pirl_export.log").exists()  # each item's output in its log
+
+
+@pytest.mark.slow
+def test_an_item_in_its_own_process_reports_what_it_measured(tmp_path):
+    # As on the GPU: the item in a child process (`--item`), its figures handed back through its file.
+    out = tmp_path / "suite"
+    done = run_suite("--quick", "--isolate", "--only", "vehicle_racing_env", "--out", str(out), cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (item,) = json.loads((out / "gpu_suite.json").read_text())["items"].values()
+    assert item["status"] == "ok" and item["figures"]["steps_per_s"]["racing"]["torchrl"] > 0
 
 
 @pytest.mark.slow
