@@ -1,6 +1,6 @@
 """Every GPU measurement in one command: one report, each item under a wall-clock cap, failures reported and skipped.
 
-    python benchmarks/gpu_suite.py --out runs/gpu_suite              # on a CUDA machine: every item (under 10 minutes)
+    python benchmarks/gpu_suite.py --out runs/gpu_suite              # on a CUDA machine: every item (10 minutes at most)
     python benchmarks/gpu_suite.py --out runs/gpu_suite --only snake_env pirl_export
     python benchmarks/gpu_suite.py --quick --out runs/gpu_suite_quick  # every item on the CPU at toy size: a smoke test
 
@@ -299,14 +299,15 @@ def mario(ctx: Context) -> dict:
     }
 
 
-#: name -> (item, cap in seconds on the GPU). The caps add up to 9.7 minutes, start-ups included.
+#: name -> (item, cap in seconds on the GPU). The caps add up to 10 minutes, start-ups included: a
+#: machine lent for less time than that runs the suite in parts (``--only``).
 ITEMS: dict[str, tuple[Callable[[Context], dict], int]] = {
-    "snake_env": (snake_env, 25),
-    "pirl_export": (pirl_export, 55),
+    "snake_env": (snake_env, 20),
+    "pirl_export": (pirl_export, 50),
     "vehicle_racing_env": (vehicle_racing_env, 25),
-    "snake_ppo": (snake_ppo, 100),  # compiles its update on the GPU first
-    "dqn_update": (dqn_update, 65),
-    "sac": (sac, 70),
+    "snake_ppo": (snake_ppo, 130),  # compiles its update on the GPU first (an 87-s fit needed 130 s in all)
+    "dqn_update": (dqn_update, 60),
+    "sac": (sac, 75),
     "metta": (metta, 70),
     "mario": (mario, 170),  # 14 worker processes start one after the other; emulators drawn for the yardstick
 }
