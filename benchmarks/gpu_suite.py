@@ -1,6 +1,6 @@
 """Every GPU measurement in one command: one report, each item under a wall-clock cap, failures reported and skipped.
 
-    python benchmarks/gpu_suite.py --out runs/gpu_suite              # on a CUDA machine: every item (10 minutes at most)
+    python benchmarks/gpu_suite.py --out runs/gpu_suite              # on a CUDA machine: every item (10 min at most)
     python benchmarks/gpu_suite.py --out runs/gpu_suite --only snake_env pirl_export
     python benchmarks/gpu_suite.py --quick --out runs/gpu_suite_quick  # every item on the CPU at toy size: a smoke test
 
