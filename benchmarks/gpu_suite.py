@@ -489,14 +489,14 @@ def run_suite(names: list[str], quick: bool, out: Path, caps: dict[str, int], is
         cap = caps[name]
         print(f"[gpu_suite] {name} (cap {cap} s) ...", flush=True)
         (out / "items" / f"{name}.json").unlink(missing_ok=True)
-        command = [sys.executable, str(Path(__file__).resolve()), "--item", name, "--out", str(out)]
-        command += [*(["--quick"] if quick else []), "--cap", f"{name}={cap}"]
         sampler, start = GpuSampler(), time.perf_counter()
         log = out / "logs" / f"{name}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         if not isolate:  # toy sizes take seconds: a process per item would spend more on its imports than on the item
             code = run_here(name, out, cap, log)
         else:
+            command = [sys.executable, str(Path(__file__).resolve()), "--item", name, "--out", str(out)]
+            command += [*(["--quick"] if quick else []), "--cap", f"{name}={cap}"]
             with log.open("w") as stream:
                 try:
                     code = subprocess.run(command, stdout=stream, stderr=subprocess.STDOUT, timeout=cap).returncode
