@@ -58,6 +58,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from datamodules.checkpoint_files import TEMPORARY_MARK, kept_path, updates_in_name  # noqa: E402
+from datamodules.workers import worker_pids  # noqa: E402
 from tests.app.test_resume import SHORT, assert_same, metrics_rows  # noqa: E402
 from tests.helpers import fill, saved_replay, small_file_system  # noqa: E402
 
@@ -332,34 +333,6 @@ def expected(process: Process, errors: list[str], traceback: bool) -> bool:
         return status == 1 and len(errors) == 1 and not traceback or status == 0
     # disk_full: one line naming the folder and the bytes, no traceback; or the run's last write had happened.
     return status == 0 or status == 1 and len(errors) == 1 and "not saved" in errors[0] and not traceback
-
-
-def worker_pids(pid: int) -> list[int]:
-    """The worker processes (multiprocessing's spawned children) below ``pid``; not its resource tracker."""
-    found = []
-    for child in descendants(pid):
-        try:
-            line = Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-        if "spawn_main" in line or "forkserver" in line:
-            found.append(child)
-    return found
-
-
-def descendants(pid: int) -> list[int]:
-    parents = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                parents[int(entry.name)] = int((entry / "stat").read_text().rpartition(")")[2].split()[1])
-            except (OSError, IndexError):
-                continue
-    found, frontier = [], [pid]
-    while frontier:
-        frontier = [child for child, parent in parents.items() if parent in frontier]
-        found += frontier
-    return found
 
 
 def group_members(group: int) -> list[str]:

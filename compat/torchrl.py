@@ -37,6 +37,7 @@ PRIVATE_API = (
     ("torchrl.collectors.Collector", "_iter", "collector_counters, set_collector_counters"),
     ("torchrl.envs.MultiStepTransform", "_buffer", "multistep_window, set_multistep_window"),
     ("torchrl.envs.ParallelEnv", "_shm_done_flags", "parallel_env_lower_done_flags"),
+    ("torchrl.envs.ParallelEnv", "_workers", "parallel_env_processes"),
     ("torchrl.data.replay_buffers.samplers.Sampler", "_rng", "sampler_generator"),
     ("torchrl.data.TensorStorage", "_storage", "storage_contents"),
     ("torchrl.envs.EnvBase", "_step_proc_data", "StepOutputComplete"),
@@ -95,6 +96,12 @@ def parallel_env_lower_done_flags(env: ParallelEnv) -> None:
     # ParallelEnv._shm_done_flags (private; torchrl 0.14.1): one shared byte per worker.
     for worker in range(env.num_workers):
         env._shm_done_flags[worker] = 0
+
+
+def parallel_env_processes(env: ParallelEnv) -> list:
+    """The ``multiprocessing`` process objects of ``env``'s workers, by index (none before they start)."""
+    # ParallelEnv._workers (private; torchrl 0.14.1): set when the workers start, deleted when they are closed.
+    return list(getattr(env, "_workers", []))
 
 
 def sampler_generator(sampler: Any) -> torch.Generator | None:

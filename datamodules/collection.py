@@ -45,7 +45,12 @@ from tensordict.nn import TensorDictModuleBase
 from torchrl.collectors import Collector, MultiAsyncCollector, MultiSyncCollector
 from torchrl.envs import EnvBase, ParallelEnv
 
-from compat.torchrl import WorkerTaggedAsyncCollector, collector_carrier, parallel_env_lower_done_flags
+from compat.torchrl import (
+    WorkerTaggedAsyncCollector,
+    collector_carrier,
+    parallel_env_lower_done_flags,
+    parallel_env_processes,
+)
 from datamodules.checkpoint_files import from_plain, to_plain
 from datamodules.workers import (
     ResumableCollector,
@@ -53,6 +58,7 @@ from datamodules.workers import (
     multi_process_collector,
     remove_temporary_logs,
     stateful_env,
+    use_forkserver,
     worker_death_error,
     worker_env_factories,
     workers_log_dir,
@@ -148,8 +154,7 @@ class Collection:
             return
         if error is not None:
             self._watch.settle()  # the learner's wait may have ended (a closed pipe) before the watch's next look
-        processes = getattr(self.collector, "procs", None) or []  # TorchRL's multi-process collectors' workers
-        death = worker_death_error(error, self._log_dir, frames, self._watch, self.worker_kind, processes)
+        death = worker_death_error(error, self._log_dir, frames, self._watch, self.worker_kind, self._processes())
         if death is not None:
             self._died = True
             raise death from error
@@ -157,10 +162,15 @@ class Collection:
     #: how the error names a worker: "environment" (env workers) or "collector"
     worker_kind = "collector"
 
+    def _processes(self) -> list[Any]:
+        """The workers' ``multiprocessing`` process objects, by index: TorchRL's multi-process collectors'."""
+        return list(getattr(self.collector, "procs", None) or [])
+
     def build_watched(self, data: RLDataModule) -> None:
         """:meth:`build`, with the worker processes it starts watched from their start (:class:`WorkerWatch`): a
         worker that dies while the collector is being built is one error naming it too."""
         if self.uses_workers:
+            use_forkserver(data._env_class.__module__)
             self._watch = WorkerWatch()
             self._watch.start()
         try:
@@ -319,6 +329,9 @@ class EnvWorkers(Collection):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._load_in_process_state(state)
+
+    def _processes(self) -> list[Any]:
+        return [] if self.collector is None else parallel_env_processes(stateful_env(self.collector.env))
 
 
 class CollectorWorkers(Collection):

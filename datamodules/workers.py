@@ -18,11 +18,13 @@ What is shared here:
   within a fraction of a second, remembers which and how, and kills the other workers, so that whatever the learner
   waits on in TorchRL (a pipe, a queue, a worker that waits for the dead one) returns at once.
 - :func:`worker_death_error`: one error naming the dead worker, how it died, and its last exception.
+- :func:`use_forkserver`: workers forked from a server that imported torch and TorchRL once, not spawned anew.
 """
 
 from __future__ import annotations
 
 import contextlib
+import multiprocessing
 import os
 import re
 import shutil
@@ -165,9 +167,8 @@ def worker_death_error(
     processes: list[Any] = (),
 ) -> WorkerDied | None:
     """One error naming the dead worker, how it died and the exception it printed, when ``watch`` saw a worker die or
-    ``error`` (or what it was raised from) is TorchRL's report of one; None otherwise. ``processes`` (the collector's
-    ``multiprocessing`` processes, by index) give the exit code when neither has it (``multiprocessing`` collected the
-    worker before the watch looked)."""
+    ``error`` (or what it was raised from) is TorchRL's report of one; None otherwise. ``processes`` (the workers'
+    ``multiprocessing`` process objects, by index) give the exit code when neither has it."""
     found, chained = None, error
     while chained is not None and found is None:
         found = DEAD_WORKER.search(str(chained))
@@ -176,7 +177,10 @@ def worker_death_error(
     death = watch.death if watch is not None and watch.death is not None else reported
     if death is None:
         return None
-    if death[1] is None and reported is not None:  # TorchRL saw it first: its report has the exit code
+    # The watch's code is unknown where TorchRL collected the worker first, or the forkserver started it. TorchRL's
+    # report has the code; it names the dead worker where TorchRL saw the death first (the others then ended with it),
+    # but may name one the watch killed where the watch saw it first.
+    if death[1] is None and reported is not None and (reported[0] == death[0] or watch.ended_together):
         death = reported
     index, code = death
     if code is None and index < len(processes):
@@ -227,12 +231,16 @@ class WorkerWatch(threading.Thread):
 
     TorchRL checks its workers' liveness in most of its waits, not all: a worker killed while the collector is being
     built, or while another worker waits on it, left the learner blocked on a pipe for good (and the interpreter, at
-    exit, waiting to join the workers still alive). So this thread looks, every ``poll_s``, at this process's child
-    processes started by ``multiprocessing`` (``spawn_main`` in their command line; numbered in the order they
-    appear, which is the order TorchRL starts its workers). When one has ended, it records which and how
-    (``waitid`` with ``WNOWAIT``, which leaves the exit status for ``multiprocessing`` to collect), then kills the
-    others: every wait of the learner on them then ends (a closed pipe, TorchRL's own liveness checks), and the
-    error says which worker died first, and how (:func:`worker_death_error`).
+    exit, waiting to join the workers still alive). So this thread looks, every ``poll_s``, at the worker processes
+    started by ``multiprocessing`` (:func:`worker_pids`: numbered in the order they appear, which is the order TorchRL
+    starts its workers). When one has ended, it records which and how, then kills the others: every wait of the
+    learner on them then ends (a closed pipe, TorchRL's own liveness checks), and the error says which worker died
+    first, and how (:func:`worker_death_error`).
+
+    A worker this process started itself (``spawn``) is looked at with ``waitid`` and ``WNOWAIT``, which gives its exit
+    code and leaves it for ``multiprocessing`` to collect. A worker the forkserver started is the server's child: its
+    end is seen in ``/proc``, and its exit code is read later, in the learner's thread, from its ``multiprocessing``
+    process object (reading it here would race TorchRL's own reads of the same pipe).
 
     Call :meth:`stop` before shutting the workers down normally (their exits are not deaths).
     """
@@ -241,8 +249,10 @@ class WorkerWatch(threading.Thread):
         super().__init__(name="worker-watch", daemon=True)
         self.poll_s = poll_s
         self.workers: list[int] = []  # worker pids, by index
-        self.death: tuple[int, int | None] | None = None  # (index, exit code as multiprocessing gives it: -N: signal N)
-        self._known = set(_spawned_children())  # started before this watch (other strategies'): not watched
+        #: (index, exit code as multiprocessing gives it, -N: signal N; None when not known here)
+        self.death: tuple[int, int | None] | None = None
+        self.ended_together = False  # several workers had ended when the death was seen (TorchRL stopped the others)
+        self._known = set(worker_pids())  # started before this watch (other strategies'): not watched
         self._stopping = threading.Event()
 
     def run(self) -> None:
@@ -255,7 +265,7 @@ class WorkerWatch(threading.Thread):
                 # terminated the others (SIGTERM), which are not the one that died. So a known code comes first,
                 # then an unknown one (TorchRL's report names it), and a SIGTERM only when nothing else ended.
                 ended.sort(key=lambda death: (death[1] == -signal.SIGTERM, death[1] is None))
-                self.death = ended[0]
+                self.death, self.ended_together = ended[0], len(ended) > 1
                 self._kill_others(self.workers[self.death[0]])
                 return
 
@@ -275,7 +285,7 @@ class WorkerWatch(threading.Thread):
             time.sleep(self.poll_s / 4)
 
     def _new_workers(self) -> list[int]:
-        return sorted(set(_spawned_children()) - self._known - set(self.workers))
+        return sorted(set(worker_pids()) - self._known - set(self.workers))
 
     def stop(self) -> None:
         """Stop watching (before the workers are shut down on purpose)."""
@@ -284,36 +294,70 @@ class WorkerWatch(threading.Thread):
             self.join(timeout=5 * self.poll_s)
 
 
-def _spawned_children() -> list[int]:
-    """This process's child processes started by ``multiprocessing`` (spawn or forkserver)."""
-    pids = []
-    for task in Path(f"/proc/{os.getpid()}/task").glob("*/children"):
-        try:
-            pids += [int(pid) for pid in task.read_text().split()]
-        except OSError:
-            continue
+def worker_pids(pid: int | None = None) -> list[int]:
+    """The worker processes ``multiprocessing`` started for process ``pid`` (this one by default): its children
+    started with ``spawn`` and the children of its forkserver (:func:`use_forkserver`), which forks them."""
     found = []
-    for pid in pids:
-        try:
-            command = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if b"spawn_main" in command or b"forkserver" in command:
-            found.append(pid)
+    for child in _children(os.getpid() if pid is None else pid):
+        command = _command_line(child)
+        if b"spawn_main" in command:
+            found.append(child)
+        elif b"multiprocessing.forkserver" in command:
+            found += _children(child)
     return found
 
 
+def _children(pid: int) -> list[int]:
+    children = []
+    for task in Path(f"/proc/{pid}/task").glob("*/children"):
+        with contextlib.suppress(OSError):
+            children += [int(child) for child in task.read_text().split()]
+    return children
+
+
+def _command_line(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
 def _exit_code(pid: int) -> tuple[bool, int | None]:
-    """``(ended, exit code)`` of child ``pid``: the code as ``multiprocessing`` gives it (``-N``: killed by signal
-    N), None when unknown (already collected by ``multiprocessing``, whose TorchRL report then has it). The child
-    stays waitable (``WNOWAIT``), so ``multiprocessing`` still reads its exit code."""
+    """``(ended, exit code)`` of worker ``pid``: the code as ``multiprocessing`` gives it (``-N``: killed by signal
+    N), None when unknown here (a forkserver's worker; or a child already collected by ``multiprocessing``, whose
+    TorchRL report then has it). A child stays waitable (``WNOWAIT``), so ``multiprocessing`` still reads its code."""
     try:
         info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-    except ChildProcessError:
-        return True, None
+    except ChildProcessError:  # collected already, or not this process's child (the forkserver's)
+        return not _running(pid), None
     if info is None:
         return False, None
     return True, (-info.si_status if info.si_code in (os.CLD_KILLED, os.CLD_DUMPED) else info.si_status)
+
+
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` exists and has not ended (a zombie has)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+#: What every worker imports before it builds its environments: loaded once, in the forkserver.
+WORKER_IMPORTS = ("torch", "tensordict", "torchrl.envs", "torchrl.collectors", "datamodules.workers")
+
+
+def use_forkserver(*modules: str) -> None:
+    """Start worker processes from a forkserver that has imported :data:`WORKER_IMPORTS` and ``modules`` (the
+    environment's), so that a worker starts in a fraction of a second rather than importing torch and TorchRL anew
+    (seconds, and a core's worth of them per worker). TorchRL takes the start method set here. Left alone when a start
+    method was chosen already (by the program, or by an earlier call), and off Linux."""
+    if sys.platform != "linux" or multiprocessing.get_start_method(allow_none=True) is not None:
+        return
+    # A program's own module (``__main__``) is left out: the server would run it again to import it.
+    multiprocessing.set_forkserver_preload([*WORKER_IMPORTS, *(name for name in modules if name != "__main__")])
+    multiprocessing.set_start_method("forkserver")
 
 
 def _worker_env(log: Path, env_class: type, transform: Any, **options: Any) -> EnvBase:

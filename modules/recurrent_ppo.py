@@ -38,6 +38,20 @@ from modules.ppo import categorical_actor, check_ppo_options, clip_ppo_loss, ppo
 _STATE_KEYS = ("recurrent_state_h", "recurrent_state_c")
 
 
+class EagerLSTMModule(LSTMModule):
+    """TorchRL's ``LSTMModule``, run eagerly inside a compiled loss.
+
+    Where an episode starts inside a segment, its "pad" backend splits the segment there and pads the pieces: shapes
+    that depend on the data. Compiled, every new layout of resets was a new graph (Dynamo's frames, recompiled until
+    its limit, then eager anyway); its "scan" backend, which would avoid them, has a backward that does not compile
+    with torch 2.13. Left eager, the LSTM's fused kernel runs as in acting, and the rest of the loss compiles once.
+    """
+
+    @torch.compiler.disable
+    def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+        return super().forward(tensordict)
+
+
 class RecurrentPPO(RLModule):
     """Clipped PPO with a token-grid CNN, an LSTM and action and value heads on its output
     (docs/reference_systems.md §5).
@@ -89,11 +103,9 @@ class RecurrentPPO(RLModule):
         self.gamma, self.gae_lambda = gamma, gae_lambda
 
         self.encoder = TokenEncoder(grid_features, grid_size, grid_size, trunk_features)
-        # TorchRL's "pad" backend: where an episode starts inside a segment, the segment is split into pieces that are
-        # padded and run together. Its "scan" backend would avoid those data-dependent shapes under torch.compile,
-        # but its backward does not compile with torch 2.13, so a compiled update recompiles for a new padded shape
-        # (and after 8 of them runs that part eagerly).
-        self.lstm = LSTMModule(input_size=trunk_features, hidden_size=lstm_hidden, in_key="embed", out_key="hidden")
+        self.lstm = EagerLSTMModule(
+            input_size=trunk_features, hidden_size=lstm_hidden, in_key="embed", out_key="hidden"
+        )
         self.trunk = TensorDictSequential(TensorDictModule(self.encoder, ["observation"], ["embed"]), self.lstm)
         self.actor_head = nn.Linear(lstm_hidden, action_spec.space.n)
         self.value_head = nn.Linear(lstm_hidden, 1)

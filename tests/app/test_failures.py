@@ -24,6 +24,7 @@ from datamodules.collection import CollectorWorkers
 from datamodules.envs.snake.env import SnakeEnv
 from datamodules.memory import WORKER_POOL, MemoryNeed, check_memory
 from datamodules.replay import ReplayDataModule
+from datamodules.workers import worker_pids
 from tests.helpers import ROOT, app_in_process, short_snake_fit
 
 SNAKE_DQN = ROOT / "configs" / "snake_dqn.yaml"
@@ -38,22 +39,6 @@ CHECKPOINTS = (
     "trainer:\n  callbacks:\n"
     "    - {class_path: callbacks.schedule.FrameCheckpoint, init_args: {every_n_frames: 1024}}\n"
 )
-
-
-def _spawned_children(pid: int) -> list[int]:
-    """The multiprocessing worker processes (``spawn_main``) whose parent is ``pid``, in the order they started."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            command = (entry / "cmdline").read_bytes()
-        except (OSError, IndexError):
-            continue
-        if parent == pid and b"spawn_main" in command:
-            found.append(int(entry.name))
-    return sorted(found)
 
 
 def _group_ends(group: int, seconds: float = 10.0) -> list[str]:
@@ -108,7 +93,7 @@ def test_a_worker_killed_by_sigkill_stops_the_run_within_seconds_with_one_line(t
         deadline = time.monotonic() + 180
         while not checkpoint.exists() and run.poll() is None and time.monotonic() < deadline:
             time.sleep(0.2)
-        workers = _spawned_children(run.pid)
+        workers = worker_pids(run.pid)  # spawned, or forked by the run's forkserver
         assert run.poll() is None and len(workers) == 2, run.stderr.read() if run.poll() is not None else workers
         os.kill(workers[1], signal.SIGKILL)  # what the out-of-memory killer sends
         killed = time.monotonic()

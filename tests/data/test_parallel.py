@@ -24,6 +24,7 @@ from datamodules.collection import AsyncCollectorWorkers, CollectorWorkers, _Fee
 from datamodules.envs.testing.chain import ChainEnv
 from datamodules.episodes import EpisodeStatistics
 from datamodules.replay import ReplayDataModule
+from datamodules.workers import WorkerWatch, worker_death_error
 from modules.dqn import DQN
 from tests.helpers import CHAIN, ROOT, chain_config, fit, saved_replay, weights, write_config
 
@@ -367,3 +368,35 @@ def test_a_dead_worker_is_named_even_when_the_others_are_slow_to_stop():
         check_for_dead_worker([dead, slow])
     with pytest.raises(ValueError):  # closed
         slow.is_alive()
+
+
+@pytest.mark.parametrize("start_method", ["spawn", "forkserver"])
+def test_the_watch_names_the_worker_killed_first_and_stops_the_others(start_method):
+    # Spawned workers are this process's children (their exit code read by the watch); forkserver's are the server's
+    # (their end seen in /proc, their code read from the process objects). Either way the watch sees the death,
+    # kills the others so that no wait of the learner hangs, and the error names the first to die.
+    context = multiprocessing.get_context(start_method)
+    watch = WorkerWatch(poll_s=0.05)
+    watch.start()
+    workers = [context.Process(target=time.sleep, args=(60,)) for _ in range(3)]
+    try:
+        for worker in workers:
+            worker.start()
+        deadline = time.monotonic() + 30
+        while len(watch.workers) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert watch.workers == [worker.pid for worker in workers]
+        os.kill(workers[1].pid, signal.SIGKILL)
+        watch.join(timeout=10)
+        for worker in workers:
+            worker.join(timeout=10)
+    finally:
+        for worker in workers:
+            if worker.is_alive():
+                worker.kill()
+    assert watch.death[0] == 1 and not watch.ended_together
+    assert [worker.exitcode for worker in workers] == [-signal.SIGKILL] * 3
+    # TorchRL's own check may then report a worker the watch killed (the first it finds ended): still worker 1.
+    torchrl_report = RuntimeError("At least one process failed: worker 0 (exit code -9). Check for more infos.")
+    error = worker_death_error(torchrl_report, None, 1024, watch, processes=workers)
+    assert str(error).startswith("collector worker 1 died: killed by SIGKILL (signal 9"), error
