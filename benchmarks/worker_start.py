@@ -1,8 +1,7 @@
 """How long a run with worker processes takes to start, with the workers spawned or forked from a forkserver.
 
     python benchmarks/worker_start.py --repeats 3
-    python benchmarks/worker_start.py --config configs/snake_dqn.yaml --args \
-        --data.init_args.collection CollectorWorkers --data.init_args.collection.workers 2
+    python benchmarks/worker_start.py --repeats 2 --args --data.init_args.collection.workers 8
 
 Each measurement is a short fit of ``--config`` (``--args`` appended; by default ``configs/metta_ppo.yaml``, its two
 collector workers, 4 updates, compilation off so that it does not blur the comparison) in a fresh process that first
