@@ -16,8 +16,12 @@ import warnings
 from types import ModuleType
 
 _SOURCE = r"""
-#include <torch/extension.h>
+// Only the headers the kernel uses: torch/extension.h (load_inline's default) triples the build's time.
+#include <ATen/core/Tensor.h>
 #include <ATen/Parallel.h>
+#include <torch/csrc/utils/pybind.h>
+#include <algorithm>
+#include <cstring>
 
 namespace {
 constexpr uint64_t MASK = 0xFFFFFFFFull;
@@ -65,9 +69,9 @@ void place_food(const Boards& s, int64_t b) {
   s.draws[b] += 1;
 }
 
-Boards view(torch::Tensor board, torch::Tensor trail, torch::Tensor tail_slot, torch::Tensor length,
-            torch::Tensor heading, torch::Tensor head_row, torch::Tensor head_col, torch::Tensor food,
-            torch::Tensor steps, torch::Tensor stream, torch::Tensor draws, int64_t size) {
+Boards view(at::Tensor board, at::Tensor trail, at::Tensor tail_slot, at::Tensor length,
+            at::Tensor heading, at::Tensor head_row, at::Tensor head_col, at::Tensor food,
+            at::Tensor steps, at::Tensor stream, at::Tensor draws, int64_t size) {
   return Boards{board.data_ptr<uint8_t>(), trail.data_ptr<int64_t>(), tail_slot.data_ptr<int64_t>(),
                 length.data_ptr<int64_t>(), heading.data_ptr<int64_t>(), head_row.data_ptr<int64_t>(),
                 head_col.data_ptr<int64_t>(), food.data_ptr<int64_t>(), steps.data_ptr<int64_t>(),
@@ -77,10 +81,10 @@ Boards view(torch::Tensor board, torch::Tensor trail, torch::Tensor tail_slot, t
 }  // namespace
 
 // Moves every snake; fills ate, dead, full (bool [N]).
-void step(torch::Tensor board, torch::Tensor trail, torch::Tensor tail_slot, torch::Tensor length,
-          torch::Tensor heading, torch::Tensor head_row, torch::Tensor head_col, torch::Tensor food,
-          torch::Tensor steps, torch::Tensor stream, torch::Tensor draws, int64_t size, torch::Tensor action,
-          torch::Tensor ate_out, torch::Tensor dead_out, torch::Tensor full_out) {
+void step(at::Tensor board, at::Tensor trail, at::Tensor tail_slot, at::Tensor length,
+          at::Tensor heading, at::Tensor head_row, at::Tensor head_col, at::Tensor food,
+          at::Tensor steps, at::Tensor stream, at::Tensor draws, int64_t size, at::Tensor action,
+          at::Tensor ate_out, at::Tensor dead_out, at::Tensor full_out) {
   const Boards s = view(board, trail, tail_slot, length, heading, head_row, head_col, food, steps, stream, draws, size);
   const int64_t* act = action.data_ptr<int64_t>();
   bool* ate_p = ate_out.data_ptr<bool>();
@@ -126,10 +130,10 @@ void step(torch::Tensor board, torch::Tensor trail, torch::Tensor tail_slot, tor
 }
 
 // Re-initialises the boards where mask holds, from a uniformly drawn start layout.
-void reset(torch::Tensor board, torch::Tensor trail, torch::Tensor tail_slot, torch::Tensor length,
-           torch::Tensor heading, torch::Tensor head_row, torch::Tensor head_col, torch::Tensor food,
-           torch::Tensor steps, torch::Tensor stream, torch::Tensor draws, int64_t size, torch::Tensor mask,
-           torch::Tensor layout_cells, torch::Tensor layout_heading, torch::Tensor layout_board) {
+void reset(at::Tensor board, at::Tensor trail, at::Tensor tail_slot, at::Tensor length,
+           at::Tensor heading, at::Tensor head_row, at::Tensor head_col, at::Tensor food,
+           at::Tensor steps, at::Tensor stream, at::Tensor draws, int64_t size, at::Tensor mask,
+           at::Tensor layout_cells, at::Tensor layout_heading, at::Tensor layout_board) {
   const Boards s = view(board, trail, tail_slot, length, heading, head_row, head_col, food, steps, stream, draws, size);
   const bool* m = mask.data_ptr<bool>();
   const int64_t* cells = layout_cells.data_ptr<int64_t>();
@@ -152,6 +156,11 @@ void reset(torch::Tensor board, torch::Tensor trail, torch::Tensor tail_slot, to
     }
   });
 }
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("step", &step);
+  m.def("reset", &reset);
+}
 """
 
 
@@ -164,8 +173,8 @@ def load() -> ModuleType | None:
         return load_inline(
             name="lightrl_snake_cpu",
             cpp_sources=_SOURCE,
-            functions=["step", "reset"],
             extra_cflags=["-O3"],
+            no_implicit_headers=True,
             verbose=False,
         )
     except Exception as error:  # a missing compiler or ninja must not stop training: fall back to torch ops
