@@ -44,12 +44,13 @@ class Task:
 
     env_id: str
     config: str
-    threshold: float
+    threshold: float | None  # None: a short run (--seconds of training each), its return against the random policy's
     budget: int  # the RL Zoo's n_timesteps: environment frames
     eval_every: int
     sb3_algo: str
     sb3_kwargs: dict[str, Any] = field(default_factory=dict)
     sb3_envs: int = 1
+    sb3_wrap: str = "none"  # the RL Zoo's env wrapping: "none", "normalize" (VecNormalize) or "atari"
     zoo_score: str = ""  # the RL Zoo's benchmark.md: mean ± std at its budget
 
 
@@ -148,6 +149,66 @@ TASKS: dict[str, Task] = {
         sb3_kwargs={"learning_rate": 1e-3},
         zoo_score="-157.0 ± 88.7 at 20k",
     ),
+    # Short runs: these tasks' budgets (1M-10M frames) are for a GPU machine; here both frameworks train for the same
+    # wall time (--seconds) and the report compares their frames/s and returns with the random policy's.
+    "halfcheetah_sac": Task(
+        "HalfCheetah-v5",
+        "configs/gym/halfcheetah_sac.yaml",
+        threshold=None,
+        budget=1_000_000,
+        eval_every=5_000,
+        sb3_algo="SAC",
+        sb3_kwargs={"learning_starts": 10_000},
+        zoo_score="9,535 ± 100 at 1M (HalfCheetah-v3)",
+    ),
+    "halfcheetah_ppo": Task(
+        "HalfCheetah-v5",
+        "configs/gym/halfcheetah_ppo.yaml",
+        threshold=None,
+        budget=1_000_000,
+        eval_every=10_000,
+        sb3_algo="PPO",
+        sb3_kwargs={
+            "n_steps": 512,
+            "batch_size": 64,
+            "gamma": 0.98,
+            "learning_rate": 2.0633e-05,
+            "ent_coef": 0.000401762,
+            "clip_range": 0.1,
+            "n_epochs": 20,
+            "gae_lambda": 0.92,
+            "max_grad_norm": 0.8,
+            "vf_coef": 0.58096,
+            "policy_kwargs": {
+                "log_std_init": -2,
+                "ortho_init": False,
+                "activation_fn": "ReLU",
+                "net_arch": {"pi": [256, 256], "vf": [256, 256]},
+            },
+        },
+        sb3_wrap="normalize",
+        zoo_score="5,819 ± 663 at 1M (HalfCheetah-v3)",
+    ),
+    "breakout_ppo": Task(
+        "ALE/Breakout-v5",
+        "configs/gym/breakout_ppo.yaml",
+        threshold=None,
+        budget=10_000_000,
+        eval_every=25_000,
+        sb3_algo="PPO",
+        sb3_kwargs={
+            "n_steps": 128,
+            "n_epochs": 4,
+            "batch_size": 256,
+            "learning_rate": "lin_2.5e-4",
+            "clip_range": "lin_0.1",
+            "vf_coef": 0.5,
+            "ent_coef": 0.01,
+        },
+        sb3_envs=8,
+        sb3_wrap="atari",
+        zoo_score="398.0 ± 33.3 at 10M (BreakoutNoFrameskip-v4)",
+    ),
 }
 
 
@@ -159,32 +220,39 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--eval-episodes", type=int, default=10, help="greedy episodes per evaluation")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads of every run")
     parser.add_argument("--timeout", type=int, default=3600, help="seconds one run may take before it is stopped")
+    parser.add_argument(
+        "--seconds", type=int, default=300, help="training seconds of each run of a short-run task (no threshold)"
+    )
     parser.add_argument("--out", default="runs/peers", help="folder for the runs, peers.json, peers.md and peers.png")
     parser.add_argument("--report-only", action="store_true", help="rewrite peers.md/png from peers.json")
     parser.add_argument("--sb3-run", nargs=3, metavar=("TASK", "SEED", "CSV"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.seeds < 1:
         parser.error(f"--seeds must be >= 1, got {args.seeds}")
+    if args.seconds < 1:
+        parser.error(f"--seconds must be >= 1, got {args.seconds}")
     if args.eval_episodes < 1:
         parser.error(f"--eval-episodes must be >= 1, got {args.eval_episodes}")
     return args
 
 
 # ------------------------------------------------------------------------------------------------------ lightrl
-def lightrl_preset(task: Task, seed: int, episodes: int, folder: Path) -> dict[str, Any]:
-    """What the comparison sets on top of the shipped config: the seed, the evaluation schedule and the stop, a CSV
-    logger into ``folder``. Everything else (the agent, its hyperparameters, the collection) is the config's."""
+def lightrl_preset(task: Task, seed: int, episodes: int, seconds: int, folder: Path) -> dict[str, Any]:
+    """What the comparison sets on top of the shipped config: the seed, the evaluation schedule and the stop (the
+    threshold, or ``seconds`` of training for a short run), a CSV logger into ``folder``. Everything else (the agent,
+    its hyperparameters, the collection) is the config's."""
+    short = task.threshold is None
     evaluation = {
         "every_n_frames": task.eval_every,
         "episodes": episodes,
         "stop_at_return": task.threshold,
         "at_start": False,  # SB3's EvalCallback does not evaluate before training either
-        "random_policy": False,
+        "random_policy": short,  # a short run is read against the random policy (at the first evaluation)
     }
     return {
         "seed_everything": seed,
         "trainer": {
-            "max_time": None,
+            "max_time": f"00:{seconds // 3600:02d}:{seconds // 60 % 60:02d}:{seconds % 60:02d}" if short else None,
             "logger": {
                 "class_path": "lightning.pytorch.loggers.CSVLogger",
                 "init_args": {"save_dir": str(folder), "name": "lightrl", "version": 0},
@@ -201,7 +269,7 @@ def lightrl_preset(task: Task, seed: int, episodes: int, folder: Path) -> dict[s
 def run_lightrl(task: Task, seed: int, args: argparse.Namespace, folder: Path) -> dict[str, Any]:
     folder.mkdir(parents=True, exist_ok=True)
     preset = folder / "comparison.yaml"
-    preset.write_text(yaml.safe_dump(lightrl_preset(task, seed, args.eval_episodes, folder)))
+    preset.write_text(yaml.safe_dump(lightrl_preset(task, seed, args.eval_episodes, args.seconds, folder)))
     command = [sys.executable, "-m", "app", "fit", "--config", str(ROOT / task.config), "--config", str(preset)]
     command += ["--threads", str(args.threads)]
     start = time.perf_counter()
@@ -211,9 +279,11 @@ def run_lightrl(task: Task, seed: int, args: argparse.Namespace, folder: Path) -
     if result.returncode != 0:
         tail = (result.stderr or result.stdout).strip().splitlines()[-3:]
         raise RuntimeError(f"lightrl {task.config} seed {seed} failed: {' | '.join(tail)}")
-    curve = []
+    curve, random_return = [], None
     with open(folder / "lightrl" / "version_0" / "metrics.csv") as file:
         for row in csv.DictReader(file):
+            if row.get("eval/random_return_mean"):
+                random_return = float(row["eval/random_return_mean"])
             if row.get("eval/return_mean"):
                 curve.append(
                     {
@@ -228,6 +298,7 @@ def run_lightrl(task: Task, seed: int, args: argparse.Namespace, folder: Path) -
     bare = report.get("bare_update") or {}
     return {
         "curve": curve,
+        "random_return": random_return,
         "process_seconds": process_seconds,
         "phases": report["this_process"]["fraction"],
         "update_vs_bare": bare.get("ratio"),
@@ -235,13 +306,38 @@ def run_lightrl(task: Task, seed: int, args: argparse.Namespace, folder: Path) -
 
 
 # --------------------------------------------------------------------------------------------- Stable-Baselines3
-def sb3_run(task_name: str, seed: int, csv_path: Path, episodes: int, threads: int) -> None:
+def sb3_envs(task: Task, seed: int) -> tuple[Any, Any]:
+    """The training and evaluation vector envs the RL Zoo builds for ``task`` (its ``normalize`` and Atari wrapping)."""
+    from stable_baselines3.common.env_util import make_atari_env, make_vec_env
+    from stable_baselines3.common.vec_env import VecFrameStack, VecNormalize, VecTransposeImage
+
+    if task.sb3_wrap == "atari":  # AtariWrapper and 4 stacked frames (hyperparams/ppo.yml, atari)
+        import ale_py
+        import gymnasium as gym
+
+        gym.register_envs(ale_py)
+        # Channels first, as SB3 makes the training env itself for its CNN policy.
+        env = VecTransposeImage(VecFrameStack(make_atari_env(task.env_id, n_envs=task.sb3_envs, seed=seed), 4))
+        return env, VecTransposeImage(VecFrameStack(make_atari_env(task.env_id, n_envs=1, seed=10_000 + seed), 4))
+    env = make_vec_env(task.env_id, n_envs=task.sb3_envs, seed=seed)
+    eval_env = make_vec_env(task.env_id, n_envs=1, seed=10_000 + seed)
+    if task.sb3_wrap == "normalize":  # the Zoo's VecNormalize, with the algorithm's discount; EvalCallback syncs it
+        gamma = task.sb3_kwargs.get("gamma", 0.99)
+        return VecNormalize(env, gamma=gamma), VecNormalize(eval_env, gamma=gamma, training=False, norm_reward=False)
+    return env, eval_env
+
+
+def sb3_run(task_name: str, seed: int, csv_path: Path, episodes: int, threads: int, seconds: int) -> None:
     """One SB3 training (in this process), its evaluations written to ``csv_path`` as they come."""
     import gymnasium as gym
     import stable_baselines3
     import torch
-    from stable_baselines3.common.callbacks import EvalCallback, StopTrainingOnRewardThreshold
-    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.callbacks import (
+        BaseCallback,
+        CallbackList,
+        EvalCallback,
+        StopTrainingOnRewardThreshold,
+    )
 
     torch.set_num_threads(threads)
     task = TASKS[task_name]
@@ -251,9 +347,12 @@ def sb3_run(task_name: str, seed: int, csv_path: Path, episodes: int, threads: i
         else value
         for key, value in task.sb3_kwargs.items()
     }
-    env = make_vec_env(task.env_id, n_envs=task.sb3_envs, seed=seed)
-    eval_env = make_vec_env(task.env_id, n_envs=1, seed=10_000 + seed)
-    model = getattr(stable_baselines3, task.sb3_algo)("MlpPolicy", env, seed=seed, verbose=0, **kwargs)
+    if "activation_fn" in kwargs.get("policy_kwargs", {}):  # named in TASKS, a torch.nn class here
+        kwargs["policy_kwargs"] = {**kwargs["policy_kwargs"]}
+        kwargs["policy_kwargs"]["activation_fn"] = getattr(torch.nn, kwargs["policy_kwargs"]["activation_fn"])
+    env, eval_env = sb3_envs(task, seed)
+    policy = "CnnPolicy" if task.sb3_wrap == "atari" else "MlpPolicy"
+    model = getattr(stable_baselines3, task.sb3_algo)(policy, env, seed=seed, verbose=0, **kwargs)
     rows: list[dict[str, float]] = []
     start = time.perf_counter()
 
@@ -275,7 +374,14 @@ def sb3_run(task_name: str, seed: int, csv_path: Path, episodes: int, threads: i
                     writer.writerows(rows)
             return keep_going
 
-    stop = StopTrainingOnRewardThreshold(reward_threshold=task.threshold, verbose=0)
+    class StopAfter(BaseCallback):
+        """A short run's stop: ``seconds`` after the start of training, as lightrl's ``max_time``."""
+
+        def _on_step(self) -> bool:
+            return time.perf_counter() - start < seconds
+
+    short = task.threshold is None
+    stop = None if short else StopTrainingOnRewardThreshold(reward_threshold=task.threshold, verbose=0)
     recorder = Recorder(
         eval_env,
         log_path=str(csv_path.parent),  # EvalCallback keeps its evaluations (evaluations_results) only with a log path
@@ -286,7 +392,7 @@ def sb3_run(task_name: str, seed: int, csv_path: Path, episodes: int, threads: i
         verbose=0,
     )
     gym.logger.min_level = 40
-    model.learn(total_timesteps=task.budget, callback=recorder)
+    model.learn(total_timesteps=task.budget, callback=CallbackList([recorder, StopAfter()]) if short else recorder)
 
 
 def run_sb3(task_name: str, seed: int, args: argparse.Namespace, folder: Path) -> dict[str, Any]:
@@ -294,6 +400,7 @@ def run_sb3(task_name: str, seed: int, args: argparse.Namespace, folder: Path) -
     csv_path = folder / "evaluations.csv"
     command = [sys.executable, str(Path(__file__).resolve()), "--sb3-run", task_name, str(seed), str(csv_path)]
     command += ["--eval-episodes", str(args.eval_episodes), "--threads", str(args.threads)]
+    command += ["--seconds", str(args.seconds)]
     start = time.perf_counter()
     result = subprocess.run(command, cwd=folder, capture_output=True, text=True, timeout=args.timeout)
     process_seconds = time.perf_counter() - start
@@ -313,7 +420,9 @@ def run_sb3(task_name: str, seed: int, args: argparse.Namespace, folder: Path) -
 
 
 # ------------------------------------------------------------------------------------------------------ report
-def reached(curve: list[dict[str, float]], threshold: float) -> dict[str, float] | None:
+def reached(curve: list[dict[str, float]], threshold: float | None) -> dict[str, float] | None:
+    if threshold is None:  # a short run has none
+        return None
     return next((point for point in curve if point["return"] >= threshold), None)
 
 
@@ -357,8 +466,11 @@ def summarise(results: dict[str, Any]) -> str:
             rates = [run["curve"][-1]["frames"] / run["curve"][-1]["seconds"] for run in runs[name] if run["curve"]]
             at_frames = [return_at(run["curve"], "frames", common_frames) for run in runs[name]]
             at_seconds = [return_at(run["curve"], "seconds", common_seconds) for run in runs[name]]
+            threshold = f"{len(times)}/{len(hits)} | {spread(times)} | "
+            if task.threshold is None:
+                threshold = "short run | — | "
             lines.append(
-                f"| {task.env_id} ({task_name}) | {name} | {len(times)}/{len(hits)} | {spread(times)} | "
+                f"| {task.env_id} ({task_name}) | {name} | {threshold}"
                 f"{spread([hit['frames'] for hit in hits if hit])} | {spread(rates)} | "
                 f"{spread([v for v in at_frames if v is not None])} at {common_frames:,.0f} | "
                 f"{spread([v for v in at_seconds if v is not None])} at {common_seconds:,.0f} s | "
@@ -374,6 +486,12 @@ def summarise(results: dict[str, Any]) -> str:
             ratios = [run["update_vs_bare"] for run in runs["lightrl"] if run.get("update_vs_bare")]
             bare = f"; its update step took {statistics.median(ratios):.2f}× its bare arithmetic" if ratios else ""
             notes.append(f"- {task.env_id} ({task_name}): lightrl's wall time (median over seeds): {shares}{bare}.")
+        randoms = [run["random_return"] for run in runs.get("lightrl", []) if run.get("random_return") is not None]
+        if task.threshold is None and randoms:
+            notes.append(
+                f"- {task.env_id} ({task_name}): a short run of {results.get('seconds', '?')} s each; the random "
+                f"policy's return on lightrl's evaluation episodes: {spread(randoms)}."
+            )
         if medians.get("lightrl") and medians.get("sb3"):
             notes.append(
                 f"- {task.env_id} ({task_name}): lightrl's median time to {task.threshold:g} is "
@@ -413,7 +531,8 @@ def plot(results: dict[str, Any], path: Path) -> None:
                         lw=2,
                         label=f"{name} (median of {len(runs)})",
                     )
-            axis.axhline(task.threshold, color="grey", ls="--", lw=1)
+            if task.threshold is not None:
+                axis.axhline(task.threshold, color="grey", ls="--", lw=1)
             axis.set_xlabel("environment frames" if key == "frames" else "wall seconds")
             axis.set_ylabel("greedy return")
             axis.set_title(f"{task.env_id}: {task_name}")
@@ -439,7 +558,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.sb3_run:
         task_name, seed, csv_path = args.sb3_run
-        sb3_run(task_name, int(seed), Path(csv_path), args.eval_episodes, args.threads)
+        sb3_run(task_name, int(seed), Path(csv_path), args.eval_episodes, args.threads, args.seconds)
         return
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -457,6 +576,7 @@ def main(argv: list[str] | None = None) -> None:
         "command": ["python", "benchmarks/peer_comparison.py", *(argv if argv is not None else sys.argv[1:])],
         "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count()},
         "threads": args.threads,
+        "seconds": args.seconds,
         "eval_episodes": args.eval_episodes,
         "tasks": {},
     }
@@ -474,8 +594,9 @@ def main(argv: list[str] | None = None) -> None:
                 )
                 hit = reached(run["curve"], task.threshold)
                 last = run["curve"][-1] if run["curve"] else {"frames": 0, "seconds": 0.0, "return": float("nan")}
+                goal = "ran its short run" if task.threshold is None else f"did not reach {task.threshold:g}"
                 print(
-                    f"    {'reached' if hit else 'did not reach'} {task.threshold:g}"
+                    (f"    reached {task.threshold:g}" if hit else f"    {goal}")
                     + (f" at {hit['frames']:,} frames, {hit['seconds']:.1f} s" if hit else "")
                     + f"; last evaluation {last['return']:.1f} at {last['frames']:,} frames",
                     flush=True,

@@ -94,7 +94,9 @@ class SAC(RLModule):
             in [−1, 1] action units, as demonstration-augmented policy gradients do (Rajeswaran et al. 2018). The
             critics start from scratch, and until they know the clone's neighbourhood, their action gradients lead
             the actor off the track; the term holds it there and fades. 0: plain SAC.
-        bc_weight_frames: frames over which ``bc_weight`` falls linearly to 0.
+        bc_weight_frames: frames over which ``bc_weight`` falls linearly to ``bc_weight_end``.
+        bc_weight_end: the weight the term keeps after ``bc_weight_frames`` (0: the tether is gone). A floor keeps a
+            weaker hold on the actor for the rest of the run: free of it, the actor follows the critics off the road.
         optimizer, compile, check_finite_every: see :class:`~modules.base.RLModule` (the reference: Adam 3e-4,
             unclipped).
     """
@@ -121,6 +123,7 @@ class SAC(RLModule):
         actor_warmup_updates: int = 0,
         bc_weight: float = 0.0,
         bc_weight_frames: int = 500_000,
+        bc_weight_end: float = 0.0,
         optimizer: OptimizerOptions = OptimizerOptions(lr=3e-4),
         compile: bool | str = False,
         check_finite_every: int = 1,
@@ -152,13 +155,17 @@ class SAC(RLModule):
             raise ValueError(
                 "--model.init_args.bc_weight > 0 needs --model.init_args.actor_init (the clone it keeps near)"
             )
+        if not 0 <= bc_weight_end <= bc_weight:
+            raise ValueError(
+                f"--model.init_args.bc_weight_end must be in [0, bc_weight = {bc_weight}], got {bc_weight_end}"
+            )
         if bc_weight_frames < 1:
             raise ValueError(f"--model.init_args.bc_weight_frames must be >= 1, got {bc_weight_frames}")
         if actor_warmup_updates < 0:
             raise ValueError(f"--model.init_args.actor_warmup_updates must be >= 0, got {actor_warmup_updates}")
         self.tau, self.actor_init, self.actor_warmup_updates = tau, actor_init, actor_warmup_updates
         self.actor_lr = optimizer.lr if actor_lr is None else actor_lr
-        self.bc_weight_initial, self.bc_weight_frames = bc_weight, bc_weight_frames
+        self.bc_weight_initial, self.bc_weight_frames, self.bc_weight_end = bc_weight, bc_weight_frames, bc_weight_end
         observation_dim = check_flat_observation(self, observation_entry(self, observation_spec))
         check_action_space(self, action_spec, (BOX,))
         # Any bounded box: the tanh-Gaussian is rescaled onto it, dimension by dimension (TanhNormal's low and high).
@@ -255,7 +262,7 @@ class SAC(RLModule):
     def on_train_batch_start(self, batch: object, batch_idx: int) -> None:
         super().on_train_batch_start(batch, batch_idx)
         progress = min(self.datamodule.frames / self.bc_weight_frames, 1.0)
-        self.bc_weight.fill_(self.bc_weight_initial * (1.0 - progress))
+        self.bc_weight.fill_(self.bc_weight_end + (self.bc_weight_initial - self.bc_weight_end) * (1.0 - progress))
 
     def update(self, batches: list[TensorDictBase]) -> tuple[torch.Tensor, TensorDictBase]:
         """One SAC update: the critics' clipped double-Q loss, the actor's ``α·log π − min Q`` (and its term towards

@@ -7,6 +7,7 @@ import copy
 import json
 import math
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -388,6 +389,20 @@ def test_bc_term_is_zero_at_the_clone_and_pulls_a_moved_actor_back(bc_checkpoint
     loss.backward()
     assert (model.actor_network[-1].bias.grad[:2] > 0).any()  # gradient descent moves it back
     assert model.clone_network[-1].bias.grad is None  # the clone itself stays as it was
+
+
+def test_the_tether_falls_linearly_to_its_floor_and_a_floor_above_it_is_one_error(bc_checkpoint):
+    model = SAC(**SPECS, actor_init=str(bc_checkpoint), bc_weight=50.0, bc_weight_frames=1000, bc_weight_end=10.0)
+    data = SimpleNamespace(frames=0)  # the frame counter the schedule reads
+    model.trainer = SimpleNamespace(datamodule=data)
+    weights = []
+    for frames in (0, 250, 500, 1000, 5000):
+        data.frames = frames
+        model.on_train_batch_start(None, 0)
+        weights.append(float(model.bc_weight))
+    assert weights == [50.0, 40.0, 30.0, 10.0, 10.0]
+    with pytest.raises(ValueError, match=r"--model.init_args.bc_weight_end must be in \[0, bc_weight = 5.0\], got 6.0"):
+        SAC(**SPECS, actor_init=str(bc_checkpoint), bc_weight=5.0, bc_weight_end=6.0)
 
 
 @pytest.mark.slow

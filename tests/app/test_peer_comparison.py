@@ -49,3 +49,35 @@ def test_the_report_gives_each_frameworks_time_to_the_threshold_their_ratio_and_
 
     results["tasks"]["cartpole_ppo"]["sb3"][1]["curve"].append({"frames": 15000, "seconds": 90.0, "return": 500.0})
     assert "lightrl's median time to 475 is 0.21× SB3's (16 s against 75 s)." in peers.summarise(results)
+
+
+def test_a_short_run_reports_frames_rates_and_returns_against_the_random_policys(tmp_path):
+    # A task without a threshold (HalfCheetah SAC): both trained for the same seconds; no time to a threshold.
+    results = {
+        "seconds": 240,
+        "tasks": {
+            "halfcheetah_sac": {
+                "lightrl": [
+                    {
+                        "curve": curve((5000, 60.0, -300.0), (10000, 120.0, 150.0)),
+                        "random_return": -282.5,
+                        "phases": {"update": 0.9, "collect": 0.1},
+                    }
+                ],
+                "sb3": [{"curve": curve((5000, 50.0, -250.0), (15000, 240.0, 300.0))}],
+            }
+        },
+    }
+    report = peers.summarise(results)
+    lightrl, sb3 = (line for line in report.splitlines() if line.startswith("| HalfCheetah-v5"))
+    assert "| lightrl | short run | — |" in lightrl and "| sb3 | short run | — |" in sb3
+    # Frames/s over each run; the returns at the furthest frames (10,000) and seconds (120) both reached.
+    assert "| — | 83.33 | 150 at 10,000 | 150 at 120 s |" in lightrl
+    assert "| — | 62.5 | -250 at 10,000 | -250 at 120 s |" in sb3
+    assert "a short run of 240 s each; the random policy's return on lightrl's evaluation episodes: -282.5." in report
+    preset = peers.lightrl_preset(peers.TASKS["halfcheetah_sac"], 1, 8, 3725, tmp_path)
+    assert preset["trainer"]["max_time"] == "00:01:02:05"  # stopped by time, not by a threshold
+    evaluation = preset["trainer"]["callbacks"][0]["init_args"]
+    assert evaluation["stop_at_return"] is None and evaluation["random_policy"] is True
+    peers.plot(results, tmp_path / "peers.png")  # no threshold line to draw
+    assert (tmp_path / "peers.png").stat().st_size > 0
