@@ -316,9 +316,15 @@ def sb3_envs(task: Task, seed: int) -> tuple[Any, Any]:
         import gymnasium as gym
 
         gym.register_envs(ale_py)
-        # Channels first, as SB3 makes the training env itself for its CNN policy.
-        env = VecTransposeImage(VecFrameStack(make_atari_env(task.env_id, n_envs=task.sb3_envs, seed=seed), 4))
-        return env, VecTransposeImage(VecFrameStack(make_atari_env(task.env_id, n_envs=1, seed=10_000 + seed), 4))
+        # The Zoo's NoFrameskip-v4 emulator (every frame, no sticky actions: AtariWrapper skips 4 itself), as the
+        # lightrl config plays it; channels first, as SB3 makes the training env itself for its CNN policy.
+        emulator = {"frameskip": 1, "repeat_action_probability": 0.0}
+
+        def atari(n_envs: int, env_seed: int) -> Any:
+            vector = make_atari_env(task.env_id, n_envs=n_envs, seed=env_seed, env_kwargs=emulator)
+            return VecTransposeImage(VecFrameStack(vector, 4))
+
+        return atari(task.sb3_envs, seed), atari(1, 10_000 + seed)
     env = make_vec_env(task.env_id, n_envs=task.sb3_envs, seed=seed)
     eval_env = make_vec_env(task.env_id, n_envs=1, seed=10_000 + seed)
     if task.sb3_wrap == "normalize":  # the Zoo's VecNormalize, with the algorithm's discount; EvalCallback syncs it
