@@ -4,7 +4,9 @@ For each task and seed, lightrl's shipped config (``configs/gym/<task>.yaml``) a
 Zoo's tuned hyperparameters (``hyperparams/<algo>.yml`` of DLR-RM/rl-baselines3-zoo) train one after the other, each
 in its own process with the same torch thread count, and both are evaluated the same way: every ``eval_every``
 environment frames, ``eval_episodes`` greedy (deterministic) episodes on separate evaluation environments. A run
-stops at the first evaluation whose mean return reaches the task's threshold, or at the RL Zoo's step budget.
+stops at the first evaluation whose mean return reaches the task's threshold, or at the RL Zoo's step budget. Tasks
+without a threshold (HalfCheetah, Breakout: budgets for a GPU machine) are short runs: each run trains for
+``--seconds`` and the report sets their frames/s and returns beside the random policy's.
 
 Written to ``--out``: ``peers.json`` (every evaluation of every run: frames, wall seconds, mean return),
 ``peers.md`` (per task: time and frames to the threshold, the return both reached at equal frames and at equal wall
@@ -12,6 +14,7 @@ time, frames/s, and the ratio of the times; the RL Zoo's published score beside,
 ``peers.png`` (the learning curves against frames and against wall time: median over seeds, the band their range).
 
     python benchmarks/peer_comparison.py --tasks cartpole_dqn cartpole_ppo --seeds 3 --out runs/peers
+    python benchmarks/peer_comparison.py --tasks halfcheetah_sac halfcheetah_ppo --seeds 2 --seconds 240
 
 Stable-Baselines3 is a benchmark extra (``pip install -e ".[bench]"``), never a runtime dependency.
 """
