@@ -131,7 +131,10 @@ def test_a_worker_that_raises_stops_the_run_naming_it_and_its_exception_and_the_
     with pytest.raises(RuntimeError) as raised:
         fit(write_config(config, tmp_path / "c.yaml"))
     message = str(raised.value)
-    assert re.match(r"collector worker \d died( \(exit code \d+\))?: RuntimeError: the emulator exploded, at ", message)
+    # How the worker's process ended after its exception comes first (an exit code; seen once in a full suite run: a
+    # forkserver worker ending by SIGABRT after raising, not yet explained), then the exception it raised.
+    ended = r"died( \(exit code \d+\)|: killed by SIGABRT \(signal 6\))?"
+    assert re.match(rf"collector worker \d {ended}: RuntimeError: the emulator exploded, at ", message), message
     assert "the last checkpoint is intact: continue from it with --ckpt_path last" in message
     checkpoint = torch.load(tmp_path / "checkpoints/last.ckpt", weights_only=True)
     assert checkpoint["global_step"] > 0 and checkpoint["ReplayDataModule"]["frames"] >= 64
