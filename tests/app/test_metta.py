@@ -54,14 +54,14 @@ def fit_metta(runs: Path, *overrides: str, config: str = "metta_ppo"):
 # The two kinds of worker processes: environments alone (configs/metta_ultra_fast.yaml, the policy on the learner's
 # device) and environments with a copy of the policy (configs/metta_ppo.yaml, the faster on a CPU).
 WORKERS = [
-    ("--data.init_args.collection=EnvWorkers", "--data.init_args.collection.workers=2"),
-    # The worker kinds differ in collection only: the compiled loss (the config's) resumes in the case above, and
-    # here the loss runs eagerly, which spares the test the compilation (the resume must be exact either way).
+    # The worker kinds differ in collection only: the shipped pair (collector workers, the compiled loss) resumes in
+    # the case below, and here the loss runs eagerly, which spares the test the compilation.
     (
-        "--data.init_args.collection=CollectorWorkers",
+        "--data.init_args.collection=EnvWorkers",
         "--data.init_args.collection.workers=2",
         "--model.init_args.compile=false",
     ),
+    ("--data.init_args.collection=CollectorWorkers", "--data.init_args.collection.workers=2"),
 ]
 
 
