@@ -114,7 +114,14 @@ class EpisodeStatistics:
         return figures
 
     def state_dict(self) -> dict[str, Any]:
-        return {"running": self.running, "pending": self.pending, "counted": self.counted, "episodes": self.episodes}
+        """Copies taken under the lock: asynchronous workers' batches go on being observed, in place, while a
+        checkpoint is written (a live tensor would be saved torn)."""
+        with self._lock:
+            copies = {
+                key: None if value is None else value.clone()
+                for key, value in (("running", self.running), ("pending", self.pending), ("counted", self.counted))
+            }
+        return {**copies, "episodes": self.episodes}
 
     def load_state_dict(self, state: dict[str, Any], running: bool, device: torch.device) -> None:
         """Restore ``state``; the running sums only where ``running`` (the environments continue their episodes)."""

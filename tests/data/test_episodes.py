@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import csv
 import math
+import threading
 
 import pytest
 import torch
 from tensordict import TensorDict
 
 from compat.torchrl import WORKER_KEY
+from datamodules.checkpoint_files import save_atomically
 from datamodules.episodes import EpisodeStatistics
 from tests.helpers import chain_config, fit, write_config
 
@@ -65,6 +67,38 @@ def test_the_sums_continue_across_batches_and_restart_at_every_episode_end():
         expected = sum(lapped) / len(lapped) if lapped else math.nan
         assert figures["train/lap_time_mean"] == pytest.approx(expected, abs=1e-5, nan_ok=True)
     assert reported[-1]["data/episodes"] == sum(len(ended) for ended in step_by_step(batches))
+
+
+def test_a_checkpoint_written_while_a_feeder_thread_observes_is_the_state_it_was_taken_at(tmp_path):
+    """Asynchronous workers' batches are observed in the feeder thread while the learner writes a checkpoint: the
+    state handed to ``torch.save`` is a copy, so the file is whole (read back as written) and stays what it was."""
+    stats = EpisodeStatistics((), {}, rows=4096, agents_per_env=1)
+    batch = TensorDict(
+        {"next": {"reward": torch.ones(4096, 4, 1), "done": torch.zeros(4096, 4, 1, dtype=torch.bool)}},
+        batch_size=(4096, 4),
+    )
+    stats.observe(batch)
+    state = stats.state_dict()
+    taken = {key: value.clone() for key, value in state.items() if torch.is_tensor(value)}
+    stop = threading.Event()
+
+    def feed() -> None:
+        while not stop.is_set():
+            stats.observe(batch)
+
+    feeder = threading.Thread(target=feed)
+    feeder.start()
+    try:
+        for attempt in range(20):
+            save_atomically(stats.state_dict(), tmp_path / f"state{attempt}.pt", verify=True)
+    finally:
+        stop.set()
+        feeder.join()
+    assert stats.running[0, 0] > 4  # the feeder did run on
+    for key, value in taken.items():
+        assert torch.equal(state[key], value), key
+    saved = torch.load(tmp_path / "state19.pt")
+    assert bool((saved["running"][:, 0] == saved["running"][0, 0]).all())  # one moment's sums, not a torn mixture
 
 
 COLLECTIONS = {
