@@ -65,7 +65,7 @@ class Location(nn.Module):
 
 
 class SAC(RLModule):
-    """SAC with twin Q critics, Polyak target critics and automatic entropy tuning.
+    """SAC with twin (or ``num_critics``) Q critics, Polyak target critics and automatic entropy tuning.
 
     Args:
         observation_spec: linked from the data module (``observation`` is a flat vector).
@@ -78,6 +78,9 @@ class SAC(RLModule):
             started from behaviour cloning within reach of what its critics have seen while they catch up.
         gamma: discount.
         tau: Polyak rate of the target critics.
+        num_critics: Q-networks (2: the clipped double-Q of the reference). Their minimum is both the target and what
+            the actor climbs, so more critics make both more pessimistic where they disagree: off the states the data
+            covers, where an actor that follows a single critic's optimism leaves the road.
         alpha_init: the entropy coefficient α at the start.
         target_entropy: the entropy α steers the policy towards; ``auto``: −(action dims).
         init_scale: the Gaussian's scale (before tanh, in [−1, 1] action units) where the scale layer outputs 0; with
@@ -116,6 +119,7 @@ class SAC(RLModule):
         actor_lr: float | None = None,
         gamma: float = 0.99,
         tau: float = 0.005,
+        num_critics: int = 2,
         alpha_init: float = 1.0,
         target_entropy: float | str = "auto",
         init_scale: float = 1.0,
@@ -134,6 +138,8 @@ class SAC(RLModule):
             raise ValueError(f"--model.init_args.gamma must be in [0, 1], got {gamma}")
         if not 0 < tau <= 1:
             raise ValueError(f"--model.init_args.tau must be in (0, 1], got {tau}")
+        if num_critics < 1:
+            raise ValueError(f"--model.init_args.num_critics must be >= 1, got {num_critics}")
         if not alpha_init > 0:
             raise ValueError(f"--model.init_args.alpha_init must be > 0, got {alpha_init}")
         if not init_scale > 0:
@@ -204,7 +210,7 @@ class SAC(RLModule):
         self.loss_module = SACLoss(
             self.actor,
             self.qvalue,
-            num_qvalue_nets=2,
+            num_qvalue_nets=num_critics,
             loss_function="l2",
             alpha_init=alpha_init,
             target_entropy=target_entropy,

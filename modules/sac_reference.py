@@ -69,18 +69,21 @@ def reference_sac_update(model: Any, data: Any) -> Callable[[int], torch.Tensor]
         alpha = log_alpha.detach().exp()
         with torch.no_grad():
             next_action, next_log_prob = sample(batch["next_observation"])
-            next_q = torch.min(*(t(batch["next_observation"], next_action).squeeze(-1) for t in targets))
+            next_q = torch.stack([t(batch["next_observation"], next_action).squeeze(-1) for t in targets]).amin(0)
             y = batch["reward"] + gamma * (~batch["terminated"]) * (next_q - alpha * next_log_prob)
         critic_loss = sum((c(batch["observation"], batch["action"]).squeeze(-1) - y).pow(2).mean() for c in critics)
         action, log_prob = sample(batch["observation"])
-        q = torch.min(
-            *(
-                torch.func.functional_call(
-                    c, {k: v.detach() for k, v in c.named_parameters()}, (batch["observation"], action)
-                )
-                for c in critics
+        detached = [{k: v.detach() for k, v in c.named_parameters()} for c in critics]
+        q = (
+            torch.stack(
+                [
+                    torch.func.functional_call(c, p, (batch["observation"], action))
+                    for c, p in zip(critics, detached, strict=True)
+                ]
             )
-        ).squeeze(-1)
+            .amin(0)
+            .squeeze(-1)
+        )
         actor_loss = (alpha * log_prob - q).mean()
         alpha_loss = -(log_alpha * (log_prob.detach() + target_entropy)).mean()
         loss = critic_loss + actor_loss + alpha_loss

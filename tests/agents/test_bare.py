@@ -58,9 +58,13 @@ def test_framework_free_update_is_the_agents_update_step(config):
     assert not any(torch.equal(a, b) for a, b in zip(before, model.trainable_parameters(), strict=True))
 
 
-def test_bare_sac_update_computes_the_agents_loss():
+@pytest.mark.parametrize("critics", [2, 3])
+def test_bare_sac_update_computes_the_agents_loss(critics):
+    # With more critics than the twin pair, TorchRL's loss and the written-out one both take the minimum over all.
     overrides = [*SMALL, "--data.init_args.batch_size", "64", "--config", str(ROOT / "configs/bench/sac_update.yaml")]
+    overrides += ["--model.init_args.num_critics", str(critics)]
     model, data = build([str(ROOT / "configs/racing_sac.yaml")], overrides)
+    assert model.loss_module.num_qvalue_nets == critics
     step = bare_update(model, data)
     pool = batch_pool(data, data.batch_size)
     batch = as_replay_sample(pool[0])

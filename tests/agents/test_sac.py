@@ -405,6 +405,11 @@ def test_the_tether_falls_linearly_to_its_floor_and_a_floor_above_it_is_one_erro
         SAC(**SPECS, actor_init=str(bc_checkpoint), bc_weight=5.0, bc_weight_end=6.0)
 
 
+def test_a_critic_count_below_one_is_one_error_naming_the_flag():
+    with pytest.raises(ValueError, match=r"^--model.init_args.num_critics must be >= 1, got 0$"):
+        SAC(**SPECS, num_critics=0)
+
+
 @pytest.mark.slow
 def test_a_stage_that_fails_or_cannot_be_found_again_is_an_error_naming_the_flag(tmp_path, monkeypatch, capsys):
     from app.stages import run_stage
