@@ -140,8 +140,9 @@ class ReplayDataModule(RLDataModule):
             raise ValueError(f"--data.init_args.batch_size ({batch_size}) must be <= buffer_size ({buffer_size})")
         self.buffer_size = buffer_size
         self.batch_size = batch_size
-        # Sampling needs at least one batch in the buffer, whatever warmup the user asked for.
-        self.warmup_frames = max(warmup_frames, batch_size)
+        # Batches are drawn with replacement, so a buffer holding fewer transitions than a batch serves one already
+        # (as Stable-Baselines3's does from its learning_starts on); the first collection fills it before any draw.
+        self.warmup_frames = warmup_frames
         self.frames_per_update = frames_per_update
         self.priority_alpha, self.priority_beta = priority_alpha, priority_beta
         self.priority_beta_updates = priority_beta_updates

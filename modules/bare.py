@@ -72,11 +72,8 @@ def optimizer_step(parameters: list[nn.Parameter], optimizer: torch.optim.Optimi
 
 
 def make_adam(parameters: list[nn.Parameter], model: Any) -> torch.optim.Optimizer:
-    """The fused Adam the agent's update uses, AdamW when it has weight decay."""
-    options = model.optim
-    if options.weight_decay:
-        return torch.optim.AdamW(parameters, lr=options.lr, weight_decay=options.weight_decay, fused=True)
-    return torch.optim.Adam(parameters, lr=options.lr, fused=True)
+    """The fused Adam the agent's update uses (its options: AdamW with weight decay, its ε)."""
+    return model.optim.adam([{"params": parameters}])
 
 
 def as_replay_sample(batch: dict[str, torch.Tensor]) -> TensorDict:

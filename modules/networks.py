@@ -7,6 +7,7 @@ an image it can read and the MLP for anything else.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from math import prod
 from typing import Any
@@ -47,12 +48,33 @@ def mlp(
     return nn.Sequential(*layers)
 
 
-def observation_mlp(observation_shape: Sequence[int], hidden_sizes: Sequence[int], out_features: int) -> nn.Sequential:
+def observation_mlp(
+    observation_shape: Sequence[int],
+    hidden_sizes: Sequence[int],
+    out_features: int,
+    activation: type[nn.Module] = nn.ReLU,
+) -> nn.Sequential:
     """An MLP reading a whole observation of any shape (e.g. Snake's ``(3, H, W)`` planes, flattened)."""
     return nn.Sequential(
         FlattenObservation(observation_shape),
-        mlp(prod(observation_shape), hidden_sizes, out_features),
+        mlp(prod(observation_shape), hidden_sizes, out_features, activation),
     )
+
+
+#: The hidden layers' activation an agent's ``activation`` option names.
+ACTIVATIONS: dict[str, type[nn.Module]] = {"relu": nn.ReLU, "tanh": nn.Tanh}
+
+
+def orthogonal_init_(network: nn.Module, output_gain: float) -> nn.Module:
+    """Orthogonal weights and zero biases (Saxe et al. 2014), as Stable-Baselines3's ``ortho_init`` and CleanRL's
+    ``layer_init`` start a PPO network: gain √2 on every hidden linear and convolutional layer, ``output_gain`` on the
+    last layer (0.01 for a policy's logits or mean, so the first policy is near uniform; 1 for a value)."""
+    layers = [module for module in network.modules() if isinstance(module, (nn.Linear, nn.Conv2d))]
+    with torch.no_grad():
+        for layer in layers:
+            nn.init.orthogonal_(layer.weight, gain=output_gain if layer is layers[-1] else math.sqrt(2))
+            nn.init.zeros_(layer.bias)
+    return network
 
 
 #: The ``network`` choices of an agent reading one observation (DQN adds ``batch_norm_cnn``).
@@ -82,15 +104,22 @@ def reads_as_image(spec: Any) -> bool:
     return min(height, width) >= NATURE_CNN_MIN_SIDE
 
 
-def observation_network(spec: Any, network: str, hidden_sizes: Sequence[int], out_features: int) -> nn.Module:
+def observation_network(
+    spec: Any,
+    network: str,
+    hidden_sizes: Sequence[int],
+    out_features: int,
+    activation: type[nn.Module] = nn.ReLU,
+) -> nn.Module:
     """The network ``network`` names for the observation ``spec``: ``mlp`` (an MLP ``hidden_sizes`` wide over the
-    flattened observation), ``nature_cnn`` (:class:`NatureCNN`; ``hidden_sizes`` is not used), or ``auto``
+    flattened observation, ``activation`` between its layers), ``nature_cnn`` (:class:`NatureCNN`; ``hidden_sizes``
+    and ``activation`` are not used), or ``auto``
     (``nature_cnn`` when :func:`reads_as_image`, else ``mlp``). An observation the network cannot read is a
     :class:`~modules.spaces.SpaceError` naming ``--model.init_args.network``."""
     if network not in NETWORKS:
         raise ValueError(f"--model.init_args.network must be one of {', '.join(NETWORKS)}, got {network!r}")
     if network == "mlp" or (network == "auto" and not reads_as_image(spec)):
-        return observation_mlp(spec.shape, hidden_sizes, out_features)
+        return observation_mlp(spec.shape, hidden_sizes, out_features, activation)
     layout = image_layout(spec.shape)
     what = f"{SpaceError.ENV}'s observation is {spec.dtype} of shape {list(spec.shape)}"
     if layout is None:

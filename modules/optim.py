@@ -49,6 +49,8 @@ class OptimizerOptions:
             ``CosineAnnealingWarmRestarts(T_0, T_mult)`` with ``T_0 = lr_frames`` counted in frames, ``eta_min =
             lr_end``); None: one period, then ``lr_end`` from there on.
         weight_decay: decoupled weight decay (AdamW, Loshchilov & Hutter 2019); 0: plain Adam.
+        eps: Adam's ε, added to the root of the second-moment estimate (PyTorch's default 1e-8; Stable-Baselines3's
+            PPO and A2C, and CleanRL's PPO, use 1e-5).
         max_grad_norm: clip the gradients' global L2 norm to this before each step; None: no clipping.
             ``--trainer.gradient_clip_val`` is handed to this by the CLI: Lightning clips only in its automatic
             optimization, and the update here is the agent's own.
@@ -63,6 +65,7 @@ class OptimizerOptions:
     lr_restart_mult: float | None = None
     lr_decay: str = "cosine"
     weight_decay: float = 0.0
+    eps: float = 1e-8
     max_grad_norm: float | None = None
     accumulate_grad_batches: int = 1
 
@@ -83,6 +86,8 @@ class OptimizerOptions:
             raise ValueError(f"{FLAG}.lr_restart_mult restarts the cosine to lr_end: set lr_end too")
         if self.weight_decay < 0:
             raise ValueError(f"{FLAG}.weight_decay must be >= 0, got {self.weight_decay}")
+        if not self.eps > 0:
+            raise ValueError(f"{FLAG}.eps must be > 0, got {self.eps}")
         if self.max_grad_norm is not None and not self.max_grad_norm > 0:
             raise ValueError(f"{FLAG}.max_grad_norm must be > 0 (or null for no clipping), got {self.max_grad_norm}")
         if self.accumulate_grad_batches < 1:
@@ -111,8 +116,8 @@ class OptimizerOptions:
         # it is several times faster than the default implementation (BENCHMARKS.md, "The update against its bare
         # arithmetic").
         if self.weight_decay:
-            return torch.optim.AdamW(groups, lr=self.lr, weight_decay=self.weight_decay, fused=True)
-        return torch.optim.Adam(groups, lr=self.lr, fused=True)
+            return torch.optim.AdamW(groups, lr=self.lr, weight_decay=self.weight_decay, eps=self.eps, fused=True)
+        return torch.optim.Adam(groups, lr=self.lr, eps=self.eps, fused=True)
 
 
 #: Options that moved into :class:`OptimizerOptions` (``app/errors.py`` names the new flag for the old one).

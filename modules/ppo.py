@@ -31,13 +31,16 @@ from torchrl.modules import ProbabilisticActor, ValueOperator
 from torchrl.objectives import ClipPPOLoss
 from torchrl.objectives.value import GAE
 
-from modules.bare import batch_pool, optimizer_step
+from modules.bare import batch_pool, make_adam, optimizer_step
 from modules.base import RLModule
 from modules.gaussian import DISTRIBUTIONS, SCALES, ClipAction, DeterministicAction, gaussian_actor, gaussian_outputs
-from modules.networks import observation_network
+from modules.networks import ACTIVATIONS, observation_network, orthogonal_init_
 from modules.normalization import RAW_OBSERVATION, ObservationNormalizer, RewardScaler
 from modules.optim import OptimizerOptions
 from modules.spaces import BOX, DISCRETE, SpaceError, box_bounds, check_action_space, check_bounded, observation_entry
+
+#: The value losses of ``critic_loss``.
+CRITIC_LOSSES = ("smooth_l1", "l2")
 
 
 def check_ppo_options(gamma: float, gae_lambda: float, clip_epsilon: float) -> None:
@@ -67,15 +70,16 @@ def clip_ppo_loss(
     entropy_coef: float,
     critic_coef: float,
     normalize_advantage: bool,
+    critic_loss: str = "smooth_l1",
 ) -> ClipPPOLoss:
-    """TorchRL's clipped PPO loss with this project's choices (a Huber value loss)."""
+    """TorchRL's clipped PPO loss, its value loss ``critic_loss`` (Huber, ``smooth_l1``, or squared error, ``l2``)."""
     return ClipPPOLoss(
         actor,
         critic,
         clip_epsilon=clip_epsilon,
         entropy_coeff=entropy_coef,
         critic_coeff=critic_coef,
-        loss_critic_type="smooth_l1",
+        loss_critic_type=critic_loss,
         normalize_advantage=normalize_advantage,
     )
 
@@ -101,6 +105,11 @@ class PPO(RLModule):
         observation_spec: linked from the data module.
         action_spec: linked from the data module: discrete, or a Box (``Bounded``, or ``Unbounded``).
         hidden_sizes: hidden widths of both the actor's and the critic's MLP.
+        activation: the MLPs' hidden activation, ``relu`` or ``tanh`` (Stable-Baselines3's and CleanRL's PPO).
+        orthogonal_init: start the actor and the critic with orthogonal weights and zero biases (Stable-Baselines3's
+            ``ortho_init``, CleanRL's ``layer_init``: gain √2 on hidden layers, 0.01 on the actor's output, 1 on the
+            critic's; :func:`~modules.networks.orthogonal_init_`); false: PyTorch's default initialisation, the
+            actor's output layer of a Gaussian policy scaled by 0.01.
         network: what reads the observation, for actor and critic alike: ``mlp`` (flattened), ``nature_cnn``
             (images: :class:`~modules.networks.NatureCNN`) or ``auto`` (the Nature CNN for uint8 images of at least
             36×36, the MLP for anything else, Snake's 10×10 planes included).
@@ -128,6 +137,8 @@ class PPO(RLModule):
             set at each rollout (the RL Zoo's ``clip_range: lin_0.2``); None: constant.
         entropy_coef: weight of the entropy bonus.
         critic_coef: weight of the value loss.
+        critic_loss: the value loss: ``smooth_l1`` (Huber: a return far from the estimate pulls no harder than one at
+            distance 1) or ``l2`` (the squared error of Stable-Baselines3's and CleanRL's PPO).
         normalize_advantage: standardise advantages within each minibatch.
         optimizer, compile, check_finite_every: see :class:`~modules.base.RLModule` (PPO usually clips the gradient's
             norm at 0.5: ``optimizer: {max_grad_norm: 0.5}``).
@@ -139,6 +150,8 @@ class PPO(RLModule):
         action_spec: TensorSpec,
         hidden_sizes: Sequence[int] = (256, 256),
         network: Literal["auto", "mlp", "nature_cnn"] = "auto",
+        activation: Literal["relu", "tanh"] = "relu",
+        orthogonal_init: bool = False,
         distribution: Literal["normal", "tanh_normal"] = "normal",
         scale: Literal["state_independent", "state_dependent"] = "state_independent",
         init_scale: float = 1.0,
@@ -152,6 +165,7 @@ class PPO(RLModule):
         clip_decay_frames: int | None = None,
         entropy_coef: float = 0.01,
         critic_coef: float = 0.5,
+        critic_loss: Literal["smooth_l1", "l2"] = "smooth_l1",
         normalize_advantage: bool = True,
         optimizer: OptimizerOptions = OptimizerOptions(lr=3e-4),
         compile: bool | str = False,
@@ -160,7 +174,12 @@ class PPO(RLModule):
         super().__init__(observation_spec, action_spec, optimizer, compile, check_finite_every)
         self.save_hyperparameters(ignore=["observation_spec", "action_spec"])
         check_ppo_options(gamma, gae_lambda, clip_epsilon)
-        for name, value, choices in (("distribution", distribution, DISTRIBUTIONS), ("scale", scale, SCALES)):
+        for name, value, choices in (
+            ("distribution", distribution, DISTRIBUTIONS),
+            ("scale", scale, SCALES),
+            ("activation", activation, tuple(ACTIVATIONS)),
+            ("critic_loss", critic_loss, CRITIC_LOSSES),
+        ):
             if value not in choices:
                 raise ValueError(f"--model.init_args.{name} must be one of {', '.join(choices)}, got {value!r}")
         kind = check_action_space(self, action_spec, (DISCRETE, BOX))
@@ -182,25 +201,30 @@ class PPO(RLModule):
             self.reward_scaler = RewardScaler(gamma, reward_clip)
 
         outputs = action_spec.space.n if kind == DISCRETE else gaussian_outputs(action_spec, scale)
-        self.actor_network = observation_network(observation, network, hidden_sizes, outputs)
-        self.critic_network = observation_network(observation, network, hidden_sizes, 1)
-        if kind == DISCRETE:
-            logits = TensorDictModule(self.actor_network, in_keys=["observation"], out_keys=["logits"])
-            self.actor = categorical_actor(logits, action_spec)
-        else:
+        hidden = ACTIVATIONS[activation]
+        self.actor_network = observation_network(observation, network, hidden_sizes, outputs, hidden)
+        self.critic_network = observation_network(observation, network, hidden_sizes, 1, hidden)
+        if orthogonal_init:
+            orthogonal_init_(self.actor_network, output_gain=0.01)
+            orthogonal_init_(self.critic_network, output_gain=1.0)
+        elif kind == BOX:
             # The Gaussian's parameters start near 0 (CleanRL's 0.01 gain on the last layer): the first actions are
             # centred on the box, and a state-dependent σ starts at init_scale.
             with torch.no_grad():
                 [*_, last] = (module for module in self.actor_network.modules() if isinstance(module, nn.Linear))
                 last.weight.mul_(0.01)
                 last.bias.zero_()
+        if kind == DISCRETE:
+            logits = TensorDictModule(self.actor_network, in_keys=["observation"], out_keys=["logits"])
+            self.actor = categorical_actor(logits, action_spec)
+        else:
             self.actor = gaussian_actor(self.actor_network, action_spec, distribution, scale, init_scale)
         self.gaussian = kind == BOX
         # CleanRL's ClipAction: the environment receives a normal sample clipped into the box (the rollout keeps it).
         self.clips_actions = kind == BOX and distribution == "normal" and box_bounds(action_spec) is not None
         self.critic = ValueOperator(self.critic_network, in_keys=["observation"])
         self.loss_module = clip_ppo_loss(
-            self.actor, self.critic, clip_epsilon, entropy_coef, critic_coef, normalize_advantage
+            self.actor, self.critic, clip_epsilon, entropy_coef, critic_coef, normalize_advantage, critic_loss
         )
         self.advantage = GAE(gamma=gamma, lmbda=gae_lambda, value_network=self.critic, average_gae=False)
 
@@ -301,14 +325,15 @@ def ppo_batches(data: Any, size: int) -> list[dict[str, torch.Tensor]]:
 
 
 def reference_ppo_update(model: PPO, data: Any) -> Callable[[int], torch.Tensor]:
-    """Clipped surrogate + entropy bonus + smooth-L1 value loss on one minibatch, backward, clip, fused Adam."""
+    """Clipped surrogate + entropy bonus + value loss (Huber or squared) on a minibatch, backward, clip, fused Adam."""
     # The actor's own layers as plain modules: the network (its logits), or the network, σ and the box's units.
     layers = [module.module for module in model.actor.modules() if type(module) is TensorDictModule]
     actor = [copy.deepcopy(layer).to(data.device) for layer in layers]
     critic = copy.deepcopy(model.critic_network).to(data.device)
     parameters = [*(p for layer in actor for p in layer.parameters()), *critic.parameters()]
-    optimizer = torch.optim.Adam(parameters, lr=model.optim.lr, fused=True)
+    optimizer = make_adam(parameters, model)
     hp = model.hparams
+    value_loss_of = F.mse_loss if hp.critic_loss == "l2" else F.smooth_l1_loss
     batches = ppo_batches(data, data.minibatch_size)
     log_prob_and_entropy = gaussian_log_prob_and_entropy if model.gaussian else categorical_log_prob_and_entropy
     bounds = box_bounds(model.action_spec) if model.gaussian else None
@@ -322,7 +347,7 @@ def reference_ppo_update(model: PPO, data: Any) -> Callable[[int], torch.Tensor]
         ratio = (log_prob - batch["log_prob"]).exp()
         clipped = ratio.clamp(1 - hp.clip_epsilon, 1 + hp.clip_epsilon)
         objective = -torch.min(ratio * advantage, clipped * advantage).mean()
-        value_loss = F.smooth_l1_loss(critic(batch["observation"]).squeeze(-1), batch["value_target"])
+        value_loss = value_loss_of(critic(batch["observation"]).squeeze(-1), batch["value_target"])
         loss = objective - hp.entropy_coef * entropy.mean() + hp.critic_coef * value_loss
         loss.backward()
         optimizer_step(parameters, optimizer, model.optim.max_grad_norm)

@@ -136,3 +136,23 @@ def test_training_sets_and_logs_the_scheduled_learning_rate(tmp_path):
         cli.model.optim.learning_rate(cli.datamodule.frames)
     )
     assert 1e-5 < float(cli.trainer.callback_metrics["train/lr"]) < 1e-3
+
+
+def test_adams_eps_reaches_the_fused_step_bit_for_bit():
+    # Stable-Baselines3's PPO uses ε = 1e-5: the options' optimizer carries it and the direct fused step uses it.
+    ours, reference = two_copies()
+    inputs = [torch.randn(8, 6, generator=torch.Generator().manual_seed(i)) for i in range(6)]
+    optimizer = OptimizerOptions(lr=1e-2, eps=1e-5).adam([{"params": list(ours.parameters())}])
+    assert optimizer.param_groups[0]["eps"] == 1e-5
+    step = FusedAdamStep(optimizer, None)
+    reference_optimizer = torch.optim.Adam(reference.parameters(), lr=1e-2, eps=1e-5, fused=True)
+
+    def reference_step():
+        reference_optimizer.step()
+        reference_optimizer.zero_grad(set_to_none=True)
+
+    train(ours, step, inputs)
+    train(reference, reference_step, inputs)
+    assert all(torch.equal(a, b) for a, b in zip(ours.parameters(), reference.parameters(), strict=True))
+    with pytest.raises(ValueError, match="^--model.init_args.optimizer.eps must be > 0, got 0.0$"):
+        OptimizerOptions(eps=0.0)

@@ -109,3 +109,46 @@ def test_the_export_network_gives_the_logits_whose_argmax_the_greedy_policy_acts
     logits = ppo.export_network()(observation)
     assert logits.shape == (64, 2)
     assert torch.equal(logits.argmax(-1), greedy)
+
+
+def test_activation_and_orthogonal_init_build_stable_baselines3s_ppo_networks():
+    # SB3's MlpPolicy for PPO (and CleanRL's): tanh between layers; orthogonal weights with gain √2 on hidden layers,
+    # 0.01 on the policy's output and 1 on the value's; zero biases.
+    torch.manual_seed(0)
+    ppo = PPO(**SPECS, hidden_sizes=[16, 8], activation="tanh", orthogonal_init=True)
+    for network, output_gain, outputs in ((ppo.actor_network, 0.01, 2), (ppo.critic_network, 1.0, 1)):
+        assert any(isinstance(m, torch.nn.Tanh) for m in network.modules())
+        assert not any(isinstance(m, torch.nn.ReLU) for m in network.modules())
+        layers = [m for m in network.modules() if isinstance(m, torch.nn.Linear)]
+        assert [layer.out_features for layer in layers] == [16, 8, outputs]
+        for layer, gain in zip(layers, [2**0.5, 2**0.5, output_gain], strict=True):
+            w = layer.weight
+            # An orthogonal matrix times the gain: its smaller Gram matrix is gain² times the identity.
+            gram = w @ w.T if w.shape[0] <= w.shape[1] else w.T @ w
+            assert torch.allclose(gram, gain**2 * torch.eye(gram.shape[0]), atol=1e-5)
+            assert torch.equal(layer.bias, torch.zeros_like(layer.bias))
+    relu = PPO(**SPECS, hidden_sizes=[16])  # the defaults: ReLU, PyTorch's own initialisation (non-zero biases)
+    assert any(isinstance(m, torch.nn.ReLU) for m in relu.actor_network.modules())
+    assert any(m.bias.abs().sum() > 0 for m in relu.actor_network.modules() if isinstance(m, torch.nn.Linear))
+
+
+@pytest.mark.parametrize("critic_loss", ["l2", "smooth_l1"])
+def test_the_value_loss_is_the_squared_or_the_huber_error_by_hand(critic_loss):
+    ppo = PPO(**SPECS, hidden_sizes=[4], critic_loss=critic_loss, critic_coef=0.5, entropy_coef=0.0)
+    constant_critic(ppo, 1.0)  # V(s) = 1 everywhere
+    obs = torch.tensor([[1, 0], [0, 1]], dtype=torch.uint8)
+    batch = TensorDict({"observation": obs, "action": torch.tensor([0, 1])}, batch_size=[2])
+    with torch.no_grad():
+        batch["action_log_prob"] = ppo.actor.get_dist(batch.clone()).log_prob(batch["action"])
+    batch["advantage"] = torch.zeros(2, 1)
+    batch["value_target"] = torch.tensor([[4.0], [1.5]])  # errors 3 and 0.5
+    loss = ppo.loss(batch)["loss_critic"].item()
+    # l2: 0.5 · mean(3², 0.5²) = 0.5 · 4.625; Huber: 0.5 · mean(3 − 0.5, 0.5 · 0.5²) = 0.5 · 1.3125
+    assert loss == pytest.approx(0.5 * (4.625 if critic_loss == "l2" else 1.3125), abs=1e-5)
+
+
+def test_bad_network_and_value_loss_choices_name_the_flag():
+    with pytest.raises(ValueError, match="^--model.init_args.activation must be one of relu, tanh, got 'gelu'$"):
+        PPO(**SPECS, activation="gelu")
+    with pytest.raises(ValueError, match="^--model.init_args.critic_loss must be one of smooth_l1, l2, got 'l1'$"):
+        PPO(**SPECS, critic_loss="l1")
