@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from math import prod
 from typing import Any
 
 import torch
@@ -57,7 +56,7 @@ def observation_mlp(
     """An MLP reading a whole observation of any shape (e.g. Snake's ``(3, H, W)`` planes, flattened)."""
     return nn.Sequential(
         FlattenObservation(observation_shape),
-        mlp(prod(observation_shape), hidden_sizes, out_features, activation),
+        mlp(math.prod(observation_shape), hidden_sizes, out_features, activation),
     )
 
 
@@ -73,7 +72,8 @@ def orthogonal_init_(network: nn.Module, output_gain: float) -> nn.Module:
     with torch.no_grad():
         for layer in layers:
             nn.init.orthogonal_(layer.weight, gain=output_gain if layer is layers[-1] else math.sqrt(2))
-            nn.init.zeros_(layer.bias)
+            if layer.bias is not None:
+                nn.init.zeros_(layer.bias)
     return network
 
 

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from compat.torch import foreach_lerp_
-from modules.bare import batch_pool, optimizer_step
+from modules.bare import batch_pool, make_adam, optimizer_step
 
 
 def tanh_gaussian_sample(
@@ -46,7 +46,7 @@ def reference_sac_update(model: Any, data: Any) -> Callable[[int], torch.Tensor]
         target.requires_grad_(False)
     log_alpha = model.loss_module.log_alpha.detach().to(device).clone().requires_grad_(True)
     parameters = [*actor.parameters(), *(p for critic in critics for p in critic.parameters()), log_alpha]
-    optimizer = torch.optim.Adam(parameters, lr=model.optim.lr, fused=True)
+    optimizer = make_adam(parameters, model)
     gamma, tau = float(model.loss_module.value_estimator.gamma), model.tau
     target_entropy = float(model.loss_module.target_entropy)
     space = model.action_spec.space
