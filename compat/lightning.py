@@ -61,6 +61,7 @@ PRIVATE_API = (
     ("lightning.pytorch.callbacks.ModelCheckpoint", "_save_last_checkpoint", "ModelCheckpointSteps"),
     ("lightning.pytorch.callbacks.ModelCheckpoint", "_save_checkpoint", "ModelCheckpointSteps"),
     ("lightning.pytorch.callbacks.ModelCheckpoint", "_remove_checkpoint", "ModelCheckpointSteps"),
+    ("lightning.pytorch.callbacks.ModelCheckpoint", "_every_n_train_steps", "checkpoint_step_intervals"),
 )
 
 
@@ -100,6 +101,12 @@ def optimizer_step_with_hooks(optimizer: LightningOptimizer, step: Callable[[], 
     result = step()
     optimizer._on_after_step()
     return result
+
+
+def checkpoint_step_intervals(trainer: pl.Trainer) -> list[int]:
+    """The ``every_n_train_steps`` of the trainer's ``ModelCheckpoint`` callbacks that save on a step schedule."""
+    # ModelCheckpoint._every_n_train_steps (private; lightning 2.6.6): the interval given to its constructor.
+    return [n for n in (getattr(c, "_every_n_train_steps", 0) for c in trainer.checkpoint_callbacks) if n and n > 0]
 
 
 def count_batches_stepped(trainer: pl.Trainer, n: int) -> None:

@@ -248,6 +248,8 @@ class RLDataModule(EnvSpecs, Evaluation, pl.LightningDataModule):
         self.observation_layout: Any = probe.observation_layout
         #: whether the environment draws itself (``render``): what videos need.
         self.can_render: bool = probe.can_render
+        #: the options that make an environment drawable (``BatchedEnv.render_options``), given to a video's.
+        self.render_options: dict[str, Any] = dict(probe.render_options)
         #: what each worker process will hold (``datamodules/memory.py``), measured now, before any store exists and
         #: with the throw-away environment built; None without workers.
         self.worker_memory: WorkerMemory | None = None

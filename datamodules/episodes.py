@@ -10,8 +10,8 @@ batch's frames (:meth:`EpisodeStatistics.count`: a prefetched round counts when 
 episodes ended so far.
 
 The running sums are part of the data module's state, so a resumed run continues the episodes' sums where the
-checkpointed run stood; so are the ended episodes not yet reported, so the resumed run logs what the uninterrupted one
-does. An environment that ends its episodes on loading (``BatchedEnv.exact_state`` False), and asynchronous workers
+checkpointed run stood; so are the ended episodes not yet reported and the last report's means (repeated while no
+episode ends), so the resumed run logs what the uninterrupted one does. An environment that ends its episodes on loading (``BatchedEnv.exact_state`` False), and asynchronous workers
 (which start new episodes), start their sums afresh instead.
 
 The work is a fixed number of whole-batch tensor operations per batch, on the batch's device; the figures reach the
@@ -53,6 +53,7 @@ class EpisodeStatistics:
         self.pending: torch.Tensor | None = None  # in batches collected and not yet counted
         self.counted: torch.Tensor | None = None  # counted and not yet reported
         self.episodes = 0.0  # ended episodes reported so far
+        self.last: dict[str, float] = {}  # the means of the last report that had ended episodes
         self._lock = threading.Lock()  # asynchronous workers' batches are observed in the feeder thread
 
     @property
@@ -96,22 +97,23 @@ class EpisodeStatistics:
                 self.pending.zero_()
 
     def report(self) -> dict[str, float]:
-        """Means over the episodes counted since the last report (none when none ended) and ``data/episodes``."""
+        """Means over the episodes counted since the last report and ``data/episodes``; when none ended, the last
+        report's means again (what a logger shows until new ones come: kept in the state, so a resumed run logs
+        what the uninterrupted one does)."""
         if self.counted is None:
-            return {"data/episodes": self.episodes}
+            return {**self.last, "data/episodes": self.episodes}
         with self._lock:
             totals = self.counted.tolist()
             self.counted.zero_()
         ended, sums, marked = totals[0], totals[1 : 1 + len(self.names)], totals[1 + len(self.names) :]
         self.episodes += ended / self.agents
-        figures = {}
         if ended:
             figures = {f"train/{name}_mean": total / ended for name, total in zip(self.names, sums, strict=True)}
             for (column, _), count in zip(self._over, marked, strict=True):
                 # NaN when no episode counts: a missing point of the curve, not a zero (as the evaluation's)
                 figures[f"train/{self.names[column]}_mean"] = sums[column] / count if count else float("nan")
-        figures["data/episodes"] = self.episodes
-        return figures
+            self.last = figures
+        return {**self.last, "data/episodes": self.episodes}
 
     def state_dict(self) -> dict[str, Any]:
         """Copies taken under the lock: asynchronous workers' batches go on being observed, in place, while a
@@ -121,12 +123,12 @@ class EpisodeStatistics:
                 key: None if value is None else value.clone()
                 for key, value in (("running", self.running), ("pending", self.pending), ("counted", self.counted))
             }
-        return {**copies, "episodes": self.episodes}
+        return {**copies, "episodes": self.episodes, "last": dict(self.last)}
 
     def load_state_dict(self, state: dict[str, Any], running: bool, device: torch.device) -> None:
         """Restore ``state``; the running sums only where ``running`` (the environments continue their episodes)."""
         self.running = self.pending = self.counted = None
-        self.episodes = state["episodes"]
+        self.episodes, self.last = state["episodes"], dict(state.get("last", {}))  # older checkpoints have none
         if state["counted"] is None:
             return
         self._zeros(device)

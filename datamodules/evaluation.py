@@ -64,8 +64,9 @@ def fixed_seed(seed: int, device: torch.device) -> Iterator[None]:
 
 class Evaluation:
     """Evaluation episodes of a data module: what it needs is its ``make_env``, ``seed``, ``eval_episodes``,
-    ``eval_env_options``, ``episode_metric_keys`` and ``episode_metric_over``, and its ``settle`` (collection running
-    off the training thread must not draw from the global generator while an evaluation seeds it)."""
+    ``eval_env_options``, ``render_options`` (videos), ``episode_metric_keys`` and ``episode_metric_over``, and its
+    ``settle`` (collection running off the training thread must not draw from the global generator while an
+    evaluation seeds it)."""
 
     _eval_env: EnvBase | None = None
     #: The returns of the episodes of the last :meth:`evaluate` call, in the evaluation environments' order.
@@ -149,7 +150,8 @@ class Evaluation:
         self.settle()
         results = []
         for episode in range(episodes):
-            env = self.make_env(1, self.seed + EVAL_SEED_OFFSET + episode, options=self.eval_env_options)
+            options = {**self.eval_env_options, **self.render_options}
+            env = self.make_env(1, self.seed + EVAL_SEED_OFFSET + episode, options=options)
             drawn = env.base_env if isinstance(env, TransformedEnv) else env
             try:
                 td = env.reset()

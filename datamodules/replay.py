@@ -97,8 +97,7 @@ class ReplayDataModule(RLDataModule):
 
     **Prefetch** (``collection: InProcess`` or ``EnvWorkers`` with ``prefetch: true``): the next collection's round
     (collect, write, sample its batches) is prepared in a background thread while the model takes this round's
-    updates, so that on a machine with a spare core the update does not wait for the data path; one Lightning step
-    then takes the whole round. The round is collected with a copy of the weights (and ε) taken after the current
+    updates, so that on a machine with a spare core the update does not wait for the data path. The round is collected with a copy of the weights (and ε) taken after the current
     round's first update, where without prefetch it is collected after the round's last: a lag of one round of
     updates, the same at every run, so runs stay reproducible and resume exactly. Not with prioritized replay (the
     next round would be drawn before this round's priorities are written), or models whose update draws random
@@ -258,9 +257,9 @@ class ReplayDataModule(RLDataModule):
 
     @property
     def batches_ready(self) -> int:
-        # With prefetch the model's step takes the whole round (Lightning's per-step work is then paid once per
-        # collection); without it, one update per step, as Lightning callbacks that count steps expect.
-        return len(self.pending) if self.prefetch and self.pending is not None else 0
+        # The rest of the round: the model's step takes them (Lightning's per-step work is then paid once per
+        # collection); the next round is collected through the training stream.
+        return len(self.pending) if self.pending is not None else 0
 
     def _batches(self) -> Iterator[TensorDictBase]:
         if self.collection.asynchronous:

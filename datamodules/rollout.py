@@ -83,6 +83,22 @@ class RolloutDataModule(RLDataModule):
         rollout = MemoryNeed("the rollout", flag, self.frames_per_batch * per_frame, device)
         return [rollout, *super().memory_needs(device)]
 
+    @property
+    def batches_ready(self) -> int:
+        # The rest of the current rollout's minibatches: the model's step takes them without Lightning's per-step work
+        # (collection happens only when the next rollout is due, through the training stream).
+        return self.minibatches_per_rollout - self.cursor if self.rollout is not None else 0
+
+    def next_ready_batch(self) -> TensorDictBase:
+        """The next minibatch of the current rollout (``batches_ready`` > 0)."""
+        with self.timer.phase("sample"):
+            per_minibatch = self.minibatch_size // max(self.bptt, 1)
+            start = self.cursor * per_minibatch
+            minibatch = self.rollout[self.order[start : start + per_minibatch]]
+        self.cursor += 1
+        self.samples += minibatch.numel()
+        return minibatch
+
     def _batches(self) -> Iterator[TensorDictBase]:
         while True:
             if self.rollout is None or self.cursor == self.minibatches_per_rollout:
@@ -92,13 +108,7 @@ class RolloutDataModule(RLDataModule):
                     device = self.rollout.device
                     self.order = torch.cat([torch.randperm(n, device=device) for _ in range(self.update_epochs)])
                 self.cursor = 0
-            with self.timer.phase("sample"):
-                per_minibatch = self.minibatch_size // max(self.bptt, 1)
-                start = self.cursor * per_minibatch
-                minibatch = self.rollout[self.order[start : start + per_minibatch]]
-            self.cursor += 1
-            self.samples += minibatch.numel()
-            yield minibatch
+            yield self.next_ready_batch()
 
     def _units(self, rollout: TensorDictBase) -> TensorDictBase:
         """The rollout ``[*envs, collect_steps]`` as what minibatches draw from: ``[frames]`` transitions, or

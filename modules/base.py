@@ -24,7 +24,8 @@ from torch import nn
 from torchrl.data import TensorSpec
 from torchrl.envs import Transform
 
-from compat.lightning import count_batches_stepped, optimizer_step_with_hooks
+from compat.lightning import checkpoint_step_intervals, count_batches_stepped, optimizer_step_with_hooks
+from compat.tensordict import install_from_any_tensor_shortcut
 from compat.torch import foreach_lerp_, inductor_fallback_random, inductor_mode_options
 from modules.optim import FusedAdamStep, OptimizerOptions
 
@@ -32,6 +33,8 @@ from modules.optim import FusedAdamStep, OptimizerOptions
 # signature as experimental on every run.
 warnings.filterwarnings("ignore", message=".*`dataloader_iter` argument in the `training_step`.*")
 warnings.filterwarnings("ignore", message=".*You are using the `dataloader_iter` step flavor.*")
+# Every TensorDictModule call (acting, every loss) writes its outputs through TensorDict.from_any (compat/tensordict.py).
+install_from_any_tensor_shortcut()
 
 
 _ON_MODEL = re.compile(r"\bself\b")  # a guard whose source mentions the model
@@ -240,8 +243,10 @@ class RLModule(pl.LightningModule):
             # Two eager warm-up updates (compilation, the optimizer's state), then one captured; the rest replay it.
             self._graphed_update = CudaGraphModule(self._captured_update, warmup=3, in_keys=[], out_keys=[])
 
-    def on_train_batch_start(self, batch: object, batch_idx: int) -> None:
-        # Set before this step's collection, from the frame counter a checkpoint restores.
+    def follow_frames(self) -> None:
+        """Set what follows the frame counter (the learning rate's schedule; subclasses: DQN's ε, SAC's BC weight):
+        once the step's collection, if it had one, is counted, so the step's updates, the next collection and a
+        checkpoint written after the step all see the values of the frames collected so far."""
         if self.optim.lr_end is not None:
             factor = self.optim.learning_rate(self.datamodule.frames) / self.optim.lr
             for group in self._lightning_optimizer.optimizer.param_groups:
@@ -254,15 +259,17 @@ class RLModule(pl.LightningModule):
         starts from. With ``accumulate_grad_batches`` k, an update fetches and accumulates k batches.
 
         One Lightning step also takes every further update the data module has batches ready for without collecting
-        (``batches_ready``: a replay module with prefetch, whose round holds the batches of all the updates a
-        collection earns): Lightning's own per-step work (its loop, hooks and logger connector; BENCHMARKS.md, "The
-        update against its bare arithmetic") is then paid once per collection, not once per update. Such a step still
-        ends at a logging step and at ``max_steps``, and ``global_step`` counts updates.
+        (``batches_ready``: the rest of a replay round, whose batches a collection earns together, or of a rollout's
+        minibatches): Lightning's own per-step work (its loop, hooks and logger connector; BENCHMARKS.md, "The update
+        against its bare arithmetic") is then paid once per collection, not once per update. Such a step still ends at
+        a logging step, at a step a ``ModelCheckpoint(every_n_train_steps=N)`` saves at, and at ``max_steps``, and
+        ``global_step`` counts updates.
         """
         updates_before = self.global_step
         # The step's first batches come through Lightning's iterator (which collects when nothing is ready); the rest
         # are the data module's, already drawn.
         batches = [next(dataloader_iter)[0] for _ in range(self.optim.accumulate_grad_batches)]
+        self.follow_frames()
         while True:
             loss = self._update_and_log(batches)
             if not self._next_update_in_this_step():
@@ -275,14 +282,16 @@ class RLModule(pl.LightningModule):
 
     def _next_update_in_this_step(self) -> bool:
         """Whether the next update joins this Lightning step: its batches are ready without collecting, and this step
-        has not reached a logging step (Lightning writes the logged metrics at the end of the step) or ``max_steps``."""
+        has not reached a logging step (Lightning writes the logged metrics at the end of the step), a step a
+        step-scheduled ``ModelCheckpoint`` saves at, or ``max_steps``, and no stop (SIGTERM included) is due."""
         update, trainer = self.global_step, self.trainer
-        return (
-            self.datamodule.batches_ready >= self.optim.accumulate_grad_batches
-            and (trainer.log_every_n_steps == 0 or update % trainer.log_every_n_steps != 0)
-            and (trainer.max_steps < 0 or update < trainer.max_steps)
-            and not trainer.should_stop
-        )
+        ready = self.datamodule.batches_ready >= self.optim.accumulate_grad_batches
+        if not ready or trainer.should_stop or trainer.received_sigterm:  # SIGTERM: stop after this update
+            return False
+        if trainer.max_steps >= 0 and update >= trainer.max_steps:
+            return False
+        step_ends = [trainer.log_every_n_steps, *checkpoint_step_intervals(trainer)]
+        return all(every <= 0 or update % every != 0 for every in step_ends)
 
     def _update_and_log(self, batches: list[TensorDictBase]) -> torch.Tensor:
         """The agent's :meth:`update` on ``batches`` (timed), its finiteness check, and its metrics."""

@@ -189,9 +189,9 @@ class DQN(RLModule):
         progress = min(frames / self.eps_frames, 1.0)
         return self.eps_start + progress * (self.eps_end - self.eps_start)
 
-    def on_train_batch_start(self, batch: object, batch_idx: int) -> None:
-        super().on_train_batch_start(batch, batch_idx)
-        # ε follows the frame counter (restored on resume), set before this step's collection happens.
+    def follow_frames(self) -> None:
+        super().follow_frames()
+        # ε of the frames collected so far: the next collection acts with it (a checkpoint holds it).
         self.egreedy.eps.fill_(self.epsilon(self.datamodule.frames))
 
     def update(self, batches: list[TensorDictBase]) -> tuple[torch.Tensor, TensorDictBase]:

@@ -265,8 +265,8 @@ class SAC(RLModule):
             datamodule, (*cannot_capture, f"{type(self).__name__}'s random draws inside the update")
         )
 
-    def on_train_batch_start(self, batch: object, batch_idx: int) -> None:
-        super().on_train_batch_start(batch, batch_idx)
+    def follow_frames(self) -> None:
+        super().follow_frames()
         progress = min(self.datamodule.frames / self.bc_weight_frames, 1.0)
         self.bc_weight.fill_(self.bc_weight_end + (self.bc_weight_initial - self.bc_weight_end) * (1.0 - progress))
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import lightning.pytorch as pl
 import torch
 import yaml
 
@@ -143,6 +144,29 @@ def short_snake_fit(config_name: str, *overrides: str):
     """
     backend = ("--data.init_args.env.init_args.backend", "torch")
     return fit(ROOT / "configs" / config_name, "--threads", "1", "--trainer.max_time", "null", *backend, *overrides)
+
+
+def after_each_update(model: Any, observe: Any) -> None:
+    """Call ``observe(model)`` after each of ``model``'s updates, ``model.global_step`` counting it: a Lightning step
+    may take several updates (``RLModule.training_step``), so per-step hooks do not see each one."""
+    update = model.update
+
+    def observed(batches: list) -> Any:
+        result = update(batches)
+        observe(model)
+        return result
+
+    model.update = observed
+
+
+class AfterUpdate(pl.Callback):
+    """A Lightning callback whose :meth:`after_update` runs after each update of the fit (:func:`after_each_update`)."""
+
+    def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+        after_each_update(pl_module, lambda model: self.after_update(model.trainer, model))
+
+    def after_update(self, trainer: Any, pl_module: Any) -> None:
+        raise NotImplementedError
 
 
 def weights(checkpoint: Path) -> dict[str, torch.Tensor]:

@@ -28,7 +28,9 @@ An environment is a TorchRL ``EnvBase`` that steps a whole batch of environments
   observations decode into a grid). The data module reads them from its throw-away environment and hands them on.
 - **Rendering** (optional): an environment that can be drawn sets ``can_render = True`` and implements
   :meth:`BatchedEnv.render`, environment ``index`` of the batch as an RGB image (uint8 ``[height, width, 3]``, the
-  same size at every call). Videos (``callbacks/video.py``, ``python -m app watch``) are made of these frames.
+  same size at every call). Videos (``callbacks/video.py``, ``python -m app watch``) are made of these frames, drawn
+  by an environment built with the class's ``render_options`` on top of the evaluation's (an environment that draws
+  only when asked to at construction, as Gymnasium's do, names that option there).
 
 ``tests/envs/test_env_contract.py`` checks the contract for every environment in this package; README's "Adding an
 environment" shows a complete one.
@@ -73,6 +75,9 @@ class BatchedEnv(EnvBase):
     observation_layout: ObservationLayout | None = None
     #: whether :meth:`render` draws this environment (videos need it).
     can_render: ClassVar[bool] = False
+    #: options of an environment built to be drawn (a video's): those that turn on what only drawing needs, which the
+    #: environments of training and evaluation go without (Gymnasium's: ``render``).
+    render_options: ClassVar[Mapping[str, Any]] = MappingProxyType({})
     #: whether ``state_dict()`` continues the running episodes exactly; False: loading it ends them, and the next
     #: reset starts the following episodes (the module docstring), for the reason ``inexact_state_reason`` states.
     exact_state: ClassVar[bool] = True

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 
-import lightning.pytorch as pl
 import pytest
 import torch
 from tensordict import TensorDict
@@ -12,7 +11,7 @@ from tensordict.nn import TensorDictSequential
 from torchrl.data import Binary, Categorical, Composite
 
 from modules.dqn import DQN
-from tests.helpers import chain_config, fit, write_config
+from tests.helpers import AfterUpdate, chain_config, fit, write_config
 
 SPECS = {
     "observation_spec": Composite(observation=Binary(n=2, shape=(2,), dtype=torch.uint8)),
@@ -102,13 +101,13 @@ def test_hard_target_sync_happens_exactly_at_the_interval(tmp_path, interval):
     assert recorder.synced_at == [step for step in range(1, 31) if step % interval == 0]
 
 
-class RecordTargetSyncs(pl.Callback):
+class RecordTargetSyncs(AfterUpdate):
     """Records the updates after which the target network equals the online network (i.e. was just copied)."""
 
     def __init__(self):
         self.synced_at = []
 
-    def on_train_batch_end(self, trainer, pl_module, *args):
+    def after_update(self, trainer, pl_module):
         online = pl_module.loss_module.value_network_params.flatten_keys()
         target = pl_module.loss_module.target_value_network_params.flatten_keys()
         if all(torch.equal(online[key], target[key]) for key in online.keys()):  # noqa: SIM118 (iterating a TensorDict walks its batch)

@@ -398,7 +398,7 @@ def test_the_tether_falls_linearly_to_its_floor_and_a_floor_above_it_is_one_erro
     weights = []
     for frames in (0, 250, 500, 1000, 5000):
         data.frames = frames
-        model.on_train_batch_start(None, 0)
+        model.follow_frames()
         weights.append(float(model.bc_weight))
     assert weights == [50.0, 40.0, 30.0, 10.0, 10.0]
     with pytest.raises(ValueError, match=r"--model.init_args.bc_weight_end must be in \[0, bc_weight = 5.0\], got 6.0"):

@@ -399,3 +399,25 @@ def test_each_compat_module_lists_every_private_name_it_uses(module):
     for *_, uses in module.PRIVATE_API:  # each names functions or classes of the module
         for name in uses.split(","):
             assert hasattr(module, name.strip()), f"{module.__name__}.PRIVATE_API names {name.strip()}"
+
+
+def test_from_any_returns_a_tensor_without_asking_the_import_system(monkeypatch):
+    import importlib.util
+
+    import torch
+    from tensordict import TensorDict
+    from tensordict.nn import TensorDictModule
+
+    import modules.base  # noqa: F401  (installs the shortcut, as every agent's import does)
+
+    compat.tensordict.install_from_any_tensor_shortcut()  # idempotent: a second install changes nothing
+    looked_up = []
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: looked_up.append(name) or real_find_spec(name, *a))
+    tensor = torch.arange(3.0)
+    assert TensorDict.from_any(tensor) is tensor
+    module = TensorDictModule(torch.nn.Linear(3, 2), in_keys=["x"], out_keys=["y"])
+    out = module(TensorDict(x=torch.ones(4, 3), batch_size=[4]))
+    assert out["y"].shape == (4, 2) and looked_up == []
+    converted = TensorDict.from_any({"a": tensor})  # anything else is the original's
+    assert isinstance(converted, TensorDict) and converted["a"] is tensor

@@ -201,17 +201,18 @@ def test_a_full_disk_at_each_write_of_a_checkpoint_is_one_error_and_keeps_the_pr
 
 
 def test_keep_last_keeps_exactly_the_newest_checkpoints_with_their_files(tmp_path):
-    # A checkpoint every 40 frames (8 per collect, 2 per update after 64 warm-up frames) and at the end of fit: the
-    # last two are those of updates 29 and 40, which stay, each with its replay folder and manifests.
+    # A checkpoint every 40 frames (8 per collect, 2 per update after 64 warm-up frames: a Lightning step takes the 4
+    # updates a collect earns) and at the end of fit: the last two are those of updates 32 (the step whose collect
+    # passed 120 frames) and 40, which stay, each with its replay folder and manifests.
     chain_run(tmp_path, 40)
     folder = tmp_path / "checkpoints"
     assert sorted(path.name for path in folder.iterdir()) == sorted(
         ["last.ckpt", "config.yaml"]
-        + [f"last-step{step}.ckpt{suffix}" for step in (29, 40) for suffix in ("", ".sha256")]
-        + [f"last.ckpt.{kind}-rank0-step{step}" for step in (29, 40) for kind in ("replay", "sums")]
+        + [f"last-step{step}.ckpt{suffix}" for step in (32, 40) for suffix in ("", ".sha256")]
+        + [f"last.ckpt.{kind}-rank0-step{step}" for step in (32, 40) for kind in ("replay", "sums")]
     )
     assert os.path.samefile(folder / "last.ckpt", folder / "last-step40.ckpt")
-    assert checkpoint_damage(folder / "last-step29.ckpt") is None and checkpoint_damage(folder / "last.ckpt") is None
+    assert checkpoint_damage(folder / "last-step32.ckpt") is None and checkpoint_damage(folder / "last.ckpt") is None
 
 
 def test_keep_last_1_keeps_only_last_ckpt(tmp_path):
@@ -261,28 +262,28 @@ def test_ckpt_path_last_skips_a_damaged_checkpoint_for_the_previous_one(tmp_path
     warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
     assert len(warnings) == 1 and re.fullmatch(
         rf"warning: --ckpt_path last: skipped {re.escape(str(folder / 'last-step40.ckpt'))} \({reason}\); "
-        rf"resuming from {re.escape(str(folder / 'last-step29.ckpt'))}",
+        rf"resuming from {re.escape(str(folder / 'last-step32.ckpt'))}",
         warnings[0],
     ), warnings
-    # It continued from update 29, not 40, with the frames of update 29: those of an uninterrupted run at 60.
+    # It continued from update 32, not 40, with the frames of update 32: those of an uninterrupted run at 60.
     assert cli.trainer.global_step == 60 and cli.datamodule.frames == 64 + (60 - 4) * 2
     # The damaged one's future was abandoned with it: the kept ones are those the resumed run wrote (at 160 frames
     # and at the end).
     kept = sorted(path.name for path in folder.glob("last-step*.ckpt"))
-    assert kept == ["last-step49.ckpt", "last-step60.ckpt"]
+    assert kept == ["last-step50.ckpt", "last-step60.ckpt"]
     assert not list(folder.glob("*step40*"))
 
 
 def test_an_explicit_damaged_checkpoint_is_one_error(tmp_path, capsys):
     chain_run(tmp_path, 40)
-    checkpoint = tmp_path / "checkpoints/last-step29.ckpt"
+    checkpoint = tmp_path / "checkpoints/last-step32.ckpt"
     flip_a_byte(checkpoint)
     capsys.readouterr()
     with pytest.raises(SystemExit) as stopped:
         chain_run(tmp_path, 60, "--ckpt_path", str(checkpoint))
     assert stopped.value.code == 2
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
-    assert errors == [f"error: --ckpt_path {checkpoint}: does not match its checksum in last-step29.ckpt.sha256"]
+    assert errors == [f"error: --ckpt_path {checkpoint}: does not match its checksum in last-step32.ckpt.sha256"]
 
 
 # ------------------------------------------------------------------------------------------------------------------

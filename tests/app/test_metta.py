@@ -17,7 +17,7 @@ pytest.importorskip("mettagrid", reason='the metta extra: pip install -e ".[mett
 
 from app.cli import main
 from datamodules.collection import CollectorWorkers
-from tests.helpers import RESEEDED, ROOT, weights
+from tests.helpers import RESEEDED, ROOT, AfterUpdate, weights
 
 # configs/metta_ppo.yaml shrunk for a test (2 environments of 4 agents on a small map, 16-step rollouts cut into
 # 8-step segments), its worker processes, logger, checkpoints and evaluation left on.
@@ -104,10 +104,10 @@ def test_metta_ppo_trains_logs_and_resumes_exactly_with_its_worker_processes(tmp
     )
 
 
-class KillWorker(pl.Callback):
+class KillWorker(AfterUpdate):
     """SIGKILLs worker process 1 after update 20, as the machine's memory killer might."""
 
-    def on_train_batch_end(self, trainer, *args) -> None:
+    def after_update(self, trainer, pl_module) -> None:
         if trainer.global_step == 20:
             data = trainer.datamodule
             collector_workers = isinstance(data.collection, CollectorWorkers)
@@ -130,8 +130,9 @@ def test_a_dead_worker_process_stops_the_run_with_a_clear_error_and_the_last_che
     with pytest.raises(RuntimeError, match=error):
         fit_metta(tmp_path, "--trainer.max_steps=40", *workers, "--config", str(callbacks))
     checkpoint = tmp_path / "metta_ppo/version_0/checkpoints/last.ckpt"
-    # Written when the 5th rollout was collected (update 17), the last before the kill, and whole.
-    assert torch.load(checkpoint, weights_only=True)["global_step"] == 17
+    # Written by the step that collected the 5th rollout (its updates 17-18, to the logging step), the last before the
+    # kill, and whole.
+    assert torch.load(checkpoint, weights_only=True)["global_step"] == 18
     resumed = fit_metta(tmp_path, "--trainer.max_steps=24", "--ckpt_path=last", *workers)
     assert resumed.trainer.global_step == 24
 

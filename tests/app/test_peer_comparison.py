@@ -42,11 +42,19 @@ def test_the_report_gives_each_frameworks_time_to_the_threshold_their_ratio_and_
     # lightrl: both seeds reached 475, at 20 s and 12 s (median 16 s), at 10,000 and 5,000 frames.
     assert "| lightrl | 2/2 | 16 (12–20) | 7,500 (5,000–10,000) |" in lightrl
     assert "| sb3 | 1/2 | 60 |" in sb3 and "500.0 ± 0.0 at 100k" in sb3
-    # A ratio needs every seed of both to reach the threshold: SB3's second did not, so there is none.
+    # A run that missed the threshold counts as the slowest, so a median needs more than half of the runs to reach
+    # it: SB3's second of two did not, so there is no ratio.
     assert "× SB3's" not in report
     assert "collect 30 %, update 60 %, eval 10 %; its update step took 1.60× its bare arithmetic" in report
     assert "checkpoint" not in report  # under half a percent: left out
 
+    # With a third SB3 seed at 50 s the median is 60 s (the missed run the slowest), and the note says who missed.
+    results["tasks"]["cartpole_ppo"]["sb3"].append({"curve": curve((5000, 50.0, 490.0))})
+    assert (
+        "lightrl's median time to 475 is 0.27× SB3's (16 s against 60 s; runs that did not reach it count as the "
+        "slowest: sb3 1 of 3)." in peers.summarise(results)
+    )
+    results["tasks"]["cartpole_ppo"]["sb3"].pop()
     results["tasks"]["cartpole_ppo"]["sb3"][1]["curve"].append({"frames": 15000, "seconds": 90.0, "return": 500.0})
     assert "lightrl's median time to 475 is 0.21× SB3's (16 s against 75 s)." in peers.summarise(results)
 

@@ -16,7 +16,17 @@ import torch
 
 from app.cli import main
 from callbacks.schedule import AtomicCheckpointIO
-from tests.helpers import PREFETCH, RESEEDED, ROOT, chain_config, fit, saved_replay, weights, write_config
+from tests.helpers import (
+    PREFETCH,
+    RESEEDED,
+    ROOT,
+    AfterUpdate,
+    chain_config,
+    fit,
+    saved_replay,
+    weights,
+    write_config,
+)
 
 
 @pytest.mark.slow
@@ -75,8 +85,8 @@ def test_a_run_stopped_by_sigterm_saves_and_resumes_exactly(tmp_path, agent):
     # PPO stops inside a rollout; DQN with prefetch inside a round prepared in the background.
     half = 36 if agent == "ppo" else 50
 
-    class Preempt(pl.Callback):
-        def on_train_batch_end(self, trainer, *args):
+    class Preempt(AfterUpdate):
+        def after_update(self, trainer, pl_module):
             if trainer.global_step == half:
                 os.kill(os.getpid(), signal.SIGTERM)
 
@@ -133,10 +143,10 @@ def test_interrupted_checkpoint_write_leaves_previous_checkpoint_intact(tmp_path
     assert sorted(os.listdir(tmp_path)) == ["last.ckpt", "last.ckpt.sha256"]  # no temporary file left behind
 
 
-class PoisonWeights(pl.Callback):
+class PoisonWeights(AfterUpdate):
     """Sets one weight to NaN after update 30, as a diverging run would."""
 
-    def on_train_batch_end(self, trainer, pl_module, *args):
+    def after_update(self, trainer, pl_module):
         if trainer.global_step == 30:
             with torch.no_grad():
                 next(pl_module.parameters()).fill_(float("nan"))
@@ -243,8 +253,9 @@ def test_a_step_takes_every_update_a_collection_earns_and_logs_and_resumes_in_up
 
 @pytest.mark.slow
 def test_resume_from_a_mid_run_checkpoint_rewrites_the_lost_rows_exactly(tmp_path):
-    # A run checkpointed every 256 frames, resumed from its checkpoint of update 49 as if killed after it: the rows
-    # it had logged after that checkpoint are dropped and logged again, and metrics.csv ends as one straight run's.
+    # A run checkpointed every 256 frames, resumed from its checkpoint of update 50 (the step whose rollout passed 512
+    # frames, ended at a logging step) as if killed after it: the rows it had logged after that checkpoint are
+    # dropped and logged again, and metrics.csv ends as one straight run's.
     every_256 = tmp_path / "every_256.yaml"
     every_256.write_text(
         "trainer:\n  callbacks:\n"
@@ -256,17 +267,17 @@ def test_resume_from_a_mid_run_checkpoint_rewrites_the_lost_rows_exactly(tmp_pat
     fit_shipped("snake_ppo", runs, "--config", str(every_256), "--trainer.max_steps", "60")
     straight = metrics_rows(run_dir)
     middle = run_dir / "checkpoints/frames=512.ckpt"
-    assert torch.load(middle, weights_only=True)["global_step"] == 49
+    assert torch.load(middle, weights_only=True)["global_step"] == 50
 
     cli = fit_shipped(
         "snake_ppo", runs, "--config", str(every_256), "--trainer.max_steps", "60", "--ckpt_path", str(middle)
     )
 
-    assert start_step(cli) == 49 and cli.trainer.log_dir == str(run_dir)
+    assert start_step(cli) == 50 and cli.trainer.log_dir == str(run_dir)
     resumed = metrics_rows(run_dir)
     assert [row["step"] for row in resumed] == [row["step"] for row in straight]
     # Training episodes that span the checkpoint are summed on from where it stood (their running sums are in it).
-    assert sum(bool(row["train/return_mean"]) for row in straight if int(row["step"]) > 49) >= 2
+    assert sum(bool(row["train/return_mean"]) for row in straight if int(row["step"]) > 50) >= 2
     for row, again in zip(straight, resumed, strict=True):
         for key, value in row.items():
             if not key.startswith(("time/", "throughput/")):  # wall-clock figures differ between runs
@@ -274,13 +285,14 @@ def test_resume_from_a_mid_run_checkpoint_rewrites_the_lost_rows_exactly(tmp_pat
 
 
 class KillBefore(pl.Callback):
-    """SIGKILLs this process as update ``step`` + 1 starts: after everything update ``step`` wrote (its checkpoint)."""
+    """SIGKILLs this process as the first Lightning step after update ``step`` starts: after everything the step that
+    ended there wrote (its checkpoint)."""
 
     def __init__(self, step: int) -> None:
         self.step = step
 
     def on_train_batch_start(self, trainer, *args):
-        if trainer.global_step == self.step:
+        if trainer.global_step >= self.step:
             os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -302,7 +314,7 @@ def test_a_process_killed_right_after_a_checkpoint_keeps_the_rows_it_logged_befo
             *SHORT["snake_ppo"],
             *("--threads", "1", "--trainer.logger.init_args.save_dir", str(runs), "--trainer.log_every_n_steps", "5"),
             *("--trainer.enable_progress_bar", "false", "--config", str(every_256), "--trainer.max_steps", "60"),
-            *("--trainer.callbacks+=tests.app.test_resume.KillBefore", "--trainer.callbacks.init_args.step", "49"),
+            *("--trainer.callbacks+=tests.app.test_resume.KillBefore", "--trainer.callbacks.init_args.step", "50"),
         ],
         cwd=ROOT,
         capture_output=True,
@@ -311,12 +323,12 @@ def test_a_process_killed_right_after_a_checkpoint_keeps_the_rows_it_logged_befo
     )
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     run_dir = runs / "snake_ppo/version_0"
-    assert torch.load(run_dir / "checkpoints/last.ckpt", weights_only=True)["global_step"] == 49
+    assert torch.load(run_dir / "checkpoints/last.ckpt", weights_only=True)["global_step"] == 50
     assert {row["step"] for row in metrics_rows(run_dir)} >= {"4", "24", "49"}  # on disk before the kill
 
     cli = fit_shipped("snake_ppo", runs, "--config", str(every_256), "--trainer.max_steps", "60", "--ckpt_path", "last")
 
-    assert start_step(cli) == 49
+    assert start_step(cli) == 50
     straight, resumed = metrics_rows(straight_runs / "snake_ppo/version_0"), metrics_rows(run_dir)
     assert [row["step"] for row in resumed] == [row["step"] for row in straight]
     for row, again in zip(straight, resumed, strict=True):
@@ -473,7 +485,7 @@ def assert_same(a, b, where: str = "") -> None:
 @pytest.mark.slow
 def test_ddp_resume_restores_each_ranks_own_state(tmp_path):
     # One 2-rank run of 40 updates that checkpoints every 96 frames (rank 1 writes its own state beside each
-    # checkpoint); then a run resumed from its checkpoint of update 17, as if killed after it, for the rest.
+    # checkpoint); then a run resumed from its checkpoint of update 20, as if killed after it, for the rest.
     config = chain_config("dqn", tmp_path / "full")
     config["trainer"]["callbacks"] = [
         {"class_path": "callbacks.schedule.FrameCheckpoint", "init_args": {"every_n_frames": 96, "save_top_k": -1}},
@@ -483,19 +495,20 @@ def test_ddp_resume_restores_each_ranks_own_state(tmp_path):
     fit_ddp(full_config, "--trainer.max_steps", "40")
     full = tmp_path / "full/checkpoints"
     middle = full / "frames=96.ckpt"
-    # 64 warm-up frames, then 8 frames per 4 updates: 96 frames after update 17, and the end of fit at 136 frames.
-    assert torch.load(middle, weights_only=True)["global_step"] == 17
+    # 64 warm-up frames, then 8 frames per 4 updates, which one step takes: 96 frames in the step of updates 17-20, and
+    # the end of fit at 136 frames.
+    assert torch.load(middle, weights_only=True)["global_step"] == 20
     # Rank 1's state beside each checkpoint, one per checkpoint: the two `last` ones are kept (keep_last 2), so
-    # last.ckpt's of update 17 stays beside last-step17.ckpt.
+    # last.ckpt's of update 20 stays beside last-step20.ckpt.
     assert sorted(path.name for path in full.glob("*.rank*")) == [
         "frames=136.ckpt.rank1-step40",
-        "frames=96.ckpt.rank1-step17",
-        "last.ckpt.rank1-step17",
+        "frames=96.ckpt.rank1-step20",
+        "last.ckpt.rank1-step20",
         "last.ckpt.rank1-step40",
     ]
-    assert sorted(path.name for path in full.glob("last-step*.ckpt")) == ["last-step17.ckpt", "last-step40.ckpt"]
+    assert sorted(path.name for path in full.glob("last-step*.ckpt")) == ["last-step20.ckpt", "last-step40.ckpt"]
     # Each rank's replay buffer beside each checkpoint, likewise, and each rank's manifest of its files.
-    kept = (("frames=136.ckpt", 40), ("frames=96.ckpt", 17), ("last.ckpt", 17), ("last.ckpt", 40))
+    kept = (("frames=136.ckpt", 40), ("frames=96.ckpt", 20), ("last.ckpt", 20), ("last.ckpt", 40))
     for kind in ("replay", "sums"):
         assert sorted(path.name for path in full.glob(f"*.{kind}-*")) == sorted(
             f"{checkpoint}.{kind}-rank{rank}-step{step}" for checkpoint, step in kept for rank in (0, 1)

@@ -82,6 +82,32 @@ def test_recording_plays_the_evaluation_episodes():
     assert cut[0]["frames"] == 5 and cut[0]["length"] == 4
 
 
+def test_a_gymnasium_video_is_drawn_by_an_environment_built_to_be_drawn():
+    pytest.importorskip("Box2D")
+    model, data = build([str(ROOT / "configs" / "gym" / "lunarlander_ppo.yaml")], [])
+    model.eval()
+    frames: list[np.ndarray] = []
+    results = data.record(model.greedy_policy(), 1, frames.append, max_frames=20)
+    assert len(frames) == results[0]["frames"] == 20
+    assert all(frame.shape == (400, 600, 3) and frame.dtype == np.uint8 for frame in frames)
+    assert len({frame.tobytes() for frame in frames}) > 1  # the lander moves
+
+    def main_engine(env, steps: int = 30):  # action 2 fires the main engine, which puffs exhaust particles
+        td = env.reset()
+        for _ in range(steps):
+            td = env.step_and_maybe_reset(td.set("action", torch.full(env.batch_size, 2)))[1]
+        return [copy.unwrapped for copy in env._envs]
+
+    # Training and evaluation copies are not drawn, and LunarLander simulates its exhaust particles, decoration it
+    # makes bodies of its physics world, only in an environment that is.
+    trained = data.make_env(2, seed=0, options=data.eval_env_options)
+    with pytest.raises(ValueError, match="built without render: true, so it draws nothing"):
+        trained.render(0)
+    assert all(not lander.particles for lander in main_engine(trained))
+    drawn = data.make_env(1, seed=0, options=data.render_options)
+    assert all(lander.particles for lander in main_engine(drawn))
+
+
 @pytest.mark.slow
 def test_the_callback_records_in_a_fit_and_watch_plays_the_checkpoint(tmp_path, monkeypatch, capsys):
     run = tmp_path / "train"

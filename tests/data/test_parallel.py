@@ -146,7 +146,7 @@ def test_an_error_in_the_learner_stops_the_workers_before_it_leaves_fit(tmp_path
     # so unless the error stops them the interpreter waits for them at exit, forever.
     class LearnerBug(Callback):
         def on_train_batch_end(self, trainer, *args):
-            if trainer.global_step == 5:
+            if trainer.global_step >= 5:  # a step may take several updates
                 raise RuntimeError("a bug in the learner")
 
     config = parallel_config(tmp_path)

@@ -109,10 +109,10 @@ class RecordingReplay(ReplayDataModule):
     """The replay data module, recording each served batch with the model's weights before its update, and what the
     model handed back after it."""
 
-    def _batches(self):
-        for batch in super()._batches():
-            self.served = (batch.clone(), copy.deepcopy(self.trainer.lightning_module.loss_module.state_dict()))
-            yield batch
+    def next_ready_batch(self):  # every batch is served through it (a step may take several)
+        batch = super().next_ready_batch()
+        self.served = (batch.clone(), copy.deepcopy(self.trainer.lightning_module.loss_module.state_dict()))
+        return batch
 
     def after_update(self, priority=None):
         self.returned = priority.clone()

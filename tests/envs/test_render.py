@@ -128,7 +128,7 @@ def test_mettagrid_frame_is_the_map():
 def test_a_gymnasium_environment_renders_its_rgb_array_where_the_cart_is():
     from datamodules.envs.gym.env import GymnasiumEnv
 
-    env = GymnasiumEnv(num_envs=2, env_id="CartPole-v1", seed=3)
+    env = GymnasiumEnv(num_envs=2, env_id="CartPole-v1", seed=3, render=True)
     td = env.reset()
     for _ in range(8):
         frame = env.render(1)

@@ -54,6 +54,7 @@ the collection carries that reset's observations (``exact_state = False``).
 
 from __future__ import annotations
 
+from types import MappingProxyType
 from typing import Any
 
 import gymnasium
@@ -85,11 +86,15 @@ class GymnasiumEnv(StepOutputComplete, BatchedEnv):
             game (module docstring); for environments that report ``lives`` (the ALE's).
         seed: base seed; copy ``i`` plays the episodes of stream ``seed + i``.
         device: where the returned tensors live (the environments run on the CPU).
+        render: build the copies drawable (Gymnasium's ``render_mode="rgb_array"``): a video's environment is built
+            with it (``render_options``). Off for training and evaluation, since some environments simulate what is
+            only drawn whenever they have a render mode (LunarLander's exhaust particles: 2.4x its step).
     """
 
     episode_metric_keys = ("episode_return", "episode_length")
     exact_state = False
-    can_render = True  # through the copies' render_mode="rgb_array", where the environment has it
+    can_render = True  # copies built with render: true (Gymnasium's render_mode="rgb_array"), where it has that mode
+    render_options = MappingProxyType({"render": True})
     inexact_state_reason = (
         "a Gymnasium environment has no snapshot of its state (and replaying its actions is exact only for a "
         "deterministic environment under stateless wrappers): loading a state ends the running episodes"
@@ -104,6 +109,7 @@ class GymnasiumEnv(StepOutputComplete, BatchedEnv):
         episodic_life: bool = False,
         seed: int = 0,
         device: str | torch.device = "cpu",
+        render: bool = False,
     ) -> None:
         # Messages start with the argument's name: the command line prefixes the flag path it was given under.
         if num_envs < 1:
@@ -111,7 +117,7 @@ class GymnasiumEnv(StepOutputComplete, BatchedEnv):
         if not isinstance(env_id, str) or not env_id:
             raise ValueError(f"env_id must be a Gymnasium id such as 'CartPole-v1', got {env_id!r}")
         kwargs, resolved = dict(env_kwargs or {}), resolve_wrappers(wrappers)
-        envs = [make_env(env_id, kwargs, resolved)]
+        envs = [make_env(env_id, kwargs, resolved, render)]
         self._observation_space, self._action_space = envs[0].observation_space, envs[0].action_space
         try:
             observation = observation_spec(self._observation_space, env_id, num_envs)
@@ -124,9 +130,9 @@ class GymnasiumEnv(StepOutputComplete, BatchedEnv):
         except ValueError:
             envs[0].close()  # a simulator's resources (a MuJoCo model, an emulator) go with the refusal
             raise
-        envs += [make_env(env_id, kwargs, resolved) for _ in range(num_envs - 1)]
+        envs += [make_env(env_id, kwargs, resolved, render) for _ in range(num_envs - 1)]
         super().__init__(batch_size=torch.Size([num_envs]), device=device)
-        self.env_id = env_id
+        self.env_id, self.drawable = env_id, render
         self._envs = envs
         self._steps = [env.step for env in envs]
         self.episodic_life = episodic_life
@@ -288,7 +294,13 @@ class GymnasiumEnv(StepOutputComplete, BatchedEnv):
             self._lives[i] = now
 
     def render(self, index: int = 0) -> np.ndarray:
-        """Copy ``index``'s ``render()`` in Gymnasium's ``rgb_array`` mode (uint8 ``[height, width, 3]``)."""
+        """Copy ``index``'s ``render()`` in Gymnasium's ``rgb_array`` mode (uint8 ``[height, width, 3]``); the copies
+        must have been built with ``render: true``."""
+        if not self.drawable:
+            raise ValueError(
+                f"env_id {self.env_id}: this environment was built without render: true, so it draws nothing (a "
+                "video's environment is built with it)"
+            )
         frame = self._envs[self._render_index(index)].render()
         if not isinstance(frame, np.ndarray) or frame.ndim != 3 or frame.shape[-1] != 3:
             raise ValueError(

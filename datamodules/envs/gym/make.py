@@ -126,15 +126,20 @@ def draws_rgb_arrays(spec: EnvSpec) -> bool:
 
 
 def make_env(
-    env_id: str, env_kwargs: dict[str, Any], wrappers: list[tuple[type[gymnasium.Wrapper], dict]]
+    env_id: str,
+    env_kwargs: dict[str, Any],
+    wrappers: list[tuple[type[gymnasium.Wrapper], dict]],
+    render: bool = False,
 ) -> gymnasium.Env:
     """``gymnasium.make(env_id, **env_kwargs)``, then ``wrappers`` in order after Gymnasium's episode statistics
     (recorded under :data:`STATS_KEY`: the return before the wrappers change the reward). Without wrappers the caller
-    sums the rewards itself, which costs less than a wrapper's call per step."""
+    sums the rewards itself, which costs less than a wrapper's call per step. ``render``: made drawable (Gymnasium's
+    ``render_mode="rgb_array"``, where the environment has it and ``env_kwargs`` names no render mode)."""
     spec = find_spec(env_id)
     make_kwargs = dict(env_kwargs)
-    if "render_mode" not in make_kwargs and draws_rgb_arrays(spec):
-        # Drawn only when asked for (a video): Gymnasium's environments create their renderers at the first render().
+    if render and "render_mode" not in make_kwargs and draws_rgb_arrays(spec):
+        # Only an environment built to be drawn gets a render mode: some simulate what is only drawn whenever they
+        # have one (LunarLander's exhaust particles are bodies of its physics world, 2.4x its step).
         make_kwargs["render_mode"] = "rgb_array"
     try:
         env = gymnasium.make(spec.id, **make_kwargs)
