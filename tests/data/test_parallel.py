@@ -270,8 +270,10 @@ def test_monitor_reports_the_buffer_the_queue_and_the_ended_episodes_metrics(tmp
     assert figures["train/return_mean"] == pytest.approx(18.0)  # (45 - 3 + 12) / 3
     assert figures["train/length_mean"] == pytest.approx(5 / 3)  # 2, 1 and 2 steps
     assert figures["data/queued_batches"] == 0 and figures["data/buffer"] == 0
-    # Each report covers the episodes ended since the one before: none since, so no episode mean.
-    assert "train/x_pos_mean" not in data.monitor()
+    # Each report covers the episodes ended since the one before; with none since, it repeats the last means (what
+    # a logger shows until new ones come) and the episode count stays.
+    again = data.monitor()
+    assert again["data/episodes"] == 3 and again["train/x_pos_mean"] == figures["train/x_pos_mean"]
 
 
 def _rollout_workers(tmp_path, monkeypatch, **options):
