@@ -31,6 +31,7 @@ from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.callbacks import Callback, TQDMProgressBar
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities.exceptions import SIGTERMException
+from lightning.pytorch.utilities.model_helpers import is_overridden
 from torchrl.envs import EnvBase
 
 from app.errors import COMPONENT_KEYS, OneLineErrorParser, constructor_error_line, tag_constructor_errors, typed
@@ -331,10 +332,20 @@ class RLCLI(LightningCLI):
                 self.model.check_datamodule(self.datamodule)
             except ValueError as error:
                 self.parser.error(str(error))
-        # Callbacks that need something of the environment (a video needs one that renders), likewise.
+        # Callbacks that need something of the environment (a video needs one that renders), likewise; and a
+        # callback with checkpointed state given twice (Lightning would refuse it only once fit starts, in lines).
         trainer = cli_config_get(self, self.config_init, "trainer")
         callbacks = trainer.get("callbacks") or []
+        stateful: dict[str, int] = {}
         for index, callback in enumerate(callbacks if isinstance(callbacks, list) else [callbacks]):
+            if isinstance(callback, Callback) and is_overridden("state_dict", callback, Callback):
+                first = stateful.setdefault(callback.state_key, index)
+                if first != index:
+                    name = f"{type(callback).__module__}.{type(callback).__qualname__}"
+                    self.parser.error(
+                        f"trainer.callbacks[{index}] ({name}) is trainer.callbacks[{first}] again, and both would save "
+                        "their state under one name in checkpoints: give it once (the config may already have it)"
+                    )
             check = getattr(callback, "check_datamodule", None)
             if callable(check):
                 try:

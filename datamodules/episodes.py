@@ -11,8 +11,9 @@ episodes ended so far.
 
 The running sums are part of the data module's state, so a resumed run continues the episodes' sums where the
 checkpointed run stood; so are the ended episodes not yet reported and the last report's means (repeated while no
-episode ends), so the resumed run logs what the uninterrupted one does. An environment that ends its episodes on loading (``BatchedEnv.exact_state`` False), and asynchronous workers
-(which start new episodes), start their sums afresh instead.
+episode ends), so the resumed run logs what the uninterrupted one does. An environment that ends its episodes on
+loading (``BatchedEnv.exact_state`` False), and asynchronous workers (which start new episodes), start their sums
+afresh instead.
 
 The work is a fixed number of whole-batch tensor operations per batch, on the batch's device; the figures reach the
 host only at :meth:`report`, on logging steps.

@@ -97,12 +97,13 @@ class ReplayDataModule(RLDataModule):
 
     **Prefetch** (``collection: InProcess`` or ``EnvWorkers`` with ``prefetch: true``): the next collection's round
     (collect, write, sample its batches) is prepared in a background thread while the model takes this round's
-    updates, so that on a machine with a spare core the update does not wait for the data path. The round is collected with a copy of the weights (and ε) taken after the current
-    round's first update, where without prefetch it is collected after the round's last: a lag of one round of
-    updates, the same at every run, so runs stay reproducible and resume exactly. Not with prioritized replay (the
-    next round would be drawn before this round's priorities are written), or models whose update draws random
-    numbers from the global generator (SAC: both threads would draw from it in an order that varies). Collector
-    workers take the live weights, so their strategies have no prefetch.
+    updates, so that on a machine with a spare core the update does not wait for the data path. The round is collected
+    with a copy of the weights (and ε) taken after the current round's first update, where without prefetch it is
+    collected after the round's last: a lag of one round of updates, the same at every run, so runs stay
+    reproducible and resume exactly. Not with prioritized replay (the next round would be drawn before this round's
+    priorities are written), or models whose update draws random numbers from the global generator (SAC: both threads
+    would draw from it in an order that varies). Collector workers take the live weights, so their strategies have no
+    prefetch.
 
     **Asynchronous collector workers** (``collection: AsyncCollectorWorkers``): the workers' batches are stored as
     they arrive and the replay ratio is a ceiling (:class:`~datamodules.collection.AsyncCollectorWorkers`); n-step

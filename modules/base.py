@@ -33,7 +33,8 @@ from modules.optim import FusedAdamStep, OptimizerOptions
 # signature as experimental on every run.
 warnings.filterwarnings("ignore", message=".*`dataloader_iter` argument in the `training_step`.*")
 warnings.filterwarnings("ignore", message=".*You are using the `dataloader_iter` step flavor.*")
-# Every TensorDictModule call (acting, every loss) writes its outputs through TensorDict.from_any (compat/tensordict.py).
+# Every TensorDictModule call (acting, every loss) writes its outputs through TensorDict.from_any
+# (compat/tensordict.py).
 install_from_any_tensor_shortcut()
 
 

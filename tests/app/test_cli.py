@@ -167,6 +167,19 @@ def with_evaluation_every(tmp_path: Path, every_n_frames: object) -> Path:
 
 
 @pytest.mark.slow
+def test_a_stateful_callback_given_twice_is_one_line_before_anything_runs(tmp_path, capsys):
+    # The shipped config has a ThroughputReport; a second from the command line would share its checkpoint state.
+    result = app_in_process(
+        capsys, *snake_dqn_args(tmp_path, "--trainer.callbacks+=callbacks.throughput.ThroughputReport")
+    )
+    message = (
+        "trainer.callbacks[3] (callbacks.throughput.ThroughputReport) is trainer.callbacks[2] again, and both would "
+        "save their state under one name in checkpoints: give it once (the config may already have it)"
+    )
+    assert_one_error_line(result.returncode, result.stderr, message)
+    assert not (tmp_path / "runs").exists()
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

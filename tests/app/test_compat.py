@@ -413,7 +413,9 @@ def test_from_any_returns_a_tensor_without_asking_the_import_system(monkeypatch)
     compat.tensordict.install_from_any_tensor_shortcut()  # idempotent: a second install changes nothing
     looked_up = []
     real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: looked_up.append(name) or real_find_spec(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *args: looked_up.append(name) or real_find_spec(name, *args)
+    )
     tensor = torch.arange(3.0)
     assert TensorDict.from_any(tensor) is tensor
     module = TensorDictModule(torch.nn.Linear(3, 2), in_keys=["x"], out_keys=["y"])

@@ -8,7 +8,6 @@ import os
 import signal
 from pathlib import Path
 
-import lightning.pytorch as pl
 import pytest
 import torch
 import yaml
