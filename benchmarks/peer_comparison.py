@@ -476,7 +476,7 @@ def summarise(results: dict[str, Any]) -> str:
             # while fewer than half of the runs missed it.
             median = statistics.median([hit["seconds"] if hit else math.inf for hit in hits]) if hits else math.inf
             medians[name] = median if math.isfinite(median) else None
-            missed[name] = f"{len(hits) - len(times)} of {len(hits)}"
+            missed[name] = (len(hits) - len(times), len(hits))
             rates = [run["curve"][-1]["frames"] / run["curve"][-1]["seconds"] for run in runs[name] if run["curve"]]
             at_frames = [return_at(run["curve"], "frames", common_frames) for run in runs[name]]
             at_seconds = [return_at(run["curve"], "seconds", common_seconds) for run in runs[name]]
@@ -507,7 +507,7 @@ def summarise(results: dict[str, Any]) -> str:
                 f"policy's return on lightrl's evaluation episodes: {spread(randoms)}."
             )
         if medians.get("lightrl") and medians.get("sb3"):
-            short = [f"{name} {missed[name]}" for name in frameworks if not missed[name].startswith("0 ")]
+            short = [f"{name} {missed[name][0]} of {missed[name][1]}" for name in frameworks if missed[name][0]]
             unreached = f"; runs that did not reach it count as the slowest: {', '.join(short)}" if short else ""
             notes.append(
                 f"- {task.env_id} ({task_name}): lightrl's median time to {task.threshold:g} is "

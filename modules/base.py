@@ -232,6 +232,8 @@ class RLModule(pl.LightningModule):
                 f"--trainer.precision {self.trainer.precision}: a gradient scaler is not supported by the model's "
                 "own update step; use bf16-mixed (same speed on GPUs with bf16 tensor cores, no scaler needed)"
             )
+        # The updates a Lightning step ends after: logging steps and those a step-scheduled ModelCheckpoint saves at.
+        self._step_ends = [self.trainer.log_every_n_steps, *checkpoint_step_intervals(self.trainer)]
         # Lightning's wrapper keeps the step bookkeeping; the step itself runs the fused kernels on its optimizer.
         self._lightning_optimizer = self.optimizers()
         self._optimizer_step = FusedAdamStep(self._lightning_optimizer.optimizer, self.optim.max_grad_norm)
@@ -291,8 +293,7 @@ class RLModule(pl.LightningModule):
             return False
         if trainer.max_steps >= 0 and update >= trainer.max_steps:
             return False
-        step_ends = [trainer.log_every_n_steps, *checkpoint_step_intervals(trainer)]
-        return all(every <= 0 or update % every != 0 for every in step_ends)
+        return all(every <= 0 or update % every != 0 for every in self._step_ends)
 
     def _update_and_log(self, batches: list[TensorDictBase]) -> torch.Tensor:
         """The agent's :meth:`update` on ``batches`` (timed), its finiteness check, and its metrics."""
