@@ -3,10 +3,12 @@
 For each task and seed, lightrl's shipped config (``configs/gym/<task>.yaml``) and Stable-Baselines3 with the RL
 Zoo's tuned hyperparameters (``hyperparams/<algo>.yml`` of DLR-RM/rl-baselines3-zoo) train one after the other, each
 in its own process with the same torch thread count, and both are evaluated the same way: every ``eval_every``
-environment frames, ``eval_episodes`` greedy (deterministic) episodes on separate evaluation environments. A run
-stops at the first evaluation whose mean return reaches the task's threshold, or at the RL Zoo's step budget. Tasks
-without a threshold (HalfCheetah, Breakout: budgets for a GPU machine) are short runs: each run trains for
-``--seconds`` and the report sets their frames/s and returns beside the random policy's.
+environment frames, ``eval_episodes`` greedy (deterministic) episodes, one on each of as many evaluation environments,
+which every evaluation resets from the same seeds (lightrl's: the run's seed + 1,000,003 + i), so both frameworks face
+the same starting states, the same at every evaluation. A run stops at the first evaluation whose mean return reaches
+the task's threshold, or at the RL Zoo's step budget. Tasks without a threshold (HalfCheetah, Breakout: budgets for a
+GPU machine) are short runs: each run trains for ``--seconds`` and the report sets their frames/s and returns beside
+the random policy's.
 
 Written to ``--out``: ``peers.json`` (every evaluation of every run: frames, wall seconds, mean return),
 ``peers.md`` (per task: time and frames to the threshold, the return both reached at equal frames and at equal wall
@@ -310,8 +312,9 @@ def run_lightrl(task: Task, seed: int, args: argparse.Namespace, folder: Path) -
 
 
 # --------------------------------------------------------------------------------------------- Stable-Baselines3
-def sb3_envs(task: Task, seed: int) -> tuple[Any, Any]:
-    """The training and evaluation vector envs the RL Zoo builds for ``task`` (its ``normalize`` and Atari wrapping)."""
+def sb3_envs(task: Task, seed: int, episodes: int) -> tuple[Any, Any]:
+    """The training and evaluation vector envs the RL Zoo builds for ``task`` (its ``normalize`` and Atari wrapping):
+    ``episodes`` evaluation copies, one episode each (the Recorder reseeds them before every evaluation)."""
     from stable_baselines3.common.env_util import make_atari_env, make_vec_env
     from stable_baselines3.common.vec_env import VecFrameStack, VecNormalize, VecTransposeImage
 
@@ -328,13 +331,21 @@ def sb3_envs(task: Task, seed: int) -> tuple[Any, Any]:
             vector = make_atari_env(task.env_id, n_envs=n_envs, seed=env_seed, env_kwargs=emulator)
             return VecTransposeImage(VecFrameStack(vector, 4))
 
-        return atari(task.sb3_envs, seed), atari(1, 10_000 + seed)
+        return atari(task.sb3_envs, seed), atari(episodes, evaluation_seed(seed))
     env = make_vec_env(task.env_id, n_envs=task.sb3_envs, seed=seed)
-    eval_env = make_vec_env(task.env_id, n_envs=1, seed=10_000 + seed)
+    eval_env = make_vec_env(task.env_id, n_envs=episodes, seed=evaluation_seed(seed))
     if task.sb3_wrap == "normalize":  # the Zoo's VecNormalize, with the algorithm's discount; EvalCallback syncs it
         gamma = task.sb3_kwargs.get("gamma", 0.99)
         return VecNormalize(env, gamma=gamma), VecNormalize(eval_env, gamma=gamma, training=False, norm_reward=False)
     return env, eval_env
+
+
+def evaluation_seed(seed: int) -> int:
+    """The seed of the first evaluation environment, copy i taking the next ones: lightrl's for a run of ``seed``."""
+    sys.path.insert(0, str(ROOT))
+    from datamodules.evaluation import EVAL_SEED_OFFSET
+
+    return seed + EVAL_SEED_OFFSET
 
 
 def sb3_run(task_name: str, seed: int, csv_path: Path, episodes: int, threads: int, seconds: int) -> None:
@@ -360,7 +371,7 @@ def sb3_run(task_name: str, seed: int, csv_path: Path, episodes: int, threads: i
     if "activation_fn" in kwargs.get("policy_kwargs", {}):  # named in TASKS, a torch.nn class here
         kwargs["policy_kwargs"] = {**kwargs["policy_kwargs"]}
         kwargs["policy_kwargs"]["activation_fn"] = getattr(torch.nn, kwargs["policy_kwargs"]["activation_fn"])
-    env, eval_env = sb3_envs(task, seed)
+    env, eval_env = sb3_envs(task, seed, episodes)
     policy = "CnnPolicy" if task.sb3_wrap == "atari" else "MlpPolicy"
     model = getattr(stable_baselines3, task.sb3_algo)(policy, env, seed=seed, verbose=0, **kwargs)
     rows: list[dict[str, float]] = []
@@ -368,6 +379,8 @@ def sb3_run(task_name: str, seed: int, csv_path: Path, episodes: int, threads: i
 
     class Recorder(EvalCallback):
         def _on_step(self) -> bool:
+            if self.eval_freq > 0 and self.n_calls % self.eval_freq == 0:  # EvalCallback evaluates at this step
+                self.eval_env.seed(evaluation_seed(seed))  # the same starting states at every evaluation
             evaluations = len(self.evaluations_results)
             keep_going = super()._on_step()
             if len(self.evaluations_results) > evaluations:

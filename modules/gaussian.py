@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from tensordict.nn import AddStateIndependentNormalScale, NormalParamExtractor, TensorDictModule, TensorDictSequential
 from torch import nn
 from torchrl.data import TensorSpec
@@ -126,3 +127,15 @@ class ClipAction(Transform):
 
     def _inv_apply_transform(self, action: torch.Tensor) -> torch.Tensor:
         return torch.clamp(action, self.low.to(action.device), self.high.to(action.device))
+
+
+def tanh_gaussian_sample(
+    location: torch.Tensor, scale: torch.Tensor, noise: torch.Tensor, centre: torch.Tensor, half_range: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reparametrised action ``centre + half_range · tanh(location + scale · noise)`` and its log-density:
+    ``log N(u) − log|d tanh(u)/du| − log|d action/d tanh|``, with ``log(1 − tanh²u) = 2(log 2 − u − softplus(−2u))``."""
+    pre_tanh = location + scale * noise
+    log_normal = -0.5 * noise.pow(2) - scale.log() - 0.5 * math.log(2 * math.pi)
+    log_tanh = 2 * (math.log(2) - pre_tanh - F.softplus(-2 * pre_tanh))
+    log_prob = (log_normal - log_tanh).sum(-1) - half_range.log().sum()
+    return centre + half_range * torch.tanh(pre_tanh), log_prob

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tensordict import TensorDictBase
+from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import NormalParamExtractor, TensorDictModule, TensorDictModuleBase
 from torch import nn
 from torchrl.data import TensorSpec
@@ -37,6 +37,7 @@ from torchrl.modules import ProbabilisticActor, TanhNormal
 from torchrl.objectives import SACLoss, SoftUpdate
 
 from modules.base import RLModule
+from modules.gaussian import tanh_gaussian_sample
 from modules.networks import ScaledTanhPolicy, mlp
 from modules.optim import OptimizerOptions
 from modules.spaces import BOX, check_action_space, check_bounded, check_flat_observation, model_name, observation_entry
@@ -55,6 +56,20 @@ class QNetwork(nn.Module):
 
     def forward(self, observation: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
         return self.network(torch.cat([observation, (action - self.centre) / self.half_range], -1))
+
+    def ensemble(self, parameters: TensorDictBase, observation: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+        """Every critic's Q of a batch ``[batch, ...]`` at once, ``[critics, batch]``: ``parameters`` holds each of
+        this network's entries stacked over the critics (``SACLoss``'s ``qvalue_network_params``), and each linear
+        layer is one batched matmul over them, what ``vmap`` of :meth:`forward` computes without its Python."""
+        scaled = (action - parameters["centre"].unsqueeze(-2)) / parameters["half_range"].unsqueeze(-2)
+        x = torch.cat([observation.expand(scaled.shape[0], *observation.shape), scaled], -1)
+        for index, layer in enumerate(self.network):
+            if isinstance(layer, nn.Linear):
+                weight, bias = parameters["network", str(index), "weight"], parameters["network", str(index), "bias"]
+                x = torch.baddbmm(bias.unsqueeze(-2), x, weight.mT)
+            else:  # the activation, elementwise
+                x = layer(x)
+        return x.squeeze(-1)
 
 
 class Location(nn.Module):
@@ -169,7 +184,7 @@ class SAC(RLModule):
             raise ValueError(f"--model.init_args.bc_weight_frames must be >= 1, got {bc_weight_frames}")
         if actor_warmup_updates < 0:
             raise ValueError(f"--model.init_args.actor_warmup_updates must be >= 0, got {actor_warmup_updates}")
-        self.tau, self.actor_init, self.actor_warmup_updates = tau, actor_init, actor_warmup_updates
+        self.gamma, self.tau, self.actor_init, self.actor_warmup_updates = gamma, tau, actor_init, actor_warmup_updates
         self.actor_lr = optimizer.lr if actor_lr is None else actor_lr
         self.bc_weight_initial, self.bc_weight_frames, self.bc_weight_end = bc_weight, bc_weight_frames, bc_weight_end
         observation_dim = check_flat_observation(self, observation_entry(self, observation_spec))
@@ -207,6 +222,8 @@ class SAC(RLModule):
             in_keys=["observation", "action"],
             out_keys=["state_action_value"],
         )
+        # TorchRL's SACLoss holds the critics (their parameters stacked), their target copies, log α and the target
+        # entropy, and defines the losses; the update computes them from its parameters (:meth:`loss`).
         self.loss_module = SACLoss(
             self.actor,
             self.qvalue,
@@ -222,6 +239,9 @@ class SAC(RLModule):
         _ = self.loss_module.target_entropy
         # TorchRL's updater of the target critics; the update applies the same Polyak step fused (soft_update).
         self.target_updater = SoftUpdate(self.loss_module, tau=tau)
+        # The box the actions are squashed into (not saved: the action spec gives it).
+        self.register_buffer("action_centre", (high + low) / 2, persistent=False)
+        self.register_buffer("action_half_range", (high - low) / 2, persistent=False)
         if actor_init is not None and Path(actor_init).suffix == ".ckpt":
             self.read_clone(Path(actor_init))  # a wrong file fails now, not after the run has started
 
@@ -260,6 +280,10 @@ class SAC(RLModule):
                 f"--data.init_args.collection.init_args.prefetch: {type(self).__name__}'s update draws random numbers, "
                 "and a round collected beside it would draw from the same generator in an order that varies, so runs "
                 "would not repeat; use prefetch false"
+            )
+        if getattr(datamodule, "prioritized", False):
+            raise ValueError(
+                f"--data.init_args.priority_alpha: {type(self).__name__} gives the replay buffer no priorities; use 0"
             )
         super().check_datamodule(
             datamodule, (*cannot_capture, f"{type(self).__name__}'s random draws inside the update")
@@ -351,9 +375,46 @@ class SAC(RLModule):
         process."""
         return self.loss_near_clone if self.bc_weight_initial > 0 else self.loss
 
+    def loss(self, batch: TensorDictBase) -> TensorDictBase:
+        """SAC's losses as TorchRL's ``SACLoss`` defines them, from the parameters it holds: the critics' squared error
+        to the clipped double-Q target (the target critics' minimum at a fresh action of the next state, less α·log π,
+        discounted unless terminated), the actor's ``α·log π − min Q`` through critics held fixed, and α's loss
+        towards the target entropy. ``SACLoss.forward`` returns the same numbers from the same random draws
+        (tests/agents/test_sac.py); here every critic runs in one batched matmul a layer (:meth:`QNetwork.ensemble`)
+        and the tanh-Gaussian's density is written out, where its forward spends a third of a batch-256 update on a
+        CPU in ``vmap`` and distribution objects (BENCHMARKS.md, "Against Stable-Baselines3")."""
+        sac, critic = self.loss_module, self.qvalue.module
+        critics, targets = sac.qvalue_network_params["module"], sac.target_qvalue_network_params["module"]
+        alpha = sac.log_alpha.detach().exp()
+        observation, action, following = batch["observation"], batch["action"], batch["next"]
+        with torch.no_grad():
+            next_action, next_log_prob = self.sample(following["observation"])
+            next_value = critic.ensemble(targets, following["observation"], next_action).amin(0) - alpha * next_log_prob
+            continues = ~following["terminated"].squeeze(-1)
+            target = following["reward"].squeeze(-1) + self.gamma * continues * next_value
+        loss_qvalue = (critic.ensemble(critics, observation, action) - target).pow(2).sum(0).mean()
+        new_action, log_prob = self.sample(observation)
+        q = critic.ensemble(critics.detach(), observation, new_action).amin(0)  # the actor's gradient only
+        return TensorDict(
+            {
+                "loss_actor": (alpha * log_prob - q).mean(),
+                "loss_qvalue": loss_qvalue,
+                "loss_alpha": -(sac.log_alpha * (log_prob.detach() + sac.target_entropy)).mean(),
+                "alpha": alpha,
+                "entropy": -log_prob.detach().mean(),
+            },
+            batch_size=[],
+        )
+
+    def sample(self, observation: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A reparametrised action of the actor's tanh-Gaussian for each observation, and its log-probability."""
+        location, scale = self.actor.module[0].module(observation)
+        noise = torch.randn_like(location)
+        return tanh_gaussian_sample(location, scale, noise, self.action_centre, self.action_half_range)
+
     def loss_near_clone(self, batch: TensorDictBase) -> TensorDictBase:
         """SAC's losses and ``loss_bc``: the actor's deterministic action's squared distance to the clone's."""
-        losses = self.loss_module(batch)
+        losses = self.loss(batch)
         location = self.actor_network(batch["observation"]).chunk(2, -1)[0]
         with torch.no_grad():
             target = self.clone_network(batch["observation"]).chunk(2, -1)[0]

@@ -1,30 +1,17 @@
 """SAC's update in plain eager PyTorch (:class:`~modules.sac.SAC`'s ``reference_update``): the yardstick of its cost
-(:mod:`modules.bare`), with the same weights, batches and random draws as the agent's TorchRL loss."""
+(:mod:`modules.bare`), with the same weights, batches and random draws as the agent's loss."""
 
 from __future__ import annotations
 
 import copy
-import math
 from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from compat.torch import foreach_lerp_
 from modules.bare import batch_pool, make_adam, optimizer_step
-
-
-def tanh_gaussian_sample(
-    location: torch.Tensor, scale: torch.Tensor, noise: torch.Tensor, centre: torch.Tensor, half_range: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The reparametrised action ``centre + half_range · tanh(location + scale · noise)`` and its log-density:
-    ``log N(u) − log|d tanh(u)/du| − log|d action/d tanh|``, with ``log(1 − tanh²u) = 2(log 2 − u − softplus(−2u))``."""
-    pre_tanh = location + scale * noise
-    log_normal = -0.5 * noise.pow(2) - scale.log() - 0.5 * math.log(2 * math.pi)
-    log_tanh = 2 * (math.log(2) - pre_tanh - F.softplus(-2 * pre_tanh))
-    log_prob = (log_normal - log_tanh).sum(-1) - half_range.log().sum()
-    return centre + half_range * torch.tanh(pre_tanh), log_prob
+from modules.gaussian import tanh_gaussian_sample
 
 
 def reference_sac_update(model: Any, data: Any) -> Callable[[int], torch.Tensor]:

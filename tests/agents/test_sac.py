@@ -20,8 +20,8 @@ from app.seeds import read_curve
 from app.stages import MARKER, stage_folder
 from datamodules.envs.racing.env import RacingEnv
 from datamodules.evaluation import episode_statistics
+from modules.gaussian import tanh_gaussian_sample
 from modules.sac import SAC
-from modules.sac_reference import tanh_gaussian_sample
 from tests.app.test_cli import run_app
 from tests.helpers import RESEEDED, ROOT, fit, weights, write_config
 
@@ -302,6 +302,39 @@ def test_compiled_and_eager_losses_agree_on_the_same_batch():
             actual = loss(batch.clone())
         for key in ("loss_actor", "loss_qvalue", "loss_alpha"):
             torch.testing.assert_close(actual[key], expected[key], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("critics", [1, 2, 3])
+def test_the_update_loss_is_torchrls_sac_loss_in_values_and_gradients(critics):
+    # The update computes SACLoss's losses from its parameters (batched critics, the density written out): the same
+    # terms, and the same gradient for every parameter, as SACLoss.forward from the same random draws. The racing
+    # car's box is asymmetric per dimension; α is off its start, and a third of the transitions end their episode.
+    torch.manual_seed(0)
+    model = SAC(**SPECS, actor_hidden_sizes=[16, 8], critic_hidden_sizes=[16, 8], num_critics=critics, gamma=0.9)
+    with torch.no_grad():
+        model.loss_module.log_alpha.fill_(-0.7)
+        for target in model.loss_module.target_qvalue_network_params.values(True, True):
+            target.add_(0.1 * torch.randn_like(target))  # targets that differ from the critics
+    env = RacingEnv(num_envs=64, curvature_ahead=[5, 15, 30])
+    td = env.reset()
+    td["action"] = env.action_spec.rand()
+    batch = env.step(td)
+    batch["next", "terminated"][::3] = True
+    outcomes = []
+    for loss in (model.loss_module, model.loss):
+        torch.manual_seed(1)
+        losses = loss(batch.clone())
+        model.zero_grad()
+        sum(value for key, value in losses.items() if key.startswith("loss")).backward()
+        gradients = [p.grad.clone() for p in model.trainable_parameters()]
+        outcomes.append(({key: value.detach() for key, value in losses.items()}, gradients))
+    (expected, expected_gradients), (actual, actual_gradients) = outcomes
+    assert set(actual) == set(expected) == {"loss_actor", "loss_qvalue", "loss_alpha", "alpha", "entropy"}
+    for key in expected:
+        torch.testing.assert_close(actual[key], expected[key], rtol=1e-5, atol=1e-5)
+    assert len(actual_gradients) == len(expected_gradients) > 0
+    for actual_gradient, expected_gradient in zip(actual_gradients, expected_gradients, strict=True):
+        torch.testing.assert_close(actual_gradient, expected_gradient, rtol=1e-4, atol=1e-6)
 
 
 def test_soft_update_is_torchrl_soft_update():

@@ -89,3 +89,23 @@ def test_a_short_run_reports_frames_rates_and_returns_against_the_random_policys
     assert evaluation["stop_at_return"] is None and evaluation["random_policy"] is True
     peers.plot(results, tmp_path / "peers.png")  # no threshold line to draw
     assert (tmp_path / "peers.png").stat().st_size > 0
+
+
+def test_sb3_evaluates_on_lightrls_evaluation_episodes(tmp_path):
+    # Both frameworks face the same starting states at every evaluation: SB3's evaluation copies, reseeded as the
+    # comparison reseeds them before each evaluation, start where lightrl's evaluation environments do.
+    from app.cli import build
+
+    seed, episodes = 3, 4
+    _, data = build([str(ROOT / "configs/gym/pendulum_sac.yaml")], ["--data.init_args.seed", str(seed)])
+    lightrl_starts = data._evaluation_env(episodes).reset()["observation"]
+    _, eval_env = peers.sb3_envs(peers.TASKS["pendulum_sac"], seed, episodes)
+    for _ in range(2):  # every evaluation, after episodes that moved the copies on
+        eval_env.seed(peers.evaluation_seed(seed))
+        sb3_starts = eval_env.reset()
+        assert sb3_starts.shape == tuple(lightrl_starts.shape)
+        assert sb3_starts.tolist() == lightrl_starts.tolist()
+        for _ in range(5):
+            eval_env.step(eval_env.action_space.sample()[None].repeat(episodes, 0))
+    eval_env.seed(peers.evaluation_seed(seed + 1))
+    assert eval_env.reset().tolist() != lightrl_starts.tolist()
