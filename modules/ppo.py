@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
-from tensordict import TensorDictBase
+from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import TensorDictModule, TensorDictModuleBase
 from torch import nn
 from torchrl.data import TensorSpec
@@ -220,6 +220,10 @@ class PPO(RLModule):
         else:
             self.actor = gaussian_actor(self.actor_network, action_spec, distribution, scale, init_scale)
         self.gaussian = kind == BOX
+        # The box of a Gaussian's actions, for the update's log-densities (not saved: the action spec gives it).
+        bounds = box_bounds(action_spec) if self.gaussian else None
+        self.register_buffer("action_low", None if bounds is None else bounds[0], persistent=False)
+        self.register_buffer("action_high", None if bounds is None else bounds[1], persistent=False)
         # CleanRL's ClipAction: the environment receives a normal sample clipped into the box (the rollout keeps it).
         self.clips_actions = kind == BOX and distribution == "normal" and box_bounds(action_spec) is not None
         self.critic = ValueOperator(self.critic_network, in_keys=["observation"])
@@ -278,6 +282,46 @@ class PPO(RLModule):
     def update(self, batches: list[TensorDictBase]) -> tuple[torch.Tensor, TensorDictBase]:
         return ppo_update(self, batches)
 
+    def loss(self, batch: TensorDictBase) -> TensorDictBase:
+        """``ClipPPOLoss``'s terms on a minibatch, from the actor's and the critic's networks: the clipped surrogate of
+        the (standardised) advantages, the weighted value loss and entropy bonus, with the clip fraction, the
+        approximate KL and the entropy to log. ``ClipPPOLoss.forward`` returns the same numbers from the same random
+        draws (tests/agents/test_ppo_continuous.py); it also builds distribution objects, copies the batch and
+        computes diagnostics at every update, which cost a small network's update more than its arithmetic
+        (BENCHMARKS.md, "Against Stable-Baselines3")."""
+        ppo, hp, keys = self.loss_module, self.hparams, self.loss_module.tensor_keys
+        log_prob_and_entropy = gaussian_log_prob_and_entropy if self.gaussian else categorical_log_prob_and_entropy
+        squash = hp.distribution == "tanh_normal"
+        log_prob, entropy = log_prob_and_entropy(self.actor_layers(), batch, squash, self.action_bounds)
+        advantage = batch[keys.advantage].squeeze(-1)
+        if hp.normalize_advantage and advantage.numel() > 1:
+            advantage = (advantage - advantage.mean()) / advantage.std().clamp_min(1e-6)
+        log_weight = log_prob - batch[keys.sample_log_prob]
+        clip = ppo.clip_epsilon  # a buffer: clip_decay_frames lowers it rollout by rollout
+        clipped = log_weight.clamp((-clip).log1p(), clip.log1p())  # the ratio's clip, in logs, as ClipPPOLoss's
+        surrogate = torch.min(log_weight.exp() * advantage, clipped.exp() * advantage)
+        losses = {
+            "loss_objective": -surrogate.mean(),
+            "loss_entropy": -ppo.entropy_coeff * entropy.mean(),
+            "entropy": entropy.detach().mean(),
+            "clip_fraction": (clipped != log_weight).float().mean(),
+            "kl_approx": -log_weight.detach().mean(),
+        }
+        if hp.critic_coef:  # ClipPPOLoss has no value loss with a zero weight
+            value = self.critic_network(batch["observation"])
+            value_loss = F.mse_loss if hp.critic_loss == "l2" else F.smooth_l1_loss
+            losses["loss_critic"] = ppo.critic_coeff * value_loss(value, batch[keys.value_target])
+        return TensorDict(losses, batch_size=[])
+
+    def actor_layers(self) -> list[nn.Module]:
+        """The actor's own layers as plain modules: its network (the logits), or the network, σ and the box's units."""
+        return [module.module for module in self.actor.modules() if type(module) is TensorDictModule]
+
+    @property
+    def action_bounds(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """A Gaussian policy's box, on the model's device (None: discrete actions, or an unbounded box)."""
+        return None if self.action_low is None else (self.action_low, self.action_high)
+
     def reference_update(self, data: Any) -> Callable[[int], torch.Tensor]:
         """This update in plain eager PyTorch, the yardstick of its cost (:mod:`modules.bare`)."""
         return reference_ppo_update(self, data)
@@ -326,9 +370,7 @@ def ppo_batches(data: Any, size: int) -> list[dict[str, torch.Tensor]]:
 
 def reference_ppo_update(model: PPO, data: Any) -> Callable[[int], torch.Tensor]:
     """Clipped surrogate + entropy bonus + value loss (Huber or squared) on a minibatch, backward, clip, fused Adam."""
-    # The actor's own layers as plain modules: the network (its logits), or the network, σ and the box's units.
-    layers = [module.module for module in model.actor.modules() if type(module) is TensorDictModule]
-    actor = [copy.deepcopy(layer).to(data.device) for layer in layers]
+    actor = [copy.deepcopy(layer).to(data.device) for layer in model.actor_layers()]
     critic = copy.deepcopy(model.critic_network).to(data.device)
     parameters = [*(p for layer in actor for p in layer.parameters()), *critic.parameters()]
     optimizer = make_adam(parameters, model)
@@ -336,7 +378,7 @@ def reference_ppo_update(model: PPO, data: Any) -> Callable[[int], torch.Tensor]
     value_loss_of = F.mse_loss if hp.critic_loss == "l2" else F.smooth_l1_loss
     batches = ppo_batches(data, data.minibatch_size)
     log_prob_and_entropy = gaussian_log_prob_and_entropy if model.gaussian else categorical_log_prob_and_entropy
-    bounds = box_bounds(model.action_spec) if model.gaussian else None
+    bounds = model.action_bounds
 
     def step(i: int) -> torch.Tensor:
         batch = batches[i % len(batches)]

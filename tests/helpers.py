@@ -209,3 +209,25 @@ def fill(disk: Path, leave: int) -> Path:
     with open(filler, "wb") as file:
         os.posix_fallocate(file.fileno(), 0, max(os.statvfs(disk).f_bavail * os.statvfs(disk).f_frsize - leave, 0))
     return filler
+
+
+def assert_same_losses_and_gradients(model: Any, expected_loss: Any, actual_loss: Any, batch: Any, keys: set[str]):
+    """``actual_loss(batch)`` gives the terms ``keys``, equal to ``expected_loss(batch)``'s (a TorchRL loss module's),
+    and the gradient their ``loss_*`` sum gives every trainable parameter is the same; both from the same random
+    draws."""
+    outcomes = []
+    for loss in (expected_loss, actual_loss):
+        torch.manual_seed(1)
+        losses = loss(batch.clone())
+        model.zero_grad()
+        sum(value for key, value in losses.items() if key.startswith("loss")).backward()
+        gradients = [parameter.grad.clone() for parameter in model.trainable_parameters()]
+        outcomes.append(({key: value.detach() for key, value in losses.items()}, gradients))
+    (expected, expected_gradients), (actual, actual_gradients) = outcomes
+    assert set(actual) == keys and keys <= set(expected)
+    for key in keys:
+        torch.testing.assert_close(actual[key], expected[key], rtol=1e-4, atol=1e-5)
+    assert len(actual_gradients) == len(expected_gradients) > 0
+    for actual_gradient, expected_gradient in zip(actual_gradients, expected_gradients, strict=True):
+        torch.testing.assert_close(actual_gradient, expected_gradient, rtol=1e-4, atol=1e-5)
+    return actual

@@ -1,5 +1,6 @@
 """PPO on a Box action space: the Gaussian's log-probabilities and entropy by hand (normal and tanh-normal), its actions
-mapped onto the box, the environment-facing clip, the export, and a short fit on the racing environment."""
+mapped onto the box, the environment-facing clip, the export, and a short fit on the racing environment; and the
+update's loss against TorchRL's ``ClipPPOLoss`` on every kind of action space."""
 
 from __future__ import annotations
 
@@ -10,12 +11,12 @@ import torch
 import yaml
 from tensordict import TensorDict
 from tensordict.nn import AddStateIndependentNormalScale
-from torchrl.data import Bounded, Composite, Unbounded
+from torchrl.data import Bounded, Categorical, Composite, Unbounded
 from torchrl.envs.utils import ExplorationType, set_exploration_type
 
 from modules.gaussian import ClipAction
 from modules.ppo import PPO
-from tests.helpers import fit, write_config
+from tests.helpers import assert_same_losses_and_gradients, fit, write_config
 
 # An asymmetric two-dimensional box: centre (-1, 0), half-range (5, 0.5).
 LOW, HIGH = torch.tensor([-6.0, -0.5]), torch.tensor([4.0, 0.5])
@@ -215,3 +216,36 @@ def test_continuous_ppo_fits_on_the_racing_environment_and_exports(tmp_path, dis
     after_fit = cli.datamodule.evaluate(model.greedy_policy())["return_mean"]
     validated = main(["validate", "--config", str(path), "--ckpt_path", str(tmp_path / "checkpoints/last.ckpt")])
     assert float(validated.trainer.callback_metrics["eval/return_mean"]) == pytest.approx(after_fit, rel=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("action", "options"),
+    [
+        ("discrete", {"critic_loss": "smooth_l1"}),
+        ("box", {"distribution": "normal", "critic_loss": "l2"}),
+        ("box", {"distribution": "normal", "scale": "state_dependent", "normalize_advantage": False}),
+        ("box", {"distribution": "tanh_normal", "critic_loss": "l2"}),
+        ("unbounded", {"distribution": "normal"}),
+    ],
+)
+def test_the_update_loss_is_torchrls_clip_ppo_loss_in_values_and_gradients(action, options):
+    # The update computes ClipPPOLoss's terms from the networks: the same terms, the same gradient for every parameter
+    # and the same random draws (the tanh-normal's entropy is a sampled estimate), for each distribution, on a
+    # minibatch whose ratios are away from 1 (the weights moved after acting), some beyond the clip, which has decayed.
+    action_spec = {
+        "discrete": Categorical(5),
+        "box": Bounded(LOW, HIGH, (2,)),
+        "unbounded": Unbounded(shape=(2,)),
+    }[action]
+    torch.manual_seed(0)
+    ppo = PPO(SPECS["observation_spec"], action_spec, hidden_sizes=[16], entropy_coef=0.03, **options)
+    batch = act(ppo, 256)
+    batch["advantage"] = torch.randn(256, 1)
+    batch["value_target"] = torch.randn(256, 1)
+    with torch.no_grad():
+        for parameter in ppo.parameters():
+            parameter.add_(0.3 * torch.randn_like(parameter))
+        ppo.loss_module.clip_epsilon.fill_(0.1)
+    keys = {"loss_objective", "loss_critic", "loss_entropy", "entropy", "clip_fraction", "kl_approx"}
+    losses = assert_same_losses_and_gradients(ppo, ppo.loss_module, ppo.loss, batch, keys)
+    assert 0 < float(losses["clip_fraction"]) < 1

@@ -23,7 +23,7 @@ from datamodules.evaluation import episode_statistics
 from modules.gaussian import tanh_gaussian_sample
 from modules.sac import SAC
 from tests.app.test_cli import run_app
-from tests.helpers import RESEEDED, ROOT, fit, weights, write_config
+from tests.helpers import RESEEDED, ROOT, assert_same_losses_and_gradients, fit, weights, write_config
 
 ENV = RacingEnv(curvature_ahead=[5, 15, 30])
 SPECS = {"observation_spec": ENV.observation_spec[0], "action_spec": ENV.action_spec[0]}
@@ -320,21 +320,8 @@ def test_the_update_loss_is_torchrls_sac_loss_in_values_and_gradients(critics):
     td["action"] = env.action_spec.rand()
     batch = env.step(td)
     batch["next", "terminated"][::3] = True
-    outcomes = []
-    for loss in (model.loss_module, model.loss):
-        torch.manual_seed(1)
-        losses = loss(batch.clone())
-        model.zero_grad()
-        sum(value for key, value in losses.items() if key.startswith("loss")).backward()
-        gradients = [p.grad.clone() for p in model.trainable_parameters()]
-        outcomes.append(({key: value.detach() for key, value in losses.items()}, gradients))
-    (expected, expected_gradients), (actual, actual_gradients) = outcomes
-    assert set(actual) == set(expected) == {"loss_actor", "loss_qvalue", "loss_alpha", "alpha", "entropy"}
-    for key in expected:
-        torch.testing.assert_close(actual[key], expected[key], rtol=1e-5, atol=1e-5)
-    assert len(actual_gradients) == len(expected_gradients) > 0
-    for actual_gradient, expected_gradient in zip(actual_gradients, expected_gradients, strict=True):
-        torch.testing.assert_close(actual_gradient, expected_gradient, rtol=1e-4, atol=1e-6)
+    keys = {"loss_actor", "loss_qvalue", "loss_alpha", "alpha", "entropy"}
+    assert_same_losses_and_gradients(model, model.loss_module, model.loss, batch, keys)
 
 
 def test_soft_update_is_torchrl_soft_update():
