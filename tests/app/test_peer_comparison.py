@@ -6,6 +6,8 @@ from __future__ import annotations
 import importlib.util
 import sys
 
+import pytest
+
 from tests.helpers import ROOT
 
 spec = importlib.util.spec_from_file_location("peer_comparison", ROOT / "benchmarks" / "peer_comparison.py")
@@ -94,6 +96,7 @@ def test_a_short_run_reports_frames_rates_and_returns_against_the_random_policys
 def test_sb3_evaluates_on_lightrls_evaluation_episodes(tmp_path):
     # Both frameworks face the same starting states at every evaluation: SB3's evaluation copies, reseeded as the
     # comparison reseeds them before each evaluation, start where lightrl's evaluation environments do.
+    pytest.importorskip("stable_baselines3", reason='the bench extra: pip install -e ".[bench]"')
     from app.cli import build
 
     seed, episodes = 3, 4
