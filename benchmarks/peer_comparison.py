@@ -342,7 +342,8 @@ def sb3_envs(task: Task, seed: int, episodes: int) -> tuple[Any, Any]:
 
 def evaluation_seed(seed: int) -> int:
     """The seed of the first evaluation environment, copy i taking the next ones: lightrl's for a run of ``seed``."""
-    sys.path.insert(0, str(ROOT))
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
     from datamodules.evaluation import EVAL_SEED_OFFSET
 
     return seed + EVAL_SEED_OFFSET
@@ -375,12 +376,13 @@ def sb3_run(task_name: str, seed: int, csv_path: Path, episodes: int, threads: i
     policy = "CnnPolicy" if task.sb3_wrap == "atari" else "MlpPolicy"
     model = getattr(stable_baselines3, task.sb3_algo)(policy, env, seed=seed, verbose=0, **kwargs)
     rows: list[dict[str, float]] = []
+    first_evaluation_seed = evaluation_seed(seed)
     start = time.perf_counter()
 
     class Recorder(EvalCallback):
         def _on_step(self) -> bool:
             if self.eval_freq > 0 and self.n_calls % self.eval_freq == 0:  # EvalCallback evaluates at this step
-                self.eval_env.seed(evaluation_seed(seed))  # the same starting states at every evaluation
+                self.eval_env.seed(first_evaluation_seed)  # the same starting states at every evaluation
             evaluations = len(self.evaluations_results)
             keep_going = super()._on_step()
             if len(self.evaluations_results) > evaluations:

@@ -94,7 +94,10 @@ class RolloutDataModule(RLDataModule):
         with self.timer.phase("sample"):
             per_minibatch = self.minibatch_size // max(self.bptt, 1)
             start = self.cursor * per_minibatch
-            minibatch = self.rollout[self.order[start : start + per_minibatch]]
+            if per_minibatch == self.rollout.shape[0]:  # the whole rollout: its rows in any order give the same loss
+                minibatch = self.rollout.copy()
+            else:
+                minibatch = self.rollout[self.order[start : start + per_minibatch]]
         self.cursor += 1
         self.samples += minibatch.numel()
         return minibatch

@@ -81,6 +81,8 @@ def orthogonal_init_(network: nn.Module, output_gain: float) -> nn.Module:
 NETWORKS = ("auto", "mlp", "nature_cnn")
 #: The least height and width the Nature CNN reads: its three convolutions need 36 pixels to leave one.
 NATURE_CNN_MIN_SIDE = 36
+#: The Nature CNN's features: the width of its hidden linear layer, what heads on it read.
+NATURE_CNN_FEATURES = 512
 
 
 def image_layout(shape: Sequence[int]) -> str | None:
@@ -104,21 +106,26 @@ def reads_as_image(spec: Any) -> bool:
     return min(height, width) >= NATURE_CNN_MIN_SIDE
 
 
+def is_nature_cnn(spec: Any, network: str) -> bool:
+    """Whether ``network`` (``--model.init_args.network``) is the Nature CNN for the observation ``spec``."""
+    if network not in NETWORKS:
+        raise ValueError(f"--model.init_args.network must be one of {', '.join(NETWORKS)}, got {network!r}")
+    return network == "nature_cnn" or (network == "auto" and reads_as_image(spec))
+
+
 def observation_network(
     spec: Any,
     network: str,
     hidden_sizes: Sequence[int],
-    out_features: int,
+    out_features: int | None,
     activation: type[nn.Module] = nn.ReLU,
 ) -> nn.Module:
     """The network ``network`` names for the observation ``spec``: ``mlp`` (an MLP ``hidden_sizes`` wide over the
     flattened observation, ``activation`` between its layers), ``nature_cnn`` (:class:`NatureCNN`; ``hidden_sizes``
-    and ``activation`` are not used), or ``auto``
+    and ``activation`` are not used; ``out_features`` None: its 512 features, a torso for heads), or ``auto``
     (``nature_cnn`` when :func:`reads_as_image`, else ``mlp``). An observation the network cannot read is a
     :class:`~modules.spaces.SpaceError` naming ``--model.init_args.network``."""
-    if network not in NETWORKS:
-        raise ValueError(f"--model.init_args.network must be one of {', '.join(NETWORKS)}, got {network!r}")
-    if network == "mlp" or (network == "auto" and not reads_as_image(spec)):
+    if not is_nature_cnn(spec, network):
         return observation_mlp(spec.shape, hidden_sizes, out_features, activation)
     layout = image_layout(spec.shape)
     what = f"{SpaceError.ENV}'s observation is {spec.dtype} of shape {list(spec.shape)}"
@@ -144,13 +151,18 @@ class NatureCNN(nn.Module):
 
     Args:
         observation_shape: one observation's shape, ``(C, H, W)`` (or ``(H, W, C)`` with ``channels_last``).
-        out_features: outputs (Q-values or logits per action, a Gaussian's parameters, one value).
+        out_features: outputs (Q-values or logits per action, a Gaussian's parameters, one value); None: the 512
+            features after the hidden linear layer's ReLU (a torso that heads read: :class:`TorsoHead`).
         channels_last: the observation is ``(H, W, C)``.
         pixels: the observation is uint8 pixels, scaled by 1/255.
     """
 
     def __init__(
-        self, observation_shape: Sequence[int], out_features: int, channels_last: bool = False, pixels: bool = True
+        self,
+        observation_shape: Sequence[int],
+        out_features: int | None,
+        channels_last: bool = False,
+        pixels: bool = True,
     ) -> None:
         super().__init__()
         channels, height, width = (observation_shape[2], *observation_shape[:2]) if channels_last else observation_shape
@@ -165,7 +177,8 @@ class NatureCNN(nn.Module):
             nn.Flatten(),
         )
         flat = self.features(torch.zeros(1, channels, height, width)).shape[-1]
-        self.head = nn.Sequential(nn.Linear(flat, 512), nn.ReLU(), nn.Linear(512, out_features))
+        output = [] if out_features is None else [nn.Linear(NATURE_CNN_FEATURES, out_features)]
+        self.head = nn.Sequential(nn.Linear(flat, NATURE_CNN_FEATURES), nn.ReLU(), *output)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         lead = images.shape[:-3]
@@ -174,6 +187,34 @@ class NatureCNN(nn.Module):
             x = x.permute(0, 3, 1, 2)
         x = x.float() * self.scale
         return self.head(self.features(x)).reshape(*lead, -1)
+
+
+class TorsoHead(nn.Sequential):
+    """``head(torso(x))``, where the torso is shared with another head (PPO's actor and critic on one Nature CNN, as
+    Stable-Baselines3's ``CnnPolicy`` and CleanRL's Atari PPO share it): an update that needs both heads computes the
+    torso once (:func:`heads_on_features`)."""
+
+    def __init__(self, torso: nn.Module, head: nn.Module) -> None:
+        super().__init__(torso, head)
+
+    @property
+    def torso(self) -> nn.Module:
+        return self[0]
+
+    @property
+    def head(self) -> nn.Module:
+        return self[1]
+
+
+def heads_on_features(
+    actor: list[nn.Module], critic: nn.Module, observation: torch.Tensor
+) -> tuple[list[nn.Module], nn.Module, torch.Tensor]:
+    """``actor`` (its network first), ``critic`` and what they read: when both networks are :class:`TorsoHead` on one
+    torso, their heads and the torso's features of ``observation`` (one pass for both); else all three as given."""
+    first = actor[0]
+    if isinstance(first, TorsoHead) and isinstance(critic, TorsoHead) and first.torso is critic.torso:
+        return [first.head, *actor[1:]], critic.head, first.torso(observation)
+    return actor, critic, observation
 
 
 class ScaledTanhPolicy(nn.Module):

@@ -27,6 +27,7 @@ from tensordict.nn import TensorDictModule, TensorDictModuleBase
 from torch import nn
 from torchrl.data import TensorSpec
 from torchrl.envs import Compose, Transform
+from torchrl.envs.utils import ExplorationType, exploration_type, set_exploration_type
 from torchrl.modules import ProbabilisticActor, ValueOperator
 from torchrl.objectives import ClipPPOLoss
 from torchrl.objectives.value import GAE
@@ -34,7 +35,15 @@ from torchrl.objectives.value import GAE
 from modules.bare import batch_pool, make_adam, optimizer_step
 from modules.base import RLModule
 from modules.gaussian import DISTRIBUTIONS, SCALES, ClipAction, DeterministicAction, gaussian_actor, gaussian_outputs
-from modules.networks import ACTIVATIONS, observation_network, orthogonal_init_
+from modules.networks import (
+    ACTIVATIONS,
+    NATURE_CNN_FEATURES,
+    TorsoHead,
+    heads_on_features,
+    is_nature_cnn,
+    observation_network,
+    orthogonal_init_,
+)
 from modules.normalization import RAW_OBSERVATION, ObservationNormalizer, RewardScaler
 from modules.optim import OptimizerOptions
 from modules.spaces import BOX, DISCRETE, SpaceError, box_bounds, check_action_space, check_bounded, observation_entry
@@ -51,16 +60,62 @@ def check_ppo_options(gamma: float, gae_lambda: float, clip_epsilon: float) -> N
         raise ValueError(f"--model.init_args.clip_epsilon must be > 0, got {clip_epsilon}")
 
 
-def categorical_actor(logits: TensorDictModuleBase, action_spec: TensorSpec) -> ProbabilisticActor:
-    """A policy sampling discrete actions from the ``logits`` that module writes, recording each action's
-    log-probability (PPO's ratio needs it); its mode under ``ExplorationType.DETERMINISTIC``."""
-    return ProbabilisticActor(
-        logits,
-        in_keys=["logits"],
-        spec=action_spec,
-        distribution_class=torch.distributions.Categorical,
-        return_log_prob=True,
-    )
+class CategoricalActor(ProbabilisticActor):
+    """A policy sampling discrete actions from the ``logits`` its module writes, recording each action's
+    log-probability (PPO's ratio needs it): TorchRL's ``ProbabilisticActor`` over a ``Categorical``, which acts
+    without building the distribution object.
+
+    Under ``ExplorationType.RANDOM`` it samples as ``Categorical.sample`` does (``torch.multinomial`` of the same
+    probabilities: the same actions from the same random draws), under ``DETERMINISTIC`` and ``MODE`` it takes
+    ``Categorical.mode``; the log-probability is ``Categorical.log_prob``'s. Each step of a collection calls it, and
+    the distribution's construction and TensorDict plumbing cost several times a small network's forward
+    (BENCHMARKS.md, "Against Stable-Baselines3"). Anything else (another interaction type, an output TensorDict) is
+    ``ProbabilisticActor.forward``'s, which is also the specification (tests/agents/test_ppo.py).
+    """
+
+    def __init__(self, logits: TensorDictModuleBase, action_spec: TensorSpec) -> None:
+        super().__init__(
+            logits,
+            in_keys=["logits"],
+            spec=action_spec,
+            distribution_class=torch.distributions.Categorical,
+            return_log_prob=True,
+        )
+        sampler = self.module[-1]
+        self._action_key, self._log_prob_key = sampler.dist_sample_keys[0], sampler.log_prob_key
+        self._default_interaction = sampler.default_interaction_type
+        # A plain TensorDictModule (a network on its inputs) is called as its network: its own call machinery costs
+        # about a small MLP's forward.
+        self._plain_logits = type(logits) is TensorDictModule and list(logits.out_keys) == ["logits"]
+
+    def forward(
+        self, tensordict: TensorDictBase, tensordict_out: TensorDictBase | None = None, **kwargs: Any
+    ) -> TensorDictBase:
+        mode = exploration_type() or self._default_interaction
+        if tensordict_out is not None or kwargs or mode not in _CATEGORICAL_INTERACTIONS:
+            return super().forward(tensordict, tensordict_out, **kwargs)
+        if self._plain_logits:
+            writer = self.module[0]
+            logits = writer.module(*(tensordict.get(key) for key in writer.in_keys))
+            tensordict.set("logits", logits)
+        else:
+            with set_exploration_type(mode):  # as ProbabilisticActor runs what writes the logits
+                for module in self.module[:-1]:
+                    tensordict = module(tensordict)
+            logits = tensordict.get("logits")
+        log_probs = logits - logits.logsumexp(-1, keepdim=True)  # Categorical's normalised logits ...
+        probs = log_probs.softmax(-1)  # ... and its probabilities
+        if mode is ExplorationType.RANDOM:
+            flat = torch.multinomial(probs.reshape(-1, probs.shape[-1]), 1, True)
+            action = flat.reshape(probs.shape[:-1])
+        else:
+            action = probs.argmax(-1)
+        tensordict.set(self._action_key, action)
+        tensordict.set(self._log_prob_key, log_probs.gather(-1, action.unsqueeze(-1)).squeeze(-1))
+        return tensordict
+
+
+_CATEGORICAL_INTERACTIONS = (ExplorationType.RANDOM, ExplorationType.DETERMINISTIC, ExplorationType.MODE)
 
 
 def clip_ppo_loss(
@@ -110,9 +165,11 @@ class PPO(RLModule):
             ``ortho_init``, CleanRL's ``layer_init``: gain √2 on hidden layers, 0.01 on the actor's output, 1 on the
             critic's; :func:`~modules.networks.orthogonal_init_`); false: PyTorch's default initialisation, the
             actor's output layer of a Gaussian policy scaled by 0.01.
-        network: what reads the observation, for actor and critic alike: ``mlp`` (flattened), ``nature_cnn``
-            (images: :class:`~modules.networks.NatureCNN`) or ``auto`` (the Nature CNN for uint8 images of at least
-            36×36, the MLP for anything else, Snake's 10×10 planes included).
+        network: what reads the observation, for actor and critic alike: ``mlp`` (flattened; the actor and the
+            critic each have their own), ``nature_cnn`` (images: one :class:`~modules.networks.NatureCNN` that both
+            read, each with a linear head, as Stable-Baselines3's ``CnnPolicy`` and CleanRL's Atari PPO; the update
+            runs it once for both) or ``auto`` (the Nature CNN for uint8 images of at least 36×36, the MLP for
+            anything else, Snake's 10×10 planes included).
         distribution: Box actions only: ``normal`` (the Gaussian PPO was published with, the default: exact
             log-probabilities and entropy; a sample outside the box reaches the environment clipped to it, the rollout
             keeping the sample) or ``tanh_normal`` (squashed into the box; its entropy is estimated from a sample;
@@ -202,8 +259,14 @@ class PPO(RLModule):
 
         outputs = action_spec.space.n if kind == DISCRETE else gaussian_outputs(action_spec, scale)
         hidden = ACTIVATIONS[activation]
-        self.actor_network = observation_network(observation, network, hidden_sizes, outputs, hidden)
-        self.critic_network = observation_network(observation, network, hidden_sizes, 1, hidden)
+        if is_nature_cnn(observation, network):
+            # One Nature CNN for both, a linear head each: Stable-Baselines3's CnnPolicy and CleanRL's Atari PPO.
+            torso = observation_network(observation, network, hidden_sizes, None)
+            self.actor_network = TorsoHead(torso, nn.Linear(NATURE_CNN_FEATURES, outputs))
+            self.critic_network = TorsoHead(torso, nn.Linear(NATURE_CNN_FEATURES, 1))
+        else:
+            self.actor_network = observation_network(observation, network, hidden_sizes, outputs, hidden)
+            self.critic_network = observation_network(observation, network, hidden_sizes, 1, hidden)
         if orthogonal_init:
             orthogonal_init_(self.actor_network, output_gain=0.01)
             orthogonal_init_(self.critic_network, output_gain=1.0)
@@ -216,7 +279,7 @@ class PPO(RLModule):
                 last.bias.zero_()
         if kind == DISCRETE:
             logits = TensorDictModule(self.actor_network, in_keys=["observation"], out_keys=["logits"])
-            self.actor = categorical_actor(logits, action_spec)
+            self.actor = CategoricalActor(logits, action_spec)
         else:
             self.actor = gaussian_actor(self.actor_network, action_spec, distribution, scale, init_scale)
         self.gaussian = kind == BOX
@@ -225,7 +288,7 @@ class PPO(RLModule):
         self.register_buffer("action_low", None if bounds is None else bounds[0], persistent=False)
         self.register_buffer("action_high", None if bounds is None else bounds[1], persistent=False)
         # CleanRL's ClipAction: the environment receives a normal sample clipped into the box (the rollout keeps it).
-        self.clips_actions = kind == BOX and distribution == "normal" and box_bounds(action_spec) is not None
+        self.clips_actions = self.gaussian and distribution == "normal" and bounds is not None
         self.critic = ValueOperator(self.critic_network, in_keys=["observation"])
         self.loss_module = clip_ppo_loss(
             self.actor, self.critic, clip_epsilon, entropy_coef, critic_coef, normalize_advantage, critic_loss
@@ -292,7 +355,11 @@ class PPO(RLModule):
         ppo, hp, keys = self.loss_module, self.hparams, self.loss_module.tensor_keys
         log_prob_and_entropy = gaussian_log_prob_and_entropy if self.gaussian else categorical_log_prob_and_entropy
         squash = hp.distribution == "tanh_normal"
-        log_prob, entropy = log_prob_and_entropy(self.actor_layers(), batch, squash, self.action_bounds)
+        actor, critic, features = heads_on_features(self.actor_layers(), self.critic_network, batch["observation"])
+        inputs = {"observation": features, "action": batch["action"]}
+        log_prob, entropy = log_prob_and_entropy(actor, inputs, squash, self.action_bounds)
+        if not hp.entropy_coef:  # a term weighted 0 (logged, not trained on): no backward through it
+            entropy = entropy.detach()
         advantage = batch[keys.advantage].squeeze(-1)
         if hp.normalize_advantage and advantage.numel() > 1:
             advantage = (advantage - advantage.mean()) / advantage.std().clamp_min(1e-6)
@@ -308,7 +375,7 @@ class PPO(RLModule):
             "kl_approx": -log_weight.detach().mean(),
         }
         if hp.critic_coef:  # ClipPPOLoss has no value loss with a zero weight
-            value = self.critic_network(batch["observation"])
+            value = critic(features)
             value_loss = F.mse_loss if hp.critic_loss == "l2" else F.smooth_l1_loss
             losses["loss_critic"] = ppo.critic_coeff * value_loss(value, batch[keys.value_target])
         return TensorDict(losses, batch_size=[])
@@ -370,9 +437,9 @@ def ppo_batches(data: Any, size: int) -> list[dict[str, torch.Tensor]]:
 
 def reference_ppo_update(model: PPO, data: Any) -> Callable[[int], torch.Tensor]:
     """Clipped surrogate + entropy bonus + value loss (Huber or squared) on a minibatch, backward, clip, fused Adam."""
-    actor = [copy.deepcopy(layer).to(data.device) for layer in model.actor_layers()]
-    critic = copy.deepcopy(model.critic_network).to(data.device)
-    parameters = [*(p for layer in actor for p in layer.parameters()), *critic.parameters()]
+    actor, critic = copy.deepcopy((model.actor_layers(), model.critic_network))  # one copy of a shared torso
+    actor, critic = [layer.to(data.device) for layer in actor], critic.to(data.device)
+    parameters = list(dict.fromkeys([*(p for layer in actor for p in layer.parameters()), *critic.parameters()]))
     optimizer = make_adam(parameters, model)
     hp = model.hparams
     value_loss_of = F.mse_loss if hp.critic_loss == "l2" else F.smooth_l1_loss
@@ -382,14 +449,16 @@ def reference_ppo_update(model: PPO, data: Any) -> Callable[[int], torch.Tensor]
 
     def step(i: int) -> torch.Tensor:
         batch = batches[i % len(batches)]
-        log_prob, entropy = log_prob_and_entropy(actor, batch, hp.distribution == "tanh_normal", bounds)
+        heads, value_head, features = heads_on_features(actor, critic, batch["observation"])
+        inputs = {"observation": features, "action": batch["action"]}
+        log_prob, entropy = log_prob_and_entropy(heads, inputs, hp.distribution == "tanh_normal", bounds)
         advantage = batch["advantage"]
         if hp.normalize_advantage:
             advantage = (advantage - advantage.mean()) / advantage.std().clamp_min(1e-6)
         ratio = (log_prob - batch["log_prob"]).exp()
         clipped = ratio.clamp(1 - hp.clip_epsilon, 1 + hp.clip_epsilon)
         objective = -torch.min(ratio * advantage, clipped * advantage).mean()
-        value_loss = value_loss_of(critic(batch["observation"]).squeeze(-1), batch["value_target"])
+        value_loss = value_loss_of(value_head(features).squeeze(-1), batch["value_target"])
         loss = objective - hp.entropy_coef * entropy.mean() + hp.critic_coef * value_loss
         loss.backward()
         optimizer_step(parameters, optimizer, model.optim.max_grad_norm)

@@ -33,7 +33,7 @@ from torchrl.objectives.value.functional import vec_generalized_advantage_estima
 from modules.base import RLModule
 from modules.networks import TokenEncoder
 from modules.optim import OptimizerOptions
-from modules.ppo import categorical_actor, check_ppo_options, clip_ppo_loss, ppo_batch_keys, ppo_update
+from modules.ppo import CategoricalActor, check_ppo_options, clip_ppo_loss, ppo_batch_keys, ppo_update
 
 _STATE_KEYS = ("recurrent_state_h", "recurrent_state_c")
 
@@ -109,7 +109,7 @@ class RecurrentPPO(RLModule):
         self.trunk = TensorDictSequential(TensorDictModule(self.encoder, ["observation"], ["embed"]), self.lstm)
         self.actor_head = nn.Linear(lstm_hidden, action_spec.space.n)
         self.value_head = nn.Linear(lstm_hidden, 1)
-        self.actor = categorical_actor(
+        self.actor = CategoricalActor(
             TensorDictSequential(self.trunk, TensorDictModule(self.actor_head, ["hidden"], ["logits"])), action_spec
         )
         # The critic is the value head alone, on the LSTM output the actor's pass wrote into the batch: the loss runs

@@ -76,6 +76,24 @@ def test_rollout_minibatches_cover_each_frame_once_per_epoch(tmp_path):
     assert data.cursor == 1 and data.frames == 32
 
 
+def test_a_minibatch_of_the_whole_rollout_is_the_rollout_at_every_epoch(tmp_path):
+    # One minibatch per epoch (the RL Zoo's CartPole PPO): no shuffled copy, the rollout's own rows, in a new
+    # TensorDict each time (what an update writes into its batch stays out of the next epoch's).
+    config = chain_config("ppo", tmp_path, num_envs=4, collect_steps=8, minibatch_size=32, update_epochs=3)
+    cli = fit(write_config(config, tmp_path / "c.yaml"), "--trainer.max_steps", "1")
+    data = cli.datamodule
+    assert data.cursor == 1
+    batches = [data.next_ready_batch() for _ in range(2)]
+    for batch in batches:
+        assert batch is not data.rollout and batch.shape == (32,)
+        assert set(batch.keys(True, True)) == set(data.rollout.keys(True, True))
+        for key in batch.keys(True, True):
+            assert torch.equal(batch[key], data.rollout[key]), key
+    batches[0]["written"] = torch.zeros(32)
+    assert "written" not in data.rollout and "written" not in batches[1]
+    assert data.batches_ready == 0
+
+
 @pytest.mark.slow
 def test_next_rollout_is_collected_only_after_the_last_minibatch(tmp_path):
     config = chain_config("ppo", tmp_path, num_envs=4, collect_steps=8, minibatch_size=16, update_epochs=2)
@@ -109,6 +127,45 @@ def test_the_export_network_gives_the_logits_whose_argmax_the_greedy_policy_acts
     logits = ppo.export_network()(observation)
     assert logits.shape == (64, 2)
     assert torch.equal(logits.argmax(-1), greedy)
+
+
+@pytest.mark.parametrize("writer", ["network", "sequence"])
+@pytest.mark.parametrize("batch", [(8,), (3, 5)])
+@pytest.mark.parametrize("mode", ["random", "deterministic", "mode"])
+def test_the_categorical_actor_acts_as_torchrls_probabilistic_actor_from_the_same_draws(writer, batch, mode):
+    # CategoricalActor skips the distribution object on each step; ProbabilisticActor.forward is the specification:
+    # the same actions (from the same random numbers), log-probabilities and logits, in every interaction mode,
+    # whether the logits come from a network (called directly) or from any TensorDict module (RecurrentPPO's).
+    from tensordict.nn import InteractionType, TensorDictModule, TensorDictSequential, set_interaction_type
+    from torchrl.modules import ProbabilisticActor
+
+    from modules.ppo import CategoricalActor
+
+    torch.manual_seed(0)
+    if writer == "network":
+        logits = TensorDictModule(torch.nn.Linear(4, 5), in_keys=["observation"], out_keys=["logits"])
+    else:
+        logits = TensorDictSequential(
+            TensorDictModule(torch.nn.Linear(4, 6), in_keys=["observation"], out_keys=["hidden"]),
+            TensorDictModule(torch.nn.Linear(6, 5), in_keys=["hidden"], out_keys=["logits"]),
+        )
+    fast = CategoricalActor(logits, Categorical(5, shape=batch))
+    observation = 3 * torch.randn(*batch, 4)  # spread logits: several actions drawn
+    outputs = []
+    for forward in (fast.forward, lambda data: ProbabilisticActor.forward(fast, data)):
+        torch.manual_seed(1)
+        with set_interaction_type(InteractionType(mode)):
+            outputs.append(forward(TensorDict({"observation": observation}, batch_size=batch)))
+    ours, torchrls = outputs
+    written = {"logits", "action", "action_log_prob", *(() if writer == "network" else ("hidden",))}
+    assert set(ours.keys()) == set(torchrls.keys()) == {"observation", *written}
+    for key in ("logits", "action", "action_log_prob"):
+        assert ours[key].shape == torchrls[key].shape and ours[key].dtype == torchrls[key].dtype, key
+        assert torch.equal(ours[key], torchrls[key]), key
+    if mode == "random":
+        assert ours["action"].unique().numel() > 1  # sampled, not a mode
+    else:
+        assert torch.equal(ours["action"], ours["logits"].argmax(-1))
 
 
 def test_activation_and_orthogonal_init_build_stable_baselines3s_ppo_networks():

@@ -212,11 +212,12 @@ def test_auto_takes_the_nature_cnn_for_images_only_and_keeps_the_shipped_network
     float_image = Unbounded(shape=(4, 84, 84))
     for spec in (snake, float_image, Unbounded(shape=(8,))):
         assert not isinstance(observation_network(spec, "auto", [8], 4), NatureCNN)
-    # PPO's actor and critic and DQN's Q-network each read images with their own Nature CNN.
+    # DQN's Q-network reads images with a Nature CNN; PPO's actor and critic share one, a linear head each.
     image = Composite(observation=IMAGES["hwc"])
     ppo, dqn = PPO(image, Categorical(6)), DQN(image, Categorical(6))
-    for network in (ppo.actor_network, ppo.critic_network, dqn.q_network):
-        assert isinstance(network, NatureCNN)
+    assert isinstance(dqn.q_network, NatureCNN)
+    assert isinstance(ppo.actor_network.torso, NatureCNN) and ppo.actor_network.torso is ppo.critic_network.torso
+    assert ppo.actor_network.head.out_features == 6 and ppo.critic_network.head.out_features == 1
     observation = torch.randint(0, 256, (2, 84, 84, 3), dtype=torch.uint8)
     assert dqn.q_network(observation).shape == (2, 6) and ppo.critic_network(observation).shape == (2, 1)
     # mlp explicitly on an image flattens it; batch_norm_cnn stays DQN's.

@@ -59,8 +59,10 @@ def test_breakout_observations_are_stacked_uint8_frames_read_by_the_nature_cnn()
     env = GymnasiumEnv(num_envs=2, seed=0, **BREAKOUT)
     observation = env.reset()["observation"]
     assert observation.shape == (2, 4, 84, 84) and observation.dtype == torch.uint8  # kept bytes, in the rollout too
-    ppo = PPO(env.observation_spec[0], env.action_spec[0])  # network: auto
-    assert isinstance(ppo.actor_network, NatureCNN) and ppo.actor_network.scale == 1 / 255  # scaled in the network
+    ppo = PPO(env.observation_spec[0], env.action_spec[0])  # network: auto, one Nature CNN for actor and critic
+    torso = ppo.actor_network.torso
+    assert isinstance(torso, NatureCNN) and torso is ppo.critic_network.torso
+    assert torso.scale == 1 / 255  # scaled in the network
     td = ppo.policy()(env.reset())
     assert td["action"].shape == (2,) and td["action"].max() < 4
     env.close()
