@@ -29,8 +29,9 @@ from tensordict.nn import AddStateIndependentNormalScale, NormalParamExtractor, 
 from torch import nn
 from torchrl.data import TensorSpec
 from torchrl.envs import Transform
-from torchrl.modules import IndependentNormal, ProbabilisticActor, TanhNormal
+from torchrl.modules import ProbabilisticActor, TanhNormal
 
+from modules.actors import NormalActor
 from modules.spaces import box_bounds
 
 DISTRIBUTIONS = ("normal", "tanh_normal")
@@ -71,21 +72,19 @@ def gaussian_actor(
     )
     module = TensorDictModule(nn.Sequential(network, parameters), in_keys=["observation"], out_keys=["loc", "scale"])
     bounds = box_bounds(action_spec)
-    if distribution == "tanh_normal":
-        low, high = bounds
-        # safe_tanh: PPO scores the stored actions through tanh's inverse, which it keeps finite at the box's edges.
-        kwargs, distribution_class = {"low": low, "high": high, "safe_tanh": True}, TanhNormal
-    else:
+    if distribution == "normal":  # TorchRL's IndependentNormal, acting without building it (modules/actors.py)
         if bounds is not None:
             units = TensorDictModule(BoxUnits(*bounds), in_keys=["loc", "scale"], out_keys=["loc", "scale"])
             module = TensorDictSequential(module, units)
-        kwargs, distribution_class = {}, IndependentNormal
+        return NormalActor(module, action_spec)
+    # safe_tanh: PPO scores the stored actions through tanh's inverse, which it keeps finite at the box's edges.
+    low, high = bounds
     return ProbabilisticActor(
         module,
         in_keys=["loc", "scale"],
         spec=action_spec,
-        distribution_class=distribution_class,
-        distribution_kwargs=kwargs,
+        distribution_class=TanhNormal,
+        distribution_kwargs={"low": low, "high": high, "safe_tanh": True},
         return_log_prob=True,
     )
 

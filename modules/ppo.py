@@ -27,11 +27,11 @@ from tensordict.nn import TensorDictModule, TensorDictModuleBase
 from torch import nn
 from torchrl.data import TensorSpec
 from torchrl.envs import Compose, Transform
-from torchrl.envs.utils import ExplorationType, exploration_type, set_exploration_type
-from torchrl.modules import ProbabilisticActor, ValueOperator
+from torchrl.modules import ValueOperator
 from torchrl.objectives import ClipPPOLoss
 from torchrl.objectives.value import GAE
 
+from modules.actors import CategoricalActor
 from modules.bare import batch_pool, make_adam, optimizer_step
 from modules.base import RLModule
 from modules.gaussian import DISTRIBUTIONS, SCALES, ClipAction, DeterministicAction, gaussian_actor, gaussian_outputs
@@ -58,64 +58,6 @@ def check_ppo_options(gamma: float, gae_lambda: float, clip_epsilon: float) -> N
             raise ValueError(f"--model.init_args.{name} must be in [0, 1], got {value}")
     if clip_epsilon <= 0:
         raise ValueError(f"--model.init_args.clip_epsilon must be > 0, got {clip_epsilon}")
-
-
-class CategoricalActor(ProbabilisticActor):
-    """A policy sampling discrete actions from the ``logits`` its module writes, recording each action's
-    log-probability (PPO's ratio needs it): TorchRL's ``ProbabilisticActor`` over a ``Categorical``, which acts
-    without building the distribution object.
-
-    Under ``ExplorationType.RANDOM`` it samples as ``Categorical.sample`` does (``torch.multinomial`` of the same
-    probabilities: the same actions from the same random draws), under ``DETERMINISTIC`` and ``MODE`` it takes
-    ``Categorical.mode``; the log-probability is ``Categorical.log_prob``'s. Each step of a collection calls it, and
-    the distribution's construction and TensorDict plumbing cost several times a small network's forward
-    (BENCHMARKS.md, "Against Stable-Baselines3"). Anything else (another interaction type, an output TensorDict) is
-    ``ProbabilisticActor.forward``'s, which is also the specification (tests/agents/test_ppo.py).
-    """
-
-    def __init__(self, logits: TensorDictModuleBase, action_spec: TensorSpec) -> None:
-        super().__init__(
-            logits,
-            in_keys=["logits"],
-            spec=action_spec,
-            distribution_class=torch.distributions.Categorical,
-            return_log_prob=True,
-        )
-        sampler = self.module[-1]
-        self._action_key, self._log_prob_key = sampler.dist_sample_keys[0], sampler.log_prob_key
-        self._default_interaction = sampler.default_interaction_type
-        # A plain TensorDictModule (a network on its inputs) is called as its network: its own call machinery costs
-        # about a small MLP's forward.
-        self._plain_logits = type(logits) is TensorDictModule and list(logits.out_keys) == ["logits"]
-
-    def forward(
-        self, tensordict: TensorDictBase, tensordict_out: TensorDictBase | None = None, **kwargs: Any
-    ) -> TensorDictBase:
-        mode = exploration_type() or self._default_interaction
-        if tensordict_out is not None or kwargs or mode not in _CATEGORICAL_INTERACTIONS:
-            return super().forward(tensordict, tensordict_out, **kwargs)
-        if self._plain_logits:
-            writer = self.module[0]
-            logits = writer.module(*(tensordict.get(key) for key in writer.in_keys))
-            tensordict.set("logits", logits)
-        else:
-            with set_exploration_type(mode):  # as ProbabilisticActor runs what writes the logits
-                for module in self.module[:-1]:
-                    tensordict = module(tensordict)
-            logits = tensordict.get("logits")
-        log_probs = logits - logits.logsumexp(-1, keepdim=True)  # Categorical's normalised logits ...
-        probs = log_probs.softmax(-1)  # ... and its probabilities
-        if mode is ExplorationType.RANDOM:
-            flat = torch.multinomial(probs.reshape(-1, probs.shape[-1]), 1, True)
-            action = flat.reshape(probs.shape[:-1])
-        else:
-            action = probs.argmax(-1)
-        tensordict.set(self._action_key, action)
-        tensordict.set(self._log_prob_key, log_probs.gather(-1, action.unsqueeze(-1)).squeeze(-1))
-        return tensordict
-
-
-_CATEGORICAL_INTERACTIONS = (ExplorationType.RANDOM, ExplorationType.DETERMINISTIC, ExplorationType.MODE)
 
 
 def clip_ppo_loss(

@@ -30,10 +30,11 @@ from torchrl.envs import Compose, InitTracker, Transform
 from torchrl.modules import LSTMModule, ValueOperator, set_recurrent_mode
 from torchrl.objectives.value.functional import vec_generalized_advantage_estimate
 
+from modules.actors import CategoricalActor
 from modules.base import RLModule
 from modules.networks import TokenEncoder
 from modules.optim import OptimizerOptions
-from modules.ppo import CategoricalActor, check_ppo_options, clip_ppo_loss, ppo_batch_keys, ppo_update
+from modules.ppo import check_ppo_options, clip_ppo_loss, ppo_batch_keys, ppo_update
 
 _STATE_KEYS = ("recurrent_state_h", "recurrent_state_c")
 

@@ -129,45 +129,6 @@ def test_the_export_network_gives_the_logits_whose_argmax_the_greedy_policy_acts
     assert torch.equal(logits.argmax(-1), greedy)
 
 
-@pytest.mark.parametrize("writer", ["network", "sequence"])
-@pytest.mark.parametrize("batch", [(8,), (3, 5)])
-@pytest.mark.parametrize("mode", ["random", "deterministic", "mode"])
-def test_the_categorical_actor_acts_as_torchrls_probabilistic_actor_from_the_same_draws(writer, batch, mode):
-    # CategoricalActor skips the distribution object on each step; ProbabilisticActor.forward is the specification:
-    # the same actions (from the same random numbers), log-probabilities and logits, in every interaction mode,
-    # whether the logits come from a network (called directly) or from any TensorDict module (RecurrentPPO's).
-    from tensordict.nn import InteractionType, TensorDictModule, TensorDictSequential, set_interaction_type
-    from torchrl.modules import ProbabilisticActor
-
-    from modules.ppo import CategoricalActor
-
-    torch.manual_seed(0)
-    if writer == "network":
-        logits = TensorDictModule(torch.nn.Linear(4, 5), in_keys=["observation"], out_keys=["logits"])
-    else:
-        logits = TensorDictSequential(
-            TensorDictModule(torch.nn.Linear(4, 6), in_keys=["observation"], out_keys=["hidden"]),
-            TensorDictModule(torch.nn.Linear(6, 5), in_keys=["hidden"], out_keys=["logits"]),
-        )
-    fast = CategoricalActor(logits, Categorical(5, shape=batch))
-    observation = 3 * torch.randn(*batch, 4)  # spread logits: several actions drawn
-    outputs = []
-    for forward in (fast.forward, lambda data: ProbabilisticActor.forward(fast, data)):
-        torch.manual_seed(1)
-        with set_interaction_type(InteractionType(mode)):
-            outputs.append(forward(TensorDict({"observation": observation}, batch_size=batch)))
-    ours, torchrls = outputs
-    written = {"logits", "action", "action_log_prob", *(() if writer == "network" else ("hidden",))}
-    assert set(ours.keys()) == set(torchrls.keys()) == {"observation", *written}
-    for key in ("logits", "action", "action_log_prob"):
-        assert ours[key].shape == torchrls[key].shape and ours[key].dtype == torchrls[key].dtype, key
-        assert torch.equal(ours[key], torchrls[key]), key
-    if mode == "random":
-        assert ours["action"].unique().numel() > 1  # sampled, not a mode
-    else:
-        assert torch.equal(ours["action"], ours["logits"].argmax(-1))
-
-
 def test_activation_and_orthogonal_init_build_stable_baselines3s_ppo_networks():
     # SB3's MlpPolicy for PPO (and CleanRL's): tanh between layers; orthogonal weights with gain √2 on hidden layers,
     # 0.01 on the policy's output and 1 on the value's; zero biases.

@@ -1,0 +1,115 @@
+"""TorchRL ``ProbabilisticActor`` policies that act without building the distribution object.
+
+A collection calls its policy once per step. For a small network, TorchRL's probabilistic path (the distribution's
+construction, its sampling through the TensorDict plumbing, each wrapped module's own call machinery) costs several
+times the network's forward (BENCHMARKS.md, "Against Stable-Baselines3"). These actors keep the ``ProbabilisticActor``
+(its modules, keys and spec, what the loss and checkpoints see) and compute the same action and log-probability as
+its forward from the same random draws, written out: :class:`CategoricalActor` for a ``Categorical``,
+:class:`NormalActor` for TorchRL's ``IndependentNormal``. Under an interaction type they do not handle, or with an
+output TensorDict, they are ``ProbabilisticActor.forward``, which is also their specification
+(tests/agents/test_ppo.py).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from tensordict import TensorDictBase
+from tensordict.nn import TensorDictModule, TensorDictModuleBase, TensorDictSequential
+from torchrl.data import TensorSpec
+from torchrl.envs.utils import ExplorationType, exploration_type, set_exploration_type
+from torchrl.modules import ProbabilisticActor
+from torchrl.modules.distributions import IndependentNormal
+
+#: The interaction types the actors here compute themselves.
+HANDLED = (ExplorationType.RANDOM, ExplorationType.DETERMINISTIC, ExplorationType.MODE)
+
+
+class DirectActor(ProbabilisticActor):
+    """A ``ProbabilisticActor`` whose forward writes the distribution's parameters, then :meth:`act`'s action and
+    log-probability. Modules that are plain ``TensorDictModule``s (a network on its inputs, directly or in a
+    ``TensorDictSequential``) are called as their networks."""
+
+    def __init__(self, module: TensorDictModuleBase, **kwargs: Any) -> None:
+        super().__init__(module, return_log_prob=True, **kwargs)
+        sampler = self.module[-1]
+        self._parameter_keys = list(sampler.in_keys)
+        self._action_key, self._log_prob_key = sampler.dist_sample_keys[0], sampler.log_prob_key
+        self._default_interaction = sampler.default_interaction_type
+        writers = flattened(list(self.module[:-1]))
+        # Kept as a plain list (the modules are registered where they are): None when any is not a plain module.
+        self._plain_writers = writers if all(type(writer) is TensorDictModule for writer in writers) else None
+
+    def act(self, parameters: list[torch.Tensor], sample: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """The action (a sample, or the deterministic action) and its log-probability."""
+        raise NotImplementedError
+
+    def forward(
+        self, tensordict: TensorDictBase, tensordict_out: TensorDictBase | None = None, **kwargs: Any
+    ) -> TensorDictBase:
+        mode = exploration_type() or self._default_interaction
+        if tensordict_out is not None or kwargs or mode not in HANDLED:
+            return super().forward(tensordict, tensordict_out, **kwargs)
+        if self._plain_writers is not None:
+            for writer in self._plain_writers:
+                outputs = writer.module(*(tensordict.get(key) for key in writer.in_keys))
+                if len(writer.out_keys) == 1:
+                    outputs = (outputs,)
+                for key, value in zip(writer.out_keys, outputs, strict=True):
+                    tensordict.set(key, value)
+        else:
+            with set_exploration_type(mode):  # as ProbabilisticActor runs what writes the parameters
+                for writer in self.module[:-1]:
+                    tensordict = writer(tensordict)
+        parameters = [tensordict.get(key) for key in self._parameter_keys]
+        action, log_prob = self.act(parameters, sample=mode is ExplorationType.RANDOM)
+        tensordict.set(self._action_key, action)
+        tensordict.set(self._log_prob_key, log_prob)
+        return tensordict
+
+
+def flattened(modules: list[TensorDictModuleBase]) -> list[TensorDictModuleBase]:
+    """The modules of ``TensorDictSequential``s in ``modules``, in the order they run."""
+    out = []
+    for module in modules:
+        out.extend(flattened(list(module.module)) if type(module) is TensorDictSequential else [module])
+    return out
+
+
+class CategoricalActor(DirectActor):
+    """A policy sampling discrete actions from the ``logits`` its module writes, recording each action's
+    log-probability: under ``RANDOM`` as ``Categorical.sample`` does (``torch.multinomial`` of the same
+    probabilities), under ``DETERMINISTIC`` and ``MODE`` ``Categorical.mode``."""
+
+    def __init__(self, logits: TensorDictModuleBase, action_spec: TensorSpec) -> None:
+        super().__init__(
+            logits, in_keys=["logits"], spec=action_spec, distribution_class=torch.distributions.Categorical
+        )
+
+    def act(self, parameters: list[torch.Tensor], sample: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        (logits,) = parameters
+        log_probs = logits - logits.logsumexp(-1, keepdim=True)  # Categorical's normalised logits ...
+        probs = log_probs.softmax(-1)  # ... and its probabilities
+        if sample:
+            action = torch.multinomial(probs.reshape(-1, probs.shape[-1]), 1, True).reshape(probs.shape[:-1])
+        else:
+            action = probs.argmax(-1)
+        return action, log_probs.gather(-1, action.unsqueeze(-1)).squeeze(-1)
+
+
+class NormalActor(DirectActor):
+    """A policy sampling Box actions from TorchRL's ``IndependentNormal`` of the ``loc`` and ``scale`` its module
+    writes, recording each action's log-density: under ``RANDOM`` its ``rsample`` (``loc + ε·scale``, ε drawn as
+    ``torch.distributions.Normal`` draws it), under ``DETERMINISTIC`` and ``MODE`` its mean."""
+
+    def __init__(self, module: TensorDictModuleBase, action_spec: TensorSpec) -> None:
+        super().__init__(module, in_keys=["loc", "scale"], spec=action_spec, distribution_class=IndependentNormal)
+
+    def act(self, parameters: list[torch.Tensor], sample: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        loc, scale = torch.broadcast_tensors(*parameters)
+        action = loc + torch.empty_like(loc).normal_() * scale if sample else loc
+        # Normal.log_prob, summed over the action's dimensions as Independent sums it.
+        log_density = -((action - loc) ** 2) / (2 * scale**2) - scale.log() - math.log(math.sqrt(2 * math.pi))
+        return action, log_density.sum(-1)
