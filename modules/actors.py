@@ -7,7 +7,7 @@ times the network's forward (BENCHMARKS.md, "Against Stable-Baselines3"). These 
 its forward from the same random draws, written out: :class:`CategoricalActor` for a ``Categorical``,
 :class:`NormalActor` for TorchRL's ``IndependentNormal``. Under an interaction type they do not handle, or with an
 output TensorDict, they are ``ProbabilisticActor.forward``, which is also their specification
-(tests/agents/test_ppo.py).
+(tests/agents/test_actors.py).
 """
 
 from __future__ import annotations
@@ -43,8 +43,9 @@ class DirectActor(ProbabilisticActor):
         self._plain_writers = writers if all(type(writer) is TensorDictModule for writer in writers) else None
 
     def act(self, parameters: list[torch.Tensor], sample: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        """The action (a sample, or the deterministic action) and its log-probability."""
-        raise NotImplementedError
+        """The action (a sample, or the deterministic action) and its log-probability, from the distribution's
+        parameters (the sampler's ``in_keys``, in order). Each subclass writes out its own distribution's."""
+        raise NotImplementedError(f"{type(self).__name__} must define act() for its distribution")
 
     def forward(
         self, tensordict: TensorDictBase, tensordict_out: TensorDictBase | None = None, **kwargs: Any
