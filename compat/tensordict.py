@@ -1,7 +1,9 @@
 """tensordict's private API: the constructor without checks, and the process-wide holder of the interaction type.
 
 - ``TensorDict._new_unsafe`` builds a TensorDict from a dict of tensors without validating shapes or devices: an
-  environment whose step output is right by construction skips that cost on every step;
+  environment whose step output is right by construction skips that cost on every step; ``TensorDict._tensordict``
+  (its top-level entries, a dict) and ``_set_str(..., validated=True)`` read and write one without the per-key checks
+  of the public ``items`` and ``set`` (the environments' step: ``compat/torchrl.py``, ``FastStepAndMaybeReset``);
 - tensordict keeps its interaction type (which TorchRL's exploration type is) in one process-wide holder,
   ``tensordict.nn.probabilistic._interaction_type``, an instance of ``tensordict.utils._ContextManager``, and every
   TorchRL loss sets it to "deterministic" for the length of its forward pass: a collection running in another thread
@@ -32,6 +34,8 @@ WRITTEN_AGAINST = "0.14.3"
 #: Every private name used here: (where it lives, the name, the function of this module that uses it).
 PRIVATE_API = (
     ("tensordict.TensorDict", "_new_unsafe", "tensordict_unchecked"),
+    ("tensordict.TensorDict", "_tensordict", "top_level_entries"),
+    ("tensordict.TensorDict", "_set_str", "set_unchecked"),
     ("tensordict.nn.probabilistic", "_interaction_type", "own_interaction_type"),
     ("tensordict.utils", "_ContextManager", "own_interaction_type"),
     ("tensordict.utils._ContextManager", "get_mode", "own_interaction_type"),
@@ -45,6 +49,18 @@ def tensordict_unchecked(
     """``TensorDict(source, batch_size, device)`` without its checks: the caller guarantees the shapes and devices."""
     # TensorDict._new_unsafe (private; tensordict 0.14.3).
     return TensorDict._new_unsafe(source, batch_size=batch_size, device=device)
+
+
+def top_level_entries(data: TensorDict) -> dict[str, Any]:
+    """``data``'s own entries by name (tensors and sub-tensordicts), not a copy: read it, never write it."""
+    # TensorDict._tensordict (private; tensordict 0.14.3): a dict subclass holding the top-level entries.
+    return data._tensordict
+
+
+def set_unchecked(data: TensorDict, key: str, value: Any) -> None:
+    """``data.set(key, value)`` without its checks: the caller guarantees ``value``'s batch shape and device."""
+    # TensorDict._set_str (private; tensordict 0.14.3): what ``set`` calls once a key is a string, after its checks.
+    data._set_str(key, value, validated=True, inplace=False, non_blocking=False)
 
 
 _BACKGROUND = threading.local()  # `interaction_type`: the value of a thread that has its own (set there only)

@@ -8,6 +8,9 @@ accessor, and two private hooks.
 - a replay buffer hands its sampler the generator to draw with as ``Sampler._rng``;
 - a ``TensorStorage`` holds its whole preallocated tensordict in ``_storage`` (a benchmark measures its bytes);
 - ``EnvBase._step_proc_data`` completes a step's output (rewards, dones) against the specs;
+- ``EnvBase.step_and_maybe_reset`` goes through ``step``, ``_step_mdp`` (a cached ``_StepMDP``, whose key trees say
+  what the next step's input keeps) and the optional ``_post_step_mdp_hooks``, native autoreset and compiled
+  variants, which :class:`FastStepAndMaybeReset` reads to take a shorter road when none is in play;
 - a ``MultiAsyncCollector`` takes each worker's batch, and the worker's index, from its queue in ``_get_from_queue``;
 - the multi-process collectors find a dead worker with ``torchrl._utils._check_for_faulty_process``, which this module
   replaces (:func:`install_dead_worker_check`).
@@ -21,9 +24,11 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from tensordict import TensorDictBase
+from tensordict import TensorDict, TensorDictBase, is_non_tensor
 from torchrl.collectors import Collector, MultiAsyncCollector
 from torchrl.envs import ParallelEnv, Transform
+
+from compat.tensordict import set_unchecked, tensordict_unchecked, top_level_entries
 
 DISTRIBUTION = "torchrl"
 #: The TorchRL version every function here was written against (tests/app/test_compat.py: same minor version, any
@@ -40,7 +45,10 @@ PRIVATE_API = (
     ("torchrl.envs.ParallelEnv", "_workers", "parallel_env_processes"),
     ("torchrl.data.replay_buffers.samplers.Sampler", "_rng", "sampler_generator"),
     ("torchrl.data.TensorStorage", "_storage", "storage_contents"),
-    ("torchrl.envs.EnvBase", "_step_proc_data", "StepOutputComplete"),
+    ("torchrl.envs.EnvBase", "_step_proc_data", "StepOutputComplete, FastStepAndMaybeReset"),
+    ("torchrl.envs.EnvBase", "_step_mdp", "FastStepAndMaybeReset"),
+    ("torchrl.envs.EnvBase", "_post_step_mdp_hooks", "FastStepAndMaybeReset"),
+    ("torchrl.envs.utils", "_StepMDP", "FastStepAndMaybeReset"),
     ("torchrl.collectors.MultiAsyncCollector", "_get_from_queue", "WorkerTaggedAsyncCollector"),
     ("torchrl", "_utils", "install_dead_worker_check"),
     ("torchrl._utils", "_check_for_faulty_process", "install_dead_worker_check"),
@@ -126,6 +134,83 @@ class StepOutputComplete:
     # EnvBase._step_proc_data (private; torchrl 0.14.1): called by EnvBase.step on _step's output.
     def _step_proc_data(self, next_tensordict: TensorDictBase) -> TensorDictBase:
         return super()._step_proc_data(next_tensordict) if self.run_type_checks else next_tensordict  # type: ignore[misc]
+
+
+class FastStepAndMaybeReset:
+    """Mixin, before ``EnvBase`` in an environment's bases: ``step_and_maybe_reset``, the call a collector makes at
+    every step, with the same result as TorchRL's in a few dict operations instead of its per-key passes.
+
+    TorchRL's version validates each entry it sets and walks key trees entry by entry to build the next step's input
+    (``_StepMDP``): about 20 µs a batch step, more than a cheap task's whole step (BENCHMARKS.md, "Vectorisation").
+    Here, in the plain case (a ``TensorDict`` input on the environment's device and batch, no ``"next"`` or
+    ``"_step"`` entry in it, ``step_mdp``'s keys all top-level, none of TorchRL's step hooks, native autoreset or
+    compiled variant set), the step's output is set as ``"next"`` unchecked, and the next input is one dict: the
+    input's entries but those ``step_mdp`` drops (``"next"``, the reward and done entries, ``"_reset"``), then the
+    output's observations and done flags; sub-tensordicts are shallow-copied as TorchRL does. Any other case is
+    TorchRL's own. tests/envs/test_env_contract.py compares the two on every environment.
+    """
+
+    def step_and_maybe_reset(self, tensordict: TensorDictBase) -> tuple[TensorDictBase, TensorDictBase]:
+        keys = self._plain_step_keys(tensordict)
+        if keys is None:
+            return super().step_and_maybe_reset(tensordict)  # type: ignore[misc]
+        dropped, from_next = keys
+        # EnvBase._step_proc_data (private; torchrl 0.14.1): what EnvBase.step does with _step's output.
+        next_tensordict = self._step_proc_data(self._step(tensordict))  # type: ignore[attr-defined]
+        if type(next_tensordict) is not TensorDict:  # a lazy stack, say: TorchRL's step_mdp handles it
+            tensordict.set("next", next_tensordict)
+            return tensordict, self.maybe_reset(self._step_mdp(tensordict))  # type: ignore[attr-defined]
+        set_unchecked(tensordict, "next", next_tensordict)
+        following = {
+            key: value if isinstance(value, torch.Tensor) else value.copy()
+            for key, value in top_level_entries(tensordict).items()
+            if key not in dropped
+        }
+        outputs = top_level_entries(next_tensordict)
+        for key in from_next:
+            value = outputs.get(key)
+            if value is not None:
+                following[key] = value if isinstance(value, torch.Tensor) else _grabbed(value)
+        following_td = tensordict_unchecked(following, tensordict.batch_size, tensordict.device)
+        return tensordict, self.maybe_reset(following_td)  # type: ignore[attr-defined]
+
+    def _plain_step_keys(self, tensordict: TensorDictBase) -> tuple[frozenset[str], tuple[str, ...]] | None:
+        """``(dropped, from_next)`` of the plain case (class docstring), or None where TorchRL's road is needed."""
+        if type(tensordict) is not TensorDict or tensordict.device != self.device:  # type: ignore[attr-defined]
+            return None
+        if tensordict.batch_size != self.batch_size:  # type: ignore[attr-defined]
+            return None  # TorchRL's step raises its error
+        entries = top_level_entries(tensordict)
+        if "next" in entries or "_step" in entries:
+            return None
+        # EnvBase._post_step_mdp_hooks (private; torchrl 0.14.1): None unless a transform hooks in.
+        if self._post_step_mdp_hooks is not None:  # type: ignore[attr-defined]
+            return None
+        # The instance entries EnvBase.step_and_maybe_reset reads (torchrl 0.14.1): a compiled step, native autoreset.
+        if "_compiled_step_and_maybe_reset" in self.__dict__ or self.__dict__.get("_torchrl_native_autoreset", False):
+            return None
+        # EnvBase._step_mdp (private; torchrl 0.14.1): a _StepMDP, cached until the specs change.
+        mdp = self._step_mdp  # type: ignore[attr-defined]
+        cached = self.__dict__.get("_plain_step_mdp")
+        if cached is None or cached[0] is not mdp:
+            cached = (mdp, _flat_step_mdp_keys(mdp))
+            self.__dict__["_plain_step_mdp"] = cached
+        return cached[1]
+
+
+def _flat_step_mdp_keys(mdp: Any) -> tuple[frozenset[str], tuple[str, ...]] | None:
+    """What a ``_StepMDP`` drops from the input and takes from the output, when every key is top-level (else None)."""
+    # _StepMDP.keep_other, .exclude_from_root, .keys_from_next (private; torchrl 0.14.1): trees of dicts whose leaves
+    # are None; EnvBase._step_mdp keeps every other entry of the input (keep_other) and the action.
+    trees = (mdp.exclude_from_root, mdp.keys_from_next)
+    if not mdp.keep_other or any(subtree is not None for tree in trees for subtree in tree.values()):
+        return None
+    return frozenset(mdp.exclude_from_root), tuple(mdp.keys_from_next)
+
+
+def _grabbed(value: Any) -> Any:
+    """An output entry that is not a tensor, as ``_StepMDP`` places it: non-tensor data cloned, a tensordict copied."""
+    return value.clone() if is_non_tensor(value) else value.copy()
 
 
 #: Where :class:`WorkerTaggedAsyncCollector` writes the index of the worker that delivered a batch.

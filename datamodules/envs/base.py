@@ -50,6 +50,8 @@ import torch
 from torchrl.data import Categorical, Composite
 from torchrl.envs import EnvBase
 
+from compat.torchrl import FastStepAndMaybeReset
+
 if TYPE_CHECKING:
     from datamodules.envs.mettagrid.tokens import ObservationLayout
 
@@ -57,8 +59,9 @@ if TYPE_CHECKING:
 BATCH_ARGUMENTS = ("num_envs", "seed", "device")
 
 
-class BatchedEnv(EnvBase):
-    """Base class of the batched environments: records the constructor's options and builds the done spec.
+class BatchedEnv(FastStepAndMaybeReset, EnvBase):
+    """Base class of the batched environments: records the constructor's options, builds the done spec, and steps
+    for a collector without TorchRL's per-key passes (:class:`~compat.torchrl.FastStepAndMaybeReset`).
 
     A subclass calls ``super().__init__(batch_size=torch.Size([num_envs]), device=device)``, then sets its
     observation, action and reward specs; it overrides the class attributes below that it has.

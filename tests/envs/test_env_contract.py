@@ -3,7 +3,9 @@
 The environments are found by walking the package, so a new one is covered as soon as its file exists. Each is built
 small (``OPTIONS``: short episodes, so a few dozen steps cross several resets; options off their defaults, so a
 rebuild that dropped one would show) and checked: its specs match what it returns (TorchRL's ``check_env_specs``),
-the same seed plays the same episodes, a copy rebuilt from ``init_kwargs()`` plays them too, and ``state_dict()``
+the same seed plays the same episodes, a copy rebuilt from ``init_kwargs()`` plays them too, the collectors' step
+(``step_and_maybe_reset``, :class:`~compat.torchrl.FastStepAndMaybeReset`) returns what TorchRL's own does, and
+``state_dict()``
 loaded into a new environment continues exactly (skipped, with the reason it declares, for an environment with
 ``exact_state = False``). An optional family (MettaGrid, Mario) is skipped only when its package is not installed.
 """
@@ -19,10 +21,12 @@ from typing import Any
 import pytest
 import torch
 from tensordict import TensorDictBase
+from torchrl.envs import EnvBase
 from torchrl.envs.utils import check_env_specs
 
 import datamodules.envs
 from datamodules.envs.base import BATCH_ARGUMENTS, BatchedEnv
+from datamodules.envs.snake.env import SnakeEnv
 
 #: Options for the environments here: short episodes, small batches; a new environment runs with its defaults.
 OPTIONS: dict[str, dict[str, Any]] = {
@@ -152,6 +156,46 @@ def test_the_same_seed_and_a_rebuild_from_init_kwargs_play_the_same_episodes(cls
     assert_same_episodes(episodes, play(rebuilt, actions)[0])
     for each in (env, rebuilt):
         each.close()
+
+
+@pytest.mark.parametrize("cls", ENVIRONMENTS)
+def test_the_fast_step_returns_what_torchrls_step_and_maybe_reset_returns(cls, monkeypatch):
+    fast, reference = build(cls), build(cls)
+    # The fast road is taken: TorchRL's is refused on `fast` (it is what the fallback and `reference` call).
+    torchrls = EnvBase._step_and_maybe_reset
+    monkeypatch.setattr(fast, "_step_and_maybe_reset", lambda td: pytest.fail("the fast road was not taken"))
+    batch = fast.batch_size
+    policy_outputs = {"logits": torch.randn(*batch, 3), ("collector", "traj_ids"): torch.randint(9, batch)}
+    td_fast, td_reference = fast.reset(), reference.reset()
+    steps = []
+    for step, action in enumerate(random_actions(fast)):
+        for td in (td_fast, td_reference):
+            td["action"] = action.clone()
+            for key, value in policy_outputs.items():  # entries a policy and a collector add: carried over
+                td[key] = value.clone()
+        stepped_fast, td_fast = fast.step_and_maybe_reset(td_fast)
+        stepped_reference, td_reference = torchrls(reference, td_reference)
+        for mine, theirs, what in ((stepped_fast, stepped_reference, "stepped"), (td_fast, td_reference, "next in")):
+            assert set(mine.keys(True, True)) == set(theirs.keys(True, True)), (step, what)
+            assert mine.batch_size == theirs.batch_size and mine.device == theirs.device, (step, what)
+            for key in theirs.keys(True, True):
+                assert torch.equal(mine[key], theirs[key]), (step, what, key)
+        assert td_fast["collector"] is not stepped_fast["collector"]  # a sub-tensordict is copied, as TorchRL does
+        steps.append(stepped_fast)
+    assert_episodes_ended(cls, steps)  # the resets between steps are compared too
+    for each in (fast, reference):
+        each.close()
+
+
+def test_the_fast_step_leaves_a_preset_next_to_torchrl():
+    env = build(SnakeEnv)
+    td = env.reset()
+    td["action"] = env.action_spec.rand()
+    td["next", "extra"] = torch.full((NUM_ENVS, 1), 7.0)  # TorchRL's step keeps a preset entry it does not compute
+    stepped, _ = env.step_and_maybe_reset(td)
+    assert torch.equal(stepped["next", "extra"], torch.full((NUM_ENVS, 1), 7.0))
+    assert set(stepped["next"].keys()) > {"extra", "observation", "reward"}
+    env.close()
 
 
 @pytest.mark.parametrize("cls", ENVIRONMENTS)

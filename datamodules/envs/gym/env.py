@@ -196,26 +196,35 @@ class GymnasiumEnv(StepOutputComplete, BatchedEnv):
             self._return[i], self._length[i] = 0.0, 0
         self._ready = bool(self._started.all())
 
-    def _output(
-        self,
-        reward: np.ndarray | None = None,
-        episode_return: np.ndarray | None = None,
-        length: np.ndarray | None = None,
-    ) -> TensorDictBase:
-        """Every copy's current observation and flags (copies: the arrays move on), and the step's entries."""
-        n = self.batch_size[0]
+    def _observed(self) -> dict[str, torch.Tensor]:
+        """Every copy's current observation and done flags, as tensors on the environment's device (copies: the
+        arrays move on)."""
         if self._one_hot:
             space = self._observation_space
             observation = F.one_hot(torch.from_numpy(self._obs - space.start), int(space.n)).float()
         else:
             observation = torch.from_numpy(self._obs.copy())
         terminated, truncated = self._terminated[:, None].copy(), self._truncated[:, None].copy()
-        zero = np.zeros((n, 1), dtype=np.float32)
-        out = {
+        observed = {
             "observation": observation,
             "terminated": torch.from_numpy(terminated),
             "truncated": torch.from_numpy(truncated),
             "done": torch.from_numpy(terminated | truncated),
+        }
+        if self.device != _CPU:
+            observed = {key: value.to(self.device) for key, value in observed.items()}
+        return observed
+
+    def _output(
+        self,
+        reward: np.ndarray | None = None,
+        episode_return: np.ndarray | None = None,
+        length: np.ndarray | None = None,
+    ) -> TensorDictBase:
+        """:meth:`_observed` and the step's entries: its reward and the metrics of the episodes it ended."""
+        n = self.batch_size[0]
+        zero = np.zeros((n, 1), dtype=np.float32)
+        out = {
             "episode_return": torch.from_numpy(zero if episode_return is None else episode_return[:, None]),
             "episode_length": torch.from_numpy(zero.copy() if length is None else length[:, None]),
         }
@@ -223,8 +232,9 @@ class GymnasiumEnv(StepOutputComplete, BatchedEnv):
             out["games"] = torch.from_numpy(zero.copy() if length is None else (length[:, None] > 0).astype(np.float32))
         if reward is not None:
             out["reward"] = torch.from_numpy(reward[:, None])
-        data = tensordict_unchecked(out, self.batch_size, _CPU)
-        return data if self.device == _CPU else data.to(self.device)
+        if self.device != _CPU:
+            out = {key: value.to(self.device) for key, value in out.items()}
+        return tensordict_unchecked({**self._observed(), **out}, self.batch_size, self.device)
 
     def _reset(self, tensordict: TensorDictBase | None = None, **kwargs: Any) -> TensorDictBase:
         """Restart the flagged copies (all, without ``_reset``) and those never started; the others go on."""
@@ -238,12 +248,12 @@ class GymnasiumEnv(StepOutputComplete, BatchedEnv):
 
     def maybe_reset(self, tensordict: TensorDictBase) -> TensorDictBase:
         """Restart the finished copies (those whose ``done`` this environment's last step returned: its own flags,
-        read without a round trip through the tensordict); every entry but the step's metrics is replaced by
+        read without a round trip through the tensordict); the observation and done flags are replaced by
         ``_reset``'s (current for the others), which spares TorchRL's per-key masked merge."""
         finished = self._terminated | self._truncated
         if finished.any():
             self._restart(np.flatnonzero(finished).tolist())
-            tensordict.update(self._output().exclude(*self.episode_metric_keys))
+            tensordict.update(self._observed())
         return tensordict
 
     # ----------------------------------------------------------------------------------------------- step

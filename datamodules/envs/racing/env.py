@@ -343,7 +343,7 @@ class RacingEnv(BatchedEnv):
         out = {"observation": observation, "arc": self.arc.unsqueeze(1).clone()}
         if self.source is not None:
             out["circuit"] = self.circuit.unsqueeze(1).clone()
-        return TensorDict(out, batch_size=self.batch_size)
+        return TensorDict(out, batch_size=self.batch_size, device=self.device)
 
     def _road(
         self, lateral: torch.Tensor, heading_error: torch.Tensor, beta: torch.Tensor, yaw_rate: torch.Tensor
