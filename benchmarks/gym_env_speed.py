@@ -13,8 +13,10 @@ Reports frames per second (environments × steps / seconds) of:
   autoreset) stepped with pre-drawn NumPy actions: the raw Gymnasium vector env;
 - ``core``: the wrapper's ``_step`` + ``maybe_reset`` (its own work: the loop over the copies, the output copies,
   the episode statistics, restarts);
-- ``wrapped``: TorchRL's ``env.step_and_maybe_reset`` on the wrapper (what collectors call), TorchRL's bookkeeping
-  included;
+- ``wrapped``: ``env.step_and_maybe_reset`` on the wrapper (what collectors call: the environments' own, without
+  TorchRL's per-key passes, ``compat.torchrl.FastStepAndMaybeReset``), the step's bookkeeping included;
+- ``wrapped, TorchRL's step``: the same through TorchRL's own ``EnvBase.step_and_maybe_reset`` (what the wrapper
+  cost before it had its own);
 - with ``--others``: ``loop``, ``gymnasium.make`` copies stepped in a bare Python loop (what the wrapper runs inside,
   without its outputs: the floor under both the wrapper and ``SyncVectorEnv``); ``AsyncVectorEnv`` and TorchRL's own
   ``GymEnv`` (one process per copy, as TorchRL builds it over ``AsyncVectorEnv`` for several copies: 8 copies at most,
@@ -47,6 +49,7 @@ import gymnasium
 import torch
 import yaml
 from tensordict import TensorDict
+from torchrl.envs import EnvBase
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -102,7 +105,18 @@ def measure(
             td["action"] = action
             _, td = env.step_and_maybe_reset(td)
 
-    paths: dict[str, Callable[[], None]] = {"vector": raw, "core": core, "wrapped": wrapped}
+    def torchrls_step() -> None:
+        nonlocal td
+        for action in actions:
+            td["action"] = action
+            _, td = EnvBase.step_and_maybe_reset(env, td)
+
+    paths: dict[str, Callable[[], None]] = {
+        "vector": raw,
+        "core": core,
+        "wrapped": wrapped,
+        "wrapped, TorchRL's step": torchrls_step,
+    }
     closing = [vector.close, env.close]
     if others:
         paths.update(other_paths(env_id, n, raw_actions, actions, closing, options, most))

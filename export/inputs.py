@@ -4,8 +4,10 @@ Uniform inputs in [−1, 1] exercise every weight but sit far from what a policy
 and its yaw rate up to ±30 °/s, where a reduced-precision or mis-compiled kernel errs most. So besides the random
 set, an export run with a data module at hand also checks
 
-- ``env_start``: the environment's start distribution, ``datamodule.make_env(batch, seed).reset()["observation"]``
-  as the environment gives it (before the agent's env transforms);
+- ``env_start``: the environment's start distribution, ``datamodule.make_env(copies, seed).reset()["observation"]``
+  as the environment gives it (before the agent's env transforms), for up to :data:`ENV_COPIES` copies repeated to
+  the batch: an environment with an engine per copy (an Atari emulator: about 0.2 s to build and seed) would
+  otherwise build thousands of engines for the traced batch sizes;
 - ``collocation``: when the environment exposes its dynamics (``datamodule.physics``), interior points of its
   collocation box (for PIRL's vehicle: vx 5–20 m/s, β ±10°, ω ±30 °/s, e ±0.95 m, ψ ±30°, τ 0–5 s), where the PDE
   loss trained the network.
@@ -20,6 +22,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+
+#: Most environment copies built for one batch of start states; larger batches repeat their rows.
+ENV_COPIES = 32
 
 # Per-feature ranges are recorded for vector observations up to this length; larger ones (image planes) get one range.
 MAX_FEATURES_RECORDED = 64
@@ -90,15 +95,18 @@ def environment_check_inputs(datamodule: Any) -> list[CheckInputs]:
         return []
 
     def start_states(batch: int, seed: int) -> torch.Tensor:
-        env = datamodule.make_env(batch, seed)
+        copies = min(batch, ENV_COPIES)
+        env = datamodule.make_env(copies, seed)
         try:
             # The environment's own observations, before the agent's env transforms: the exported network reads what
             # the environment gives (an observation normaliser is part of it).
-            return getattr(env, "base_env", env).reset()["observation"].cpu()
+            states = getattr(env, "base_env", env).reset()["observation"].cpu()
         finally:
             env.close()
+        return states.repeat(-(-batch // copies), *[1] * (states.dim() - 1))[:batch]
 
-    sets = [CheckInputs("env_start", "the environment's start states: make_env(batch, seed).reset()", start_states)]
+    what = f"the environment's start states: make_env(min(batch, {ENV_COPIES}), seed).reset(), repeated to the batch"
+    sets = [CheckInputs("env_start", what, start_states)]
     physics = getattr(datamodule, "physics", None)
     if physics is not None:
 

@@ -45,6 +45,16 @@ def samples_per_s(function: Callable, observation: torch.Tensor, seconds: float)
     return best
 
 
+def format_rate(samples_per_second: float) -> str:
+    """A rate for people: ``1.23M`` from a million, ``45.6k`` from a thousand, else whole samples (a CNN on Atari
+    frames serves thousands a second, which ``0.00M`` would hide)."""
+    if samples_per_second >= 1e6:
+        return f"{samples_per_second / 1e6:.2f}M"
+    if samples_per_second >= 1e3:
+        return f"{samples_per_second / 1e3:.1f}k"
+    return f"{samples_per_second:.0f}"
+
+
 def machine() -> dict[str, Any]:
     """The platform, CPU count, torch threads and load average, recorded beside every figure."""
     return {
@@ -99,7 +109,7 @@ def benchmark_markdown(report: dict[str, Any]) -> str:
     """The benchmark as a short page: context lines, the table beside the reference's figures, and honest notes."""
 
     def rate(value: float | None) -> str:
-        return "—" if value is None else f"{value / 1e6:.2f}M"
+        return "—" if value is None else format_rate(value)
 
     machine_ = report["machine"]
     backends = sorted({row["backend"] for row in report["rows"]})

@@ -40,7 +40,7 @@ from torch import nn
 from compat.torch import aoti_compile_and_package
 from export.inputs import CheckInputs, random_check_inputs, random_inputs
 from export.loader import EAGER, METADATA, load_artifact, load_eager, log, neuron, quiet, sha256
-from export.report import benchmark_row, machine, samples_per_s, write_benchmark
+from export.report import benchmark_row, format_rate, machine, samples_per_s, write_benchmark
 
 Backend = Literal["auto", "neuron", "torchscript", "aot"]
 BACKENDS = ("auto", "neuron", "torchscript", "aot")
@@ -218,7 +218,7 @@ def export_policy(
             eager_rate = samples_per_s(network, example, benchmark_seconds)
             traced_rate = samples_per_s(loaded, example, benchmark_seconds)
             rows.append(benchmark_row(batch, artifact, eager_rate, traced_rate))
-            line += f", benchmarked (eager {eager_rate / 1e6:.2f}M, traced {traced_rate / 1e6:.2f}M samples/s)"
+            line += f", benchmarked (eager {format_rate(eager_rate)}, traced {format_rate(traced_rate)} samples/s)"
         if progress is not None:
             progress(line)
 
@@ -300,7 +300,7 @@ def _export_one(
         for name, entry in passed.items():
             if name != chosen:
                 entry[0].unlink(missing_ok=True)
-        summary = ", ".join(f"{name} {rate / 1e6:.2f}M" for name, rate in rates.items())
+        summary = ", ".join(f"{name} {format_rate(rate)}" for name, rate in rates.items())
         choice = {"samples_per_s": rates, "reason": f"fastest in a {SELECTION_SECONDS} s measurement ({summary})"}
     else:
         chosen = next(iter(passed))

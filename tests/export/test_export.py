@@ -20,8 +20,9 @@ from app.cli import build
 from app.export import main as export_main
 from callbacks.export import PolicyExport
 from datamodules.envs.safety.physics import TAU
-from export.inputs import environment_check_inputs
+from export.inputs import ENV_COPIES, environment_check_inputs
 from export.loader import TracedPolicy
+from export.report import format_rate
 from export.tracing import ExportMismatchError, export_network_of, export_policy
 from modules.networks import observation_mlp
 from tests.export_helpers import (
@@ -123,7 +124,7 @@ def test_fit_benchmark_report_has_a_row_per_batch_size(trained):
     assert header in markdown
     assert "torch threads: **1**" in markdown
     for row in report["rows"]:
-        assert f"| {row['batch_size']} | {row['eager_samples_per_s'] / 1e6:.2f}M |" in markdown
+        assert f"| {row['batch_size']} | {format_rate(row['eager_samples_per_s'])} |" in markdown
         if row["speedup"] <= 1:
             assert f"At batch {row['batch_size']} the traced module (torchscript) is not faster" in markdown
 
@@ -176,6 +177,29 @@ def test_vehicle_export_is_checked_on_its_start_states_and_collocation_box(vehic
         assert high[2] > 20 and low[2] < -20, name  # yaw rates up to ±30 °/s, far outside [-1, 1]
         assert low[TAU] >= 0 and high[TAU] <= 5 and high[TAU] > 4, name
         assert high[5] > 1.5, name  # waypoints ahead of the car, metres away: taken from the environment
+
+
+@pytest.mark.parametrize(
+    ("rate", "shown"),
+    [(2_345_678.0, "2.35M"), (1_000_000.0, "1.00M"), (45_612.0, "45.6k"), (1_234.0, "1.2k"), (321.4, "321")],
+)
+def test_rates_are_shown_in_a_unit_that_keeps_their_digits(rate, shown):
+    assert format_rate(rate) == shown
+
+
+def test_start_states_build_a_bounded_number_of_environment_copies(vehicle, monkeypatch):
+    # An engine per copy (Atari's emulators) makes an environment of the traced batch sizes cost minutes: the states
+    # come from ENV_COPIES copies at most, each copy's start state repeated, the same as the first rows of a batch.
+    _, datamodule = vehicle
+    built = []
+    make_env = datamodule.make_env
+    monkeypatch.setattr(datamodule, "make_env", lambda n, seed: built.append(n) or make_env(n, seed))
+    start_states = environment_check_inputs(datamodule)[0]
+    few, many = start_states(5, 7), start_states(3 * ENV_COPIES + 5, 7)
+    assert built == [5, ENV_COPIES]
+    assert many.shape[0] == 3 * ENV_COPIES + 5 and torch.equal(many[:5], few)
+    assert torch.equal(many[ENV_COPIES : 2 * ENV_COPIES], many[:ENV_COPIES])
+    assert len(torch.unique(many, dim=0)) == ENV_COPIES  # distinct start states, from distinct seeds
 
 
 def test_a_difference_only_on_real_vehicle_states_fails_the_export(vehicle, tmp_path, monkeypatch):
