@@ -45,7 +45,10 @@ EXTENSION_HOOKS = {
 }
 
 # Private attributes of libraries other than the five, on objects whose type the source does not show.
-OTHER_LIBRARIES = {"_env": "nes_py's NESEnv (Mario's emulators): whether the emulator is still open"}
+OTHER_LIBRARIES = {
+    "_env": "nes_py's NESEnv (Mario's emulators): whether the emulator is still open",
+    "_asdict": "a namedtuple's fields (envpool's task config): public by the namedtuple contract",
+}
 
 
 def _private(name: str) -> bool:

@@ -44,6 +44,7 @@ OPTIONS: dict[str, dict[str, Any]] = {
         "objects": {"altar": 4, "wall": 2},
     },
     "MarioEnv": {"frame_skip": 2, "size": 32, "frame_stack": 2, "stuck_steps": 4, "noop_max": 2},  # 0.3 s an emulator
+    "EnvpoolEnv": {"env_id": "CartPole-v1", "env_kwargs": {"max_episode_steps": 6}, "num_threads": 2},
     "GymnasiumEnv": {
         "env_id": "Acrobot-v1",
         "env_kwargs": {"max_episode_steps": 10},

@@ -277,13 +277,24 @@ SHORT = {
         "--data.init_args.eval_env_options",
         "{episodic_life: false, env_kwargs: {frameskip: 1, repeat_action_probability: 0.0, max_episode_steps: 200}}",
     ),
+    "breakout_ppo_envpool": (
+        *("--data.init_args.collect_steps", "32", "--data.init_args.minibatch_size", "64"),
+        *("--trainer.callbacks.init_args.bare_update_seconds", "0"),
+        "--data.init_args.eval_env_options",
+        "{episodic_life: false, env_kwargs: {reward_clip: true, max_episode_steps: 50}}",
+    ),
 }
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("config", GYM_CONFIGS, ids=lambda path: path.stem)
 def test_each_shipped_gym_config_fits_a_few_updates(config, tmp_path):
-    for marker, module in (("LunarLander", "Box2D"), ("HalfCheetah", "mujoco"), ("ALE/", "ale_py")):
+    for marker, module in (
+        ("LunarLander", "Box2D"),
+        ("HalfCheetah", "mujoco"),
+        ("ALE/", "ale_py"),
+        ("envpool", "envpool"),
+    ):
         if marker in config.read_text() and importlib.util.find_spec(module) is None:
             pytest.skip(f'{module}: the gym extra, pip install -e ".[gym]"')
     cli = fit(
@@ -332,7 +343,8 @@ def test_the_gym_configs_cite_the_rl_zoo_and_name_the_gymnasium_env():
         text = path.read_text()
         assert "rl-baselines3-zoo" in text and f"configs/gym/{path.name}" in text
         env = yaml.safe_load(text)["data"]["init_args"]["env"]
-        assert env["class_path"] == "datamodules.envs.gym.env.GymnasiumEnv" and env["init_args"]["env_id"]
+        engine = "envpool_env.EnvpoolEnv" if path.stem.endswith("_envpool") else "env.GymnasiumEnv"
+        assert env["class_path"] == f"datamodules.envs.gym.{engine}" and env["init_args"]["env_id"]
 
 
 @pytest.mark.slow

@@ -21,15 +21,8 @@ module's worker processes (``EnvWorkers``, ``CollectorWorkers``), each with its 
 would add its own per-step work to the same loop, and ``AsyncVectorEnv`` one process per copy (BENCHMARKS.md,
 "Gymnasium environments").
 
-**Specs.** A ``Box`` observation is float32 ``observation`` (uint8 images stay uint8, bounded by the space); a
-``Discrete`` one is its one-hot float32 vector, the form an MLP reads. ``Discrete`` actions are a ``Categorical``
-spec (offset by the space's ``start`` when stepping), ``Box`` actions a ``Bounded`` spec with the space's bounds.
-Other spaces (``MultiDiscrete``, ``Dict``, ...) are one error naming ``env_id`` and the space.
-
-**Episode metrics.** ``episode_return`` and ``episode_length`` are the Gymnasium environment's own episode (its
-reward before the user's wrappers, e.g. before ``ClipReward``), 0 on every step but an episode's last: evaluation
-reports them as ``episode_return_mean`` and ``episode_length_mean`` beside its ``return_mean`` of the reward the
-agent learns from.
+**Specs, episode metrics, state**: the family's (``copies.py``). The episode metrics are the Gymnasium
+environment's own episode: its reward before the user's wrappers (e.g. before ``ClipReward``).
 
 **Life loss** (``episodic_life: true``, Atari): a step on which the game's ``info["lives"]`` falls ends the agent's
 episode (``terminated``, so values do not bootstrap across a lost life), but the game goes on: the copy's next
@@ -37,19 +30,15 @@ episode (``terminated``, so values do not bootstrap across a lost life), but the
 ``EpisodicLifeEnv`` (the RL Zoo's Atari wrapper) and envpool's ``episodic_life``; Gymnasium's ``AtariPreprocessing``
 has ``terminal_on_life_loss``, but its reset then restarts the whole game, so an agent would never play past its
 first life. The episode metrics are the whole game's: 0 at a lost life, the game's score and length at game over.
-Evaluation plays whole games with ``eval_env_options: {episodic_life: false}``. A game with lives (its info has
-``lives``, episodic or not) has one more metric, ``games``: 1 at a game over, 0 at a lost life; the return and length
-are averaged over the episodes that ended a game (``episode_metric_over``), so the training episodes' game scores
-(``train/episode_return_mean``) are not diluted by the lives' zeros.
+Evaluation plays whole games with ``eval_env_options: {episodic_life: false}``; the metrics are the whole game's
+(``copies.py``).
 
 **Seeding.** Copy ``i`` of a batch seeded ``seed`` starts its first episode with ``reset(seed=seed + i)`` and its
 later ones continue its own generator, as Gymnasium's vector envs do: a batch plays what
 ``gymnasium.make(env_id)`` copies seeded ``seed + i`` play under the same actions.
 
-**State.** A Gymnasium environment has no snapshot of its state, so ``state_dict`` holds the seed streams and the
-episode counters. Loading it ends the running episodes; the next reset starts each copy's following episode ``k``
-seeded :func:`~datamodules.envs.counter_rng.episode_seed` ``(seed + i, k)`` (the copy's generator is not saved), and
-the collection carries that reset's observations (``exact_state = False``).
+**State.** A Gymnasium environment has no snapshot of its state (``copies.py``): after a state is loaded, a copy's
+generator is gone, so its next episode ``k`` is seeded ``episode_seed(seed + i, k)``.
 """
 
 from __future__ import annotations
@@ -57,23 +46,16 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import Any
 
-import gymnasium
 import numpy as np
 import torch
-import torch.nn.functional as F
 from tensordict import TensorDictBase
-from torchrl.data import Bounded, Categorical, Composite, TensorSpec, Unbounded
 
-from compat.tensordict import tensordict_unchecked
-from compat.torchrl import StepOutputComplete
-from datamodules.envs.base import BatchedEnv
 from datamodules.envs.counter_rng import episode_seed
+from datamodules.envs.gym.copies import CopyBatchEnv, action_spec, observation_spec
 from datamodules.envs.gym.make import STATS_KEY, make_env, resolve_wrappers
 
-_CPU = torch.device("cpu")
 
-
-class GymnasiumEnv(StepOutputComplete, BatchedEnv):
+class GymnasiumEnv(CopyBatchEnv):
     """``num_envs`` copies of a Gymnasium environment as one TorchRL batch (the module docstring has the rules).
 
     Args:
@@ -91,8 +73,6 @@ class GymnasiumEnv(StepOutputComplete, BatchedEnv):
             only drawn whenever they have a render mode (LunarLander's exhaust particles: 2.4x its step).
     """
 
-    episode_metric_keys = ("episode_return", "episode_length")
-    exact_state = False
     can_render = True  # copies built with render: true (Gymnasium's render_mode="rgb_array"), where it has that mode
     render_options = MappingProxyType({"render": True})
     inexact_state_reason = (
@@ -118,13 +98,12 @@ class GymnasiumEnv(StepOutputComplete, BatchedEnv):
             raise ValueError(f"env_id must be a Gymnasium id such as 'CartPole-v1', got {env_id!r}")
         kwargs, resolved = dict(env_kwargs or {}), resolve_wrappers(wrappers)
         envs = [make_env(env_id, kwargs, resolved, render)]
-        self._observation_space, self._action_space = envs[0].observation_space, envs[0].action_space
         try:
-            observation = observation_spec(self._observation_space, env_id, num_envs)
-            action = action_spec(self._action_space, env_id, num_envs)
-            # A game with lives (an unseeded reset here: each copy's first episode is seeded at its own reset).
+            # Checked before the other copies are built: the spaces (again, with the specs, in _init_copies), and a
+            # game with lives (an unseeded reset here: each copy's first episode is seeded at its own reset).
+            observation_spec(envs[0].observation_space, env_id, num_envs)
+            action_spec(envs[0].action_space, env_id, num_envs)
             info = envs[0].reset()[1]
-            has_lives = "lives" in info
             if episodic_life:  # refused here, in one line, rather than at the collector's first reset
                 lives(info, env_id)
         except ValueError:
@@ -133,44 +112,18 @@ class GymnasiumEnv(StepOutputComplete, BatchedEnv):
         envs += [make_env(env_id, kwargs, resolved, render) for _ in range(num_envs - 1)]
         super().__init__(batch_size=torch.Size([num_envs]), device=device)
         self.env_id, self.drawable = env_id, render
+        self._init_copies(envs[0].observation_space, envs[0].action_space, "lives" in info, seed)
         self._envs = envs
         self._steps = [env.step for env in envs]
         self.episodic_life = episodic_life
-        if has_lives:
-            self.episode_metric_keys = (*GymnasiumEnv.episode_metric_keys, "games")
-            self.episode_metric_over = {"episode_return": "games", "episode_length": "games"}
         # With wrappers the episode statistics come from the copies' own (inner) RecordEpisodeStatistics; without,
         # nothing can change the reward, and the rewards are summed here.
         self._inner_statistics = bool(resolved)
-        space, n = self._observation_space, num_envs
-        self._one_hot = isinstance(space, gymnasium.spaces.Discrete)
-        if self._one_hot:
-            self._obs = np.zeros(n, dtype=np.int64)  # the observation's value; the output is its one-hot
-        else:
-            self._obs = np.zeros((n, *space.shape), dtype=np.uint8 if space.dtype == np.uint8 else np.float32)
-        discrete_action = isinstance(self._action_space, gymnasium.spaces.Discrete)
-        self._action_start = int(self._action_space.start) if discrete_action else 0
-        # Per copy: its seed stream, next episode's number and whether its next reset seeds it (see _restart);
-        # whether it was ever started; how its episode last ended; its running episode's return and length.
-        self._stream = np.arange(n, dtype=np.int64) + seed
-        self._next_episode = np.zeros(n, dtype=np.int64)
-        self._reseed = np.ones(n, dtype=bool)
-        self._started = np.zeros(n, dtype=bool)
-        self._ready = False  # every copy started: it can be stepped
-        self._terminated, self._truncated = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
-        self._return, self._length = np.zeros(n, dtype=np.float64), np.zeros(n, dtype=np.int64)
-        # episodic_life: each copy's lives after its last step, and whether its episode ended by a lost life only.
-        self._lives, self._life_lost = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=bool)
-
-        dev, batch = self.device, (n,)
-        self.observation_spec = Composite(
-            observation=observation.to(dev),
-            **{key: Unbounded(shape=(*batch, 1), device=dev) for key in self.episode_metric_keys},
-            shape=batch,
-            device=dev,
-        )
-        self.action_spec = action.to(dev)
-        self.reward_spec = Unbounded(shape=(*batch, 1), device=dev)
+        # Whether a copy's next reset seeds it (see _restart); every copy started (it can be stepped); episodic_life:
+        # each copy's lives after its last step.
+        self._reseed = np.ones(num_envs, dtype=bool)
+        self._ready = False
+        self._lives = np.zeros(num_envs, dtype=np.int64)
 
     # ------------------------------------------------------------------------------------------- episodes
     def _restart(self, envs: list[int] | range) -> None:
@@ -196,46 +149,6 @@ class GymnasiumEnv(StepOutputComplete, BatchedEnv):
             self._return[i], self._length[i] = 0.0, 0
         self._ready = bool(self._started.all())
 
-    def _observed(self) -> dict[str, torch.Tensor]:
-        """Every copy's current observation and done flags, as tensors on the environment's device (copies: the
-        arrays move on)."""
-        if self._one_hot:
-            space = self._observation_space
-            observation = F.one_hot(torch.from_numpy(self._obs - space.start), int(space.n)).float()
-        else:
-            observation = torch.from_numpy(self._obs.copy())
-        terminated, truncated = self._terminated[:, None].copy(), self._truncated[:, None].copy()
-        observed = {
-            "observation": observation,
-            "terminated": torch.from_numpy(terminated),
-            "truncated": torch.from_numpy(truncated),
-            "done": torch.from_numpy(terminated | truncated),
-        }
-        if self.device != _CPU:
-            observed = {key: value.to(self.device) for key, value in observed.items()}
-        return observed
-
-    def _output(
-        self,
-        reward: np.ndarray | None = None,
-        episode_return: np.ndarray | None = None,
-        length: np.ndarray | None = None,
-    ) -> TensorDictBase:
-        """:meth:`_observed` and the step's entries: its reward and the metrics of the episodes it ended."""
-        n = self.batch_size[0]
-        zero = np.zeros((n, 1), dtype=np.float32)
-        out = {
-            "episode_return": torch.from_numpy(zero if episode_return is None else episode_return[:, None]),
-            "episode_length": torch.from_numpy(zero.copy() if length is None else length[:, None]),
-        }
-        if "games" in self.episode_metric_keys:  # 1 where a game ended (its length is positive)
-            out["games"] = torch.from_numpy(zero.copy() if length is None else (length[:, None] > 0).astype(np.float32))
-        if reward is not None:
-            out["reward"] = torch.from_numpy(reward[:, None])
-        if self.device != _CPU:
-            out = {key: value.to(self.device) for key, value in out.items()}
-        return tensordict_unchecked({**self._observed(), **out}, self.batch_size, self.device)
-
     def _reset(self, tensordict: TensorDictBase | None = None, **kwargs: Any) -> TensorDictBase:
         """Restart the flagged copies (all, without ``_reset``) and those never started; the others go on."""
         flags = None if tensordict is None else tensordict.get("_reset", None)
@@ -246,26 +159,13 @@ class GymnasiumEnv(StepOutputComplete, BatchedEnv):
             self._restart(np.flatnonzero(flagged | ~self._started).tolist())
         return self._output()
 
-    def maybe_reset(self, tensordict: TensorDictBase) -> TensorDictBase:
-        """Restart the finished copies (those whose ``done`` this environment's last step returned: its own flags,
-        read without a round trip through the tensordict); the observation and done flags are replaced by
-        ``_reset``'s (current for the others), which spares TorchRL's per-key masked merge."""
-        finished = self._terminated | self._truncated
-        if finished.any():
-            self._restart(np.flatnonzero(finished).tolist())
-            tensordict.update(self._observed())
-        return tensordict
-
     # ----------------------------------------------------------------------------------------------- step
     def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
         if not self._ready:
             raise RuntimeError("GymnasiumEnv: reset the environment before stepping it")
-        action = tensordict.get("action").cpu()
-        if self._action_start:
-            action = action + self._action_start
         # NumPy scalars and rows, not Python ints: Gymnasium's Discrete.contains checks a Python int against the
         # dtype's limits at every step, at several times the cost of its check of a NumPy integer.
-        actions = action.numpy().astype(self._action_space.dtype, copy=False)
+        actions = self._actions(tensordict)
         finished = self._terminated | self._truncated
         # A finished copy is not stepped: it stays at its last step, done, with no reward, until it is reset. When all
         # run (nearly always), whole-array writes: NumPy's writes through index lists cost more.
@@ -286,13 +186,11 @@ class GymnasiumEnv(StepOutputComplete, BatchedEnv):
         if True not in terminated and True not in truncated and not self._life_lost.any():
             return self._output(reward)
         ended = np.flatnonzero((self._terminated | self._truncated) & ~finished & ~self._life_lost)
-        episode_return, length = np.zeros_like(reward), np.zeros_like(reward)
-        for i in ended.tolist():
-            if self._inner_statistics:  # the return before the wrappers, from the copy's RecordEpisodeStatistics
+        if self._inner_statistics:  # the return before the wrappers, from the copies' RecordEpisodeStatistics
+            for i in ended.tolist():
                 stats = infos[i if isinstance(live, slice) else live.index(i)][STATS_KEY]
                 self._return[i], self._length[i] = stats["r"], stats["l"]
-            episode_return[i], length[i] = self._return[i], self._length[i]
-        return self._output(reward, episode_return, length)
+        return self._episode_ends(ended, reward)
 
     def _lose_lives(self, live: list[int] | slice, infos: tuple[dict, ...]) -> None:
         """``episodic_life``: end the agent's episode of each stepped copy whose lives fell and whose game goes on."""
@@ -329,27 +227,9 @@ class GymnasiumEnv(StepOutputComplete, BatchedEnv):
             env.close()
         super().close(raise_if_closed=raise_if_closed)
 
-    # ---------------------------------------------------------------------------------------------- state
-    def get_extra_state(self) -> dict[str, Any]:
-        """What can be restored (plain tensors and a string, for ``torch.load(weights_only=True)``): the copies' seed
-        streams and next episode numbers."""
-        return {
-            "env_id": self.env_id,
-            "stream": torch.from_numpy(self._stream.copy()),
-            "next_episode": torch.from_numpy(self._next_episode.copy()),
-        }
-
-    def set_extra_state(self, state: dict[str, Any]) -> None:
-        """Restore the streams and counters; the running episodes end, and the next reset starts the following ones."""
-        n = self.batch_size[0]
-        if state["stream"].shape != (n,):
-            raise ValueError(f"the saved environment state is for {state['stream'].shape[0]} copies; this one has {n}")
-        if state["env_id"] != self.env_id:
-            raise ValueError(f"the saved environment state is for env_id {state['env_id']}; this one is {self.env_id}")
-        self._stream, self._next_episode = state["stream"].numpy().copy(), state["next_episode"].numpy().copy()
-        self._started[:], self._terminated[:], self._truncated[:], self._reseed[:] = False, False, False, True
-        self._ready = False
-        self._return[:], self._length[:], self._life_lost[:] = 0.0, 0, False
+    def _forget_episodes(self) -> None:
+        """The copies' generators are gone with their episodes: each next reset seeds its copy (see _restart)."""
+        self._reseed[:], self._ready = True, False
 
 
 def lives(info: dict[str, Any], env_id: str) -> int:
@@ -357,36 +237,3 @@ def lives(info: dict[str, Any], env_id: str) -> int:
     if "lives" not in info:
         raise ValueError(f"episodic_life needs the lives in the info of each step; env_id {env_id}'s has none")
     return int(info["lives"])
-
-
-def observation_spec(space: gymnasium.Space, env_id: str, num_envs: int) -> TensorSpec:
-    """The ``observation`` entry's spec: float32 for a ``Box`` (uint8 images kept, bounded), one-hot for a
-    ``Discrete``."""
-    if isinstance(space, gymnasium.spaces.Box):
-        shape = (num_envs, *space.shape)
-        if space.dtype == np.uint8:
-            low, high = (torch.from_numpy(np.broadcast_to(bound, shape).copy()) for bound in (space.low, space.high))
-            return Bounded(low, high, shape=shape, dtype=torch.uint8)
-        return Unbounded(shape=shape, dtype=torch.float32)
-    if isinstance(space, gymnasium.spaces.Discrete):
-        return Bounded(0.0, 1.0, shape=(num_envs, int(space.n)), dtype=torch.float32)
-    raise ValueError(
-        f"env_id {env_id}: its observation space {space} (after the wrappers) is not supported: Box or Discrete"
-    )
-
-
-def action_spec(space: gymnasium.Space, env_id: str, num_envs: int) -> TensorSpec:
-    """``Categorical`` for a ``Discrete`` action space, ``Bounded`` with the box's bounds for a ``Box``."""
-    if isinstance(space, gymnasium.spaces.Discrete):
-        return Categorical(int(space.n), shape=(num_envs,))
-    if isinstance(space, gymnasium.spaces.Box):
-        if not (np.isfinite(space.low).all() and np.isfinite(space.high).all()):
-            raise ValueError(f"env_id {env_id}: its action space {space} is unbounded; agents need finite bounds")
-        shape = (num_envs, *space.shape)
-        low, high = (
-            torch.from_numpy(np.broadcast_to(bound, shape).astype(np.float32)) for bound in (space.low, space.high)
-        )
-        return Bounded(low, high, shape=shape, dtype=torch.float32)
-    raise ValueError(
-        f"env_id {env_id}: its action space {space} (after the wrappers) is not supported: Discrete or Box"
-    )
