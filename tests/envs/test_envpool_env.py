@@ -17,7 +17,8 @@ import torch
 from app.cli import main
 from datamodules.envs.counter_rng import episode_seed
 from datamodules.episodes import EpisodeStatistics
-from tests.helpers import chain_config, write_config
+from datamodules.rollout import RolloutDataModule
+from tests.helpers import chain_config, fit, write_config
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("envpool") is None, reason='envpool: the envpool extra, pip install -e ".[envpool]"'
@@ -202,6 +203,35 @@ def test_a_state_restores_the_streams_and_counters_and_the_next_reset_starts_the
     with pytest.raises(ValueError, match="the saved environment state is for env_id CartPole-v1"):
         envpool_env(num_envs=2, env_id="Acrobot-v1").load_state_dict(state)
     env.close(), restored.close()
+
+
+@pytest.mark.slow
+def test_an_envpool_run_resumed_with_ckpt_path_last_continues_in_its_folder_from_fresh_episodes(tmp_path, monkeypatch):
+    config = chain_config("ppo", tmp_path / "runs")
+    env = {"env_id": "CartPole-v1", "num_threads": 1}
+    config["data"]["init_args"]["env"] = {"class_path": "datamodules.envs.gym.envpool_env.EnvpoolEnv", "init_args": env}
+    logger = {"save_dir": str(tmp_path / "runs"), "name": "envpool"}  # a real run folder, as the configs write
+    config["trainer"]["logger"] = {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": logger}
+    path = write_config(config, tmp_path / "envpool.yaml")
+    fit(path, "--trainer.max_steps", "12")
+    run = tmp_path / "runs" / "envpool"
+    checkpoint = torch.load(run / "version_0/checkpoints/last.ckpt", weights_only=True)
+    saved = checkpoint["RolloutDataModule"]["env"]["_extra_state"]
+    batches = []
+    collect = RolloutDataModule.collect
+    monkeypatch.setattr(RolloutDataModule, "collect", lambda self: batches.append(collect(self)) or batches[-1])
+
+    cli = fit(path, "--trainer.max_steps", "24", "--ckpt_path", "last")
+
+    assert cli.trainer.global_step == 24 and cli.trainer.log_dir == str(run / "version_0")
+    assert [folder.name for folder in run.iterdir()] == ["version_0"]
+    # The first rollout after the resume starts each copy's next episode from a pool seeded from the saved counters.
+    first = batches[0]["observation"][:, 0]
+    for i in range(first.shape[0]):
+        stream, episode = int(saved["stream"][i]), int(saved["next_episode"][i])
+        assert episode > 1  # episodes ended before the checkpoint
+        expected = single_copy("CartPole-v1", episode_seed(stream, episode) % 2**31).reset()[0][0]
+        assert torch.equal(first[i], torch.from_numpy(expected))
 
 
 # ------------------------------------------------------------------------------------------- bad input, one line
