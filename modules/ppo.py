@@ -52,6 +52,27 @@ from modules.spaces import BOX, DISCRETE, SpaceError, box_bounds, check_action_s
 CRITIC_LOSSES = ("smooth_l1", "l2")
 
 
+@torch.no_grad()
+def rollout_values(critic: nn.Module, rollout: TensorDictBase) -> tuple[torch.Tensor, torch.Tensor]:
+    """V(s_t) and V(s_{t+1}) over a ``[..., steps]`` rollout, the critic run once per distinct observation.
+
+    The next observation of step ``t`` is step ``t + 1``'s observation except where an episode ended at ``t`` (the
+    next step starts another) and at the rollout's last step: only those next observations go through the critic
+    again, so a rollout costs ``steps + 1`` evaluations per environment and a few, not TorchRL's ``2 * steps`` (a
+    Nature CNN's pass over Atari frames: BENCHMARKS.md, "Breakout"). The values are those TorchRL's ``GAE`` computes
+    with the critic as its value network, up to the rounding of other batch sizes (tests/agents/test_ppo.py).
+    """
+    observation, next_observation = rollout["observation"], rollout["next", "observation"]
+    batch = rollout.batch_size
+    value = critic(observation.flatten(0, len(batch) - 1)).view(*batch, -1)
+    next_value = torch.empty_like(value)
+    next_value[..., :-1, :] = value[..., 1:, :]
+    fresh = rollout["next", "done"].reshape(*batch, -1).any(-1)
+    fresh[..., -1] = True
+    next_value[fresh] = critic(next_observation[fresh]).view(-1, value.shape[-1])
+    return value, next_value
+
+
 def check_ppo_options(gamma: float, gae_lambda: float, clip_epsilon: float) -> None:
     for name, value in (("gamma", gamma), ("gae_lambda", gae_lambda)):
         if not 0 <= value <= 1:
@@ -235,7 +256,8 @@ class PPO(RLModule):
         self.loss_module = clip_ppo_loss(
             self.actor, self.critic, clip_epsilon, entropy_coef, critic_coef, normalize_advantage, critic_loss
         )
-        self.advantage = GAE(gamma=gamma, lmbda=gae_lambda, value_network=self.critic, average_gae=False)
+        # GAE on the values postprocess computes (rollout_values): no value network of its own.
+        self.advantage = GAE(gamma=gamma, lmbda=gae_lambda, value_network=None, average_gae=False)
 
     def policy(self) -> TensorDictModuleBase:
         return self.actor
@@ -280,6 +302,9 @@ class PPO(RLModule):
             self.loss_module.clip_epsilon.fill_(self.hparams.clip_epsilon * left)
         if self.reward_scaler is not None:
             self.reward_scaler.scale_(rollout["next", "reward"], rollout["next", "done"])
+        value, next_value = rollout_values(self.critic_network, rollout)
+        rollout.set("state_value", value)
+        rollout.set(("next", "state_value"), next_value)
         self.advantage(rollout)
         if self.observation_normalizer is not None:
             self.observation_normalizer.update(rollout[RAW_OBSERVATION])

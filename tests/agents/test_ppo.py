@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import pytest
 import torch
+import yaml
 from tensordict import TensorDict
 from torchrl.data import Binary, Categorical, Composite
+from torchrl.objectives.value import GAE
 
+from datamodules.envs.gym.env import GymnasiumEnv
 from modules.ppo import PPO
-from tests.helpers import chain_config, fit, write_config
+from tests.helpers import ROOT, chain_config, fit, write_config
 
+BREAKOUT = yaml.safe_load((ROOT / "configs/gym/breakout_ppo.yaml").read_text())["data"]["init_args"]["env"]["init_args"]
 SPECS = {
     "observation_spec": Composite(observation=Binary(n=2, shape=(2,), dtype=torch.uint8)),
     "action_spec": Categorical(2),
@@ -48,6 +52,36 @@ def test_gae_matches_hand_computation():
     expected = torch.tensor([0.4375, -0.25, 1.0])
     assert torch.allclose(rollout["advantage"].view(3), expected)
     assert torch.allclose(rollout["value_target"].view(3), expected + 1.0)
+
+
+@pytest.mark.parametrize("task", ["cartpole", "breakout"])
+def test_gae_on_shared_values_matches_torchrls_gae_calling_the_critic_twice(task):
+    # A real rollout crossing terminations and truncations: the values of step t + 1's observations serve as step t's
+    # next values except after an ended episode and at the end; TorchRL's GAE runs the critic on both sides.
+    if task == "breakout":
+        pytest.importorskip("ale_py")
+        env = GymnasiumEnv(num_envs=2, seed=0, **BREAKOUT)  # images, one Nature CNN shared by actor and critic
+        ppo, steps = PPO(env.observation_spec[0], env.action_spec[0]), 60
+    else:
+        env = GymnasiumEnv(num_envs=3, env_id="CartPole-v1", env_kwargs={"max_episode_steps": 10}, seed=0)
+        ppo, steps = PPO(env.observation_spec[0], env.action_spec[0], hidden_sizes=[16]), 80
+    torch.manual_seed(0)
+    with torch.no_grad():
+        rollout = env.rollout(steps, ppo.policy(), break_when_any_done=False)
+    done = rollout["next", "done"].squeeze(-1)
+    if task == "cartpole":
+        assert (done & rollout["next", "truncated"].squeeze(-1)).any() and rollout["next", "terminated"].any()
+    assert done.any()
+    reference = rollout.clone()
+    GAE(gamma=0.99, lmbda=0.95, value_network=ppo.critic, average_gae=False)(reference)
+    rows = []
+    hook = ppo.critic_network.register_forward_hook(lambda module, inputs, output: rows.append(output.shape[0]))
+    ppo.postprocess(rollout)
+    hook.remove()
+    assert sum(rows) == done.numel() + done.shape[0] + int(done[:, :-1].sum())  # not 2 * numel
+    for key in ("state_value", ("next", "state_value"), "advantage", "value_target"):
+        assert torch.allclose(rollout[key], reference[key], atol=1e-5, rtol=1e-5), key
+    env.close()
 
 
 def test_clipped_objective_matches_hand_computation():
