@@ -298,8 +298,9 @@ def run_lightrl(task: Task, seed: int, args: argparse.Namespace, folder: Path) -
     preset.write_text(yaml.safe_dump(lightrl_preset(task, seed, args.eval_episodes, args.seconds, folder)))
     command = [sys.executable, "-m", "app", "fit", "--config", str(ROOT / task.config), "--config", str(preset)]
     command += ["--threads", str(args.threads)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}  # this checkout's code, not an installed one's
     start = time.perf_counter()
-    result = subprocess.run(command, cwd=folder, capture_output=True, text=True, timeout=args.timeout)
+    result = subprocess.run(command, cwd=folder, capture_output=True, text=True, timeout=args.timeout, env=env)
     process_seconds = time.perf_counter() - start
     (folder / "output.log").write_text(result.stdout + result.stderr)
     if result.returncode != 0:
