@@ -38,6 +38,7 @@ are the whole game's. The copies cannot be reseeded one by one: a new seed, or a
 from __future__ import annotations
 
 import difflib
+import functools
 import os
 from typing import Any
 
@@ -75,6 +76,7 @@ def task_id(envpool: Any, env_id: str) -> str:
     return task
 
 
+@functools.cache  # an emulator built to ask: once per game and process (evaluations build environments again)
 def fire_is_action_1(task: str, env_id: str) -> bool:
     """Whether the Atari game ``task`` has a FIRE action (index 1 of its minimal action set), as Gymnasium's ALE build
     names its actions (the ``FireReset`` wrapper's check)."""
