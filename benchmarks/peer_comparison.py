@@ -34,7 +34,7 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -215,27 +215,9 @@ TASKS: dict[str, Task] = {
         sb3_wrap="atari",
         zoo_score="398.0 ± 33.3 at 10M (BreakoutNoFrameskip-v4)",
     ),
-    "breakout_ppo_envpool": Task(
-        "ALE/Breakout-v5",
-        "configs/gym/breakout_ppo_envpool.yaml",
-        threshold=None,
-        budget=10_000_000,
-        eval_every=25_000,
-        sb3_algo="PPO",
-        sb3_kwargs={
-            "n_steps": 128,
-            "n_epochs": 4,
-            "batch_size": 256,
-            "learning_rate": "lin_2.5e-4",
-            "clip_range": "lin_0.1",
-            "vf_coef": 0.5,
-            "ent_coef": 0.01,
-        },
-        sb3_envs=8,
-        sb3_wrap="atari",
-        zoo_score="398.0 ± 33.3 at 10M (BreakoutNoFrameskip-v4)",
-    ),
 }
+#: The same comparison with lightrl on its envpool engine (configs/gym/breakout_ppo_envpool.yaml).
+TASKS["breakout_ppo_envpool"] = replace(TASKS["breakout_ppo"], config="configs/gym/breakout_ppo_envpool.yaml")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -27,6 +27,7 @@ observations (``exact_state = False``).
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from typing import Any
 
 import gymnasium
@@ -92,8 +93,9 @@ class CopyBatchEnv(StepOutputComplete, BatchedEnv):
         self.action_spec = action.to(dev)
         self.reward_spec = Unbounded(shape=(*batch, 1), device=dev)
 
+    @abstractmethod
     def _restart(self, envs: list[int]) -> None:
-        raise NotImplementedError
+        """Start the next episode of each copy in ``envs``, writing its first observation (the engine's own way)."""
 
     def _actions(self, tensordict: TensorDictBase) -> np.ndarray:
         """The step's actions as NumPy values of the action space's dtype (a ``Discrete`` space's offset added)."""
@@ -182,9 +184,9 @@ class CopyBatchEnv(StepOutputComplete, BatchedEnv):
         self._return[:], self._length[:], self._life_lost[:] = 0.0, 0, False
         self._forget_episodes()
 
+    @abstractmethod
     def _forget_episodes(self) -> None:
         """After a state is loaded: the next reset starts each copy's episode ``_next_episode`` of its stream."""
-        raise NotImplementedError
 
 
 def observation_spec(space: gymnasium.Space, env_id: str, num_envs: int) -> TensorSpec:
