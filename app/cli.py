@@ -28,7 +28,7 @@ import torch
 import yaml
 from jsonargparse import Namespace
 from lightning.fabric.utilities.exceptions import MisconfigurationException
-from lightning.pytorch.callbacks import Callback, TQDMProgressBar
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint, TQDMProgressBar
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.model_helpers import is_overridden
@@ -46,11 +46,12 @@ from app.run_folder import (
 from app.stages import run_stage, stage_configs, stage_folder
 from app.tracking import arrange_loggers, check_packages, continue_runs, expand_short_names
 from callbacks.progress import RLProgressBar
+from callbacks.schedule import FrameCheckpoint
 from callbacks.tracking import TrackingRuns
 from compat.jsonargparse import read_init_of_subclasses
 from compat.lightning import cli_config_get
 from datamodules.base import RLDataModule, resolve_device
-from datamodules.checkpoint_files import CheckpointWriteError, beside_base, rank_state_path
+from datamodules.checkpoint_files import CheckpointMismatch, CheckpointWriteError, beside_base, rank_state_path
 from datamodules.memory import check_memory, parameters_need
 from modules.base import RLModule
 from modules.optim import FLAG as OPTIMIZER_FLAG
@@ -353,6 +354,15 @@ class RLCLI(LightningCLI):
                 except ValueError as error:
                     name = f"{type(callback).__module__}.{type(callback).__qualname__}"
                     self.parser.error(f"trainer.callbacks[{index}] ({name}): {error}")
+        listed = callbacks if isinstance(callbacks, list) else [callbacks]
+        if (
+            self.subcommand == "fit"
+            and trainer.get("enable_checkpointing", True)
+            and not any(isinstance(callback, ModelCheckpoint) for callback in listed)
+        ):
+            # Lightning's own default checkpoint (epoch=…-step=….ckpt at the end) is not what --ckpt_path last
+            # resumes: a config without a checkpoint callback gets FrameCheckpoint's defaults (last.ckpt).
+            kwargs["callbacks"] = [*listed, FrameCheckpoint()]
         try:
             built = super().instantiate_trainer(**kwargs)
         except (ValueError, MisconfigurationException) as error:
@@ -448,6 +458,15 @@ def main(args: list[str] | None = None, extra_callbacks: Sequence[Callback] = ()
         # scheduler would read as a finished run.
         print("stopped by SIGTERM: continue with --ckpt_path last", file=sys.stderr)
         raise SystemExit(128 + signal.SIGTERM) from None
+    except CheckpointMismatch as error:
+        # Raised while the checkpoint loads, before anything ran: one line, and the process ends as usual.
+        print(
+            f"error: --ckpt_path: the checkpoint does not fit this run: {error}; resume it with the config and "
+            "options it was written with, or give a run of other options its own name "
+            "(--trainer.logger.init_args.name)",
+            file=sys.stderr,
+        )
+        raise SystemExit(1) from None
     except CheckpointWriteError as error:
         # A full disk or a failed write: the previous checkpoints are whole and the temporaries are gone, so one line
         # says all there is (exit status 1, as for any error).

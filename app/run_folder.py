@@ -267,9 +267,24 @@ class SaveRunConfig(SaveConfigCallback):
     Lightning's callback writes into ``trainer.log_dir``, which with the logger off is the current folder (or
     ``default_root_dir``); there it would overwrite the ``config.yaml`` of any other run started from the same place.
     With neither a logger nor checkpoints, or outside ``fit``, there is no run folder and nothing is written.
+
+    A resumed run writes it with its first checkpoint, so the folder's ``config.yaml`` always describes its checkpoints:
+    a checkpoint that does not fit the run resuming it (another environment's, say) leaves it as it was.
     """
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        if stage != "fit" or not self._resuming:
+            self._save(trainer, pl_module, stage)
+
+    def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
+        if self._resuming and not self.already_saved:
+            self._save(trainer, pl_module, "fit")
+
+    @property
+    def _resuming(self) -> bool:
+        return self.config.get("ckpt_path") is not None
+
+    def _save(self, trainer: Any, pl_module: Any, stage: str) -> None:
         if trainer.loggers or self.already_saved:
             super().setup(trainer, pl_module, stage)
             return

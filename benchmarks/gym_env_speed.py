@@ -17,6 +17,9 @@ Reports frames per second (environments × steps / seconds) of:
   TorchRL's per-key passes, ``compat.torchrl.FastStepAndMaybeReset``), the step's bookkeeping included;
 - ``wrapped, TorchRL's step``: the same through TorchRL's own ``EnvBase.step_and_maybe_reset`` (what the wrapper
   cost before it had its own);
+- ``floor``: :class:`Unsimulated`, the wrapper's own step with nothing simulated: the action read, the output tensors
+  built from the copies' arrays, the next input made. What any environment of this family pays per batch step on top
+  of its simulation, so ``floor`` over ``vector`` is the least overhead the wrapper can reach on that task;
 - with ``--others``: ``loop``, ``gymnasium.make`` copies stepped in a bare Python loop (what the wrapper runs inside,
   without its outputs: the floor under both the wrapper and ``SyncVectorEnv``); ``AsyncVectorEnv`` and TorchRL's own
   ``GymEnv`` (one process per copy, as TorchRL builds it over ``AsyncVectorEnv`` for several copies: 8 copies at most,
@@ -46,13 +49,15 @@ from pathlib import Path
 from typing import Any
 
 import gymnasium
+import numpy as np
 import torch
 import yaml
-from tensordict import TensorDict
+from tensordict import TensorDict, TensorDictBase
 from torchrl.envs import EnvBase
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from datamodules.envs.gym.copies import CopyBatchEnv  # noqa: E402
 from datamodules.envs.gym.env import GymnasiumEnv  # noqa: E402
 from datamodules.envs.gym.make import find_spec, resolve_wrappers  # noqa: E402
 
@@ -67,6 +72,33 @@ ENVPOOL_TASKS = {
 
 #: The paths with a process per copy run up to this many copies only (a 2-core machine shared with other work).
 _MOST_PROCESSES = 8
+
+
+class Unsimulated(CopyBatchEnv):
+    """The Gymnasium family's step around copies that simulate nothing: ``_step`` reads the actions and returns the
+    outputs of the copies' arrays (zero reward, no episode ends), as an engine does after its simulation."""
+
+    def __init__(self, like: GymnasiumEnv) -> None:
+        super().__init__(batch_size=like.batch_size, device=like.device)
+        self.env_id = like.env_id
+        self._init_copies(like._observation_space, like._action_space, False, 0)
+        self._reward = np.zeros(self.batch_size[0], dtype=np.float32)
+
+    def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
+        self._actions(tensordict)
+        return self._output(self._reward.copy())
+
+    def _reset(self, tensordict: TensorDictBase | None = None, **kwargs: Any) -> TensorDictBase:
+        return self._output()
+
+    def _restart(self, envs: list[int]) -> None:
+        pass  # nothing ever ends
+
+    def _forget_episodes(self) -> None:
+        pass
+
+    def _set_seed(self, seed: int | None) -> None:
+        pass
 
 
 def timed(run: Callable[[], None]) -> float:
@@ -87,8 +119,9 @@ def measure(
     torch.manual_seed(0)
     actions = [env.action_spec.rand() for _ in range(steps)]
     raw_actions = [action.numpy() for action in actions]
+    unsimulated = Unsimulated(env)
     vector.reset(seed=0)
-    td = env.reset()
+    td, floor_td = env.reset(), unsimulated.reset()
 
     def raw() -> None:
         for action in raw_actions:
@@ -111,13 +144,20 @@ def measure(
             td["action"] = action
             _, td = EnvBase.step_and_maybe_reset(env, td)
 
+    def floor() -> None:
+        nonlocal floor_td
+        for action in actions:
+            floor_td["action"] = action
+            _, floor_td = unsimulated.step_and_maybe_reset(floor_td)
+
     paths: dict[str, Callable[[], None]] = {
         "vector": raw,
         "core": core,
         "wrapped": wrapped,
         "wrapped, TorchRL's step": torchrls_step,
+        "floor": floor,
     }
-    closing = [vector.close, env.close]
+    closing = [vector.close, env.close, unsimulated.close]
     if others:
         paths.update(other_paths(env_id, n, raw_actions, actions, closing, options, most))
     timings = dict.fromkeys(paths, float("inf"))

@@ -66,6 +66,11 @@ def sums_path(checkpoint_path: str | Path, rank: int, updates: int) -> Path:
     return beside_path(checkpoint_path, "sums", rank, updates)
 
 
+class CheckpointMismatch(ValueError):
+    """A checkpoint that does not fit the run loading it: written for another environment, network or agent. Its
+    message is one line saying what differs; the command line prints it naming ``--ckpt_path``."""
+
+
 class CheckpointWriteError(OSError):
     """A checkpoint (or a file beside it) could not be written: a full disk, a file-size limit, an I/O error. Its
     message is one line naming the folder, the bytes needed and the bytes free."""

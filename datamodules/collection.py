@@ -51,7 +51,7 @@ from compat.torchrl import (
     parallel_env_lower_done_flags,
     parallel_env_processes,
 )
-from datamodules.checkpoint_files import from_plain, to_plain
+from datamodules.checkpoint_files import CheckpointMismatch, from_plain, to_plain
 from datamodules.workers import (
     ResumableCollector,
     WorkerWatch,
@@ -235,7 +235,11 @@ class Collection:
         if "env" not in state:
             return
         env = stateful_env(self.collector.env)
-        env.load_state_dict(state["env"])
+        try:
+            env.load_state_dict(state["env"])
+        except RuntimeError as error:  # torch's own refusal (another number of environments, say): many lines
+            reason = " ".join(line.strip() for line in str(error).splitlines() if line.strip())
+            raise CheckpointMismatch(f"its environment state does not fit this run's environment: {reason}") from None
         if isinstance(env, ParallelEnv):
             # TorchRL 0.14's workers raise their shared "step done" flag after loading a state and nothing lowers
             # it, so the next step would read the workers' buffers before they are written (the ParallelEnv resume

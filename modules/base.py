@@ -21,12 +21,14 @@ from lightning.pytorch.plugins.precision import MixedPrecision
 from tensordict import NestedKey, TensorDict, TensorDictBase
 from tensordict.nn import CudaGraphModule, TensorDictModuleBase
 from torch import nn
+from torch.nn.parameter import is_lazy
 from torchrl.data import TensorSpec
 from torchrl.envs import Transform
 
 from compat.lightning import checkpoint_step_intervals, count_batches_stepped, optimizer_step_with_hooks
 from compat.tensordict import install_from_any_tensor_shortcut
 from compat.torch import foreach_lerp_, inductor_fallback_random, inductor_mode_options
+from datamodules.checkpoint_files import CheckpointMismatch
 from modules.optim import FusedAdamStep, OptimizerOptions
 
 # training_step takes the dataloader iterator on purpose (see RLModule.training_step); Lightning flags that
@@ -425,7 +427,36 @@ class RLModule(pl.LightningModule):
         metrics = self.datamodule.evaluate(self.greedy_policy())
         self.log_dict({f"eval/{key}": value for key, value in metrics.items()}, batch_size=1)
 
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # Before Lightning loads the weights: a checkpoint of another environment or network is one line saying what
+        # differs, not the first tensor copy that fails deep inside the load.
+        check_weights_fit(checkpoint.get("state_dict", {}), self.state_dict(), strict=self.strict_loading)
+
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # The specs are rebuilt from the config on load; pickled spec objects would not load with weights_only.
         checkpoint.get("hyper_parameters", {}).pop("observation_spec", None)
         checkpoint.get("hyper_parameters", {}).pop("action_spec", None)
+
+
+def check_weights_fit(saved: dict[str, Any], own: dict[str, Any], strict: bool = True) -> None:
+    """Raise :class:`~datamodules.checkpoint_files.CheckpointMismatch` unless the weights ``saved`` in a checkpoint
+    have the shapes of this model's (``own``) and, when ``strict``, the same entries."""
+    for key, value in own.items():
+        theirs = saved.get(key)
+        if not isinstance(value, torch.Tensor) or not isinstance(theirs, torch.Tensor) or theirs.shape == value.shape:
+            continue
+        # Sized when first used (a lazy module's weights, a statistic's per-environment buffer): the load sizes it.
+        if not is_lazy(value) and value.numel() > 0:
+            raise CheckpointMismatch(
+                f"its weights do not fit this config's model: {key} is {list(theirs.shape)} in the checkpoint and "
+                f"{list(value.shape)} here (written for another environment or network?)"
+            )
+    if not strict:
+        return
+    missing, unexpected = sorted(own.keys() - saved.keys()), sorted(saved.keys() - own.keys())
+    if missing or unexpected:
+        parts = [f"{len(missing)} of this model's weights are not in it (first: {missing[0]})"] if missing else []
+        parts += [f"it holds {len(unexpected)} this model has not (first: {unexpected[0]})"] if unexpected else []
+        raise CheckpointMismatch(
+            f"its weights do not fit this config's model: {'; '.join(parts)} (written for another agent or network?)"
+        )

@@ -30,7 +30,9 @@ def test_the_readme_agent_fits_through_its_class_path(tmp_path):
         "fit", "--config", "chain_qlearning.yaml", "--trainer.max_steps", "5", cwd=tmp_path, pythonpath=(tmp_path,)
     )
     assert result.returncode == 0, result.stderr
-    (checkpoint,) = (tmp_path / "runs" / "qlearning" / "checkpoints").glob("*.ckpt")
+    checkpoint = (
+        tmp_path / "runs" / "qlearning" / "checkpoints" / "last.ckpt"
+    )  # README: runs/qlearning/checkpoints/last.ckpt
     saved = torch.load(checkpoint, map_location="cpu", weights_only=False)
     assert saved["global_step"] == 5
     assert saved["hyper_parameters"]["hidden"] == 32
@@ -47,6 +49,6 @@ def test_the_readme_agent_fits_through_its_class_path(tmp_path):
         pythonpath=(tmp_path,),
     )
     assert first.returncode == 0, first.stderr
-    (one,) = (tmp_path / "one" / "checkpoints").glob("*.ckpt")
+    one = tmp_path / "one" / "checkpoints" / "last.ckpt"
     later = torch.load(one, map_location="cpu", weights_only=False)["state_dict"]
     assert any(not torch.equal(value, later[key]) for key, value in saved["state_dict"].items())

@@ -42,9 +42,11 @@ def test_the_readme_environment_follows_the_contract_and_fits(tmp_path, monkeypa
 
 
 def fits_as_the_readme_runs_it(folder: Path, config: str, updates: int = 5) -> None:
-    """``PYTHONPATH=. python -m app fit --config <config>`` in the example's folder, shortened to a few updates; the
-    example's config writes its checkpoint under ``runs/corridor``."""
-    result = run_app("fit", "--config", config, "--trainer.max_steps", str(updates), cwd=folder, pythonpath=(folder,))
-    assert result.returncode == 0, result.stderr
-    (checkpoint,) = (folder / "runs" / "corridor" / "checkpoints").glob("*.ckpt")
-    assert torch.load(checkpoint, map_location="cpu", weights_only=False)["global_step"] == updates
+    """``PYTHONPATH=. python -m app fit --config <config>`` in the example's folder, shortened to a few updates, then
+    continued with ``--ckpt_path last``; the example's config writes its checkpoints under ``runs/corridor``."""
+    for steps, resume in ((updates, ()), (2 * updates, ("--ckpt_path", "last"))):
+        args = ("fit", "--config", config, "--trainer.max_steps", str(steps), *resume)
+        result = run_app(*args, cwd=folder, pythonpath=(folder,))
+        assert result.returncode == 0, result.stderr
+        (checkpoint,) = (folder / "runs" / "corridor").glob("**/checkpoints/last.ckpt")
+        assert torch.load(checkpoint, map_location="cpu", weights_only=False)["global_step"] == steps

@@ -200,7 +200,7 @@ def test_a_state_restores_the_streams_and_counters_and_the_next_reset_starts_the
     for i in range(2):
         expected = single_copy("CartPole-v1", episode_seed(4 + i, 4) % 2**31, max_episode_steps=8).reset()[0]
         assert torch.equal(start[i], torch.from_numpy(expected[0]))
-    with pytest.raises(ValueError, match="the saved environment state is for env_id CartPole-v1"):
+    with pytest.raises(ValueError, match="its environment state is for env_id CartPole-v1"):
         envpool_env(num_envs=2, env_id="Acrobot-v1").load_state_dict(state)
     env.close(), restored.close()
 

@@ -15,11 +15,13 @@ import pytest
 import torch
 import yaml
 from tensordict import TensorDict
+from torchrl.data import Unbounded
 
 from app.cli import main
 from datamodules.envs.counter_rng import episode_seed
 from datamodules.envs.gym.env import GymnasiumEnv
 from datamodules.rollout import RolloutDataModule
+from tests.app.test_cli import run_app
 from tests.envs.test_adding_an_environment import fits_as_the_readme_runs_it
 from tests.helpers import ROOT, chain_config, fit, readme_code_blocks, write_config
 
@@ -90,6 +92,23 @@ def test_an_id_with_its_kwargs_and_wrappers_builds_and_steps():
         played = gymnasium_episodes("Pendulum-v1", 5 + i, [t[i] for t in torques], g=9.0, max_episode_steps=12)
         assert last["episode_return"][i].item() == pytest.approx(played["episodes"][0][0], rel=1e-5)
     assert all(step["next", "episode_return"].eq(0).all() for step in steps[:-1])  # 0 but on an episode's last step
+    env.close()
+
+
+def test_a_wrapper_that_ends_episodes_reports_the_return_before_the_wrappers_and_the_agents_steps():
+    # TimeLimit as a wrapper ends CartPole's episodes after 5 steps, outside the statistics under the wrappers.
+    wrappers = [
+        {"class_path": "TimeLimit", "init_args": {"max_episode_steps": 5}},
+        {"class_path": "ClipReward", "init_args": {"max_reward": 0.5}},
+    ]
+    env = GymnasiumEnv(num_envs=2, env_id="CartPole-v1", wrappers=wrappers, seed=0)
+    steps = play(env, [torch.tensor([0, 1])] * 12)
+    ends = [t for t, step in enumerate(steps) if step["next", "done"].any()]
+    assert ends == [4, 9]  # CartPole does not fall in 5 steps: the wrapper ended both copies' episodes
+    for t in ends:
+        assert steps[t]["next", "truncated"].all() and steps[t]["next", "reward"].eq(0.5).all()
+        assert steps[t]["next", "episode_return"].eq(5.0).all()  # CartPole's +1s, not the clipped 0.5s
+        assert steps[t]["next", "episode_length"].eq(5).all()
     env.close()
 
 
@@ -178,6 +197,43 @@ def test_a_discrete_observation_is_one_hot_and_other_spaces_are_one_error_naming
         GymnasiumEnv(env_id="Blackjack-v1")
 
 
+class UnboundedActions(gymnasium.Env):
+    """A point pushed by any real force: an action space with no bounds."""
+
+    observation_space = gymnasium.spaces.Box(-np.inf, np.inf, shape=(1,), dtype=np.float32)
+    action_space = gymnasium.spaces.Box(-np.inf, np.inf, shape=(1,), dtype=np.float32)
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
+        super().reset(seed=seed)
+        self.position = np.zeros(1, dtype=np.float32)
+        return self.position.copy(), {}
+
+    def step(self, action: np.ndarray) -> tuple[np.ndarray, float, bool, bool, dict]:
+        self.position += action
+        return self.position.copy(), -float(abs(self.position[0])), False, False, {}
+
+
+def test_an_unbounded_box_of_actions_is_an_unbounded_spec_that_ppos_normal_policy_acts_in(tmp_path):
+    gymnasium.register(id="UnboundedActions-v0", entry_point=UnboundedActions, max_episode_steps=20)
+    try:
+        env = GymnasiumEnv(num_envs=2, env_id="UnboundedActions-v0", seed=0)
+        assert isinstance(env.action_spec, Unbounded) and env.action_spec.shape == (2, 1)
+        td = env.reset()
+        td["action"] = torch.tensor([[5.0], [-30.0]])  # any force: nothing clips it
+        assert env.step(td)["next", "observation"].flatten().tolist() == [5.0, -30.0]
+        env.close()
+        cli = fit(
+            ROOT / "configs" / "gym" / "halfcheetah_ppo.yaml",
+            *(f"{FLAG}.env_id", "UnboundedActions-v0", "--data.init_args.collect_steps", "64"),
+            *("--trainer.max_steps", "2", "--trainer.logger.init_args.save_dir", str(tmp_path / "runs")),
+            *("--trainer.enable_progress_bar", "false"),
+        )
+        assert cli.trainer.global_step == 2 and cli.model.hparams.distribution == "normal"
+        assert not cli.model.clips_actions  # nothing to clip to
+    finally:
+        gymnasium.registry.pop("UnboundedActions-v0", None)
+
+
 def test_a_state_restores_the_streams_and_counters_and_the_next_reset_starts_the_following_episodes():
     env = GymnasiumEnv(num_envs=3, env_id="CartPole-v1", seed=4)
     play(env, random_actions(env, 40))
@@ -199,7 +255,7 @@ def test_a_state_restores_the_streams_and_counters_and_the_next_reset_starts_the
         torch.equal(a["next", "observation"], b["next", "observation"])
         for a, b in zip(play(restored[0], actions), play(restored[1], actions), strict=True)
     )
-    with pytest.raises(ValueError, match="the saved environment state is for env_id CartPole-v1"):
+    with pytest.raises(ValueError, match="its environment state is for env_id CartPole-v1"):
         GymnasiumEnv(num_envs=3, env_id="Acrobot-v1").load_state_dict(state)
     for each in (env, *restored):
         each.close()
@@ -246,9 +302,78 @@ FLAG = "--data.init_args.env.init_args"
             [f"{FLAG}.env_id", "no_such_module:Thing-v0"],
             f"error: {FLAG}.env_id 'no_such_module:Thing-v0': its module 'no_such_module' does not import",
         ),
+        # Whatever the environment raises at an option it refuses (FrozenLake: a KeyError): one line naming env_kwargs.
+        (
+            [f"{FLAG}.env_id", "FrozenLake-v1", f"{FLAG}.env_kwargs", "{map_name: 5x5}"],
+            f"error: {FLAG}.env_kwargs {{'map_name': '5x5'}} do not fit FrozenLake-v1: KeyError: '5x5'",
+        ),
+        (
+            [f"{FLAG}.env_kwargs", "{max_episode_steps: 0}"],
+            f"error: {FLAG}.env_kwargs {{'max_episode_steps': 0}} do not fit CartPole-v1: Expect the "
+            "`max_episode_steps` to be positive",
+        ),
     ],
 )
 def test_bad_input_is_one_line_naming_the_flag(tmp_path, capsys, args, message):
+    assert one_error_line(tmp_path, capsys, *args, env_id="CartPole-v1").startswith(message)
+
+
+USERS_MODULE = """
+import gymnasium
+import missing_dependency_of_this_module  # noqa: F401 - only in the module that needs it
+"""
+
+USERS_WRAPPERS = """
+import gymnasium
+
+
+class ScaleReward(gymnasium.RewardWrapper):
+    def reward(self, reward):
+        return 2 * reward
+
+
+class Refusing(gymnasium.Wrapper):
+    def __init__(self, env):
+        raise RuntimeError("this wrapper refuses every environment")
+"""
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            [f"{FLAG}.env_id", "users_broken:Thing-v0"],
+            f"error: {FLAG}.env_id 'users_broken:Thing-v0': importing its module 'users_broken' failed: "
+            "ZeroDivisionError: division by zero",
+        ),
+        (
+            [f"{FLAG}.env_id", "users_wrappers:Thing-v0"],
+            f"error: {FLAG}.env_id 'Thing-v0' is not a registered Gymnasium id; importing 'users_wrappers' "
+            "registered no such id",
+        ),
+        (
+            [f"{FLAG}.wrappers", "[users_wrappers.ScaleRewrd]"],
+            f"error: {FLAG}.wrappers names 'users_wrappers.ScaleRewrd', which is not a wrapper of gymnasium.wrappers "
+            "nor the class path of a gymnasium.Wrapper; did you mean users_wrappers.ScaleReward?",
+        ),
+        (
+            [f"{FLAG}.wrappers", "[users_needs_more.Wrapper]"],
+            f"error: {FLAG}.wrappers names 'users_needs_more.Wrapper', whose module does not import: No module named "
+            "'missing_dependency_of_this_module'",
+        ),
+        (
+            [f"{FLAG}.wrappers", "[users_wrappers.Refusing]"],
+            f"error: {FLAG}.wrappers Refusing({{}}) does not apply to CartPole-v1: RuntimeError: this wrapper refuses "
+            "every environment",
+        ),
+    ],
+)
+def test_a_users_module_or_wrapper_that_fails_is_one_line_naming_the_flag(tmp_path, capsys, monkeypatch, args, message):
+    modules = {"users_broken": "1 / 0\n", "users_wrappers": USERS_WRAPPERS, "users_needs_more": USERS_MODULE}
+    for name, text in modules.items():
+        (tmp_path / f"{name}.py").write_text(text)
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    monkeypatch.syspath_prepend(str(tmp_path))
     assert one_error_line(tmp_path, capsys, *args, env_id="CartPole-v1").startswith(message)
 
 
@@ -365,3 +490,40 @@ def test_the_readme_gymnasium_environment_of_ones_own_fits_by_module_and_id(tmp_
         sys.modules.pop("corridor", None)
         gymnasium.registry.pop("Corridor-v0", None)
     fits_as_the_readme_runs_it(tmp_path, "corridor_dqn.yaml")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("written_with", "resumed_with", "reason"),
+    [
+        # Another observation size: the network's first layer differs.
+        ("Acrobot-v1", "CartPole-v1", "its weights do not fit this config's model: q_network.1.0.weight is [32, 6]"),
+        # The same spaces, another task: the environment's saved state names its id.
+        ("CartPole-v0", "CartPole-v1", "its environment state is for env_id CartPole-v0; this run's is CartPole-v1"),
+    ],
+)
+def test_resuming_a_checkpoint_of_another_environment_is_one_line_and_leaves_its_run_folder_as_it_was(
+    tmp_path, written_with, resumed_with, reason
+):
+    # As a user meets it: the env id overridden on the command line keeps the config's run name, so `--ckpt_path
+    # last` of the config finds the other environment's run.
+    config = ROOT / "configs" / "gym" / "cartpole_dqn.yaml"
+    short = ("--model.init_args.hidden_sizes", "[32]", "--data.init_args.warmup_frames", "64")
+    env_id = "--data.init_args.env.init_args.env_id"
+    args = ("fit", "--config", str(config), env_id, written_with, "--trainer.max_steps", "4", *short)
+    first = run_app(*args, cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    folder = tmp_path / "runs" / "gym_cartpole_dqn" / "version_0"
+    before = {path.name: path.read_bytes() for path in folder.iterdir() if path.is_file()}
+
+    args = ("fit", "--config", str(config), env_id, resumed_with, "--trainer.max_steps", "8", *short)
+    resumed = run_app(*args, "--ckpt_path", "last", cwd=tmp_path)
+
+    assert resumed.returncode == 1
+    (line,) = [line for line in resumed.stderr.splitlines() if "error" in line.lower()]
+    assert line.endswith("(--trainer.logger.init_args.name)")
+    assert line.startswith(f"error: --ckpt_path: the checkpoint does not fit this run: {reason}")
+    assert "Traceback" not in resumed.stderr
+    # Nothing of the run was replaced: its config still describes its checkpoints, which are unchanged.
+    assert {path.name: path.read_bytes() for path in folder.iterdir() if path.is_file()} == before
+    assert torch.load(folder / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 4

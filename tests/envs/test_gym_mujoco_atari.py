@@ -79,8 +79,9 @@ def test_the_reported_episode_return_is_the_whole_games_unclipped_score():
     agent, game = GymnasiumEnv(seed=3, **clipped), GymnasiumEnv(seed=3, **plain)
     td, reference = agent.reset(), game.reset()
     generator = torch.Generator().manual_seed(0)
-    lives_lost, clipped_total, score, games, steps = 0, 0.0, 0.0, [], []
+    lives_lost, clipped_total, score, games, steps, game_steps = 0, 0.0, 0.0, [], [], 0
     for _ in range(5000):
+        game_steps += 1
         action = torch.randint(4, (1,), generator=generator)
         stepped, td = agent.step_and_maybe_reset(td.set("action", action))
         steps.append(stepped.clone())
@@ -91,12 +92,13 @@ def test_the_reported_episode_return_is_the_whole_games_unclipped_score():
             assert stepped["next", "done"].item() and lives_lost == 4
             assert stepped["next", "episode_return"].item() == expected["episode_return"].item() == score
             assert clipped_total == pytest.approx(score / 2)
-            assert stepped["next", "episode_length"].item() == expected["episode_length"].item()
+            # The game's length in the agent's steps (4 emulator frames each, AtariPreprocessing's skip), as envpool's.
+            assert stepped["next", "episode_length"].item() == expected["episode_length"].item() == game_steps
             assert stepped["next", "games"].item() == expected["games"].item() == 1
             games.append(score)
             if score > 0:  # a game with bricks broken: the unclipped score differs from the clipped sum
                 break
-            lives_lost, clipped_total, score, reference = 0, 0.0, 0.0, game.reset()
+            lives_lost, clipped_total, score, game_steps, reference = 0, 0.0, 0.0, 0, game.reset()
             continue
         reference = expected
         if stepped["next", "done"].item():  # a lost life: the agent's episode ends, the game and its score go on

@@ -154,7 +154,7 @@ def test_a_loaded_state_continues_exactly_like_the_uninterrupted_environment():
     expected, _ = play(env, actions[17:], td)
     resumed, _ = play(copy, actions[17:], carried)
     assert_same_games(expected, resumed)  # through two more restarts
-    with pytest.raises(ValueError, match="different game"):
+    with pytest.raises(ValueError, match="its environment state is for another game"):
         MettaGridEnv(num_envs=2, seed=3, **{**SMALL, "altar_cooldown": 4}).load_state_dict(copy.state_dict())
 
 

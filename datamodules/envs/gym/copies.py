@@ -9,11 +9,13 @@ its thread pool).
 
 **Specs.** A ``Box`` observation is float32 ``observation`` (uint8 images stay uint8, bounded by the space); a
 ``Discrete`` one is its one-hot float32 vector, the form an MLP reads. ``Discrete`` actions are a ``Categorical``
-spec (offset by the space's ``start`` when stepping), ``Box`` actions a ``Bounded`` spec with the space's bounds.
+spec (offset by the space's ``start`` when stepping), ``Box`` actions a ``Bounded`` spec with the space's bounds
+(``Unbounded`` where a bound is infinite: PPO's ``normal`` policy acts in it, the agents that need bounds say so).
 Other spaces (``MultiDiscrete``, ``Dict``, ...) are one error naming ``env_id`` and the space.
 
-**Episode metrics.** ``episode_return`` and ``episode_length`` are the task's own episode (its reward before any
-clipping), 0 on every step but an episode's last: evaluation reports them as ``episode_return_mean`` and
+**Episode metrics.** ``episode_return`` is the task's own return (its reward before any clipping) and
+``episode_length`` the episode's length in the agent's steps (a frame-skipping engine or wrapper: agent steps, not
+emulator frames), both 0 on every step but an episode's last: evaluation reports them as ``episode_return_mean`` and
 ``episode_length_mean`` beside its ``return_mean`` of the reward the agent learns from. A game with lives (an Atari
 task) has one more metric, ``games``: 1 at a game over, 0 at a lost life; with ``episodic_life`` (a lost life ends
 the agent's episode, not the game) the return and length are the whole game's, averaged over the episodes that ended a
@@ -39,6 +41,7 @@ from torchrl.data import Bounded, Categorical, Composite, TensorSpec, Unbounded
 
 from compat.tensordict import tensordict_unchecked
 from compat.torchrl import StepOutputComplete
+from datamodules.checkpoint_files import CheckpointMismatch
 from datamodules.envs.base import BatchedEnv
 
 _CPU = torch.device("cpu")
@@ -175,10 +178,14 @@ class CopyBatchEnv(StepOutputComplete, BatchedEnv):
         """Restore the streams and counters; the running episodes end, and the next reset starts the following ones
         (each engine's ``_forget_episodes``)."""
         n = self.batch_size[0]
-        if state["stream"].shape != (n,):
-            raise ValueError(f"the saved environment state is for {state['stream'].shape[0]} copies; this one has {n}")
         if state["env_id"] != self.env_id:
-            raise ValueError(f"the saved environment state is for env_id {state['env_id']}; this one is {self.env_id}")
+            raise CheckpointMismatch(
+                f"its environment state is for env_id {state['env_id']}; this run's is {self.env_id}"
+            )
+        if state["stream"].shape != (n,):
+            raise CheckpointMismatch(
+                f"its environment state is for {state['stream'].shape[0]} copies; this run's environment has {n}"
+            )
         self._stream, self._next_episode = state["stream"].numpy().copy(), state["next_episode"].numpy().copy()
         self._started[:], self._terminated[:], self._truncated[:] = False, False, False
         self._return[:], self._length[:], self._life_lost[:] = 0.0, 0, False
@@ -201,22 +208,22 @@ def observation_spec(space: gymnasium.Space, env_id: str, num_envs: int) -> Tens
     if isinstance(space, gymnasium.spaces.Discrete):
         return Bounded(0.0, 1.0, shape=(num_envs, int(space.n)), dtype=torch.float32)
     raise ValueError(
-        f"env_id {env_id}: its observation space {space} (after the wrappers) is not supported: Box or Discrete"
+        f"env_id {env_id}: its observation space {space} is not supported: Box or Discrete (a wrapper such as "
+        "FlattenObservation can make it a Box)"
     )
 
 
 def action_spec(space: gymnasium.Space, env_id: str, num_envs: int) -> TensorSpec:
-    """``Categorical`` for a ``Discrete`` action space, ``Bounded`` with the box's bounds for a ``Box``."""
+    """``Categorical`` for a ``Discrete`` action space, ``Bounded`` with the box's bounds for a ``Box`` (``Unbounded``
+    if any dimension has an infinite bound)."""
     if isinstance(space, gymnasium.spaces.Discrete):
         return Categorical(int(space.n), shape=(num_envs,))
     if isinstance(space, gymnasium.spaces.Box):
-        if not (np.isfinite(space.low).all() and np.isfinite(space.high).all()):
-            raise ValueError(f"env_id {env_id}: its action space {space} is unbounded; agents need finite bounds")
         shape = (num_envs, *space.shape)
+        if not (np.isfinite(space.low).all() and np.isfinite(space.high).all()):
+            return Unbounded(shape=shape, dtype=torch.float32)  # the agents that need bounds say so (modules/spaces.py)
         low, high = (
             torch.from_numpy(np.broadcast_to(bound, shape).astype(np.float32)) for bound in (space.low, space.high)
         )
         return Bounded(low, high, shape=shape, dtype=torch.float32)
-    raise ValueError(
-        f"env_id {env_id}: its action space {space} (after the wrappers) is not supported: Discrete or Box"
-    )
+    raise ValueError(f"env_id {env_id}: its action space {space} is not supported: Discrete or Box")

@@ -21,8 +21,9 @@ module's worker processes (``EnvWorkers``, ``CollectorWorkers``), each with its 
 would add its own per-step work to the same loop, and ``AsyncVectorEnv`` one process per copy (BENCHMARKS.md,
 "Gymnasium environments").
 
-**Specs, episode metrics, state**: the family's (``copies.py``). The episode metrics are the Gymnasium
-environment's own episode: its reward before the user's wrappers (e.g. before ``ClipReward``).
+**Specs, episode metrics, state**: the family's (``copies.py``). The return is the Gymnasium environment's own: its
+reward before the user's wrappers (e.g. before ``ClipReward``), read from a ``RecordEpisodeStatistics`` under them,
+whichever layer ends the episode (a ``TimeLimit`` among the wrappers, say); the length is the agent's steps.
 
 **Life loss** (``episodic_life: true``, Atari): a step on which the game's ``info["lives"]`` falls ends the agent's
 episode (``terminated``, so values do not bootstrap across a lost life), but the game goes on: the copy's next
@@ -52,7 +53,7 @@ from tensordict import TensorDictBase
 
 from datamodules.envs.counter_rng import episode_seed
 from datamodules.envs.gym.copies import CopyBatchEnv, action_spec, observation_spec
-from datamodules.envs.gym.make import STATS_KEY, make_env, resolve_wrappers
+from datamodules.envs.gym.make import make_env, resolve_wrappers
 
 
 class GymnasiumEnv(CopyBatchEnv):
@@ -97,28 +98,30 @@ class GymnasiumEnv(CopyBatchEnv):
         if not isinstance(env_id, str) or not env_id:
             raise ValueError(f"env_id must be a Gymnasium id such as 'CartPole-v1', got {env_id!r}")
         kwargs, resolved = dict(env_kwargs or {}), resolve_wrappers(wrappers)
-        envs = [make_env(env_id, kwargs, resolved, render)]
+        built = [make_env(env_id, kwargs, resolved, render)]
+        first = built[0][0]
         try:
             # Checked before the other copies are built: the spaces (again, with the specs, in _init_copies), and a
             # game with lives (an unseeded reset here: each copy's first episode is seeded at its own reset).
-            observation_spec(envs[0].observation_space, env_id, num_envs)
-            action_spec(envs[0].action_space, env_id, num_envs)
-            info = envs[0].reset()[1]
+            observation_spec(first.observation_space, env_id, num_envs)
+            action_spec(first.action_space, env_id, num_envs)
+            info = first.reset()[1]
             if episodic_life:  # refused here, in one line, rather than at the collector's first reset
                 lives(info, env_id)
         except ValueError:
-            envs[0].close()  # a simulator's resources (a MuJoCo model, an emulator) go with the refusal
+            first.close()  # a simulator's resources (a MuJoCo model, an emulator) go with the refusal
             raise
-        envs += [make_env(env_id, kwargs, resolved, render) for _ in range(num_envs - 1)]
+        built += [make_env(env_id, kwargs, resolved, render) for _ in range(num_envs - 1)]
+        envs = [env for env, _ in built]
         super().__init__(batch_size=torch.Size([num_envs]), device=device)
         self.env_id, self.drawable = env_id, render
         self._init_copies(envs[0].observation_space, envs[0].action_space, "lives" in info, seed)
         self._envs = envs
         self._steps = [env.step for env in envs]
         self.episodic_life = episodic_life
-        # With wrappers the episode statistics come from the copies' own (inner) RecordEpisodeStatistics; without,
-        # nothing can change the reward, and the rewards are summed here.
-        self._inner_statistics = bool(resolved)
+        # With wrappers each episode's return comes from its copy's own (inner) RecordEpisodeStatistics, the reward
+        # before the wrappers; without, nothing can change the reward, and the rewards are summed here.
+        self._statistics = [statistics for _, statistics in built] if resolved else None
         # Whether a copy's next reset seeds it (see _restart); every copy started (it can be stepped); episodic_life:
         # each copy's lives after its last step.
         self._reseed = np.ones(num_envs, dtype=bool)
@@ -186,10 +189,9 @@ class GymnasiumEnv(CopyBatchEnv):
         if True not in terminated and True not in truncated and not self._life_lost.any():
             return self._output(reward)
         ended = np.flatnonzero((self._terminated | self._truncated) & ~finished & ~self._life_lost)
-        if self._inner_statistics:  # the return before the wrappers, from the copies' RecordEpisodeStatistics
+        if self._statistics is not None:  # the return before the wrappers, whichever layer ended the episode
             for i in ended.tolist():
-                stats = infos[i if isinstance(live, slice) else live.index(i)][STATS_KEY]
-                self._return[i], self._length[i] = stats["r"], stats["l"]
+                self._return[i] = self._statistics[i].episode_returns
         return self._episode_ends(ended, reward)
 
     def _lose_lives(self, live: list[int] | slice, infos: tuple[dict, ...]) -> None:

@@ -30,8 +30,8 @@ INSTALL_EXTRA = 'pip install "lightrl[gym]"'
 EXTRA_MODULES = ("gymnasium.envs.box2d", "gymnasium.envs.mujoco", "ale_py")
 #: Namespaces whose ids a package registers when it is imported, and that package's module.
 NAMESPACE_MODULES = {"ALE": "ale_py"}
-#: The info key under which the episode statistics (return ``r``, length ``l``) of the environment before the user's
-#: wrappers arrive on an episode's last step; a key of our own, so that a user's RecordEpisodeStatistics keeps its.
+#: The info key of the episode statistics under the user's wrappers: a key of our own, so that a user's
+#: RecordEpisodeStatistics keeps its.
 STATS_KEY = "lightrl_episode"
 
 
@@ -46,6 +46,10 @@ def find_spec(env_id: str) -> EnvSpec:
                 f"env_id {env_id!r}: its module {module!r} does not import ({error}); it should be the module that "
                 "registers the id (gymnasium.register)"
             ) from None
+        except Exception as error:  # noqa: BLE001 - the user's module failed while importing: one line naming it
+            raise ValueError(
+                f"env_id {env_id!r}: importing its module {module!r} failed: {type(error).__name__}: {error}"
+            ) from None
     namespace = name.partition("/")[0] if "/" in name else None
     if namespace in NAMESPACE_MODULES and name not in gymnasium.registry:
         package = NAMESPACE_MODULES[namespace]
@@ -58,6 +62,8 @@ def find_spec(env_id: str) -> EnvSpec:
         hint = "; register it (gymnasium.register) in a module and give 'module:Id' to import it"
         if close:
             hint = f"; did you mean {close[0] if len(close) == 1 else ', '.join(close[:-1]) + ' or ' + close[-1]}?"
+        if module:
+            hint = f"; importing {module!r} registered no such id" + (hint if close else "")
         raise ValueError(f"env_id {name!r} is not a registered Gymnasium id{hint}")
     return gymnasium.registry[name]
 
@@ -90,17 +96,35 @@ def resolve_wrappers(wrappers: Sequence[str | dict[str, Any]] | None) -> list[tu
 
 def wrapper_class(path: str) -> type[gymnasium.Wrapper]:
     """A wrapper named in ``gymnasium.wrappers``, or a dotted ``module.Class`` path to a ``gymnasium.Wrapper``."""
-    found = None
+    found, candidates = None, gymnasium_wrapper_names()
     module, _, name = path.rpartition(".")
-    with contextlib.suppress(ImportError, AttributeError):  # not a module, or not in it: refused below
-        found = getattr(importlib.import_module(module), name, None) if module else getattr(gymnasium.wrappers, path)
-    if inspect.isclass(found) and issubclass(found, gymnasium.Wrapper):
+    if module:
+        try:
+            imported = importlib.import_module(module)
+        except ModuleNotFoundError as error:
+            if error.name is None or not module.startswith(error.name):  # the module is there; one it imports is not
+                raise ValueError(f"wrappers names {path!r}, whose module does not import: {error}") from None
+        except Exception as error:  # noqa: BLE001 - the user's module failed while importing: one line naming it
+            raise ValueError(
+                f"wrappers names {path!r}, whose module failed to import: {type(error).__name__}: {error}"
+            ) from None
+        else:
+            found = getattr(imported, name, None)
+            candidates = [f"{module}.{key}" for key, value in vars(imported).items() if is_wrapper_class(value)]
+    else:
+        with contextlib.suppress(ImportError, AttributeError):  # not in gymnasium.wrappers: refused below
+            found = getattr(gymnasium.wrappers, path)
+    if is_wrapper_class(found):
         return found
-    close = difflib.get_close_matches(path, gymnasium_wrapper_names(), n=1)
+    close = difflib.get_close_matches(path, candidates, n=1)
     raise ValueError(
         f"wrappers names {path!r}, which is not a wrapper of gymnasium.wrappers nor the class path of a "
         "gymnasium.Wrapper" + (f"; did you mean {close[0]}?" if close else "")
     )
+
+
+def is_wrapper_class(value: Any) -> bool:
+    return inspect.isclass(value) and issubclass(value, gymnasium.Wrapper)
 
 
 def gymnasium_wrapper_names() -> list[str]:
@@ -111,7 +135,7 @@ def gymnasium_wrapper_names() -> list[str]:
             value = getattr(gymnasium.wrappers, name)
         except Exception:  # noqa: BLE001 - a wrapper whose optional dependency is missing: not a suggestion
             continue
-        if inspect.isclass(value) and issubclass(value, gymnasium.Wrapper):
+        if is_wrapper_class(value):
             names.append(name)
     return names
 
@@ -130,11 +154,12 @@ def make_env(
     env_kwargs: dict[str, Any],
     wrappers: list[tuple[type[gymnasium.Wrapper], dict]],
     render: bool = False,
-) -> gymnasium.Env:
-    """``gymnasium.make(env_id, **env_kwargs)``, then ``wrappers`` in order after Gymnasium's episode statistics
-    (recorded under :data:`STATS_KEY`: the return before the wrappers change the reward). Without wrappers the caller
-    sums the rewards itself, which costs less than a wrapper's call per step. ``render``: made drawable (Gymnasium's
-    ``render_mode="rgb_array"``, where the environment has it and ``env_kwargs`` names no render mode)."""
+) -> tuple[gymnasium.Env, RecordEpisodeStatistics | None]:
+    """``gymnasium.make(env_id, **env_kwargs)``, then ``wrappers`` in order after Gymnasium's episode statistics, and
+    that statistics wrapper: its running ``episode_returns`` is the return before the wrappers change the reward,
+    whichever layer ends the episode. Without wrappers there is none (None): the caller sums the rewards itself, which
+    costs less than a wrapper's call per step. ``render``: made drawable (Gymnasium's ``render_mode="rgb_array"``,
+    where the environment has it and ``env_kwargs`` names no render mode)."""
     spec = find_spec(env_id)
     make_kwargs = dict(env_kwargs)
     if render and "render_mode" not in make_kwargs and draws_rgb_arrays(spec):
@@ -150,13 +175,23 @@ def make_env(
             f"env_id {spec.id} needs {missing}, which is not installed"
             + (f": {INSTALL_EXTRA}" if extra else f" (its entry point: {spec.entry_point})")
         ) from None
-    except TypeError as error:
-        raise ValueError(f"env_kwargs {env_kwargs} do not fit {spec.id}: {error}") from None
-    if wrappers:
-        env = RecordEpisodeStatistics(env, stats_key=STATS_KEY)
+    except Exception as error:  # noqa: BLE001 - the environment refused its options (any type): one line naming them
+        reason = refusal(error)
+        if env_kwargs:
+            raise ValueError(f"env_kwargs {env_kwargs} do not fit {spec.id}: {reason}") from None
+        raise ValueError(f"env_id {spec.id}: building the environment failed: {reason}") from None
+    statistics = RecordEpisodeStatistics(env, stats_key=STATS_KEY) if wrappers else None
+    env = statistics or env
     for cls, kwargs in wrappers:
         try:
             env = cls(env, **kwargs)
-        except (TypeError, ValueError, AssertionError, gymnasium.error.Error) as error:
-            raise ValueError(f"wrappers {cls.__name__}({kwargs}) does not apply to {spec.id}: {error}") from None
-    return env
+        except Exception as error:  # noqa: BLE001 - the wrapper refused (any type): one line naming it
+            reason = refusal(error)
+            raise ValueError(f"wrappers {cls.__name__}({kwargs}) does not apply to {spec.id}: {reason}") from None
+    return env, statistics
+
+
+def refusal(error: Exception) -> str:
+    """An environment's or wrapper's refusal in words: its message, with the error's type where the message alone
+    may not say what went wrong (a ``KeyError``'s is only the key)."""
+    return str(error) if isinstance(error, TypeError | ValueError) else f"{type(error).__name__}: {error}"

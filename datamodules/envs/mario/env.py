@@ -40,6 +40,7 @@ import torch.nn.functional as F
 from tensordict import TensorDict, TensorDictBase
 from torchrl.data import Bounded, Categorical, Composite, Unbounded
 
+from datamodules.checkpoint_files import CheckpointMismatch
 from datamodules.envs.base import BatchedEnv
 from datamodules.envs.mario.nes_compat import ACTION_BUTTONS, ACTION_NAMES, MarioEmulator
 
@@ -265,10 +266,14 @@ class MarioEnv(BatchedEnv):
         """Restart each running episode and replay its actions: the emulators, frames and counters continue exactly."""
         n = self.batch_size[0]
         if state["stream"].shape != (n,):
-            raise ValueError(f"the saved state is for {state['stream'].shape[0]} environments; this one has {n}")
+            raise CheckpointMismatch(
+                f"its environment state is for {state['stream'].shape[0]} environments; this run's has {n}"
+            )
         options = [self.world, self.stage_number, self.frame_skip, self.stuck_steps, self.noop_max]
         if state["stage"].tolist() != options:
-            raise ValueError("the saved state is for other options (stage, frame_skip, stuck_steps or noop_max)")
+            raise CheckpointMismatch(
+                "its environment state is for other options (stage, frame_skip, stuck_steps or noop_max)"
+            )
         self._stream, self._next_episode = state["stream"].clone(), state["next_episode"].clone()
         actions = state["actions"]
         for env in range(n):

@@ -70,6 +70,7 @@ from torchrl.data import Bounded, Categorical, Composite, Unbounded
 
 from compat.tensordict import tensordict_unchecked
 from compat.torchrl import StepOutputComplete
+from datamodules.checkpoint_files import CheckpointMismatch
 from datamodules.envs.base import BatchedEnv
 from datamodules.envs.counter_rng import episode_seed
 from datamodules.envs.drawing import grid_image, palette
@@ -373,12 +374,12 @@ class MettaGridEnv(StepOutputComplete, BatchedEnv):
         """Rebuild each running episode from its seed and replay its actions: ``steps`` engine steps per env."""
         n, actions = self.batch_size[0], state["actions"]
         if state["stream"].shape != (n,) or actions.shape[2] != self.num_agents:
-            raise ValueError(
-                f"the saved environment state is for {state['stream'].shape[0]} environments of {actions.shape[2]} "
-                f"agents; this one has {n} of {self.num_agents}"
+            raise CheckpointMismatch(
+                f"its environment state is for {state['stream'].shape[0]} environments of {actions.shape[2]} "
+                f"agents; this run's has {n} of {self.num_agents}"
             )
         if state["config_crc"] != self._config_crc or actions.shape[1] > self.max_steps:
-            raise ValueError("the saved environment state is for a different game (task, map, objects or max_steps)")
+            raise CheckpointMismatch("its environment state is for another game (task, map, objects or max_steps)")
         self._stream, self._next_episode = state["stream"].numpy().copy(), state["next_episode"].numpy().copy()
         actions = actions.numpy()
         self._log[:] = 0
