@@ -81,6 +81,30 @@ class _WithoutAdvertisements(logging.Filter):
 logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_WithoutAdvertisements())
 
 
+class _HeldSeedNote(logging.Filter):
+    """Holds Lightning's "Seed set to N" line, logged while the command line is read, until every option has been
+    checked (:meth:`RLCLI.instantiate_classes` releases it): bad input is then the one ``error:`` line alone."""
+
+    logger = logging.getLogger("lightning.fabric.utilities.seed")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.held: list[logging.LogRecord] = []
+        self.logger.addFilter(self)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.getMessage().startswith("Seed set to"):
+            self.held.append(record)
+            return False
+        return True
+
+    def release(self) -> None:
+        self.logger.removeFilter(self)
+        for record in self.held:
+            self.logger.handle(record)
+        self.held.clear()
+
+
 # TorchRL's EnvBase defines __new__ as a classmethod; jsonargparse compares bound methods by identity, concludes that
 # every env subclass overrides __new__, and reads its (*args, **kwargs) instead of the env's __init__. Env options
 # (`--data.init_args.env.init_args.size`) are then neither documented nor checked.
@@ -94,7 +118,14 @@ class RLCLI(LightningCLI):
 
     def __init__(self, *args, parser_class=OneLineErrorParser, **kwargs) -> None:
         self.argv = list(sys.argv[1:] if kwargs.get("args") is None else kwargs["args"])
-        super().__init__(*args, parser_class=parser_class, **kwargs)
+        self._seed_note = _HeldSeedNote()
+        try:
+            super().__init__(*args, parser_class=parser_class, **kwargs)
+        except SystemExit:
+            self._seed_note.held.clear()  # an option refused: its error line is all there is to say
+            raise
+        finally:
+            self._seed_note.release()  # nothing left once released (instantiate_classes); the filter goes
 
     @staticmethod
     def subcommands() -> dict[str, set[str]]:
@@ -323,6 +354,7 @@ class RLCLI(LightningCLI):
         except (ValueError, MisconfigurationException) as error:
             config = self.config.get(self.subcommand) if self.subcommand else self.config
             self.parser.error(constructor_error_line(error, config, self.parser.args))
+        self._seed_note.release()
 
     def instantiate_trainer(self, **kwargs):
         # Options that are each fine alone but do not fit together (a recurrent model on a data module that cuts no
