@@ -34,7 +34,15 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from torchrl.envs import EnvBase
 
-from app.errors import COMPONENT_KEYS, OneLineErrorParser, constructor_error_line, tag_constructor_errors, typed
+from app.errors import (
+    COMPONENT_KEYS,
+    OneLineErrorParser,
+    checkpoint_mismatch_line,
+    constructor_error_line,
+    exit_now,
+    tag_constructor_errors,
+    typed,
+)
 from app.run_folder import (
     ResumableCSVLogger,
     SaveRunConfig,
@@ -491,13 +499,12 @@ def main(args: list[str] | None = None, extra_callbacks: Sequence[Callback] = ()
         print("stopped by SIGTERM: continue with --ckpt_path last", file=sys.stderr)
         raise SystemExit(128 + signal.SIGTERM) from None
     except CheckpointMismatch as error:
-        # Raised while the checkpoint loads, before anything ran: one line, and the process ends as usual.
-        print(
-            f"error: --ckpt_path: the checkpoint does not fit this run: {error}; resume it with the config and "
-            "options it was written with, or give a run of other options its own name "
-            "(--trainer.logger.init_args.name)",
-            file=sys.stderr,
-        )
+        # Raised while the checkpoint loads, before anything ran: one line. Refused in worker processes, the workers
+        # died of it, and the process ends as after any worker's death (exit_now).
+        line = checkpoint_mismatch_line(error)
+        if error.in_workers:
+            exit_now(line)
+        print(f"error: {line}", file=sys.stderr)
         raise SystemExit(1) from None
     except CheckpointWriteError as error:
         # A full disk or a failed write: the previous checkpoints are whole and the temporaries are gone, so one line

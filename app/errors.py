@@ -39,6 +39,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.cli import LightningArgumentParser
 from torchrl.envs import EnvBase
 
+from datamodules.checkpoint_files import CheckpointMismatch
 from datamodules.collection import MOVED_OPTIONS
 from datamodules.workers import WorkerDied
 from modules.base import RLModule
@@ -311,11 +312,13 @@ _TORCH_CHECK_PREFIX = re.compile(r"^\[enforce fail at [^\]]*\] [^.]*\.\s*")
 
 def fatal_error_line(error: BaseException) -> str | None:
     """One line for an error that stops a run and that the user can act on without a traceback: a worker process
-    that died, or memory that could not be allocated (where, and what to make smaller); None for anything else (a
-    bug: its traceback is what helps)."""
+    that died (or refused a resumed checkpoint's state), or memory that could not be allocated (where, and what to
+    make smaller); None for anything else (a bug: its traceback is what helps)."""
     for cause in _chain(error):
         if isinstance(cause, WorkerDied):
             return str(cause)
+        if isinstance(cause, CheckpointMismatch):  # refused by workers, whose shutdown then failed on their deaths
+            return checkpoint_mismatch_line(cause)
     for cause in _chain(error):
         if _out_of_memory(cause):
             return (
@@ -325,6 +328,14 @@ def fatal_error_line(error: BaseException) -> str | None:
                 "worker failures')"
             )
     return None
+
+
+def checkpoint_mismatch_line(error: CheckpointMismatch) -> str:
+    """The line of a resumed checkpoint that does not fit the run (``--ckpt_path``), with what to do about it."""
+    return (
+        f"--ckpt_path: the checkpoint does not fit this run: {error}; resume it with the config and options it was "
+        "written with, or give a run of other options its own name (--trainer.logger.init_args.name)"
+    )
 
 
 def _allocator_message(error: BaseException) -> str:
@@ -365,8 +376,14 @@ def exit_on_fatal_error(error: BaseException) -> None:
     collectors were being built left a thread and a process join waiting for good (issue 30: a run that did not exit
     for half an hour), so the process ends here, after killing any worker process still alive."""
     line = fatal_error_line(error)
-    if line is None:
-        return
+    if line is not None:
+        exit_now(line)
+
+
+def exit_now(line: str) -> NoReturn:
+    """Print ``error: <line>`` and end the process with status 1 at once, after killing any worker process still
+    alive: what TorchRL left of a run whose workers died would otherwise keep the interpreter from exiting
+    (:func:`exit_on_fatal_error`)."""
     sys.stderr.write(f"error: {line}\n")
     for child in multiprocessing.active_children():
         child.kill()

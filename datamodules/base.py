@@ -537,7 +537,7 @@ class RLDataModule(EnvSpecs, Evaluation, pl.LightningDataModule):
         self._pending_state = state_dict
 
     def _restore_collection_state(self, state: dict[str, Any]) -> None:
-        self.collection.load_state_dict(state)
+        self.collection.load_state_watched(state)
         if "episodes" in state:
             # The running episodes' sums continue only where the environments continue their episodes.
             continues = self._env_class.exact_state and not self.collection.asynchronous

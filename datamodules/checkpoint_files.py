@@ -68,7 +68,12 @@ def sums_path(checkpoint_path: str | Path, rank: int, updates: int) -> Path:
 
 class CheckpointMismatch(ValueError):
     """A checkpoint that does not fit the run loading it: written for another environment, network or agent. Its
-    message is one line saying what differs; the command line prints it naming ``--ckpt_path``."""
+    message is one line saying what differs; the command line prints it naming ``--ckpt_path``. ``in_workers``: the
+    worker processes refused it (and died of it)."""
+
+    def __init__(self, message: str, in_workers: bool = False) -> None:
+        super().__init__(message)
+        self.in_workers = in_workers
 
 
 class CheckpointWriteError(OSError):

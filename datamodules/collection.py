@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import os
 import queue
+import re
 import threading
 from collections.abc import Callable
 from functools import partial
@@ -55,6 +56,7 @@ from datamodules.checkpoint_files import CheckpointMismatch, from_plain, to_plai
 from datamodules.workers import (
     ResumableCollector,
     WorkerWatch,
+    logged_env,
     multi_process_collector,
     remove_temporary_logs,
     stateful_env,
@@ -76,6 +78,8 @@ FLAG = "--data.init_args.collection"
 # it when stored.
 WORKER_DEVICE = torch.device("cpu")
 _POLL_S = 1.0  # how often a waiting learner checks that the workers and the feeder are alive
+#: A dead worker's error (:func:`~datamodules.workers.worker_death_error`) whose cause is a saved state it refused.
+_REFUSED_STATE = re.compile(r"CheckpointMismatch: (.*), at [\d,]+ frames; ")
 
 
 class Collection:
@@ -121,6 +125,14 @@ class Collection:
             self.check_workers_alive(error, self._frames())
             raise
 
+    def load_state_watched(self, state: dict[str, Any]) -> None:
+        """:meth:`load_state_dict`, a worker that dies meanwhile one error naming it (:meth:`check_workers_alive`)."""
+        try:
+            self.load_state_dict(state)
+        except Exception as error:
+            self.check_workers_alive(error, self._frames())
+            raise
+
     def sync_weights(self, device: torch.device) -> None:
         """Push the learner's weights to the collector's policy, where it does not share them (another device)."""
         if self.collector.policy_device != device:
@@ -157,6 +169,9 @@ class Collection:
         death = worker_death_error(error, self._log_dir, frames, self._watch, self.worker_kind, self._processes())
         if death is not None:
             self._died = True
+            refusal = _REFUSED_STATE.search(str(death))
+            if refusal is not None:  # it died refusing a resumed checkpoint's state (another task's): that refusal
+                raise CheckpointMismatch(refusal.group(1), in_workers=True) from None
             raise death from error
 
     #: how the error names a worker: "environment" (env workers) or "collector"
@@ -311,10 +326,14 @@ class EnvWorkers(Collection):
         # Worker w runs environments w * num_envs / workers ... of the batch with their own seeds, so the batch plays
         # what one in-process batch would.
         per_worker, seed = data.num_envs // self.workers, data.rank_seed
+        self._log_dir = workers_log_dir(data.trainer)
+        self._log_dir.mkdir(parents=True, exist_ok=True)
         env = ParallelEnv(
             self.workers,
             [
                 partial(
+                    logged_env,
+                    self._log_dir / f"worker{w}.log",
                     data._env_class,
                     num_envs=per_worker,
                     seed=seed + w * per_worker,

@@ -360,9 +360,20 @@ def use_forkserver(*modules: str) -> None:
     multiprocessing.set_start_method("forkserver")
 
 
+def logged_env(log: Path, env_class: type, **options: Any) -> EnvBase:
+    """Builds an environment worker's environments (``EnvWorkers``), its standard error also written to ``log``: a
+    worker that dies names its exception there, which the death's error line quotes."""
+    _log_stderr_to(log)
+    return env_class(**options)
+
+
+def _log_stderr_to(log: Path) -> None:
+    sys.stderr = _Tee(sys.stderr, open(log, "a", buffering=1))  # noqa: SIM115 - open for the process's life
+
+
 def _worker_env(log: Path, env_class: type, transform: Any, **options: Any) -> EnvBase:
     """Builds a worker's environments in the worker process (see the module docstring)."""
-    sys.stderr = _Tee(sys.stderr, open(log, "a", buffering=1))  # noqa: SIM115 - open for the process's life
+    _log_stderr_to(log)
     torch.manual_seed(options["seed"])  # the worker's own exploration noise (the seed of its first environment)
     env = env_class(**options)
     return env if transform is None else TransformedEnv(env, transform.clone())
