@@ -79,6 +79,10 @@ warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)` 
 warnings.filterwarnings("ignore", message=".*inline_inbuilt_nn_modules is deprecated.*")
 
 
+#: The largest seed ``seed_everything`` accepts (NumPy's seeds are 32-bit).
+MAX_SEED = 2**32 - 1
+
+
 class _WithoutAdvertisements(logging.Filter):
     """Drops Lightning's product tips from its info lines (the run's own lines stay)."""
 
@@ -173,6 +177,8 @@ class RLCLI(LightningCLI):
         config = self.config.get(subcommand, self.config) if subcommand else self.config
         seed = config.get("seed_everything")
         self.stage_seed = seed if type(seed) is int else None  # not True or False, which are ints too
+        if self.stage_seed is not None and not 0 <= seed <= MAX_SEED:  # Lightning's own refusal is a traceback
+            self.parser.error(f"--seed_everything must be in [0, {MAX_SEED}] (NumPy's seeds), got {seed}")
 
     def add_arguments_to_parser(self, parser) -> None:
         parser.add_argument(
@@ -413,7 +419,23 @@ class RLCLI(LightningCLI):
                 flags = "--trainer"
             raise ValueError(f"{flags}: {error}") from error
         self._check_memory(built)
+        self._check_run_folders(built)
         return built
+
+    def _check_run_folders(self, trainer: pl.Trainer) -> None:
+        """Refuse, before anything is written, a logger folder that cannot be written (a read-only file system, a
+        file where a folder should be): one line naming the folder, not the logger's traceback mid-setup."""
+        for logger in trainer.loggers:
+            folder = getattr(logger, "save_dir", None)
+            if not isinstance(folder, str | os.PathLike) or "://" in str(folder):
+                continue  # a tracking server's address, not a folder
+            try:
+                os.makedirs(folder, exist_ok=True)
+                writable = os.access(folder, os.W_OK)
+            except OSError as error:
+                self.parser.error(f"--trainer.logger.init_args.save_dir {folder}: cannot create it ({error.strerror})")
+            if not writable:
+                self.parser.error(f"--trainer.logger.init_args.save_dir {folder}: cannot write in it (read-only)")
 
     def _check_memory(self, trainer: pl.Trainer) -> None:
         """Refuse, before the stores are allocated (the data module's ``setup``), a run whose stores cannot fit in the

@@ -30,8 +30,10 @@ import argparse
 import csv
 import json
 import math
+import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -71,17 +73,62 @@ def seed_command(configs: Sequence[str], seed: int, out: Path, threads: int, ove
     return command + (["--ckpt_path", str(checkpoint)] if checkpoint.is_file() else [])
 
 
+class Stopped(Exception):
+    """The seeds were stopped by SIGTERM; their fits checkpointed, so the same command continues them."""
+
+
+#: The seeds' ``fit`` processes running now, and whether SIGTERM stopped the seeds (see :func:`_forward_sigterm`).
+_RUNNING: set[subprocess.Popen] = set()
+_STOPPING = threading.Event()
+
+
+def _forward_sigterm(signum: int, frame: Any) -> None:
+    """SIGTERM (a ``kill``, a scheduler's preemption) to the seeds goes on to their fits: each checkpoints after its
+    current update and exits, and the seeds stop with them (run alone, a fit would go on training after it)."""
+    _STOPPING.set()
+    for process in list(_RUNNING):
+        process.send_signal(signal.SIGTERM)
+
+
+def _fit_options(command: Sequence[str]) -> list[str]:
+    """What a seed's ``fit`` trains with: its command without the interpreter, ``--threads`` and ``--ckpt_path``."""
+    options, skip = [], False
+    for arg in command[1:]:
+        if skip:
+            skip = False
+        elif arg in ("--threads", "--ckpt_path"):
+            skip = True
+        else:
+            options.append(arg)
+    return options
+
+
 def run_seed(configs: Sequence[str], seed: int, out: Path, threads: int, overrides: Sequence[str]) -> Path:
     """Run (or continue, or reuse) one seed; returns its run folder."""
     run = out / f"seed_{seed}" / "version_0"
+    command = seed_command(configs, seed, out, threads, overrides)
     if (run / MARKER).is_file():
+        finished = json.loads((run / MARKER).read_text())["command"]
+        if _fit_options(finished) != _fit_options(command):
+            raise RuntimeError(
+                f"seed {seed}: its finished run {run} was trained with other options ({' '.join(finished[3:])}); "
+                "give these their own --out"
+            )
         print(f"seed {seed}: reusing its finished run {run}", flush=True)
         return run
-    command = seed_command(configs, seed, out, threads, overrides)
     print(f"seed {seed}: {'continuing' if '--ckpt_path' in command else 'running'} it in {run}", flush=True)
     log = out / f"seed_{seed}.log"
+    if _STOPPING.is_set():
+        raise Stopped
     with open(log, "a") as output:
-        exit_code = subprocess.run(command, stdout=output, stderr=subprocess.STDOUT, check=False).returncode
+        process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT)
+        _RUNNING.add(process)
+        try:
+            exit_code = process.wait()
+        finally:
+            _RUNNING.discard(process)
+    if _STOPPING.is_set():
+        raise Stopped
     if exit_code != 0:
         tail = log.read_text().strip().splitlines()[-1:] or [""]
         raise RuntimeError(f"seed {seed} exited with code {exit_code}: {tail[0]} (whole output: {log})")
@@ -316,12 +363,19 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m app seeds") -
     out = Path(args.out or f"runs/{name}_seeds").resolve()
     out.mkdir(parents=True, exist_ok=True)
     seeds = range(args.first_seed, args.first_seed + args.seeds)
+    _STOPPING.clear()
+    previous = signal.signal(signal.SIGTERM, _forward_sigterm)
     try:
         with ThreadPoolExecutor(args.parallel) as pool:
             folders = pool.map(lambda seed: run_seed(args.config, seed, out, args.threads, overrides), seeds)
             runs = dict(zip(seeds, folders, strict=True))
+    except Stopped:
+        print("stopped by SIGTERM: the same command continues the seeds", file=sys.stderr)
+        raise SystemExit(128 + signal.SIGTERM) from None
     except RuntimeError as error:
         sys.exit(f"{prog}: error: {error}")
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     curves = {seed: read_curve(run) for seed, run in runs.items()}
     result = {"command": ["python", "-m", "app", "seeds", *argv], **aggregate(curves)}
     result["paired"] = paired(curves, start_label(runs[seeds[0]]))

@@ -212,6 +212,8 @@ class RLDataModule(EnvSpecs, Evaluation, pl.LightningDataModule):
         check_positive("collect_steps", collect_steps)
         check_positive("eval_episodes", eval_episodes)
         check_positive("weight_sync_interval", weight_sync_interval)
+        if seed is not None and seed < 0:  # environments take non-negative seeds (Gymnasium refuses others mid-run)
+            raise ValueError(f"--data.init_args.seed must be >= 0, got {seed}")
         self.num_envs = num_envs
         # The default is one object for every data module built without the option: each gets its own strategy.
         self.collection: Collection = InProcess() if collection is DEFAULT_COLLECTION else collection

@@ -78,6 +78,8 @@ FLAG = "--data.init_args.collection"
 # it when stored.
 WORKER_DEVICE = torch.device("cpu")
 _POLL_S = 1.0  # how often a waiting learner checks that the workers and the feeder are alive
+#: How long a learner that saw a worker's pipe close waits for that worker's end before it reports the error as is.
+_ENDING_S = 20.0
 #: A dead worker's error (:func:`~datamodules.workers.worker_death_error`) whose cause is a saved state it refused.
 _REFUSED_STATE = re.compile(r"CheckpointMismatch: (.*), at [\d,]+ frames; ")
 
@@ -164,9 +166,12 @@ class Collection:
         playing.) Strategies without workers have nothing to check."""
         if self._watch is None:
             return
-        if error is not None:
-            self._watch.settle()  # the learner's wait may have ended (a closed pipe) before the watch's next look
-        death = worker_death_error(error, self._log_dir, frames, self._watch, self.worker_kind, self._processes())
+        if error is not None:  # the learner's wait may have ended (a closed pipe) before the watch's next look
+            closed = any(isinstance(cause, EOFError | ConnectionError) for cause in _causes(error))
+            self._watch.settle(timeout_s=_ENDING_S if closed else 2.0, ending=closed)
+        death = worker_death_error(
+            error, self._log_dir, frames, self._watch, self.worker_kind, self._processes(), self._checkpointed()
+        )
         if death is not None:
             self._died = True
             refusal = _REFUSED_STATE.search(str(death))
@@ -216,6 +221,13 @@ class Collection:
 
     def _frames(self) -> int:
         return self._data.frames if self._data is not None else 0
+
+    def _checkpointed(self) -> bool:
+        """Whether the run has a checkpoint to continue from: it resumed from one, or saved one (True when unknown)."""
+        trainer = self._data.trainer if self._data is not None else None
+        if trainer is None:
+            return True
+        return bool(trainer.ckpt_path) or bool(getattr(trainer.checkpoint_callback, "last_model_path", ""))
 
     def _check_workers(self, data: RLDataModule, workers: int) -> None:
         if workers < 1:
@@ -645,3 +657,12 @@ MOVED_OPTIONS: dict[str, str] = {
     "collector": f"give {FLAG} AsyncCollectorWorkers (async) or CollectorWorkers (sync: in step with the learner)",
     "learner_nice": f"give {FLAG}.learner_nice (an option of datamodules.collection.AsyncCollectorWorkers)",
 }
+
+
+def _causes(error: BaseException) -> list[BaseException]:
+    """``error`` and what it was raised from or during."""
+    chain = []
+    while error is not None and error not in chain:
+        chain.append(error)
+        error = error.__cause__ or error.__context__
+    return chain

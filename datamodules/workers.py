@@ -165,10 +165,12 @@ def worker_death_error(
     watch: WorkerWatch | None = None,
     kind: str = "collector",
     processes: list[Any] = (),
+    checkpointed: bool = True,
 ) -> WorkerDied | None:
     """One error naming the dead worker, how it died and the exception it printed, when ``watch`` saw a worker die or
     ``error`` (or what it was raised from) is TorchRL's report of one; None otherwise. ``processes`` (the workers'
-    ``multiprocessing`` process objects, by index) give the exit code when neither has it."""
+    ``multiprocessing`` process objects, by index) give the exit code when neither has it; ``checkpointed``: whether
+    the run has a checkpoint to continue from."""
     found, chained = None, error
     while chained is not None and found is None:
         found = DEAD_WORKER.search(str(chained))
@@ -188,9 +190,14 @@ def worker_death_error(
             code = processes[index].exitcode
     cause = _last_exception_line(log_dir / f"worker{index}.log") if log_dir is not None else ""
     logs = f" (the workers' logs: {log_dir})" if log_dir is not None else ""
+    what_now = (
+        "training stopped without saving, so the last checkpoint is intact: continue from it with --ckpt_path last"
+        if checkpointed
+        else "training stopped before its first checkpoint, so there is nothing to continue: start it again"
+    )
     return WorkerDied(
         f"{kind} worker {index} {exit_description(code)}{': ' + cause if cause else ''}, at {frames:,} frames; "
-        "training stopped without saving, so the last checkpoint is intact: continue from it with --ckpt_path last"
+        + what_now
         + logs
     )
 
@@ -275,12 +282,14 @@ class WorkerWatch(threading.Thread):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
 
-    def settle(self, timeout_s: float = 2.0) -> None:
+    def settle(self, timeout_s: float = 2.0, ending: bool = False) -> None:
         """Wait (at most ``timeout_s``) for the watch to record a worker that has ended and not been looked at yet:
-        an error in the learner can come from the death (a closed pipe) a moment before the watch's next look."""
+        an error in the learner can come from the death (a closed pipe) a moment before the watch's next look.
+        ``ending``: the learner saw a worker's pipe close, so a worker is ending (printing its exception, its
+        interpreter exiting: seconds on a busy machine); wait for its end even if no worker has ended yet."""
         deadline = time.monotonic() + timeout_s
         while self.death is None and self.is_alive() and time.monotonic() < deadline:
-            if not any(_exit_code(pid)[0] for pid in [*self.workers, *self._new_workers()]):
+            if not ending and not any(_exit_code(pid)[0] for pid in [*self.workers, *self._new_workers()]):
                 return
             time.sleep(self.poll_s / 4)
 

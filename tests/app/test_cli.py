@@ -231,6 +231,30 @@ def test_with_the_logger_off_the_config_goes_to_the_checkpoint_folder(tmp_path, 
     assert sorted(path.name for path in (tmp_path / "out").iterdir()) == ["checkpoints"]
 
 
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--seed_everything", "-3"], "--seed_everything must be in [0, 4294967295] (NumPy's seeds), got -3"),
+        (["--data.init_args.seed", "-3"], "--data.init_args.seed must be >= 0, got -3"),
+    ],
+)
+def test_a_negative_seed_is_one_line_naming_its_flag(tmp_path, capsys, args, message):
+    result = app_in_process(capsys, *snake_dqn_args(tmp_path, *args))
+    assert_one_error_line(result.returncode, result.stderr, message)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_logger_folder_that_cannot_be_created_is_one_line_naming_it(tmp_path, capsys):
+    (tmp_path / "afile").write_text("")  # a file where the runs' folder would go
+    save_dir = tmp_path / "afile" / "runs"
+    args = ["fit", "--config", str(SNAKE_DQN), "--trainer.logger.init_args.save_dir", str(save_dir)]
+    result = app_in_process(capsys, *args)
+    assert result.returncode == 2
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [f"error: --trainer.logger.init_args.save_dir {save_dir}: cannot create it (Not a directory)"]
+    assert "Traceback" not in result.stderr
+
+
 def test_a_bad_callback_in_a_config_list_is_named_by_position_and_class(tmp_path, capsys):
     result = app_in_process(capsys, *snake_dqn_args(tmp_path, config=with_evaluation_every(tmp_path, 0)))
     message = "trainer.callbacks[1] (callbacks.schedule.PeriodicEvaluation) every_n_frames must be >= 1, got 0"

@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 import torch
 import yaml
 
 from tests.app.test_cli import run_app
-from tests.helpers import app_in_process, evaluated_chain_config, write_config
+from tests.helpers import ROOT, app_in_process, evaluated_chain_config, write_config
 
 
 def seeds_config(tmp_path):
@@ -46,6 +52,10 @@ def test_seeds_run_into_one_folder_aggregate_and_are_reused(tmp_path):
     for seed, row in pair["seeds"].items():
         assert row["final_return"] == summary["seeds"][seed]["final_return"]
         assert row["difference"] == row["final_return"] - row["start_return"]
+    # A command with other options does not take the finished seeds for its own: one line, nothing run.
+    other = run_app("seeds", "--config", str(config), "--seeds", "2", "--trainer.max_steps", "300", cwd=work)
+    assert other.returncode == 1 and other.stderr.startswith("python -m app seeds: error: seed 0: its finished run")
+    assert other.stderr.strip().endswith("give these their own --out") and "running" not in other.stdout
     # A second command reuses the finished seeds and adds only the new one.
     again = run_app("seeds", "--config", str(config), "--seeds", "3", cwd=work)
     assert again.returncode == 0, again.stderr
@@ -90,3 +100,39 @@ def test_the_aggregate_reports_every_figure_of_the_final_evaluation_that_all_see
     figures = result["final_figures"]["food_mean"]
     row = f"| food_mean | {figures['value_mean']:.4g} | {figures['value_std']:.3g} |"
     assert row in (tmp_path / "seeds.md").read_text()
+
+
+def children(pid: int) -> list[int]:
+    """The processes ``pid`` started, from any of its threads (Linux's /proc)."""
+    return [
+        int(child) for task in Path(f"/proc/{pid}/task").iterdir() for child in (task / "children").read_text().split()
+    ]
+
+
+@pytest.mark.slow
+def test_sigterm_to_the_seeds_stops_their_fit_at_a_checkpoint_and_the_same_command_continues_it(tmp_path):
+    config = evaluated_chain_config("dqn", every_n_frames=200, max_steps=1_000_000)  # runs until it is stopped
+    path = write_config(config, tmp_path / "chain.yaml")
+    command = [sys.executable, "-m", "app", "seeds", "--config", str(path), "--seeds", "1", "--out", "out"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    seeds = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics = tmp_path / "out" / "seed_0" / "version_0" / "metrics.csv"
+    deadline = time.monotonic() + 120
+    while not (metrics.is_file() and metrics.read_text().count("\n") > 2) and time.monotonic() < deadline:
+        time.sleep(0.5)  # the fit is training: its first evaluations are logged
+    (fit,) = children(seeds.pid)  # the seed's `python -m app fit`
+    seeds.send_signal(signal.SIGTERM)
+    _, errors = seeds.communicate(timeout=60)
+    assert seeds.returncode == 128 + signal.SIGTERM, errors
+    assert errors.strip().splitlines()[-1] == "stopped by SIGTERM: the same command continues the seeds"
+    assert not Path(f"/proc/{fit}").exists()  # the fit stopped with it (and was reaped)
+    checkpoint = tmp_path / "out" / "seed_0" / "version_0" / "checkpoints" / "last.ckpt"
+    stopped_at = torch.load(checkpoint, weights_only=True)["global_step"]
+    assert stopped_at > 0
+    # The same command (its budget now reachable) continues the seed from there.
+    again = subprocess.run(
+        [*command, "--trainer.max_steps", str(stopped_at + 50)], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert again.returncode == 0, again.stderr
+    assert "seed 0: continuing it" in again.stdout
+    assert torch.load(checkpoint, weights_only=True)["global_step"] == stopped_at + 50

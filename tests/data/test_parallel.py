@@ -411,3 +411,9 @@ def test_the_watch_names_the_worker_killed_first_and_stops_the_others(start_meth
     torchrl_report = RuntimeError("At least one process failed: worker 0 (exit code -9). Check for more infos.")
     error = worker_death_error(torchrl_report, None, 1024, watch, processes=workers)
     assert str(error).startswith("collector worker 1 died: killed by SIGKILL (signal 9"), error
+    assert str(error).endswith("the last checkpoint is intact: continue from it with --ckpt_path last")
+    # A run that had saved no checkpoint yet (and resumed from none) is not told to continue from one.
+    early = worker_death_error(torchrl_report, None, 1024, watch, processes=workers, checkpointed=False)
+    assert str(early).endswith(
+        "training stopped before its first checkpoint, so there is nothing to continue: start it again"
+    )
