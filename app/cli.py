@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import sys
 import warnings
@@ -413,8 +414,11 @@ class RLCLI(LightningCLI):
             built = super().instantiate_trainer(**kwargs)
         except (ValueError, MisconfigurationException) as error:
             trainer = cli_config_get(self, self.config_init, "trainer")
+            named = re.match(r"`(\w+)` must", str(error))  # Lightning names the argument it refuses: `max_steps` must
             if any(word in str(error).lower() for word in ("gpu", "cuda", "device", "accelerator", "backend")):
                 flags = f"--trainer.accelerator {trainer.accelerator} --trainer.devices {trainer.devices}"
+            elif named is not None and named.group(1) in trainer:
+                flags = f"--trainer.{named.group(1)}"
             else:
                 flags = "--trainer"
             raise ValueError(f"{flags}: {error}") from error

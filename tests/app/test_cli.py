@@ -244,6 +244,14 @@ def test_a_negative_seed_is_one_line_naming_its_flag(tmp_path, capsys, args, mes
     assert not (tmp_path / "runs").exists()
 
 
+def test_a_trainer_option_lightning_refuses_is_one_line_naming_its_flag(tmp_path, capsys):
+    result = app_in_process(capsys, *snake_dqn_args(tmp_path, "--trainer.max_steps", "-5"))
+    message = (
+        "--trainer.max_steps: `max_steps` must be a non-negative integer or -1 (infinite steps). You passed in -5."
+    )
+    assert_one_error_line(result.returncode, result.stderr, message)
+
+
 def test_a_logger_folder_that_cannot_be_created_is_one_line_naming_it(tmp_path, capsys):
     (tmp_path / "afile").write_text("")  # a file where the runs' folder would go
     save_dir = tmp_path / "afile" / "runs"
