@@ -29,7 +29,7 @@ import re
 import sys
 import traceback
 import typing
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -41,7 +41,7 @@ from torchrl.envs import EnvBase
 
 from datamodules.checkpoint_files import CheckpointMismatch
 from datamodules.collection import MOVED_OPTIONS
-from datamodules.workers import WorkerDied
+from datamodules.workers import WorkerDied, error_chain
 from modules.base import RLModule
 from modules.optim import FLAG as OPTIMIZER_FLAG
 from modules.optim import OPTIMIZER_OPTIONS
@@ -109,12 +109,6 @@ def tag_constructor_errors(class_type: type, *args: Any, **kwargs: Any) -> Any:
         return class_type(*args, **kwargs)
     except (ValueError, MisconfigurationException) as error:
         raise ComponentError(class_type, kwargs, error) from error
-
-
-def _chain(error: BaseException | None) -> Iterator[BaseException]:
-    while error is not None:
-        yield error
-        error = error.__cause__ or error.__context__
 
 
 def _one_line(text: str) -> str:
@@ -194,7 +188,7 @@ def parse_error_line(message: str, error: BaseException | None, argv: Sequence[s
     class_path = None
     leaf = None
     moved = None  # (old, new): a class path under a module that moved
-    for leaf in _chain(error):
+    for leaf in error_chain(error):
         text = str(leaf)
         key = _PARSER_KEY.match(text)
         if key and (not keys or keys[-1] != key.group(1)):
@@ -267,7 +261,7 @@ def environment_name(config: Any) -> str:
 def constructor_error_line(error: BaseException, config: Any, argv: Sequence[str]) -> str:
     """One line for a constructor that refused its arguments, named by the flag (or list entry) the user wrote; an
     agent that cannot act in (or read) the environment's spaces is told with the environment's name."""
-    for cause in _chain(error):
+    for cause in error_chain(error):
         if isinstance(cause, SpaceError):
             return _one_line(cause.naming(environment_name(config)))
         if isinstance(cause, ComponentError):
@@ -314,12 +308,12 @@ def fatal_error_line(error: BaseException) -> str | None:
     """One line for an error that stops a run and that the user can act on without a traceback: a worker process
     that died (or refused a resumed checkpoint's state), or memory that could not be allocated (where, and what to
     make smaller); None for anything else (a bug: its traceback is what helps)."""
-    for cause in _chain(error):
+    for cause in error_chain(error):
         if isinstance(cause, WorkerDied):
             return str(cause)
         if isinstance(cause, CheckpointMismatch):  # refused by workers, whose shutdown then failed on their deaths
             return checkpoint_mismatch_line(cause)
-    for cause in _chain(error):
+    for cause in error_chain(error):
         if _out_of_memory(cause):
             return (
                 f"out of memory in {_where(cause)}: {_allocator_message(cause)}; make the run "

@@ -33,7 +33,6 @@ from __future__ import annotations
 import contextlib
 import os
 import queue
-import re
 import threading
 from collections.abc import Callable
 from functools import partial
@@ -56,6 +55,7 @@ from datamodules.checkpoint_files import CheckpointMismatch, from_plain, to_plai
 from datamodules.workers import (
     ResumableCollector,
     WorkerWatch,
+    error_chain,
     logged_env,
     multi_process_collector,
     remove_temporary_logs,
@@ -80,8 +80,6 @@ WORKER_DEVICE = torch.device("cpu")
 _POLL_S = 1.0  # how often a waiting learner checks that the workers and the feeder are alive
 #: How long a learner that saw a worker's pipe close waits for that worker's end before it reports the error as is.
 _ENDING_S = 20.0
-#: A dead worker's error (:func:`~datamodules.workers.worker_death_error`) whose cause is a saved state it refused.
-_REFUSED_STATE = re.compile(r"CheckpointMismatch: (.*), at [\d,]+ frames; ")
 
 
 class Collection:
@@ -167,17 +165,14 @@ class Collection:
         if self._watch is None:
             return
         if error is not None:  # the learner's wait may have ended (a closed pipe) before the watch's next look
-            closed = any(isinstance(cause, EOFError | ConnectionError) for cause in _causes(error))
+            closed = any(isinstance(cause, EOFError | ConnectionError) for cause in error_chain(error))
             self._watch.settle(timeout_s=_ENDING_S if closed else 2.0, ending=closed)
         death = worker_death_error(
             error, self._log_dir, frames, self._watch, self.worker_kind, self._processes(), self._checkpointed()
         )
         if death is not None:
             self._died = True
-            refusal = _REFUSED_STATE.search(str(death))
-            if refusal is not None:  # it died refusing a resumed checkpoint's state (another task's): that refusal
-                raise CheckpointMismatch(refusal.group(1), in_workers=True) from None
-            raise death from error
+            raise death from (None if isinstance(death, CheckpointMismatch) else error)
 
     #: how the error names a worker: "environment" (env workers) or "collector"
     worker_kind = "collector"
@@ -657,12 +652,3 @@ MOVED_OPTIONS: dict[str, str] = {
     "collector": f"give {FLAG} AsyncCollectorWorkers (async) or CollectorWorkers (sync: in step with the learner)",
     "learner_nice": f"give {FLAG}.learner_nice (an option of datamodules.collection.AsyncCollectorWorkers)",
 }
-
-
-def _causes(error: BaseException) -> list[BaseException]:
-    """``error`` and what it was raised from or during."""
-    chain = []
-    while error is not None and error not in chain:
-        chain.append(error)
-        error = error.__cause__ or error.__context__
-    return chain

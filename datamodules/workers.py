@@ -45,9 +45,12 @@ from torchrl.envs import EnvBase, TransformedEnv
 from torchrl.weight_update import SharedMemWeightSyncScheme
 
 from compat.torchrl import collector_carrier, collector_counters, install_dead_worker_check, set_collector_counters
+from datamodules.checkpoint_files import CheckpointMismatch
 
 # How TorchRL's ParallelEnv and multi-process collectors name a worker process that died.
 DEAD_WORKER = re.compile(r"worker (\d+) \(exit code (-?\d+)\)")
+#: How a worker's log shows it refused a resumed checkpoint's state (the exception it died of, as Python prints it).
+_REFUSED_STATE = f"{CheckpointMismatch.__module__}.{CheckpointMismatch.__qualname__}: "
 install_dead_worker_check()  # a dead worker found reliably, whatever the load (compat/torchrl.py)
 #: What the learner was told when the worker it waited for died, or was killed because another one did.
 STOPPED_BY_DEATH = "the worker processes stopped because one died"
@@ -166,15 +169,13 @@ def worker_death_error(
     kind: str = "collector",
     processes: list[Any] = (),
     checkpointed: bool = True,
-) -> WorkerDied | None:
+) -> WorkerDied | CheckpointMismatch | None:
     """One error naming the dead worker, how it died and the exception it printed, when ``watch`` saw a worker die or
     ``error`` (or what it was raised from) is TorchRL's report of one; None otherwise. ``processes`` (the workers'
     ``multiprocessing`` process objects, by index) give the exit code when neither has it; ``checkpointed``: whether
-    the run has a checkpoint to continue from."""
-    found, chained = None, error
-    while chained is not None and found is None:
-        found = DEAD_WORKER.search(str(chained))
-        chained = chained.__cause__ or chained.__context__
+    the run has a checkpoint to continue from. A worker that died refusing a resumed checkpoint's state is that
+    refusal, a :class:`CheckpointMismatch` (``in_workers``)."""
+    found = next((match for cause in error_chain(error) if (match := DEAD_WORKER.search(str(cause)))), None)
     reported = (int(found.group(1)), int(found.group(2))) if found else None
     death = watch.death if watch is not None and watch.death is not None else reported
     if death is None:
@@ -189,6 +190,8 @@ def worker_death_error(
         with contextlib.suppress(ValueError):  # a process object TorchRL closed
             code = processes[index].exitcode
     cause = _last_exception_line(log_dir / f"worker{index}.log") if log_dir is not None else ""
+    if cause.startswith(_REFUSED_STATE):
+        return CheckpointMismatch(cause.removeprefix(_REFUSED_STATE), in_workers=True)
     logs = f" (the workers' logs: {log_dir})" if log_dir is not None else ""
     what_now = (
         "training stopped without saving, so the last checkpoint is intact: continue from it with --ckpt_path last"
@@ -200,6 +203,15 @@ def worker_death_error(
         + what_now
         + logs
     )
+
+
+def error_chain(error: BaseException | None) -> list[BaseException]:
+    """``error`` and what it was raised from or during, in order."""
+    chain: list[BaseException] = []
+    while error is not None and error not in chain:
+        chain.append(error)
+        error = error.__cause__ or error.__context__
+    return chain
 
 
 def exit_description(code: int | None) -> str:
