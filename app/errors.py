@@ -19,7 +19,9 @@ every_n_frames must be >= 1, got 0``.
 
 from __future__ import annotations
 
+import ast
 import difflib
+import functools
 import inspect
 import logging
 import multiprocessing
@@ -40,42 +42,12 @@ from lightning.pytorch.cli import LightningArgumentParser
 from torchrl.envs import EnvBase
 
 from datamodules.checkpoint_files import CheckpointMismatch
-from datamodules.collection import MOVED_OPTIONS
 from datamodules.workers import WorkerDied, error_chain
-from modules.base import RLModule
-from modules.optim import FLAG as OPTIMIZER_FLAG
-from modules.optim import OPTIMIZER_OPTIONS
 from modules.spaces import SpaceError
 
-#: Environment modules that moved into one sub-package per family: a class path under an old module is refused with
-#: one line naming its new path (``datamodules.envs.snake.SnakeEnv`` → ``datamodules.envs.snake.env.SnakeEnv``).
-MOVED_MODULES: dict[str, str] = {
-    "datamodules.envs.snake": "datamodules.envs.snake.env",
-    "datamodules.envs.snake_cpu": "datamodules.envs.snake.cpu_kernel",
-    "datamodules.envs.safety": "datamodules.envs.safety.base",
-    "datamodules.envs.vehicle": "datamodules.envs.safety.vehicle",
-    "datamodules.envs.toy": "datamodules.envs.safety.toy",
-    "datamodules.envs.physics": "datamodules.envs.safety.physics",
-    "datamodules.envs.racing": "datamodules.envs.racing.env",
-    "datamodules.envs.track": "datamodules.envs.racing.track",
-    "datamodules.envs.racing_expert": "datamodules.envs.racing.expert",
-    "datamodules.envs.mettagrid": "datamodules.envs.mettagrid.env",
-    "datamodules.envs.tokens": "datamodules.envs.mettagrid.tokens",
-    "datamodules.envs.mario": "datamodules.envs.mario.env",
-    "datamodules.envs.nes_compat": "datamodules.envs.mario.nes_compat",
-    "datamodules.envs.chain": "datamodules.envs.testing.chain",
-    "datamodules.envs.recall": "datamodules.envs.testing.recall",
-}
-
-#: Classes that moved into another module: a class path naming the old one is refused with one line naming the new one
-#: and what else changed (issue 26: collection is the data modules' ``collection`` option).
-MOVED_CLASSES: dict[str, tuple[str, str]] = {
-    "datamodules.parallel.ParallelReplayDataModule": (
-        "datamodules.replay.ReplayDataModule",
-        "; its worker processes are --data.init_args.collection AsyncCollectorWorkers "
-        "--data.init_args.collection.workers N, with --data.init_args.num_envs the workers' environments together",
-    ),
-}
+#: The project's packages a moved class is looked for in (:func:`moved_class_path`).
+PROJECT_PACKAGES = ("envs", "datamodules", "modules", "callbacks", "export", "app")
+_ROOT = Path(__file__).resolve().parent.parent
 
 #: Where each kind of nested object is configured, as config keys (each key after the first is inside ``init_args``).
 COMPONENT_KEYS: dict[type, tuple[str, ...]] = {EnvBase: ("data", "env"), Callback: ("trainer.callbacks",)}
@@ -151,11 +123,35 @@ def _parameters(class_path: str | None) -> list[str]:
 
 
 def moved_class_path(class_path: str) -> str | None:
-    """The new path of a class whose module moved (:data:`MOVED_MODULES`, :data:`MOVED_CLASSES`), or None."""
-    if class_path in MOVED_CLASSES:
-        return MOVED_CLASSES[class_path][0]
+    """Where the class of a ``class_path`` that no longer imports lives now: the project's one class of that name
+    (``datamodules.envs.snake.env.SnakeEnv`` → ``envs.snake.env.SnakeEnv``), found in the source whatever layout the
+    old path is from, so that no table of old paths has to be kept. None: the path still imports, or no single class
+    of the project has its name (a user's own class, a typo)."""
     module, _, name = class_path.rpartition(".")
-    return f"{MOVED_MODULES[module]}.{name}" if module in MOVED_MODULES else None
+    if not module or module.split(".")[0] not in PROJECT_PACKAGES:
+        return None
+    try:
+        if pydoc.locate(class_path) is not None:
+            return None
+    except pydoc.ErrorDuringImport:  # the module is there but does not import here (a missing extra): not moved
+        return None
+    found = project_classes().get(name, [])
+    return found[0] if len(found) == 1 else None
+
+
+@functools.cache
+def project_classes() -> dict[str, list[str]]:
+    """``{class name: [its import paths]}`` of every top-level class in the project's packages, read from the source
+    (nothing is imported)."""
+    classes: dict[str, list[str]] = {}
+    for package in PROJECT_PACKAGES:
+        for path in sorted((_ROOT / package).rglob("*.py")):
+            parts = path.relative_to(_ROOT).with_suffix("").parts
+            module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            for node in ast.parse(path.read_text(encoding="utf-8")).body:
+                if isinstance(node, ast.ClassDef):
+                    classes.setdefault(node.name, []).append(f"{module}.{node.name}")
+    return classes
 
 
 def _group_fields(class_path: str | None, group: Sequence[str]) -> list[str]:
@@ -169,9 +165,16 @@ def _group_fields(class_path: str | None, group: Sequence[str]) -> list[str]:
     return list(getattr(cls, "__dataclass_fields__", {}))
 
 
-def _is_agent(class_path: str | None) -> bool:
+def _group_holding(class_path: str | None, option: str) -> str | None:
+    """The option group (a dataclass parameter of ``class_path``'s constructor, such as an agent's ``optimizer``) that
+    has an option named ``option``, or None."""
     cls = pydoc.locate(class_path) if class_path else None
-    return inspect.isclass(cls) and issubclass(cls, RLModule)
+    if not inspect.isclass(cls):
+        return None
+    for name, annotation in typing.get_type_hints(cls.__init__).items():
+        if option in getattr(annotation, "__dataclass_fields__", {}):
+            return name
+    return None
 
 
 def _expected(type_text: str, value: str) -> str:
@@ -201,11 +204,7 @@ def parse_error_line(message: str, error: BaseException | None, argv: Sequence[s
         return _one_line(message)
     if moved:
         flag = _name(keys, class_path, argv)
-        note = MOVED_CLASSES[moved[0]][1] if moved[0] in MOVED_CLASSES else ""
-        return (
-            f"{flag}: {moved[0]} moved to {moved[1]}; give {flag} {moved[1]} (or class_path: {moved[1]} in a config)"
-            + note
-        )
+        return f"{flag}: {moved[0]} moved to {moved[1]}; give {flag} {moved[1]} (or class_path: {moved[1]} in a config)"
     reason = _one_line(str(leaf))
     nested = _UNRECOGNIZED_NESTED.fullmatch(reason)
     if nested:  # an unknown key inside an option group (--model.init_args.optimizer.lrr)
@@ -219,11 +218,10 @@ def parse_error_line(message: str, error: BaseException | None, argv: Sequence[s
     if unknown:
         keys.append(unknown.group(1))
         name = _name(keys, class_path, argv)
-        if keys[:-1] == ["data"] and unknown.group(1) in MOVED_OPTIONS:  # a data-module option from before issue 26
-            return f"{name} moved: {MOVED_OPTIONS[unknown.group(1)]}"
-        if keys[:-1] == ["model"] and unknown.group(1) in OPTIMIZER_OPTIONS and _is_agent(class_path):
-            option = unknown.group(1)
-            return f"{name} moved: give {OPTIMIZER_FLAG}.{option} (optimizer: {{{option}: ...}} in a config)"
+        group = _group_holding(class_path, unknown.group(1))
+        if group is not None:  # an option of one of the class's option groups, given on its own
+            option, group_flag = unknown.group(1), _name([*keys[:-1], group], class_path, argv)
+            return f"{name} moved: give {group_flag}.{option} ({group}: {{{option}: ...}} in a config)"
         close = difflib.get_close_matches(unknown.group(1), _parameters(class_path), n=1)
         owner = "" if not class_path or class_path in name else f" of {class_path}"
         if name.startswith(f"--{_LIST_KEY}."):

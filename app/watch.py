@@ -19,7 +19,7 @@ from pathlib import Path
 
 from app.trained import OneLineArgumentParser, load_trained, run_folder_of
 from callbacks.video import encoder_missing, record_video
-from datamodules.envs.base import cannot_render
+from envs.base import cannot_render
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "python -m app watch") -> Path:
@@ -63,8 +63,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m app watch") -
     elif not checkpoint.is_file():
         parser.error(f"--ckpt_path {checkpoint}: no such file or run folder")
     model, datamodule, _ = load_trained(parser, "--ckpt_path", checkpoint, args.config, overrides)
-    if not datamodule.can_render:
-        parser.error(f"--ckpt_path {checkpoint}: {cannot_render(datamodule.env_class)}")
+    if not datamodule.declared.can_render:
+        parser.error(f"--ckpt_path {checkpoint}: {cannot_render(datamodule.declared.env_class)}")
     # The policy may need a transform on every environment it acts in (a recurrent policy's state primer), as its
     # own setup hands over when a trainer runs it.
     env_transform = getattr(model, "env_transform", None)

@@ -27,10 +27,10 @@ from torchrl.data import Categorical
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from datamodules.envs.racing.env import RacingEnv  # noqa: E402
-from datamodules.envs.safety.toy import ToyEnv  # noqa: E402
-from datamodules.envs.safety.vehicle import VehicleEnv  # noqa: E402
-from datamodules.envs.snake.env import SnakeEnv  # noqa: E402
+from envs.racing.env import RacingEnv  # noqa: E402
+from envs.safety.toy import ToyEnv  # noqa: E402
+from envs.safety.vehicle import VehicleEnv  # noqa: E402
+from envs.snake.env import SnakeEnv  # noqa: E402
 
 ENVS = {"snake": SnakeEnv, "vehicle": VehicleEnv, "toy": ToyEnv, "racing": RacingEnv}
 

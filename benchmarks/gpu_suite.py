@@ -276,7 +276,7 @@ def metta(ctx: Context) -> dict:
 
 
 def mario(ctx: Context) -> dict:
-    import datamodules.envs.mario.nes_compat  # noqa: F401  (fails here, with the import error, when the emulator is missing)
+    import envs.mario.nes_compat  # noqa: F401  (fails here, with the import error, when the emulator is missing)
 
     flags = ["--trainer.max_steps", "1" if ctx.quick else "100000", "--trainer.max_time", ctx.fit_time]
     if ctx.quick:

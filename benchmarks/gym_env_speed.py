@@ -1,4 +1,4 @@
-"""Gymnasium speed: :class:`~datamodules.envs.gym.env.GymnasiumEnv` against Gymnasium's own vector env, same run.
+"""Gymnasium speed: :class:`~envs.gym.env.GymnasiumEnv` against Gymnasium's own vector env, same run.
 
     python benchmarks/gym_env_speed.py                                   # CartPole-v1 and Pendulum-v1, 1, 8, 64 envs
     python benchmarks/gym_env_speed.py --env-ids LunarLander-v3 --num-envs 16 --threads 1
@@ -57,9 +57,9 @@ from torchrl.envs import EnvBase
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from datamodules.envs.gym.copies import CopyBatchEnv  # noqa: E402
-from datamodules.envs.gym.env import GymnasiumEnv  # noqa: E402
-from datamodules.envs.gym.make import find_spec, resolve_wrappers  # noqa: E402
+from envs.gym.copies import CopyBatchEnv  # noqa: E402
+from envs.gym.env import GymnasiumEnv  # noqa: E402
+from envs.gym.make import find_spec, resolve_wrappers  # noqa: E402
 
 #: envpool's id and options for a Gymnasium id whose task it has, preprocessed as the shipped configs do.
 ENVPOOL_TASKS = {

@@ -59,7 +59,7 @@ def raw_emulator(seconds: float, seed: int, results: mp.Queue) -> None:
     import torch
 
     torch.set_num_threads(1)
-    from datamodules.envs.mario.nes_compat import ACTION_BUTTONS, MarioEmulator
+    from envs.mario.nes_compat import ACTION_BUTTONS, MarioEmulator
 
     emulator, rng = MarioEmulator(1, 1), random.Random(seed)
     emulator.reset()
@@ -127,7 +127,7 @@ def collection_alone(workers: int, envs_per_worker: int | None, eps: float | Non
         elapsed = time.perf_counter() - start
     finally:
         data.teardown("fit")
-    options = data._env_options  # 0 ... noop_max no-op steps per episode start, uniformly: noop_max / 2 on average
+    options = data.declared.options  # 0 ... noop_max no-op steps per episode start, uniformly: noop_max / 2 on average
     noop_frames = episodes * options["noop_max"] / 2 * options["frame_skip"]
     return {
         "experiences_per_s": experiences / elapsed,

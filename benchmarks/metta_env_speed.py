@@ -1,4 +1,4 @@
-"""MettaGrid speed: the raw engines against :class:`~datamodules.envs.mettagrid.env.MettaGridEnv` on the same games.
+"""MettaGrid speed: the raw engines against :class:`~envs.mettagrid.env.MettaGridEnv` on the same games.
 
     python benchmarks/metta_env_speed.py --num-envs 8 --steps 1000 --threads 1
     python benchmarks/metta_env_speed.py --num-envs 8 --steps 1000 --threads 1 --parallel 2
@@ -33,7 +33,7 @@ from tensordict import TensorDict
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from datamodules.envs.mettagrid.env import MettaGridEnv  # noqa: E402
+from envs.mettagrid.env import MettaGridEnv  # noqa: E402
 
 
 def best_time(run, repeats: int) -> float:

@@ -32,7 +32,7 @@ from tensordict import TensorDict
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from datamodules.envs.safety.vehicle import VehicleEnv  # noqa: E402
+from envs.safety.vehicle import VehicleEnv  # noqa: E402
 from modules.pirl import PhysicsInformedDQN  # noqa: E402
 
 

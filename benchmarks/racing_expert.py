@@ -29,8 +29,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from datamodules.envs.racing.env import RacingEnv, drive_episodes, episode_summary  # noqa: E402
-from datamodules.envs.racing.expert import TimeOptimalExpert  # noqa: E402
+from envs.racing.env import RacingEnv, drive_episodes, episode_summary  # noqa: E402
+from envs.racing.expert import TimeOptimalExpert  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -33,9 +33,9 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.racing_expert import checkpoint_policy  # noqa: E402
-from datamodules.envs.racing.env import RacingEnv, drive_episodes  # noqa: E402
-from datamodules.envs.racing.expert import TimeOptimalExpert  # noqa: E402
-from datamodules.envs.racing.track import DEFAULT_CIRCUIT  # noqa: E402
+from envs.racing.env import RacingEnv, drive_episodes  # noqa: E402
+from envs.racing.expert import TimeOptimalExpert  # noqa: E402
+from envs.racing.track import DEFAULT_CIRCUIT  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 

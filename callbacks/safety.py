@@ -29,7 +29,7 @@ def success_rates(env: Any, actions: Any, rollouts: int, seed: int) -> torch.Ten
     """Fraction of ``rollouts`` continuations of each of the env's current states that reach the horizon safely.
 
     Args:
-        env: a :class:`~datamodules.envs.safety.base.SafetyEnv` holding the start states.
+        env: a :class:`~envs.safety.base.SafetyEnv` holding the start states.
         actions: ``observation [n, d] -> action indices [n]``.
         rollouts: continuations per state.
         seed: first noise stream of the continuations.

@@ -21,7 +21,7 @@ import numpy as np
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from callbacks.schedule import FrameSchedule
-from datamodules.envs.base import cannot_render
+from envs.base import cannot_render
 
 #: how to get the encoder, for the error line when it is missing.
 INSTALL = 'pip install "lightrl[video]" (or pip install "imageio[ffmpeg]")'
@@ -104,8 +104,8 @@ def record_video(
     """Greedy episodes ``0 … episodes - 1`` of ``policy`` in ``datamodule``'s evaluation environments (the episodes
     its evaluations play: :meth:`~datamodules.evaluation.Evaluation.record`), one after the other, into the MP4
     file ``path``. Returns each episode's ``return``, ``length`` and ``frames``."""
-    if not datamodule.can_render:
-        raise ValueError(cannot_render(datamodule.env_class))
+    if not datamodule.declared.can_render:
+        raise ValueError(cannot_render(datamodule.declared.env_class))
     with VideoWriter(path, fps) as video:
         return datamodule.record(policy, episodes, video.append, max_frames)
 
@@ -153,8 +153,9 @@ class EvaluationVideo(FrameSchedule):
     def check_datamodule(self, datamodule: Any) -> None:
         """Raise a ValueError when ``datamodule``'s environment cannot be drawn (the CLI calls this before the
         trainer exists, so nothing is written)."""
-        if not getattr(datamodule, "can_render", False):
-            raise ValueError(cannot_render(getattr(datamodule, "env_class", type(datamodule))))
+        declared = getattr(datamodule, "declared", None)
+        if declared is None or not declared.can_render:
+            raise ValueError(cannot_render(type(datamodule) if declared is None else declared.env_class))
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage == "fit":

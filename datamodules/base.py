@@ -50,11 +50,11 @@ from datamodules.checkpoint_files import (
     write_sums,
 )
 from datamodules.collection import ACT_DTYPES, AutocastPolicy, Collection, InProcess
-from datamodules.envs.base import BatchedEnv
 from datamodules.episodes import EpisodeStatistics
 from datamodules.evaluation import Evaluation, fixed_seed
 from datamodules.memory import MemoryNeed, WorkerMemory, transition_bytes
 from datamodules.timing import PhaseTimer
+from envs.base import BatchedEnv, EnvDeclaration
 
 __all__ = ["RLDataModule", "EnvSpecs", "AutocastPolicy", "check_positive", "fixed_seed", "rng_state", "set_rng_state"]
 
@@ -138,7 +138,7 @@ class EnvSpecs:
             probe.close()
             raise ValueError(
                 f"--data.init_args.env: {type(probe).__module__}.{type(probe).__qualname__} is not a "
-                "datamodules.envs.base.BatchedEnv (the environment contract: README, 'Adding an environment')"
+                "envs.base.BatchedEnv (the environment contract: README, 'Adding an environment')"
             )
         one_agent = (0,) * len(probe.batch_size)
         self._observation_spec = probe.observation_spec[one_agent].clone()
@@ -234,24 +234,10 @@ class RLDataModule(EnvSpecs, Evaluation, pl.LightningDataModule):
         self.act_precision = act_precision
         # A throw-away environment: its specs size the model's networks, and building it validates the env options.
         probe = self._probe(env, seed)
-        # What a worker process rebuilds the environment from: its class and options, plain and picklable (the
-        # command line's factory is bound to objects of this process).
-        self._env_class, self._env_options = type(probe), probe.init_kwargs()
-        # What the environment declares (datamodules.envs.base.BatchedEnv's class attributes), handed on.
-        self.episode_metric_keys: tuple[str, ...] = tuple(probe.episode_metric_keys)
-        #: metrics averaged only over the episodes where another metric is positive (racing: a lap's time over the
-        #: episodes that completed a lap), ``{metric: the metric that marks them}``.
-        self.episode_metric_over: dict[str, str] = dict(probe.episode_metric_over)
-        #: the environment's dynamics for physics-informed losses (``datamodules.envs.safety.physics``), when it has
-        #: them.
-        self.physics: Any = probe.physics
-        #: how token observations decode into a grid (``datamodules.envs.mettagrid.tokens.ObservationLayout``), for
-        #: token environments.
-        self.observation_layout: Any = probe.observation_layout
-        #: whether the environment draws itself (``render``): what videos need.
-        self.can_render: bool = probe.can_render
-        #: the options that make an environment drawable (``BatchedEnv.render_options``), given to a video's.
-        self.render_options: dict[str, Any] = dict(probe.render_options)
+        #: what the environment tells the rest (its metrics, physics, token layout, drawing, state) and the class and
+        #: options that rebuild it in a worker process, plain and picklable (the command line's factory is bound to
+        #: objects of this process): :class:`envs.base.EnvDeclaration`.
+        self.declared: EnvDeclaration = probe.declaration()
         #: what each worker process will hold (``datamodules/memory.py``), measured now, before any store exists and
         #: with the throw-away environment built; None without workers.
         self.worker_memory: WorkerMemory | None = None
@@ -267,7 +253,10 @@ class RLDataModule(EnvSpecs, Evaluation, pl.LightningDataModule):
         self.timer = PhaseTimer()
         #: the training episodes' return, length and metrics, from every batch collected (datamodules/episodes.py)
         self.episodes = EpisodeStatistics(
-            self.episode_metric_keys, self.episode_metric_over, num_envs * self.agents_per_env, self.agents_per_env
+            self.declared.episode_metric_keys,
+            self.declared.episode_metric_over,
+            num_envs * self.agents_per_env,
+            self.agents_per_env,
         )
         self.frames = 0  # environment frames collected by this rank
         self.samples = 0  # transitions handed to the model by this rank
@@ -281,11 +270,6 @@ class RLDataModule(EnvSpecs, Evaluation, pl.LightningDataModule):
         self._pending_state: dict[str, Any] | None = None
         self._beside_name: str | None = None  # the checkpoint name its files beside start with (save_beside)
         self._updates_since_sync = 0
-
-    @property
-    def env_class(self) -> type:
-        """The environment's class (its options: ``_env_options``)."""
-        return self._env_class
 
     #: Whether :meth:`connect` takes a store transform (a data module with a replay buffer).
     accepts_store_transform = False
@@ -542,6 +526,6 @@ class RLDataModule(EnvSpecs, Evaluation, pl.LightningDataModule):
         self.collection.load_state_watched(state)
         if "episodes" in state:
             # The running episodes' sums continue only where the environments continue their episodes.
-            continues = self._env_class.exact_state and not self.collection.asynchronous
+            continues = self.declared.exact_state and not self.collection.asynchronous
             self.episodes.load_state_dict(state["episodes"], running=continues, device=self.device)
         set_rng_state(state["rng"])

@@ -185,7 +185,7 @@ class Collection:
         """:meth:`build`, with the worker processes it starts watched from their start (:class:`WorkerWatch`): a
         worker that dies while the collector is being built is one error naming it too."""
         if self.uses_workers:
-            use_forkserver(data._env_class.__module__)
+            use_forkserver(data.declared.env_class.__module__)
             self._watch = WorkerWatch()
             self._watch.start()
         try:
@@ -271,7 +271,7 @@ class Collection:
         # too, collection continues exactly where the checkpointed run stood. An environment without an exact state
         # (BatchedEnv.exact_state) ended its episodes on loading: the collector carries its reset's observations
         # (and fresh recurrent states) instead.
-        if self._data._env_class.exact_state:
+        if self._data.declared.exact_state:
             carrier = from_plain(state["carrier"], batch_dims=1, device=self.collector.env.device)
         else:
             carrier = self.collector.env.reset()
@@ -341,11 +341,11 @@ class EnvWorkers(Collection):
                 partial(
                     logged_env,
                     self._log_dir / f"worker{w}.log",
-                    data._env_class,
+                    data.declared.env_class,
                     num_envs=per_worker,
                     seed=seed + w * per_worker,
                     device=data.device,
-                    **data._env_options,
+                    **data.declared.options,
                 )
                 for w in range(self.workers)
             ],
@@ -395,8 +395,8 @@ class CollectorWorkers(Collection):
             MultiSyncCollector,
             worker_env_factories(
                 self._log_dir,
-                data._env_class,
-                data._env_options,
+                data.declared.env_class,
+                dict(data.declared.options),
                 data.env_transform,
                 self.workers,
                 data.num_envs // self.workers,
@@ -490,8 +490,8 @@ class AsyncCollectorWorkers(Collection):
         self._log_dir = workers_log_dir(data.trainer)
         make_envs = worker_env_factories(
             self._log_dir,
-            data._env_class,
-            data._env_options,
+            data.declared.env_class,
+            dict(data.declared.options),
             data.env_transform,
             self.workers,
             self.envs_per_worker,
@@ -634,21 +634,3 @@ class AutocastPolicy(TensorDictModuleBase):
             if isinstance(value, torch.Tensor) and value.dtype == self.dtype:
                 out.set(key, value.float())
         return out
-
-
-#: An old option of the data modules, and the line that says where it went (``app/errors.py`` prints it).
-MOVED_OPTIONS: dict[str, str] = {
-    "env_workers": f"give {FLAG} EnvWorkers {FLAG}.workers N "
-    "(collection: {class_path: datamodules.collection.EnvWorkers, init_args: {workers: N}} in a config)",
-    "collector_workers": f"give {FLAG} CollectorWorkers {FLAG}.workers N "
-    "(collection: {class_path: datamodules.collection.CollectorWorkers, init_args: {workers: N}} in a config)",
-    "prefetch": f"give {FLAG}.prefetch true (collection: {{class_path: datamodules.collection.InProcess, init_args: "
-    "{prefetch: true}} in a config; EnvWorkers takes it too)",
-    "num_workers": f"give {FLAG} AsyncCollectorWorkers {FLAG}.workers N (collection: {{class_path: "
-    "datamodules.collection.AsyncCollectorWorkers, init_args: {workers: N}} in a config), with "
-    "--data.init_args.num_envs the workers' environments together",
-    "envs_per_worker": "give --data.init_args.num_envs the workers' environments together (workers x environments "
-    f"per worker), with {FLAG}.workers the workers",
-    "collector": f"give {FLAG} AsyncCollectorWorkers (async) or CollectorWorkers (sync: in step with the learner)",
-    "learner_nice": f"give {FLAG}.learner_nice (an option of datamodules.collection.AsyncCollectorWorkers)",
-}

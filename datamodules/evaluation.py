@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -17,6 +17,9 @@ from tensordict import TensorDictBase
 from torchrl.collectors import RandomPolicy
 from torchrl.envs import EnvBase, TransformedEnv
 from torchrl.envs.utils import ExplorationType, set_exploration_type, step_mdp
+
+if TYPE_CHECKING:
+    from envs.base import EnvDeclaration
 
 # Seeds of the evaluation environments are offset so they never replay a training episode.
 EVAL_SEED_OFFSET = 1_000_003
@@ -94,7 +97,7 @@ class Evaluation:
         self.settle()  # nothing else may draw from the global generator while an evaluation seeds it
         env = self._evaluation_env(episodes)
         episodes = env.batch_size[0]
-        sums = {key: torch.zeros(episodes, device=env.device) for key in ("reward", *self.episode_metric_keys)}
+        sums = {key: torch.zeros(episodes, device=env.device) for key in ("reward", *self.declared.episode_metric_keys)}
         length = torch.zeros(episodes, device=env.device)
         running = torch.ones(episodes, dtype=torch.bool, device=env.device)
         td = env.reset()
@@ -110,7 +113,8 @@ class Evaluation:
         self.last_episode_returns = returns.tolist()
         metrics = {**episode_statistics(returns), "length_mean": length.mean().item()}
         for key, total in sums.items():
-            counted = sums[self.episode_metric_over[key]] > 0 if key in self.episode_metric_over else None
+            over = self.declared.episode_metric_over
+            counted = sums[over[key]] > 0 if key in over else None
             if counted is None:
                 metrics[f"{key}_mean"] = total.mean().item()
             else:  # NaN when no episode counts: a missing point of the curve, not a zero
@@ -150,7 +154,7 @@ class Evaluation:
         self.settle()
         results = []
         for episode in range(episodes):
-            options = {**self.eval_env_options, **self.render_options}
+            options = {**self.eval_env_options, **self.declared.render_options}
             env = self.make_env(1, self.seed + EVAL_SEED_OFFSET + episode, options=options)
             drawn = env.base_env if isinstance(env, TransformedEnv) else env
             try:
@@ -189,8 +193,7 @@ class Evaluation:
     seed: int
     eval_episodes: int
     eval_env_options: dict[str, Any]
-    episode_metric_keys: tuple[str, ...]
-    episode_metric_over: dict[str, str]
+    declared: EnvDeclaration
 
     def settle(self) -> None: ...
 

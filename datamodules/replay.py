@@ -473,7 +473,7 @@ class ReplayDataModule(RLDataModule):
             # A checkpoint written without the transform (or before its first call) has no window: start empty. So
             # does an environment whose episodes end on loading (BatchedEnv.exact_state): the window's last steps
             # would otherwise be summed with the next episodes' first ones.
-            window = state_dict.get("store_window") if self._env_class.exact_state else None
+            window = state_dict.get("store_window") if self.declared.exact_state else None
             set_multistep_window(self.store_transform, from_plain(window, batch_dims=2, device=self.device))
         super()._load_state(state_dict)
 

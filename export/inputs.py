@@ -8,7 +8,7 @@ set, an export run with a data module at hand also checks
   as the environment gives it (before the agent's env transforms), for up to :data:`ENV_COPIES` copies repeated to
   the batch: an environment with an engine per copy (an Atari emulator: about 0.2 s to build and seed) would
   otherwise build thousands of engines for the traced batch sizes;
-- ``collocation``: when the environment exposes its dynamics (``datamodule.physics``), interior points of its
+- ``collocation``: when the environment exposes its dynamics (``datamodule.declared.physics``), interior points of its
   collocation box (for PIRL's vehicle: vx 5–20 m/s, β ±10°, ω ±30 °/s, e ±0.95 m, ψ ±30°, τ 0–5 s), where the PDE
   loss trained the network.
 
@@ -107,7 +107,7 @@ def environment_check_inputs(datamodule: Any) -> list[CheckInputs]:
 
     what = f"the environment's start states: make_env(min(batch, {ENV_COPIES}), seed).reset(), repeated to the batch"
     sets = [CheckInputs("env_start", what, start_states)]
-    physics = getattr(datamodule, "physics", None)
+    physics = getattr(getattr(datamodule, "declared", None), "physics", None)
     if physics is not None:
 
         def collocation(batch: int, seed: int) -> torch.Tensor:

@@ -102,8 +102,8 @@ def framework_free_update(model: Any, data: Any) -> Callable[[int], torch.Tensor
     It trains ``model`` itself (a copy would not do: the TorchRL loss holds the parameters PIRL's loss reads from its
     network, and a deep copy separates the two), so pass a model built for the measurement.
     """
-    if data.physics is not None:
-        model.physics = data.physics  # what PIRL's setup takes from the data module
+    if data.declared.physics is not None:
+        model.physics = data.declared.physics  # what PIRL's setup takes from the data module
     # The function the agent's update compiles (SAC's own, with its term towards the clone), and PIRL's loss inputs.
     loss = model.compiled(model.training_loss() if hasattr(model, "training_loss") else model.loss)
     loss_inputs = getattr(model, "loss_draws", lambda batch: {})

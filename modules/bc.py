@@ -4,8 +4,8 @@ real Lightning epochs.
 The network maps the observation (the reference's 8 numbers; 11 with ``configs/racing_bc.yaml``'s curvature ahead) to
 the 2 actions through hidden layers 128 and 64 (ReLU, orthogonal initialisation) and a tanh, so its output lies in
 [−1, 1]; the expert's actions are scaled from the action box to [−1, 1] for the MSE, and the policy scales the output
-back. Adam 3e-4 on batches of 256 from :class:`~datamodules.demonstrations.DemonstrationDataModule`; the validation
-loop reports the held-out MSE, and :class:`~callbacks.closed_loop.ClosedLoopEvaluation` drives the cloned policy on
+back. Adam 3e-4 on batches of 256 from :class:`~envs.racing.demonstrations.DemonstrationDataModule`; the validation
+loop reports the held-out MSE, and :class:`~envs.racing.closed_loop.ClosedLoopEvaluation` drives the cloned policy on
 the track.
 
 Usage::

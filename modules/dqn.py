@@ -285,8 +285,8 @@ def reference_dqn_update(model: DQN, data: Any, with_physics: bool = False) -> C
         if with_physics:
             physics = physics_losses(
                 online,
-                data.physics,
-                data.physics.collocation(model.collocation_points, batch["observation"]),
+                data.declared.physics,
+                data.declared.physics.collocation(model.collocation_points, batch["observation"]),
                 model.pde_weight,
                 model.boundary_weight,
                 model.gradient_method,

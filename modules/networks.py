@@ -17,7 +17,7 @@ from tensordict.nn import TensorDictModuleBase
 from torch import nn
 
 from compat.torch import is_batch_norm
-from datamodules.envs.mettagrid.tokens import GLOBAL_LOCATION
+from envs.tokens import GLOBAL_LOCATION
 from modules.spaces import SpaceError
 
 

@@ -120,10 +120,6 @@ class OptimizerOptions:
         return torch.optim.Adam(groups, lr=self.lr, eps=self.eps, fused=True)
 
 
-#: Options that moved into :class:`OptimizerOptions` (``app/errors.py`` names the new flag for the old one).
-OPTIMIZER_OPTIONS = tuple(OptimizerOptions.__dataclass_fields__)
-
-
 class FusedAdamStep:
     """``clip_grad_norm_(max_grad_norm)`` + ``optimizer.step()`` + ``zero_grad(set_to_none=True)``, same arithmetic.
 

@@ -8,7 +8,7 @@ left out and the loss penalises the first-order residual at random interior (col
 terminal boundary (τ = 0, safe) and ``V = 0`` on the unsafe boundary.
 
 This is the loss's maths; the drift ``f`` and the collocation box belong to the environment
-(:mod:`datamodules.envs.safety.physics`) and reach the model through its data module (``datamodule.physics``).
+(:mod:`envs.safety.physics`) and reach the model through its data module (``datamodule.declared.physics``).
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def physics_losses(
 
     Args:
         q_network: ``states [n, d] -> Q [n, actions]`` (safety probabilities).
-        physics: the environment's dynamics (``datamodules.envs.safety.physics``).
+        physics: the environment's dynamics (``envs.safety.physics``).
         collocation: the points, drawn by ``physics.collocation``: ``interior``, ``terminal`` and ``unsafe``.
         pde_weight: weight of the mean squared residual ``∇ₓV · f(x, a*)`` at the interior points.
         boundary_weight: weight of ``(V − 1)²`` at τ = 0 plus ``V²`` on the unsafe boundary.

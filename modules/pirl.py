@@ -3,7 +3,7 @@
 Hoshino et al., "Autonomous Drifting Based on Maximal Safety Probability Learning", ITSC 2024 (arXiv 2409.03160);
 the method: arXiv 2403.16391. With reward 1 for reaching the end of the horizon τ in the safe set, 0 for leaving it,
 and discount 1, ``Q(x, a)`` is the probability of staying safe, and ``V = maxₐ Q`` solves a PDE whose drift is the
-system's dynamics (the environment's, :mod:`datamodules.envs.safety.physics`). The loss adds to the DQN error the PDE
+system's dynamics (the environment's, :mod:`envs.safety.physics`). The loss adds to the DQN error the PDE
 residual (:mod:`modules.pde`) at random interior points and the boundary conditions (``V = 1`` when τ = 0, ``V = 0``
 on the unsafe boundary).
 
@@ -34,7 +34,8 @@ class PhysicsInformedDQN(DQN):
 
     The reference's network is 16 → 32 → 32 → 32 → 25 with Tanh hidden layers and a Sigmoid output (3,481 parameters
     on the vehicle); its sizes come from the environment's specs. The dynamics ``f(x, a)`` and the collocation domain
-    come from the environment (``datamodule.physics``), so the loss always matches the environment it trains on.
+    come from the environment (``datamodule.declared.physics``), so the loss always matches the environment it trains
+    on.
 
     Args:
         observation_spec: linked from the data module.
@@ -123,11 +124,11 @@ class PhysicsInformedDQN(DQN):
 
     def setup(self, stage: str) -> None:
         super().setup(stage)
-        self.physics = self.datamodule.physics
+        self.physics = self.datamodule.declared.physics
         if self.physics is None:
             raise ValueError(
                 "--model PhysicsInformedDQN needs an environment that exposes its dynamics (env.physics), such as "
-                "datamodules.envs.safety.vehicle.VehicleEnv or datamodules.envs.safety.toy.ToyEnv"
+                "envs.safety.vehicle.VehicleEnv or envs.safety.toy.ToyEnv"
             )
 
     def value(self, states: torch.Tensor) -> torch.Tensor:

@@ -140,11 +140,11 @@ class RecurrentPPO(RLModule):
             raise ValueError(
                 "--model RecurrentPPO trains on sequence segments: set --data.init_args.bptt (a rollout data module)"
             )
-        layout = datamodule.observation_layout
+        layout = datamodule.declared.observation_layout
         if layout is None:
             raise ValueError(
                 "--model RecurrentPPO reads token observations: the environment must describe them (observation_layout"
-                ", as datamodules.envs.mettagrid.env.MettaGridEnv and datamodules.envs.testing.recall.CueRecallEnv do)"
+                ", as envs.mettagrid.env.MettaGridEnv and envs.testing.recall.CueRecallEnv do)"
             )
         grid, features = self.encoder.grid, layout.num_features
         if features > grid.num_features:
@@ -161,7 +161,7 @@ class RecurrentPPO(RLModule):
     def setup(self, stage: str) -> None:
         self.connect_datamodule(stage, env_transform=self.env_transform())
         if stage == "fit":
-            self._take_feature_scale(self.datamodule.observation_layout.scale)
+            self._take_feature_scale(self.datamodule.declared.observation_layout.scale)
 
     def _take_feature_scale(self, feature_scale: Any) -> None:
         """The environment's per-feature value scale into the grid (saved with the weights, so a checkpoint decodes

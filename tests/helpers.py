@@ -19,8 +19,8 @@ from app.__main__ import dispatch
 from app.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository
-CHAIN = {"class_path": "datamodules.envs.testing.chain.ChainEnv", "init_args": {"length": 6, "max_steps": 30}}
-RECALL = {"class_path": "datamodules.envs.testing.recall.CueRecallEnv", "init_args": {"num_agents": 4, "length": 4}}
+CHAIN = {"class_path": "envs.testing.chain.ChainEnv", "init_args": {"length": 6, "max_steps": 30}}
+RECALL = {"class_path": "envs.testing.recall.CueRecallEnv", "init_args": {"num_agents": 4, "length": 4}}
 
 
 #: Flags of a resume under another global seed that keep the environments' seed (``seed_everything`` alone would

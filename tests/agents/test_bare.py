@@ -23,12 +23,12 @@ def total(losses: TensorDict) -> torch.Tensor:
 @pytest.mark.parametrize("config", ["snake_dqn.yaml", "pirl_vehicle.yaml"])
 def test_bare_dqn_update_computes_the_agents_loss(config):
     model, data = build([str(ROOT / "configs" / config)], [*SMALL, "--data.init_args.batch_size", "64"])
-    model.physics = data.physics  # what PIRL's setup takes from the data module (None for Snake)
+    model.physics = data.declared.physics  # what PIRL's setup takes from the data module (None for Snake)
     step = bare_update(model, data)
     pool = batch_pool(data, data.batch_size)
     batch = as_replay_sample(pool[0])  # the bare loop's batch 0
     torch.manual_seed(7)  # the bare loop draws PIRL's collocation points from the global generator
-    points = data.physics and data.physics.collocation(model.collocation_points, batch["observation"])
+    points = data.declared.physics and data.declared.physics.collocation(model.collocation_points, batch["observation"])
     expected = total(model.loss(batch, points) if points else model.loss(batch)).detach()
     torch.manual_seed(7)
     assert step(0) == pytest.approx(expected.item(), rel=1e-5)

@@ -17,7 +17,7 @@ from tensordict import TensorDict
 
 from app.export import main as export_main
 from callbacks.progress import RLProgressBar
-from datamodules.envs.racing.env import STEERING_LIMIT, RacingEnv
+from envs.racing.env import STEERING_LIMIT, RacingEnv
 from export.loader import TracedPolicy
 from modules.bc import BehaviourCloning
 from tests.helpers import RESEEDED, ROOT, fit, weights, write_config

@@ -15,8 +15,8 @@ import torch
 from torchrl.data import Composite, Unbounded
 
 from datamodules.collection import CollectorWorkers, EnvWorkers, InProcess
-from datamodules.envs.racing.env import RacingEnv
 from datamodules.rollout import RolloutDataModule
+from envs.racing.env import RacingEnv
 from modules.normalization import RAW_OBSERVATION, ObservationNormalizer, RewardScaler
 from modules.ppo import PPO
 from tests.agents.test_ppo_continuous import racing_ppo_config

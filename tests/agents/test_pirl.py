@@ -9,7 +9,7 @@ import pytest
 import torch
 import yaml
 
-from datamodules.envs.safety.vehicle import VehicleEnv
+from envs.safety.vehicle import VehicleEnv
 from modules.pirl import PhysicsInformedDQN
 from tests.helpers import RESEEDED, ROOT, fit, weights, write_config
 
@@ -147,7 +147,7 @@ def test_boundary_loss_pulls_v_to_one_at_the_horizon_and_to_zero_when_unsafe():
 @pytest.mark.slow
 def test_physics_free_environment_is_refused(tmp_path):
     config = small_run("pirl_toy.yaml", tmp_path)
-    config["data"]["init_args"]["env"] = {"class_path": "datamodules.envs.testing.chain.ChainEnv"}
+    config["data"]["init_args"]["env"] = {"class_path": "envs.testing.chain.ChainEnv"}
     with pytest.raises(ValueError, match="needs an environment that exposes its dynamics"):
         fit(write_config(config, tmp_path / "c.yaml"))
 

@@ -9,7 +9,7 @@ from tensordict import TensorDict
 from torchrl.data import Binary, Categorical, Composite
 from torchrl.objectives.value import GAE
 
-from datamodules.envs.gym.env import GymnasiumEnv
+from envs.gym.env import GymnasiumEnv
 from modules.ppo import PPO
 from tests.helpers import ROOT, chain_config, fit, write_config
 

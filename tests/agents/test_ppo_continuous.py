@@ -176,7 +176,7 @@ def racing_ppo_config(root, steps: int = 12, **model) -> dict:
         "data": {
             "class_path": "datamodules.rollout.RolloutDataModule",
             "init_args": {
-                "env": {"class_path": "datamodules.envs.racing.env.RacingEnv", "init_args": {"max_steps": 100}},
+                "env": {"class_path": "envs.racing.env.RacingEnv", "init_args": {"max_steps": 100}},
                 **{"num_envs": 4, "collect_steps": 16, "minibatch_size": 32, "update_epochs": 2, "eval_episodes": 2},
             },
         },

@@ -9,7 +9,7 @@ from torchrl.collectors import Collector
 from torchrl.envs import TransformedEnv
 from torchrl.modules import set_recurrent_mode
 
-from datamodules.envs.testing.recall import CueRecallEnv
+from envs.testing.recall import CueRecallEnv
 from modules.networks import TokenGrid
 from modules.recurrent_ppo import RecurrentPPO
 from tests.helpers import chain_config, fit, write_config

@@ -18,8 +18,8 @@ from torchrl.modules import TanhNormal
 
 from app.seeds import read_curve
 from app.stages import MARKER, stage_folder
-from datamodules.envs.racing.env import RacingEnv
 from datamodules.evaluation import episode_statistics
+from envs.racing.env import RacingEnv
 from modules.gaussian import tanh_gaussian_sample
 from modules.sac import SAC
 from tests.app.test_cli import run_app

@@ -156,13 +156,13 @@ def test_the_command_line_names_the_environment_in_one_line(tmp_path, capsys):
     config["model"] = {"class_path": "modules.dqn.DQN"}
     config["data"] = {
         "class_path": "datamodules.replay.ReplayDataModule",
-        "init_args": {"env": {"class_path": "datamodules.envs.racing.env.RacingEnv"}, "num_envs": 2},
+        "init_args": {"env": {"class_path": "envs.racing.env.RacingEnv"}, "num_envs": 2},
     }
     with pytest.raises(SystemExit) as exit_info:
         fit(write_config(config, tmp_path / "dqn_racing.yaml"))
     assert exit_info.value.code == 2
     assert capsys.readouterr().err.strip().splitlines() == [
-        "error: --model modules.dqn.DQN acts in a discrete action space; datamodules.envs.racing.env.RacingEnv has a "
+        "error: --model modules.dqn.DQN acts in a discrete action space; envs.racing.env.RacingEnv has a "
         "Box action space (Bounded, shape [2], low [-6.0, -0.4363], high [4.0, 0.4363]): use modules.sac.SAC or "
         "modules.ppo.PPO"
     ]

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
+import pydoc
 import subprocess
 import sys
 from pathlib import Path
@@ -13,8 +13,7 @@ import torch
 import yaml
 
 from app.cli import main
-from app.errors import MOVED_MODULES
-from tests.helpers import ROOT, app_in_process, chain_config, fit, write_config
+from tests.helpers import ROOT, app_in_process, chain_config, evaluated_chain_config, fit, write_config
 
 
 def run_app(*args: str, cwd: Path, pythonpath: tuple[Path, ...] = ()) -> subprocess.CompletedProcess:
@@ -295,8 +294,7 @@ def test_a_bad_callback_in_a_config_list_is_named_by_position_and_class(tmp_path
         ),
         (
             ["--data.init_args.env.init_args.sise", "7"],
-            "--data.init_args.env.init_args.sise is not an option of datamodules.envs.snake.env.SnakeEnv; "
-            "did you mean size?",
+            "--data.init_args.env.init_args.sise is not an option of envs.snake.env.SnakeEnv; did you mean size?",
         ),
         (  # the flag sets the last callback of the list, here the throughput report
             ["--trainer.callbacks.init_args.log_every_n_steps", "0"],
@@ -368,22 +366,41 @@ def test_prefetch_is_refused_for_an_update_that_draws_random_numbers(tmp_path, c
     assert not (tmp_path / "runs").exists()
 
 
-# --------------------------------------------------------------------------------- environments that moved (issue 26)
-def test_every_moved_environment_module_is_gone_and_its_new_one_exists():
-    for old, new in MOVED_MODULES.items():
-        spec = importlib.util.find_spec(old)  # gone, or now the family's package (datamodules.envs.snake)
-        assert spec is None or spec.submodule_search_locations is not None, old
-        assert importlib.util.find_spec(new) is not None, new
+# ------------------------------------------------------------------------------------ classes that moved (issue 46)
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        ("datamodules.envs.testing.chain.ChainEnv", "envs.testing.chain.ChainEnv"),  # the layout before issue 46
+        ("datamodules.envs.snake.SnakeEnv", "envs.snake.env.SnakeEnv"),  # the layout before issue 26
+        ("datamodules.demonstrations.DemonstrationDataModule", "envs.racing.demonstrations.DemonstrationDataModule"),
+        ("callbacks.closed_loop.ClosedLoopEvaluation", "envs.racing.closed_loop.ClosedLoopEvaluation"),
+        ("datamodules.envs.mettagrid.tokens.ObservationLayout", "envs.tokens.ObservationLayout"),
+    ],
+)
+def test_an_old_class_path_of_the_project_finds_the_class_where_it_is_now(old, new):
+    from app.errors import moved_class_path
+
+    assert moved_class_path(old) == new
+    assert pydoc.locate(new) is not None
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["envs.testing.chain.ChainEnv", "users_envs.ChainEnv", "envs.testing.chain.NoSuchEnv", "datamodules.envs.Nope"],
+)
+def test_a_class_path_that_imports_or_is_not_the_projects_has_not_moved(path):
+    from app.errors import moved_class_path
+
+    assert moved_class_path(path) is None
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("old", "new", "where"),
     [
-        ("datamodules.envs.chain.ChainEnv", "datamodules.envs.testing.chain.ChainEnv", "flag"),
-        ("datamodules.envs.snake.SnakeEnv", "datamodules.envs.snake.env.SnakeEnv", "config"),
-        ("datamodules.envs.racing.RacingEnv", "datamodules.envs.racing.env.RacingEnv", "flag"),
-        ("datamodules.envs.vehicle.VehicleEnv", "datamodules.envs.safety.vehicle.VehicleEnv", "config"),
+        ("datamodules.envs.testing.chain.ChainEnv", "envs.testing.chain.ChainEnv", "flag"),
+        ("datamodules.envs.testing.chain.ChainEnv", "envs.testing.chain.ChainEnv", "config"),
+        ("datamodules.envs.snake.SnakeEnv", "envs.snake.env.SnakeEnv", "config"),
     ],
 )
 def test_an_old_environment_class_path_is_one_line_naming_the_new_one(tmp_path, capsys, old, new, where):
@@ -400,44 +417,46 @@ def test_an_old_environment_class_path_is_one_line_naming_the_new_one(tmp_path, 
     assert not (tmp_path / "out").exists()
 
 
-# --------------------------------------------------------------------- collection options that moved (issue 26)
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    ("agent", "old", "value", "new"),
-    [
-        ("ppo", "env_workers", 2, "--data.init_args.collection EnvWorkers --data.init_args.collection.workers N"),
-        ("ppo", "collector_workers", 2, "--data.init_args.collection CollectorWorkers"),
-        ("dqn", "prefetch", True, "--data.init_args.collection.prefetch true"),
-        ("dqn", "num_workers", 2, "--data.init_args.collection AsyncCollectorWorkers"),
-        ("dqn", "envs_per_worker", 8, "--data.init_args.num_envs the workers' environments together"),
-        ("dqn", "collector", "async", "--data.init_args.collection AsyncCollectorWorkers (async) or CollectorWorkers"),
-        ("dqn", "learner_nice", 10, "--data.init_args.collection.learner_nice"),
-    ],
-)
-@pytest.mark.parametrize("where", ["flag", "config"])
-def test_an_old_collection_option_is_one_line_naming_the_new_flag(tmp_path, capsys, agent, old, value, new, where):
-    config = chain_config(agent, tmp_path / "out")
-    args = [f"--data.init_args.{old}", str(value)]
-    if where == "config":  # as a run folder's saved config.yaml from before the move has it
-        config["data"]["init_args"][old] = value
-        args = []
-    with pytest.raises(SystemExit) as exited:
-        main(["fit", "--config", str(write_config(config, tmp_path / "c.yaml")), *args])
-    assert exited.value.code == 2
-    lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"error: --data.init_args.{old} moved: give "), lines
-    assert new in lines[0]
-    assert not (tmp_path / "out").exists()
+def test_a_saved_config_from_before_the_move_is_one_line_and_its_run_resumes_after_the_edit(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    config = write_config(evaluated_chain_config("dqn", every_n_frames=10**9, max_steps=20), tmp_path / "c.yaml")
+    fit(config)
+    run = tmp_path / "runs/chain/version_0"
+    saved = run / "config.yaml"
+    new = "envs.testing.chain.ChainEnv"
+    assert new in saved.read_text()
+    old = f"datamodules.{new}"  # what a run folder written before the move holds
+    saved.write_text(saved.read_text().replace(new, old))
+    before = {path.name: path.read_bytes() for path in run.rglob("*") if path.is_file()}
 
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "app",
+            "fit",
+            "--config",
+            str(saved),
+            "--ckpt_path",
+            "last",
+            "--trainer.max_steps",
+            "40",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    flag = "--data.init_args.env"
+    message = f"{flag}: {old} moved to {new}; give {flag} {new} (or class_path: {new} in a config)"
+    assert_one_error_line(result.returncode, result.stderr, message)
+    assert {path.name: path.read_bytes() for path in run.rglob("*") if path.is_file()} == before  # nothing touched
 
-def test_the_removed_parallel_replay_module_names_the_replay_module_and_its_collection():
-    from app.errors import MOVED_CLASSES, moved_class_path
-
-    old = "datamodules.parallel.ParallelReplayDataModule"
-    assert importlib.util.find_spec("datamodules.collection") is not None
-    assert moved_class_path(old) == "datamodules.replay.ReplayDataModule"
-    assert "--data.init_args.collection AsyncCollectorWorkers" in MOVED_CLASSES[old][1]
-    assert not (ROOT / "datamodules/parallel.py").exists()
+    saved.write_text(saved.read_text().replace(old, new))  # the edit the line asks for
+    cli = fit(saved, "--ckpt_path", "last", "--trainer.max_steps", "40")
+    assert cli.trainer.global_step == 40 and Path(cli.trainer.log_dir).resolve() == run.resolve()
+    assert torch.load(run / "checkpoints/last.ckpt", weights_only=True)["global_step"] == 40
+    assert [path.name for path in run.parent.iterdir()] == ["version_0"]
 
 
 @pytest.mark.parametrize("agent", ["dqn", "ppo", "recurrent"])

@@ -21,10 +21,10 @@ import torch
 from app.errors import fatal_error_line
 from compat.torchrl import storage_contents
 from datamodules.collection import CollectorWorkers
-from datamodules.envs.snake.env import SnakeEnv
 from datamodules.memory import WORKER_POOL, MemoryNeed, check_memory
 from datamodules.replay import ReplayDataModule
 from datamodules.workers import worker_pids
+from envs.snake.env import SnakeEnv
 from tests.helpers import ROOT, app_in_process, short_snake_fit
 
 SNAKE_DQN = ROOT / "configs" / "snake_dqn.yaml"
@@ -221,7 +221,7 @@ from functools import partial
 from pathlib import Path
 import torch
 from datamodules.collection import CollectorWorkers
-from datamodules.envs.snake.env import SnakeEnv
+from envs.snake.env import SnakeEnv
 from datamodules.memory import WORKER_POOL
 from datamodules.replay import ReplayDataModule
 from modules.dqn import DQN

@@ -55,10 +55,21 @@ def project_imports(path: Path, root: Path = ROOT) -> list[Path]:
     return sorted({file for name in names for file in module_files(name, root)})
 
 
+def within(name: str, forbidden: tuple[str, ...]) -> bool:
+    """Whether the dotted module ``name`` is one of the ``forbidden`` packages or modules, or inside one."""
+    return any(name == package or name.startswith(f"{package}.") for package in forbidden)
+
+
+def module_name(path: Path, root: Path = ROOT) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
 def offending_chains(files: list[Path], forbidden: tuple[str, ...], root: Path = ROOT) -> list[str]:
-    """Every import of a forbidden top-level package that ``files`` make, directly or through the project's own
-    modules, as ``a.py -> b.py: the.import``: a lazy import in a function counts, and so does one made by a module
-    that a file imports (``callbacks/x.py -> export/y.py: app.cli`` puts app/ under callbacks/ all the same)."""
+    """Every import of a forbidden package (top-level, ``app``, or dotted, ``envs.racing``) that ``files`` make,
+    directly or through the project's own modules, as ``a.py -> b.py: the.import``: a lazy import in a function counts,
+    and so does one made by a module that a file imports (``callbacks/x.py -> export/y.py: app.cli`` puts app/ under
+    callbacks/ all the same)."""
     found = []
     for start in files:
         chains = {start: [start]}
@@ -66,9 +77,9 @@ def offending_chains(files: list[Path], forbidden: tuple[str, ...], root: Path =
         while queue:
             path = queue.pop(0)
             chain = " -> ".join(str(p.relative_to(root)) for p in chains[path])
-            found += [f"{chain}: {name}" for name in sorted(imported_modules(path)) if name.split(".")[0] in forbidden]
+            found += [f"{chain}: {name}" for name in sorted(imported_modules(path)) if within(name, forbidden)]
             for target in project_imports(path, root):
-                if target not in chains and target.parts[len(root.parts)] not in forbidden:
+                if target not in chains and not within(module_name(target, root), forbidden):
                     chains[target] = [*chains[path], target]
                     queue.append(target)
     return found
@@ -84,14 +95,72 @@ def test_the_scanner_sees_top_level_and_nested_imports(tmp_path):
 
 def test_datamodules_never_import_the_agents_package():
     files = sorted((ROOT / "datamodules").rglob("*.py"))
-    assert ROOT / "datamodules" / "envs" / "safety" / "physics.py" in files  # the dynamics live with the environments
+    assert ROOT / "datamodules" / "replay.py" in files
     assert offending_imports(files, ("modules", "callbacks", "app", "export")) == {}
+
+
+#: The environment families: each a sub-package of envs/ holding everything it owns.
+FAMILIES = tuple(
+    f"envs.{folder.name}" for folder in sorted((ROOT / "envs").iterdir()) if (folder / "__init__.py").is_file()
+)
+
+
+def test_every_family_is_a_room_of_envs():
+    assert {"envs.snake", "envs.safety", "envs.racing", "envs.mettagrid", "envs.mario", "envs.gym"} <= set(FAMILIES)
+    assert not (ROOT / "datamodules" / "envs").exists()
+
+
+def test_the_chain_scanner_sees_a_family_inside_a_package(tmp_path):
+    # Without this, a scanner blind to dotted names would let the family tests below pass.
+    (tmp_path / "envs" / "racing").mkdir(parents=True)
+    for path in ("envs/__init__.py", "envs/racing/__init__.py", "envs/racing/env.py", "envs/base.py"):
+        (tmp_path / path).write_text("")
+    (tmp_path / "shared.py").write_text("from envs.base import x\n\ndef f():\n    from envs.racing.env import y\n")
+    assert offending_chains([tmp_path / "shared.py"], ("envs.racing",), tmp_path) == ["shared.py: envs.racing.env"]
+
+
+#: What no family may be imported by: the shared rooms, and the environments' own shared files (the contract, the
+#: token format, the counter-based streams, drawing), directly or through anything they import.
+SHARED = ("modules", "datamodules", "callbacks", "export", "compat", "app")
+
+
+@pytest.mark.parametrize("room", [*SHARED, "envs (shared files)"])
+def test_shared_code_imports_no_family(room):
+    if room.startswith("envs"):
+        files = sorted((ROOT / "envs").glob("*.py"))
+        assert ROOT / "envs" / "base.py" in files
+    else:
+        files = sorted((ROOT / room).rglob("*.py"))
+    assert files
+    assert offending_chains(files, FAMILIES) == []
+
+
+def test_the_environment_contract_imports_only_its_dependencies_and_compat():
+    files = sorted((ROOT / "envs").glob("*.py"))
+    assert offending_imports(files, ("modules", "datamodules", "callbacks", "app", "export")) == {}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_family_imports_no_other_family_and_no_agent(family):
+    files = sorted((ROOT / family.replace(".", "/")).rglob("*.py"))
+    others = tuple(other for other in FAMILIES if other != family)
+    assert offending_chains(files, (*others, "modules", "app")) == []
 
 
 def test_the_export_loader_needs_only_torch():
     # A deployment loads a traced policy without Lightning, TorchRL or this project's training code; of compat/ it
     # imports the torch module alone (compat/__init__.py imports nothing).
-    training = ("lightning", "torchrl", "tensordict", "jsonargparse", "app", "modules", "datamodules", "callbacks")
+    training = (
+        "lightning",
+        "torchrl",
+        "tensordict",
+        "jsonargparse",
+        "app",
+        "modules",
+        "datamodules",
+        "envs",
+        "callbacks",
+    )
     loader = ROOT / "export" / "loader.py"
     assert {name for name in imported_modules(loader) if name.split(".")[0] == "compat"} == {"compat.torch"}
     assert offending_imports([loader, ROOT / "compat" / "__init__.py", ROOT / "compat" / "torch.py"], training) == {}
@@ -115,9 +184,10 @@ def test_the_chain_scanner_follows_the_projects_own_imports(tmp_path):
 # modules. The app builds the model and data module, resolves pipeline stages and runs the command-line tools; the
 # agents, callbacks and export library are handed what they need.
 LAYERS = {
+    "envs": ("app",),
     "modules": ("app",),
     "callbacks": ("app",),
-    "export": ("app", "modules", "datamodules", "callbacks"),
+    "export": ("app", "modules", "datamodules", "envs", "callbacks"),
 }
 
 
@@ -132,5 +202,5 @@ def test_compat_imports_nothing_of_the_project():
     # The dependencies' private API behind one boundary, below everything else: it may import only the dependencies.
     files = sorted((ROOT / "compat").rglob("*.py"))
     assert ROOT / "compat" / "torchrl.py" in files
-    project = ("app", "modules", "datamodules", "callbacks", "export", "benchmarks", "tests", "configs")
+    project = ("app", "modules", "datamodules", "envs", "callbacks", "export", "benchmarks", "tests", "configs")
     assert offending_imports(files, project) == {}

@@ -17,7 +17,7 @@ from tests.helpers import RESEEDED, ROOT, chain_config, fit, weights, write_conf
 
 # Small frames and short stacks keep the real emulator's tests quick; the network is the reference's at any frame size.
 SMALL_MARIO = {
-    "class_path": "datamodules.envs.mario.env.MarioEnv",
+    "class_path": "envs.mario.env.MarioEnv",
     "init_args": {"size": 40, "frame_stack": 4, "stuck_steps": 15},
 }
 

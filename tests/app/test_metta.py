@@ -233,7 +233,7 @@ def test_the_lstm_state_resets_exactly_where_each_environment_starts_an_episode_
     from torchrl.collectors import Collector
     from torchrl.envs import TransformedEnv
 
-    from datamodules.envs.mettagrid.env import MettaGridEnv
+    from envs.mettagrid.env import MettaGridEnv
     from modules.recurrent_ppo import RecurrentPPO
 
     options = {"num_agents": 4, "map_width": 8, "map_height": 8, "objects": {"altar": 4, "wall": 2}, "max_steps": 6}

@@ -16,7 +16,7 @@ import torch
 from app.cli import build, main
 from app.watch import main as watch
 from callbacks.video import VideoWriter
-from datamodules.envs.snake.env import SnakeEnv
+from envs.snake.env import SnakeEnv
 from tests.app.test_cli import assert_one_error_line
 from tests.helpers import ROOT, chain_config, fit, short_snake_fit, write_config
 
@@ -104,7 +104,7 @@ def test_a_gymnasium_video_is_drawn_by_an_environment_built_to_be_drawn():
     with pytest.raises(ValueError, match="built without render: true, so it draws nothing"):
         trained.render(0)
     assert all(not lander.particles for lander in main_engine(trained))
-    drawn = data.make_env(1, seed=0, options=data.render_options)
+    drawn = data.make_env(1, seed=0, options=dict(data.declared.render_options))
     assert all(lander.particles for lander in main_engine(drawn))
 
 
@@ -153,7 +153,7 @@ def chain_fit_with_a_video(tmp_path: Path, capsys) -> str:
 
 def test_a_video_of_an_environment_that_cannot_render_is_one_line(tmp_path, capsys):
     message = (
-        "trainer.callbacks[1] (callbacks.video.EvaluationVideo): datamodules.envs.testing.chain.ChainEnv cannot "
+        "trainer.callbacks[1] (callbacks.video.EvaluationVideo): envs.testing.chain.ChainEnv cannot "
         "render (it has no render(); BatchedEnv.can_render is False), so it makes no video"
     )
     assert_one_error_line(2, chain_fit_with_a_video(tmp_path, capsys), message)
@@ -199,5 +199,5 @@ def test_watch_on_a_run_whose_environment_cannot_render_is_one_line(tmp_path, ca
     with pytest.raises(SystemExit) as exited:
         watch(["--ckpt_path", str(checkpoint), "--config", str(tmp_path / "chain.yaml")], prog="watch")
     err = capsys.readouterr().err
-    message = f"--ckpt_path {checkpoint}: datamodules.envs.testing.chain.ChainEnv cannot render"
+    message = f"--ckpt_path {checkpoint}: envs.testing.chain.ChainEnv cannot render"
     assert exited.value.code == 2 and len(err.strip().splitlines()) == 1 and f"watch: error: {message}" in err, err

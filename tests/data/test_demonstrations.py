@@ -6,10 +6,10 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from datamodules.demonstrations import DemonstrationDataModule
-from datamodules.envs.racing.env import RacingEnv
-from datamodules.envs.racing.expert import TimeOptimalExpert
-from datamodules.envs.testing.chain import ChainEnv
+from envs.racing.demonstrations import DemonstrationDataModule
+from envs.racing.env import RacingEnv
+from envs.racing.expert import TimeOptimalExpert
+from envs.testing.chain import ChainEnv
 
 
 def small(tmp_path, **kwargs) -> DemonstrationDataModule:

@@ -9,8 +9,8 @@ from tensordict import TensorDict
 from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
 from torchrl.envs import MultiStepTransform
 
-from datamodules.envs.mario.env import MarioEnv
 from datamodules.frames import FrameStackStore
+from envs.mario.env import MarioEnv
 
 
 @pytest.fixture(scope="module")

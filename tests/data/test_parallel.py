@@ -21,10 +21,10 @@ from tensordict import TensorDict, TensorDictBase
 
 from app.cli import main
 from datamodules.collection import AsyncCollectorWorkers, CollectorWorkers, _Feeder
-from datamodules.envs.testing.chain import ChainEnv
 from datamodules.episodes import EpisodeStatistics
 from datamodules.replay import ReplayDataModule
 from datamodules.workers import WorkerWatch, worker_death_error
+from envs.testing.chain import ChainEnv
 from modules.dqn import DQN
 from tests.helpers import CHAIN, ROOT, chain_config, fit, saved_replay, weights, write_config
 

@@ -11,9 +11,9 @@ from torchrl.collectors import RandomPolicy
 from torchrl.envs import ExplorationType, MultiStepTransform, exploration_type, set_exploration_type
 
 from app.cli import build
-from datamodules.envs.testing.chain import ChainEnv
 from datamodules.replay import _start_background_thread
 from datamodules.rollout import RolloutDataModule
+from envs.testing.chain import ChainEnv
 from tests.helpers import PREFETCH, ROOT, chain_config, fit, write_config
 
 

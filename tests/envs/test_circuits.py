@@ -8,10 +8,10 @@ import math
 import pytest
 import torch
 
-from datamodules.envs.racing.circuits import CircuitGenerator, TrackSource
-from datamodules.envs.racing.env import ROAD_AHEAD, ROAD_FEATURES, RacingEnv, drive_episodes, episode_summary
-from datamodules.envs.racing.expert import TimeOptimalExpert
-from datamodules.envs.racing.track import DEFAULT_CIRCUIT, Track
+from envs.racing.circuits import CircuitGenerator, TrackSource
+from envs.racing.env import ROAD_AHEAD, ROAD_FEATURES, RacingEnv, drive_episodes, episode_summary
+from envs.racing.expert import TimeOptimalExpert
+from envs.racing.track import DEFAULT_CIRCUIT, Track
 
 WIDTH, RUNOFF = 4.0, 1.0
 

@@ -1,4 +1,4 @@
-"""The environment contract (``datamodules/envs/base.py``), checked for every environment in ``datamodules.envs``.
+"""The environment contract (``envs/base.py``), checked for every environment in ``envs``.
 
 The environments are found by walking the package, so a new one is covered as soon as its file exists. Each is built
 small (``OPTIONS``: short episodes, so a few dozen steps cross several resets; options off their defaults, so a
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import pickle
 import pkgutil
 from collections.abc import Sequence
 from typing import Any
@@ -24,9 +25,9 @@ from tensordict import TensorDictBase
 from torchrl.envs import EnvBase
 from torchrl.envs.utils import check_env_specs
 
-import datamodules.envs
-from datamodules.envs.base import BATCH_ARGUMENTS, BatchedEnv
-from datamodules.envs.snake.env import SnakeEnv
+import envs
+from envs.base import BATCH_ARGUMENTS, BatchedEnv
+from envs.snake.env import SnakeEnv
 
 #: Options for the environments here: short episodes, small batches; a new environment runs with its defaults.
 OPTIONS: dict[str, dict[str, Any]] = {
@@ -58,11 +59,11 @@ def environment_classes() -> list[Any]:
     """Every concrete :class:`BatchedEnv` defined in the package, as pytest params; a module whose third-party
     package is missing is one skipped param (any other import error fails the collection)."""
     params = []
-    for info in pkgutil.walk_packages(datamodules.envs.__path__, "datamodules.envs."):
+    for info in pkgutil.walk_packages(envs.__path__, "envs."):
         try:
             module = importlib.import_module(info.name)
         except ModuleNotFoundError as error:
-            if error.name is None or error.name.split(".")[0] == "datamodules":
+            if error.name is None or error.name.split(".")[0] in ("envs", "datamodules", "compat"):
                 raise
             reason = f"{info.name} needs {error.name}, which is not installed"
             params.append(pytest.param(None, id=info.name, marks=pytest.mark.skip(reason=reason)))
@@ -134,6 +135,14 @@ def test_the_constructor_takes_the_batch_and_named_options(cls):
     assert set(env.full_done_spec.keys()) == {"done", "terminated", "truncated"}
     assert set(cls.episode_metric_keys) <= set(env.observation_spec.keys())
     assert set(cls.episode_metric_over) | set(cls.episode_metric_over.values()) <= set(cls.episode_metric_keys)
+    # The declaration carries every declaration of the environment, and nothing the rest reads it from is left out.
+    declared = env.declaration()
+    assert (declared.env_class, declared.options) == (cls, options)
+    assert declared.episode_metric_keys == tuple(cls.episode_metric_keys)
+    assert dict(declared.episode_metric_over) == dict(cls.episode_metric_over)
+    assert (declared.physics, declared.observation_layout) == (env.physics, env.observation_layout)
+    assert (declared.can_render, dict(declared.render_options)) == (cls.can_render, dict(cls.render_options))
+    assert (declared.exact_state, declared.inexact_state_reason) == (cls.exact_state, cls.inexact_state_reason)
     env.close()
 
 
@@ -155,7 +164,12 @@ def test_the_same_seed_and_a_rebuild_from_init_kwargs_play_the_same_episodes(cls
     rebuilt = build(cls, **env.init_kwargs())
     assert rebuilt.init_kwargs() == env.init_kwargs()
     assert_same_episodes(episodes, play(rebuilt, actions)[0])
-    for each in (env, rebuilt):
+    # What a worker process rebuilds it from: the declaration, pickled across, with its options.
+    declared = pickle.loads(pickle.dumps(env.declaration()))
+    redeclared = declared.build(NUM_ENVS, seed=3, device="cpu")
+    assert type(redeclared) is cls and redeclared.init_kwargs() == env.init_kwargs()
+    assert_same_episodes(episodes, play(redeclared, actions)[0])
+    for each in (env, rebuilt, redeclared):
         each.close()
 
 
@@ -220,8 +234,8 @@ def test_state_dict_continues_exactly(cls):
 def test_the_data_module_refuses_an_environment_outside_the_contract():
     from torchrl.envs import StepCounter, TransformedEnv
 
-    from datamodules.envs.testing.chain import ChainEnv
     from datamodules.replay import ReplayDataModule
+    from envs.testing.chain import ChainEnv
 
     def wrapped(**kwargs: Any) -> TransformedEnv:
         return TransformedEnv(ChainEnv(**kwargs), StepCounter())

@@ -1,4 +1,4 @@
-"""The envpool engine of the Gymnasium family (``datamodules/envs/gym/envpool_env.py``) on envpool's real tasks: the
+"""The envpool engine of the Gymnasium family (``envs/gym/envpool_env.py``) on envpool's real tasks: the
 batch against envpool's own single copies, restarts by envpool's next step, an Atari game's life loss and unclipped
 score, what a state restores, and one-line errors through the command line. (The environment contract, the fast step
 against TorchRL's included, is checked for it in test_env_contract.py; the shipped config fits in test_gym_env.py.)"""
@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from app.cli import main
-from datamodules.envs.counter_rng import episode_seed
 from datamodules.episodes import EpisodeStatistics
 from datamodules.rollout import RolloutDataModule
+from envs.counter_rng import episode_seed
 from tests.helpers import chain_config, fit, write_config
 
 pytestmark = pytest.mark.skipif(
@@ -26,7 +26,7 @@ pytestmark = pytest.mark.skipif(
 
 
 def envpool_env(**options: Any):
-    from datamodules.envs.gym.envpool_env import EnvpoolEnv  # noqa: PLC0415 (after the skip)
+    from envs.gym.envpool_env import EnvpoolEnv  # noqa: PLC0415 (after the skip)
 
     return EnvpoolEnv(**options)
 
@@ -209,7 +209,7 @@ def test_a_state_restores_the_streams_and_counters_and_the_next_reset_starts_the
 def test_an_envpool_run_resumed_with_ckpt_path_last_continues_in_its_folder_from_fresh_episodes(tmp_path, monkeypatch):
     config = chain_config("ppo", tmp_path / "runs")
     env = {"env_id": "CartPole-v1", "num_threads": 1}
-    config["data"]["init_args"]["env"] = {"class_path": "datamodules.envs.gym.envpool_env.EnvpoolEnv", "init_args": env}
+    config["data"]["init_args"]["env"] = {"class_path": "envs.gym.envpool_env.EnvpoolEnv", "init_args": env}
     logger = {"save_dir": str(tmp_path / "runs"), "name": "envpool"}  # a real run folder, as the configs write
     config["trainer"]["logger"] = {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": logger}
     path = write_config(config, tmp_path / "envpool.yaml")
@@ -240,7 +240,7 @@ FLAG = "--data.init_args.env.init_args"
 
 def one_error_line(tmp_path: Path, capsys, *args: str, **env: Any) -> str:
     config = chain_config("dqn", tmp_path / "out")
-    config["data"]["init_args"]["env"] = {"class_path": "datamodules.envs.gym.envpool_env.EnvpoolEnv", "init_args": env}
+    config["data"]["init_args"]["env"] = {"class_path": "envs.gym.envpool_env.EnvpoolEnv", "init_args": env}
     with pytest.raises(SystemExit) as exited:
         main(["fit", "--config", str(write_config(config, tmp_path / "envpool.yaml")), *args])
     assert exited.value.code == 2

@@ -1,4 +1,4 @@
-"""The Gymnasium family (``datamodules/envs/gym``) on real Gymnasium environments: options, seeding against Gymnasium's
+"""The Gymnasium family (``envs/gym``) on real Gymnasium environments: options, seeding against Gymnasium's
 own episodes, partial resets, episode metrics, what a state restores, one-line errors through the command line, and the
 shipped configs fitted and resumed."""
 
@@ -18,9 +18,9 @@ from tensordict import TensorDict
 from torchrl.data import Unbounded
 
 from app.cli import main
-from datamodules.envs.counter_rng import episode_seed
-from datamodules.envs.gym.env import GymnasiumEnv
 from datamodules.rollout import RolloutDataModule
+from envs.counter_rng import episode_seed
+from envs.gym.env import GymnasiumEnv
 from tests.app.test_cli import run_app
 from tests.envs.test_adding_an_environment import fits_as_the_readme_runs_it
 from tests.helpers import ROOT, chain_config, fit, readme_code_blocks, write_config
@@ -265,7 +265,7 @@ def test_a_state_restores_the_streams_and_counters_and_the_next_reset_starts_the
 def gym_config(tmp_path: Path, **env: Any) -> Path:
     """A tiny DQN run on a Gymnasium env (the chain config's data module and model)."""
     config = chain_config("dqn", tmp_path / "out")
-    config["data"]["init_args"]["env"] = {"class_path": "datamodules.envs.gym.env.GymnasiumEnv", "init_args": env}
+    config["data"]["init_args"]["env"] = {"class_path": "envs.gym.env.GymnasiumEnv", "init_args": env}
     return write_config(config, tmp_path / "gym.yaml")
 
 
@@ -469,7 +469,7 @@ def test_the_gym_configs_cite_the_rl_zoo_and_name_the_gymnasium_env():
         assert "rl-baselines3-zoo" in text and f"configs/gym/{path.name}" in text
         env = yaml.safe_load(text)["data"]["init_args"]["env"]
         engine = "envpool_env.EnvpoolEnv" if path.stem.endswith("_envpool") else "env.GymnasiumEnv"
-        assert env["class_path"] == f"datamodules.envs.gym.{engine}" and env["init_args"]["env_id"]
+        assert env["class_path"] == f"envs.gym.{engine}" and env["init_args"]["env_id"]
 
 
 @pytest.mark.slow

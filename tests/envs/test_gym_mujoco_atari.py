@@ -11,8 +11,8 @@ import yaml
 from torchrl.envs import TransformedEnv
 from torchrl.envs.utils import ExplorationType, set_exploration_type
 
-from datamodules.envs.gym.env import GymnasiumEnv
 from datamodules.episodes import EpisodeStatistics
+from envs.gym.env import GymnasiumEnv
 from modules.networks import NatureCNN
 from modules.ppo import PPO
 from modules.sac import SAC

@@ -13,8 +13,8 @@ import torch.nn.functional as F
 from torchrl.envs.utils import check_env_specs
 
 from app.cli import main
-from datamodules.envs.mario.env import ACTION_NAMES, MarioEnv
-from datamodules.envs.mario.nes_compat import IntReadRAM, MarioEmulator
+from envs.mario.env import ACTION_NAMES, MarioEnv
+from envs.mario.nes_compat import IntReadRAM, MarioEmulator
 
 RIGHT, LEFT, NOOP = ACTION_NAMES.index("right"), ACTION_NAMES.index("left"), ACTION_NAMES.index("NOOP")
 

@@ -14,7 +14,7 @@ from torchrl.envs.utils import check_env_specs
 
 pytest.importorskip("mettagrid", reason='the metta extra: pip install -e ".[metta]"')
 
-from datamodules.envs.mettagrid.env import MettaGridEnv
+from envs.mettagrid.env import MettaGridEnv
 
 # A tiny game: 4 agents, 4 altars and 2 walls on 8x8 cells, 12-step episodes (several restarts in a short test).
 SMALL = {"num_agents": 4, "map_width": 8, "map_height": 8, "objects": {"altar": 4, "wall": 2}, "max_steps": 12}

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from datamodules.envs.safety.physics import (
+from envs.safety.physics import (
     DEG,
     TAU,
     ToyPhysics,

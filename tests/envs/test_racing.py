@@ -10,9 +10,9 @@ import torch
 from tensordict import TensorDict
 from torchrl.envs.utils import check_env_specs
 
-from datamodules.envs.racing.env import STEERING_LIMIT, RacingEnv
-from datamodules.envs.racing.expert import TimeOptimalExpert, speed_profile
-from datamodules.envs.racing.track import Track
+from envs.racing.env import STEERING_LIMIT, RacingEnv
+from envs.racing.expert import TimeOptimalExpert, speed_profile
+from envs.racing.track import Track
 
 
 def test_default_track_is_a_closed_smooth_loop():
@@ -215,7 +215,7 @@ def test_evaluation_averages_lap_time_over_the_episodes_that_completed_a_lap():
     # The expert completes its first lap (about 26 s) from every start of a 40 s episode; a car that stands still
     # completes none. Mixed in one evaluation, lap_time_mean is the lap's time, not half of it.
     data = ReplayDataModule(lambda **kwargs: RacingEnv(max_steps=2000, **kwargs), eval_episodes=4)
-    assert data.episode_metric_over == {"lap_time": "laps"}  # the env declares it; the data module reads it
+    assert data.declared.episode_metric_over == {"lap_time": "laps"}  # the env declares it; the data module reads it
     probe = data.make_env(4, 0)
     expert = TimeOptimalExpert(probe)
 

@@ -10,9 +10,9 @@ import torch
 import torch.nn.functional as F
 from tensordict import TensorDict
 
-from datamodules.envs.racing.env import CAR_FRONT, CAR_REAR, RacingEnv
-from datamodules.envs.snake.env import RENDER_CELL, RENDER_COLOURS, SnakeEnv
-from datamodules.envs.testing.chain import ChainEnv
+from envs.racing.env import CAR_FRONT, CAR_REAR, RacingEnv
+from envs.snake.env import RENDER_CELL, RENDER_COLOURS, SnakeEnv
+from envs.testing.chain import ChainEnv
 
 
 def assert_frame(image: np.ndarray, shape: tuple[int, int]) -> None:
@@ -85,7 +85,7 @@ def test_racing_frame_shows_the_car_where_it_is_heading_where_it_heads():
 
 def test_mario_frame_is_the_screen_the_observation_is_made_from():
     pytest.importorskip("nes_py")
-    from datamodules.envs.mario.env import MarioEnv
+    from envs.mario.env import MarioEnv
 
     env = MarioEnv(num_envs=1, frame_stack=2, size=84)
     td = env.reset()
@@ -103,9 +103,9 @@ def test_mario_frame_is_the_screen_the_observation_is_made_from():
 
 def test_mettagrid_frame_is_the_map():
     pytest.importorskip("mettagrid")
-    from datamodules.envs.mettagrid.env import AGENT, WALL, MettaGridEnv
-    from datamodules.envs.mettagrid.env import RENDER_CELL as CELL
-    from datamodules.envs.mettagrid.env import RENDER_COLOURS as COLOURS
+    from envs.mettagrid.env import AGENT, WALL, MettaGridEnv
+    from envs.mettagrid.env import RENDER_CELL as CELL
+    from envs.mettagrid.env import RENDER_COLOURS as COLOURS
 
     env = MettaGridEnv(num_envs=2, num_agents=4, map_width=10, map_height=8, max_steps=20)
     td = env.reset()
@@ -126,7 +126,7 @@ def test_mettagrid_frame_is_the_map():
 
 
 def test_a_gymnasium_environment_renders_its_rgb_array_where_the_cart_is():
-    from datamodules.envs.gym.env import GymnasiumEnv
+    from envs.gym.env import GymnasiumEnv
 
     env = GymnasiumEnv(num_envs=2, env_id="CartPole-v1", seed=3, render=True)
     td = env.reset()

@@ -7,7 +7,7 @@ import torch
 from tensordict import TensorDict
 from torchrl.envs.utils import check_env_specs
 
-from datamodules.envs.snake.env import SnakeEnv
+from envs.snake.env import SnakeEnv
 
 UP, RIGHT, DOWN, LEFT = 0, 1, 2, 3
 

@@ -10,9 +10,9 @@ from tensordict import TensorDict
 from torchrl.envs.utils import check_env_specs
 
 from callbacks.safety import success_rates
-from datamodules.envs.safety.physics import TAU, VehicleParameters, vehicle_controls, vehicle_dynamics
-from datamodules.envs.safety.toy import ToyEnv
-from datamodules.envs.safety.vehicle import VehicleEnv, _circuit
+from envs.safety.physics import TAU, VehicleParameters, vehicle_controls, vehicle_dynamics
+from envs.safety.toy import ToyEnv
+from envs.safety.vehicle import VehicleEnv, _circuit
 
 QUIET = (0.0, 0.0, 0.0, 0.0, 0.0)
 

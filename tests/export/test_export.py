@@ -19,7 +19,7 @@ import export.tracing as tracing
 from app.cli import build
 from app.export import main as export_main
 from callbacks.export import PolicyExport
-from datamodules.envs.safety.physics import TAU
+from envs.safety.physics import TAU
 from export.inputs import ENV_COPIES, environment_check_inputs
 from export.loader import TracedPolicy
 from export.report import format_rate

@@ -1,7 +1,7 @@
 """The PIRL authors' 2-D toy system as a batched TorchRL environment: a tiny, fast safety task for tests.
 
 State ``(x₁, x₂, τ)``; the controlled diffusion ``dx = f(x, u) dt + σ dW`` with drift ``f = (−x₁³ − x₂, x₁ + x₂ + u)``
-(:class:`datamodules.envs.safety.physics.ToyPhysics`, which the PDE loss also uses), σ = 0.4 on both coordinates,
+(:class:`envs.safety.physics.ToyPhysics`, which the PDE loss also uses), σ = 0.4 on both coordinates,
 integrated by Euler–Maruyama steps of ``dt``. Unsafe when ``|x₂| > 1``; reward 1 when the horizon
 τ ~ U(0, ``tau_max``) runs out in the safe set. Actions pick ``u`` from ``controls``.
 """
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from datamodules.envs.safety.base import SafetyEnv
-from datamodules.envs.safety.physics import ToyPhysics
+from envs.safety.base import SafetyEnv
+from envs.safety.physics import ToyPhysics
 
 
 class ToyEnv(SafetyEnv):

@@ -23,7 +23,7 @@ game (``episode_metric_over``).
 
 **State.** Neither engine has a snapshot of its copies, so the state holds the seed streams and the episode counters.
 Loading it ends the running episodes; the next reset starts each copy's following episode ``k`` seeded
-:func:`~datamodules.envs.counter_rng.episode_seed` ``(seed + i, k)``, and the collection carries that reset's
+:func:`~envs.counter_rng.episode_seed` ``(seed + i, k)``, and the collection carries that reset's
 observations (``exact_state = False``).
 """
 
@@ -42,7 +42,7 @@ from torchrl.data import Bounded, Categorical, Composite, TensorSpec, Unbounded
 from compat.tensordict import tensordict_unchecked
 from compat.torchrl import StepOutputComplete
 from datamodules.checkpoint_files import CheckpointMismatch
-from datamodules.envs.base import BatchedEnv
+from envs.base import BatchedEnv
 
 _CPU = torch.device("cpu")
 

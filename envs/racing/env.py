@@ -24,9 +24,9 @@ to the left and right edges / half width, the speed along the centre line / ``ma
 ``curvature_ahead`` distances (``ROAD_AHEAD`` when none are given) times ``CURVATURE_SCALE``. Rotating or moving the
 whole circuit and car leaves it unchanged (``tests/envs/test_circuits.py``).
 
-**Circuits.** ``tracks`` (:mod:`datamodules.envs.racing.circuits`) replaces the one circuit of ``control_points`` by a
+**Circuits.** ``tracks`` (:mod:`envs.racing.circuits`) replaces the one circuit of ``control_points`` by a
 set of generated ones — a training pool or the held-out circuits, drawn per episode or fixed per car. Each car then
-drives its own circuit (``circuit`` buffer, indices into :class:`~datamodules.envs.racing.track.Circuits`), and the
+drives its own circuit (``circuit`` buffer, indices into :class:`~envs.racing.track.Circuits`), and the
 entry ``circuit`` (privileged, like ``arc``) says which. A per-episode draw is one more uniform from the car's stream
 at its reset, so the circuits driven are part of the seeded, checkpointed state.
 
@@ -42,7 +42,7 @@ none). A lap is a full track length of progress from where the episode started.
 
 **Starts.** Each episode starts at a uniformly drawn point of the track, within ``start_lateral`` m of the centre
 line, heading within ``start_heading`` rad of the track's, at a speed in [0, ``start_speed``] m/s. Randomness is
-counter-based (:mod:`datamodules.envs.counter_rng`): car ``i`` of a batch seeded ``seed`` drives the episodes of a
+counter-based (:mod:`envs.counter_rng`): car ``i`` of a batch seeded ``seed`` drives the episodes of a
 single car seeded ``seed + i``. All state is in buffers, so ``state_dict`` captures it.
 """
 
@@ -57,11 +57,11 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from torchrl.data import Bounded, Composite, Unbounded
 
-from datamodules.envs.base import BatchedEnv
-from datamodules.envs.counter_rng import random_bits, uniform
-from datamodules.envs.drawing import fill_polygon
-from datamodules.envs.racing.circuits import TrackSource
-from datamodules.envs.racing.track import DEFAULT_CIRCUIT, Circuits, Track, wrap_angle
+from envs.base import BatchedEnv
+from envs.counter_rng import random_bits, uniform
+from envs.drawing import fill_polygon
+from envs.racing.circuits import TrackSource
+from envs.racing.track import DEFAULT_CIRCUIT, Circuits, Track, wrap_angle
 
 ACCELERATION_RANGE = (-6.0, 4.0)  # m/s²
 STEERING_LIMIT = math.radians(25.0)  # rad
@@ -86,7 +86,7 @@ class RacingEnv(BatchedEnv):
 
     Args:
         num_envs: cars stepped together.
-        control_points: the track's centre line (:class:`~datamodules.envs.racing.track.Track`); default: the 450 m
+        control_points: the track's centre line (:class:`~envs.racing.track.Track`); default: the 450 m
             circuit.
         width: track width (m).
         max_steps: episode length limit (steps of ``dt``).
@@ -99,7 +99,7 @@ class RacingEnv(BatchedEnv):
         curvature_ahead: distances ahead (m) at which the track's curvature joins the observation; empty: the
             reference's 8 (the road observation's default: ``ROAD_AHEAD``).
         observation: ``reference`` (the reference's 8 numbers) or ``road`` (the car relative to the road only).
-        tracks: a circuit source (:class:`~datamodules.envs.racing.circuits.TrackSource` options: ``generator``,
+        tracks: a circuit source (:class:`~envs.racing.circuits.TrackSource` options: ``generator``,
             ``seed``, ``per``, ``split``, ``pool``, ``held_out``, ``directions``) instead of ``control_points``; None:
             the one circuit of ``control_points``.
         speed, tracking, heading, smoothness, off_track, crash: the reward's weights.

@@ -6,7 +6,7 @@ reaches 0 in the safe set, and with reward 0 as soon as the state leaves it. Wit
 state is its safety probability. Subclasses give the dynamics (:meth:`SafetyEnv._advance`), the safe set and the
 initial states.
 
-Randomness is counter-based (:mod:`datamodules.envs.counter_rng`): environment ``i`` of a batch seeded ``seed``
+Randomness is counter-based (:mod:`envs.counter_rng`): environment ``i`` of a batch seeded ``seed``
 replays the episodes of a single environment seeded ``seed + i``, and :meth:`SafetyEnv.replicate` can start many
 independent continuations of the same states (Monte-Carlo estimates of the safety probability).
 """
@@ -20,8 +20,8 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from torchrl.data import Categorical, Composite, Unbounded
 
-from datamodules.envs.base import BatchedEnv
-from datamodules.envs.counter_rng import normal, random_bits, uniform
+from envs.base import BatchedEnv
+from envs.counter_rng import normal, random_bits, uniform
 
 
 class SafetyEnv(BatchedEnv):

@@ -2,7 +2,7 @@
 
 **Generator.** A circuit is a ring of ``points`` control points at increasing angles around an origin (evenly spaced,
 each shifted by up to ``jitter`` of the spacing) and random radii within ``radius``; the closed B-spline of
-:class:`~datamodules.envs.racing.track.Track` through them is the centre line. Radii that differ between neighbours
+:class:`~envs.racing.track.Track` through them is the centre line. Radii that differ between neighbours
 give the straights, hairpins and S-bends. A draw is kept only if the track passes the track's own checks (no fold),
 its tightest radius is at least ``min_radius`` and no two parts of the road come closer than ``clearance`` m plus the
 road's width and run-off on both sides (a car could otherwise cross onto another part of the circuit); otherwise the
@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from datamodules.envs.racing.track import Track
+from envs.racing.track import Track
 
 SPLITS = {"train": 0, "held_out": 1}  # the second number of a circuit's seed
 DIRECTIONS = ("forward", "reversed", "both")

@@ -13,7 +13,7 @@ An environment is a TorchRL ``EnvBase`` that steps a whole batch of environments
   ``truncated``, bool ``[*batch, 1]``) is :class:`BatchedEnv`'s. ``_reset`` and ``_step`` return every entry of the
   specs.
 - **Seeding.** The same seed and the same actions play the same episodes. The environments here draw from
-  counter-based streams (:mod:`datamodules.envs.counter_rng`), so environment ``i`` of a batch seeded ``seed`` plays
+  counter-based streams (:mod:`envs.counter_rng`), so environment ``i`` of a batch seeded ``seed`` plays
   what a single environment seeded ``seed + i`` plays.
 - **State.** Everything the continuation depends on is in ``state_dict()`` (registered buffers, or
   ``get_extra_state`` for an engine that cannot be read out): loaded into a new environment of the same options, it
@@ -25,7 +25,9 @@ An environment is a TorchRL ``EnvBase`` that steps a whole batch of environments
 - **Declarations**, class attributes with defaults here: ``episode_metric_keys`` (per-step entries an evaluation sums
   over each episode and reports), ``episode_metric_over`` (metrics averaged only over the episodes where another is
   positive), ``physics`` (the dynamics a physics-informed loss differentiates) and ``observation_layout`` (how token
-  observations decode into a grid). The data module reads them from its throw-away environment and hands them on.
+  observations decode into a grid). :meth:`BatchedEnv.declaration` gathers them, with the class and options that
+  rebuild the environment, into one typed :class:`EnvDeclaration`: the only way the rest of the project learns about
+  an environment (the data module reads it once from a throw-away environment, as ``datamodule.declared``).
 - **Rendering** (optional): an environment that can be drawn sets ``can_render = True`` and implements
   :meth:`BatchedEnv.render`, environment ``index`` of the batch as an RGB image (uint8 ``[height, width, 3]``, the
   same size at every call). Videos (``callbacks/video.py``, ``python -m app watch``) are made of these frames, drawn
@@ -42,6 +44,7 @@ import copy
 import functools
 import inspect
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -53,7 +56,7 @@ from torchrl.envs import EnvBase
 from compat.torchrl import FastStepAndMaybeReset
 
 if TYPE_CHECKING:
-    from datamodules.envs.mettagrid.tokens import ObservationLayout
+    from envs.tokens import ObservationLayout
 
 #: Constructor arguments that say how many environments, from which seed and where, rather than which environment.
 BATCH_ARGUMENTS = ("num_envs", "seed", "device")
@@ -72,9 +75,9 @@ class BatchedEnv(FastStepAndMaybeReset, EnvBase):
     episode_metric_keys: ClassVar[tuple[str, ...]] = ()
     #: ``{metric: marker}``: ``metric`` is averaged over the episodes whose ``marker`` sum is positive only.
     episode_metric_over: ClassVar[Mapping[str, str]] = MappingProxyType({})
-    #: the dynamics a physics-informed loss uses (:mod:`datamodules.envs.safety.physics`); None: none.
+    #: the dynamics a physics-informed loss uses (:mod:`envs.safety.physics`); None: none.
     physics: Any = None
-    #: how token observations decode into a grid (:class:`~datamodules.envs.mettagrid.tokens.ObservationLayout`).
+    #: how token observations decode into a grid (:class:`~envs.tokens.ObservationLayout`).
     observation_layout: ObservationLayout | None = None
     #: whether :meth:`render` draws this environment (videos need it).
     can_render: ClassVar[bool] = False
@@ -102,6 +105,21 @@ class BatchedEnv(FastStepAndMaybeReset, EnvBase):
         this environment."""
         return copy.deepcopy(self._init_options)
 
+    def declaration(self) -> EnvDeclaration:
+        """What this environment tells the rest of the project about itself (:class:`EnvDeclaration`)."""
+        return EnvDeclaration(
+            env_class=type(self),
+            options=self.init_kwargs(),
+            episode_metric_keys=tuple(self.episode_metric_keys),
+            episode_metric_over=dict(self.episode_metric_over),
+            physics=self.physics,
+            observation_layout=self.observation_layout,
+            can_render=self.can_render,
+            render_options=dict(self.render_options),
+            exact_state=self.exact_state,
+            inexact_state_reason=self.inexact_state_reason,
+        )
+
     def render(self, index: int = 0) -> np.ndarray:
         """Environment ``index`` of the batch (the first batch dimension: all agents of a multi-agent environment) as
         it is now: an RGB image, uint8 ``[height, width, 3]``, the same size at every call. Environments that can be
@@ -113,6 +131,43 @@ class BatchedEnv(FastStepAndMaybeReset, EnvBase):
         if not 0 <= index < self.batch_size[0]:
             raise ValueError(f"index must be in [0, {self.batch_size[0]}) (the batch's environments), got {index}")
         return index
+
+
+@dataclass(frozen=True)
+class EnvDeclaration:
+    """What an environment tells the rest of the project, read once from a throw-away environment
+    (:meth:`BatchedEnv.declaration`): how to build it again, and its declarations (the module docstring). Agents,
+    callbacks and collection strategies ask this object, never the environment's family, so that shared code imports
+    no family. Plain values (copies), so that it pickles into worker processes.
+
+    Attributes:
+        env_class: the environment's class.
+        options: its constructor's options (all but ``num_envs``, ``seed`` and ``device``): with the class, what
+            rebuilds it in a worker process or for an evaluation (:meth:`build`).
+        episode_metric_keys: per-step entries summed over each episode and reported as ``<key>_mean``.
+        episode_metric_over: ``{metric: marker}``: ``metric`` averaged over the episodes whose ``marker`` is positive.
+        physics: the dynamics a physics-informed loss differentiates (PIRL's), or None.
+        observation_layout: how token observations decode into a grid (:class:`~envs.tokens.ObservationLayout`), or
+            None.
+        can_render: whether ``render`` draws the environment (videos need it).
+        render_options: options of an environment built to be drawn.
+        exact_state: whether its state continues the running episodes exactly (``inexact_state_reason``: why not).
+    """
+
+    env_class: type[BatchedEnv]
+    options: Mapping[str, Any]
+    episode_metric_keys: tuple[str, ...] = ()
+    episode_metric_over: Mapping[str, str] = field(default_factory=dict)
+    physics: Any = None
+    observation_layout: ObservationLayout | None = None
+    can_render: bool = False
+    render_options: Mapping[str, Any] = field(default_factory=dict)
+    exact_state: bool = True
+    inexact_state_reason: str = ""
+
+    def build(self, num_envs: int, seed: int, device: str | torch.device, **options: Any) -> BatchedEnv:
+        """``num_envs`` environments of this class and options seeded from ``seed``; ``options`` replace some."""
+        return self.env_class(num_envs=num_envs, seed=seed, device=device, **{**self.options, **options})
 
 
 def cannot_render(env_class: type) -> str:

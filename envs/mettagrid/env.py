@@ -24,7 +24,7 @@ cross the map a few times and short enough for several episodes per minute of CP
 stay cheap (one episode is 500 × 24 agent-steps).
 
 **Seeding.** Episode ``k`` of environment ``i`` in a batch seeded ``seed`` uses the map and engine seed
-:func:`~datamodules.envs.counter_rng.episode_seed` ``(seed + i, k)``: a batch replays exactly the games of single
+:func:`~envs.counter_rng.episode_seed` ``(seed + i, k)``: a batch replays exactly the games of single
 environments seeded ``seed + i`` under the same actions.
 
 **State.** The C++ engine cannot be saved, so ``state_dict`` holds, per environment, the seed of the running
@@ -71,10 +71,10 @@ from torchrl.data import Bounded, Categorical, Composite, Unbounded
 from compat.tensordict import tensordict_unchecked
 from compat.torchrl import StepOutputComplete
 from datamodules.checkpoint_files import CheckpointMismatch
-from datamodules.envs.base import BatchedEnv
-from datamodules.envs.counter_rng import episode_seed
-from datamodules.envs.drawing import grid_image, palette
-from datamodules.envs.mettagrid.tokens import ObservationLayout
+from envs.base import BatchedEnv
+from envs.counter_rng import episode_seed
+from envs.drawing import grid_image, palette
+from envs.tokens import ObservationLayout
 
 # Objects each task places on its map by default (the ``objects`` option overrides counts by name).
 TASK_OBJECTS = {"altars": {"wall": 10, "altar": 20}, "arena": {"wall": 10}}

@@ -2,7 +2,7 @@
 thread pool, as a batched TorchRL environment::
 
     env:
-      class_path: datamodules.envs.gym.envpool_env.EnvpoolEnv
+      class_path: envs.gym.envpool_env.EnvpoolEnv
       init_args:
         env_id: Breakout-v5             # envpool's id (envpool.list_all_envs()); ALE/Breakout-v5 is read as Breakout-v5
         env_kwargs: {reward_clip: true}  # envpool's options of the task (envpool.make_spec(env_id).config)
@@ -12,7 +12,7 @@ thread pool, as a batched TorchRL environment::
 **Why.** The copies step in envpool's threads, outside Python: 2.2× Gymnasium's vector env on Breakout with 8 copies
 and 2 threads, 1.4–2.1× on HalfCheetah with 8–16 (BENCHMARKS.md, "MuJoCo and Atari: which vectorisation").
 
-**What differs from** :class:`~datamodules.envs.gym.env.GymnasiumEnv`: the task is envpool's implementation, so
+**What differs from** :class:`~envs.gym.env.GymnasiumEnv`: the task is envpool's implementation, so
 the same seed plays other episodes than ``gymnasium.make(id)`` does (and MuJoCo's floating point may differ);
 preprocessing is envpool's own options (Atari's frame skip, no-op starts, 84×84 grey, frame stack, FIRE at reset,
 reward clipping, life loss: its defaults are the DeepMind settings), not Gymnasium wrappers; and it does not render
@@ -46,8 +46,8 @@ import numpy as np
 import torch
 from tensordict import TensorDictBase
 
-from datamodules.envs.counter_rng import episode_seed
-from datamodules.envs.gym.copies import CopyBatchEnv
+from envs.counter_rng import episode_seed
+from envs.gym.copies import CopyBatchEnv
 
 #: The command that installs envpool (pyproject.toml's extra).
 INSTALL_EXTRA = 'pip install "lightrl[envpool]"'

@@ -21,9 +21,9 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from torchrl.data import Bounded, Categorical, Composite, Unbounded
 
-from datamodules.envs.base import BatchedEnv
-from datamodules.envs.counter_rng import random_bits
-from datamodules.envs.mettagrid.tokens import ObservationLayout
+from envs.base import BatchedEnv
+from envs.counter_rng import random_bits
+from envs.tokens import ObservationLayout
 
 _VIEW = 11
 _CENTRE = (_VIEW // 2) << 4 | (_VIEW // 2)

@@ -12,7 +12,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from torchrl.data import Binary, Categorical, Composite, Unbounded
 
-from datamodules.envs.base import BatchedEnv
+from envs.base import BatchedEnv
 
 
 class ChainEnv(BatchedEnv):

@@ -5,7 +5,7 @@
 wrappers by name, or any ``gymnasium.Wrapper`` by class path, applied in order to each copy)::
 
     env:
-      class_path: datamodules.envs.gym.env.GymnasiumEnv
+      class_path: envs.gym.env.GymnasiumEnv
       init_args:
         env_id: LunarLander-v3
         env_kwargs: {gravity: -9.0}
@@ -51,9 +51,9 @@ import numpy as np
 import torch
 from tensordict import TensorDictBase
 
-from datamodules.envs.counter_rng import episode_seed
-from datamodules.envs.gym.copies import CopyBatchEnv, action_spec, observation_spec
-from datamodules.envs.gym.make import make_env, resolve_wrappers
+from envs.counter_rng import episode_seed
+from envs.gym.copies import CopyBatchEnv, action_spec, observation_spec
+from envs.gym.make import make_env, resolve_wrappers
 
 
 class GymnasiumEnv(CopyBatchEnv):

@@ -2,7 +2,7 @@
 
 Gymnasium's ``AtariPreprocessing`` (no-op starts, frame skip with max-pooling, 84×84 grey), ``FrameStackObservation``
 and ``ClipReward`` do the rest, named in a config's ``wrappers``; the life loss is ``GymnasiumEnv``'s
-``episodic_life`` option (``datamodules/envs/gym/env.py``: Gymnasium's ``terminal_on_life_loss`` restarts the game).
+``episodic_life`` option (``envs/gym/env.py``: Gymnasium's ``terminal_on_life_loss`` restarts the game).
 """
 
 from __future__ import annotations

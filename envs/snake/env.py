@@ -34,10 +34,10 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from torchrl.data import Bounded, Categorical, Composite, Unbounded
 
-from datamodules.envs.base import BatchedEnv
-from datamodules.envs.counter_rng import random_bits
-from datamodules.envs.drawing import grid_image, palette
-from datamodules.envs.snake import cpu_kernel
+from envs.base import BatchedEnv
+from envs.counter_rng import random_bits
+from envs.drawing import grid_image, palette
+from envs.snake import cpu_kernel
 
 # Row and column offsets of the 4 absolute actions: up, right, down, left.
 _DROW = (-1, 0, 1, 0)

@@ -1,7 +1,7 @@
 """The PIRL vehicle as a batched TorchRL environment: thousands of cars on a road, stepped by tensor ops (CPU or CUDA).
 
 The reference drove a CARLA car; CARLA cannot run here, so this environment integrates the same dynamic bicycle model
-with Pacejka tyres (:mod:`datamodules.envs.safety.physics`, which the PDE loss also differentiates) on a synthetic
+with Pacejka tyres (:mod:`envs.safety.physics`, which the PDE loss also differentiates) on a synthetic
 road and produces the same 16-dimensional state: ``(vx, β, ω, e, ψ, Δx₁…₅, Δy₁…₅, τ)`` — speed (m/s), slip angle
 (deg), yaw rate (deg/s), lateral error (m) and heading error (deg) relative to the centre line, the 5 next waypoints
 in the car's frame (m), and the remaining horizon (s).
@@ -25,8 +25,8 @@ import math
 
 import torch
 
-from datamodules.envs.safety.base import SafetyEnv
-from datamodules.envs.safety.physics import (
+from envs.safety.base import SafetyEnv
+from envs.safety.physics import (
     BETA,
     DEG,
     HEADING,
@@ -69,7 +69,7 @@ class VehicleEnv(SafetyEnv):
         lateral_bound: |e| above it ends the episode (m).
         min_speed: vx below it ends the episode (m/s).
         start_spread: start states are drawn uniformly from the PDE's collocation box (vx 5–20 m/s, β ±10°,
-            ω ±30°/s, e ±0.95 × lateral_bound, ψ ±30°: :class:`~datamodules.envs.safety.physics.VehiclePhysics`) shrunk
+            ω ±30°/s, e ±0.95 × lateral_bound, ψ ±30°: :class:`~envs.safety.physics.VehiclePhysics`) shrunk
             around its centre by this factor; 1 is the whole box, where the learned V is checked against Monte Carlo.
         noise_std: process noise on (vx, β, ω, e, ψ), per √s, in state units.
         dt: seconds per step.

@@ -41,8 +41,8 @@ from tensordict import TensorDict, TensorDictBase
 from torchrl.data import Bounded, Categorical, Composite, Unbounded
 
 from datamodules.checkpoint_files import CheckpointMismatch
-from datamodules.envs.base import BatchedEnv
-from datamodules.envs.mario.nes_compat import ACTION_BUTTONS, ACTION_NAMES, MarioEmulator
+from envs.base import BatchedEnv
+from envs.mario.nes_compat import ACTION_BUTTONS, ACTION_NAMES, MarioEmulator
 
 __all__ = ["ACTION_NAMES", "MarioEnv"]
 

@@ -26,7 +26,7 @@ import torch
 from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 
-from datamodules.envs.racing.env import ACCELERATION_RANGE, STEERING_LIMIT, RacingEnv
+from envs.racing.env import ACCELERATION_RANGE, STEERING_LIMIT, RacingEnv
 
 
 def speed_profile(
@@ -46,7 +46,7 @@ def speed_profile(
 
 
 class TimeOptimalExpert(TensorDictModuleBase):
-    """The expert driver of a :class:`~datamodules.envs.racing.env.RacingEnv`'s track and car.
+    """The expert driver of a :class:`~envs.racing.env.RacingEnv`'s track and car.
 
     Args:
         env: the environment whose track and car it drives (any batch size; only its parameters are read).

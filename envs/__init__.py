@@ -5,5 +5,5 @@
 compiled multi-agent grid world (its token layout); ``mario/`` the NES emulator (its NumPy-2 layer); ``gym/`` any
 registered Gymnasium id; ``testing/`` tiny worlds for fast tests. ``counter_rng.py``: the counter-based random
 streams several families draw from. An environment's class path names its module:
-``datamodules.envs.snake.env.SnakeEnv``.
+``envs.snake.env.SnakeEnv``.
 """

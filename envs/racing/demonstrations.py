@@ -1,6 +1,6 @@
 """Expert demonstrations as a Lightning data module: collected once, memory-mapped on disk, served in epochs.
 
-``prepare_data`` drives the racing expert (:class:`~datamodules.envs.racing.expert.TimeOptimalExpert`) on ``episodes``
+``prepare_data`` drives the racing expert (:class:`~envs.racing.expert.TimeOptimalExpert`) on ``episodes``
 cars at once for ``steps`` steps each and writes the (observation, action) pairs — with each car's ``arc``, the
 privileged position the expert steered by — as a TensorDict memory-mapped under ``root``. The folder is named by a
 hash of everything the data depends on (the environment's class and options, the expert's, the episode count and
@@ -36,8 +36,8 @@ from torch.utils.data import DataLoader, TensorDataset
 from torchrl.envs import EnvBase
 
 from datamodules.base import EnvSpecs, check_positive, rng_state, set_rng_state
-from datamodules.envs.racing.env import RacingEnv
-from datamodules.envs.racing.expert import TimeOptimalExpert
+from envs.racing.env import RacingEnv
+from envs.racing.expert import TimeOptimalExpert
 
 _COMPLETE = "complete.json"  # written last: its presence marks a whole collection
 
@@ -91,7 +91,7 @@ class DemonstrationDataModule(EnvSpecs, pl.LightningDataModule):
         probe = self._probe(env, seed)
         if not isinstance(probe, RacingEnv):
             raise ValueError(
-                f"--data.init_args.env {type(probe).__name__}: the expert drives datamodules.envs.racing.env.RacingEnv"
+                f"--data.init_args.env {type(probe).__name__}: the expert drives envs.racing.env.RacingEnv"
             )
         self._env_options = {"class": f"{type(probe).__module__}.{type(probe).__qualname__}", **probe.init_kwargs()}
         self._expert_options = TimeOptimalExpert(probe).options

@@ -18,8 +18,8 @@ from typing import Any
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 
-from datamodules.envs.racing.env import drive_episodes, episode_summary
-from datamodules.envs.racing.expert import TimeOptimalExpert
+from envs.racing.env import drive_episodes, episode_summary
+from envs.racing.expert import TimeOptimalExpert
 
 # Starts of the evaluation cars: seeds far from the demonstrations' (seed + car index).
 EVAL_SEED = 1_000_003
