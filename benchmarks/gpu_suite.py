@@ -170,7 +170,7 @@ def dqn_update(ctx: Context) -> dict:
     import torch
 
     from app.cli import build
-    from modules.bare import bare_update, framework_free_update
+    from callbacks.bare_updates import bare_update, framework_free_update
 
     configs = [str(ROOT / p) for p in ("configs/snake_dqn.yaml", "configs/bench/dqn_reference_ratio.yaml")]
     # reduce-overhead (torch.compile's CUDA graphs) failed inside TorchRL's DQNLoss on the first GPU run (an output
@@ -222,7 +222,7 @@ def captured_update(model: Any, data: Any) -> Callable[[int], Any]:
     a CPU the graph module passes through: the compiled update, eagerly."""
     from tensordict.nn import CudaGraphModule
 
-    from modules.bare import as_replay_sample, batch_pool, make_adam
+    from callbacks.bare_updates import as_replay_sample, batch_pool, make_adam
     from modules.optim import FusedAdamStep
 
     model._optimizer_step = FusedAdamStep(make_adam(model.trainable_parameters(), model), model.optim.max_grad_norm)

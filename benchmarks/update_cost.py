@@ -25,8 +25,9 @@ The DQN runs at the reference's setting (``configs/bench/dqn_reference_ratio.yam
 1 thread). Writes ``update_cost_<agent>_compile-<c>.json`` and prints one summary line.
 
 ``--arithmetic`` runs no fit: it alternates the bare update with the agent's own update step taken out of the loop
-(its compiled loss, backward, fused Adam and soft target update; :func:`modules.bare.framework_free_update`), to tell
-what the update step costs from what the loop around it costs. Writes ``update_arithmetic_<agent>_compile-<c>.json``.
+(its compiled loss, backward, fused Adam and soft target update;
+:func:`callbacks.bare_updates.framework_free_update`), to tell what the update step costs from what the loop around it
+costs. Writes ``update_arithmetic_<agent>_compile-<c>.json``.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from app.cli import build, main  # noqa: E402
-from modules.bare import bare_update, framework_free_update  # noqa: E402
+from callbacks.bare_updates import bare_update, framework_free_update  # noqa: E402
 
 CONFIGS = {
     "dqn": ["configs/snake_dqn.yaml", "configs/bench/throughput.yaml", "configs/bench/dqn_reference_ratio.yaml"],
@@ -185,8 +186,8 @@ def run(
 
 
 def arithmetic(agent: str, compile_: str, threads: int, rounds: int, seconds: float) -> dict:
-    """The agent's own update outside any loop (:func:`modules.bare.framework_free_update`) against the bare update,
-    alternating ``rounds`` times ``seconds`` of each: what the update step costs before the loop around it."""
+    """The agent's own update outside any loop (:func:`callbacks.bare_updates.framework_free_update`) against the bare
+    update, alternating ``rounds`` times ``seconds`` of each: what the update step costs before the loop around it."""
     model, data = build([str(ROOT / path) for path in CONFIGS[agent]], ["--model.init_args.compile", compile_])
     torch.set_num_threads(threads)
     steps = {"bare": bare_update(model, data), "update": framework_free_update(model, data)}

@@ -27,9 +27,9 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_warn
 
+from callbacks.bare_updates import bare_update_ms
 from callbacks.report_plots import plot_learning_curve, plot_phases, run_name
 from callbacks.schedule import PeriodicEvaluation
-from modules.bare import bare_update_ms
 
 # Module-level so tests can drive time by hand; looked up at each call, never bound at import.
 _clock = time.perf_counter
@@ -65,9 +65,9 @@ class ThroughputReport(Callback):
             asynchronous GPU work is charged to the phase that launched it. Off by default: each sync stalls the
             host, which is what the hot loop is built to avoid.
         bare_update_seconds: seconds spent at the end of fit timing the agent's bare reference update (its update
-            arithmetic in plain eager PyTorch, :mod:`modules.bare`, on 1 thread) on this machine, now: the yardstick
-            that makes runs on machines, or days, of different speed comparable, and the training loop's cost per
-            update a ratio. 0 skips it. It takes at most :data:`BARE_UPDATE_SHARE` of the fit's wall time, so that a
+            arithmetic in plain eager PyTorch, :mod:`callbacks.bare_updates`, on 1 thread) on this machine, now: the
+            yardstick that makes runs on machines, or days, of different speed comparable, and the training loop's cost
+            per update a ratio. 0 skips it. It takes at most :data:`BARE_UPDATE_SHARE` of the fit's wall time, so that a
             short run (a smoke test, a debugging run) is not held up for a yardstick it hardly needs.
     """
 

@@ -412,12 +412,6 @@ class RLModule(pl.LightningModule):
             pairs = self._soft_pairs = (targets, sources)
         foreach_lerp_(*pairs, self.tau)
 
-    def reference_update(self, data: Any) -> Callable[[int], torch.Tensor] | None:
-        """The agent's update in plain eager PyTorch on copies of its networks, as ``step(i)`` on pre-drawn batches of
-        ``data``'s transitions (:mod:`modules.bare`): the yardstick the throughput report and the benchmarks measure
-        the framework's update against. None: the agent has none."""
-        return None
-
     def extra_metrics(self) -> dict[str, torch.Tensor | float]:
         """Agent-specific training metrics beyond the loss terms (ε, ...). Default: none."""
         return {}

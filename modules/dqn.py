@@ -10,12 +10,10 @@ Usage::
 
 from __future__ import annotations
 
-import copy
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import torch
-import torch.nn.functional as F
 from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 from torch import nn
@@ -25,11 +23,9 @@ from torchrl.envs.utils import ExplorationType, exploration_type
 from torchrl.modules import EGreedyModule, QValueActor
 from torchrl.objectives import DQNLoss, HardUpdate, SoftUpdate
 
-from modules.bare import batch_pool, make_adam, optimizer_step
 from modules.base import RLModule
 from modules.networks import NETWORKS, BatchNormCNN, EvalModeActor, has_batch_norm, observation_network
 from modules.optim import OptimizerOptions
-from modules.pde import physics_losses
 from modules.spaces import DISCRETE, check_action_space, observation_entry
 
 
@@ -219,10 +215,6 @@ class DQN(RLModule):
     def extra_metrics(self) -> dict[str, torch.Tensor | float]:
         return {"train/epsilon": self.egreedy.eps}
 
-    def reference_update(self, data: Any) -> Callable[[int], torch.Tensor]:
-        """This update in plain eager PyTorch, the yardstick of its cost (:mod:`modules.bare`)."""
-        return reference_dqn_update(self, data)
-
 
 class GreedyRowsEGreedy(TensorDictModuleBase):
     """ε-greedy acting that runs the Q-network only for the rows that act greedily.
@@ -256,49 +248,3 @@ class GreedyRowsEGreedy(TensorDictModuleBase):
             action[greedy] = self.actor(tensordict.select(*self.in_keys)[greedy]).get(self.egreedy.action_key)
         tensordict.set(self.egreedy.action_key, action)
         return tensordict
-
-
-def reference_dqn_update(model: DQN, data: Any, with_physics: bool = False) -> Callable[[int], torch.Tensor]:
-    """Double-DQN (or plain DQN) target, forward, MSE (or Huber), backward — of each of the batches the update
-    accumulates —, clip and fused Adam (AdamW with weight decay) on pre-drawn batches; ``with_physics``: PIRL's physics
-    terms too (:mod:`modules.pde`)."""
-    online = copy.deepcopy(model.q_network).to(data.device)
-    target = copy.deepcopy(online).requires_grad_(False)
-    parameters = list(online.parameters())
-    optimizer = make_adam(parameters, model)
-    gamma = float(model.loss_module.value_estimator.gamma)  # PIRL's is 1: its Q-values are probabilities
-    huber = model.hparams.get("loss_function", "l2") == "smooth_l1"
-    accumulate = model.optim.accumulate_grad_batches
-    batches = batch_pool(data, data.batch_size)
-
-    def loss_of(batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        with torch.no_grad():
-            next_q = target(batch["next_observation"])
-            if model.hparams.double_dqn:
-                best = online(batch["next_observation"]).argmax(-1, keepdim=True)
-                next_value = next_q.gather(-1, best).squeeze(-1)
-            else:
-                next_value = next_q.max(-1).values
-            y = batch["reward"] + gamma * (~batch["terminated"]) * next_value
-        q = online(batch["observation"]).gather(-1, batch["action"].unsqueeze(-1)).squeeze(-1)
-        loss = F.smooth_l1_loss(q, y) if huber else (q - y).pow(2).mean()
-        if with_physics:
-            physics = physics_losses(
-                online,
-                data.declared.physics,
-                data.declared.physics.collocation(model.collocation_points, batch["observation"]),
-                model.pde_weight,
-                model.boundary_weight,
-                model.gradient_method,
-            )
-            loss = loss + sum(physics.values())
-        return loss
-
-    def step(i: int) -> torch.Tensor:
-        for k in range(accumulate):
-            loss = loss_of(batches[(i * accumulate + k) % len(batches)])
-            (loss if accumulate == 1 else loss / accumulate).backward()
-        optimizer_step(parameters, optimizer, model.optim.max_grad_norm)
-        return loss.detach()
-
-    return step

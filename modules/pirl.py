@@ -15,7 +15,7 @@ Usage::
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import torch
@@ -23,7 +23,7 @@ from tensordict import TensorDict, TensorDictBase
 from torch import nn
 from torchrl.data import TensorSpec
 
-from modules.dqn import DQN, reference_dqn_update
+from modules.dqn import DQN
 from modules.networks import mlp
 from modules.optim import OptimizerOptions
 from modules.pde import physics_losses
@@ -188,10 +188,6 @@ class PhysicsInformedDQN(DQN):
             self.gradient_method,
         )
         return TensorDict({"loss": dqn_error, **physics, "td_error": td_error})
-
-    def reference_update(self, data: Any) -> Callable[[int], torch.Tensor]:
-        """This update in plain eager PyTorch (DQN's, with the physics terms), the yardstick of its cost."""
-        return reference_dqn_update(self, data, with_physics=True)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         super().on_save_checkpoint(checkpoint)

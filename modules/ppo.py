@@ -15,9 +15,8 @@ Usage::
 
 from __future__ import annotations
 
-import copy
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import torch
@@ -32,7 +31,6 @@ from torchrl.objectives import ClipPPOLoss
 from torchrl.objectives.value import GAE
 
 from modules.actors import CategoricalActor
-from modules.bare import batch_pool, make_adam, optimizer_step
 from modules.base import RLModule
 from modules.gaussian import DISTRIBUTIONS, SCALES, ClipAction, DeterministicAction, gaussian_actor, gaussian_outputs
 from modules.networks import (
@@ -356,10 +354,6 @@ class PPO(RLModule):
         """A Gaussian policy's box, on the model's device (None: discrete actions, or an unbounded box)."""
         return None if self.action_low is None else (self.action_low, self.action_high)
 
-    def reference_update(self, data: Any) -> Callable[[int], torch.Tensor]:
-        """This update in plain eager PyTorch, the yardstick of its cost (:mod:`modules.bare`)."""
-        return reference_ppo_update(self, data)
-
 
 def make_normalizer(observation: TensorSpec, clip: float) -> ObservationNormalizer:
     """The running normaliser of ``normalize_observations``: float observations only (images are scaled by their
@@ -386,52 +380,6 @@ def ppo_update(model: RLModule, batches: list[TensorDictBase]) -> tuple[torch.Te
         model.optimizer_step()
     model.datamodule.after_update(None)
     return loss, losses
-
-
-def ppo_batches(data: Any, size: int) -> list[dict[str, torch.Tensor]]:
-    """The bare loop's pool of minibatches: real transitions (drawn in one go, :func:`~modules.bare.batch_pool`: an
-    emulator is slow to build) with stand-in rollout statistics (behaviour log-probability, advantages, value
-    targets), each batch's drawn from its own seed."""
-    batches = batch_pool(data, size)
-    for seed, batch in enumerate(batches):
-        generator = torch.Generator().manual_seed(seed)
-        batch["log_prob"] = torch.full_like(batch["reward"], -1.386)  # log(1/4): a uniform behaviour policy's
-        # Drawn on the CPU (the same numbers on any device), then put where the batch lives.
-        batch["advantage"] = torch.randn(size, generator=generator).to(batch["reward"].device)
-        batch["value_target"] = torch.randn(size, generator=generator).to(batch["reward"].device)
-    return batches
-
-
-def reference_ppo_update(model: PPO, data: Any) -> Callable[[int], torch.Tensor]:
-    """Clipped surrogate + entropy bonus + value loss (Huber or squared) on a minibatch, backward, clip, fused Adam."""
-    actor, critic = copy.deepcopy((model.actor_layers(), model.critic_network))  # one copy of a shared torso
-    actor, critic = [layer.to(data.device) for layer in actor], critic.to(data.device)
-    parameters = list(dict.fromkeys([*(p for layer in actor for p in layer.parameters()), *critic.parameters()]))
-    optimizer = make_adam(parameters, model)
-    hp = model.hparams
-    value_loss_of = F.mse_loss if hp.critic_loss == "l2" else F.smooth_l1_loss
-    batches = ppo_batches(data, data.minibatch_size)
-    log_prob_and_entropy = gaussian_log_prob_and_entropy if model.gaussian else categorical_log_prob_and_entropy
-    bounds = model.action_bounds
-
-    def step(i: int) -> torch.Tensor:
-        batch = batches[i % len(batches)]
-        heads, value_head, features = heads_on_features(actor, critic, batch["observation"])
-        inputs = {"observation": features, "action": batch["action"]}
-        log_prob, entropy = log_prob_and_entropy(heads, inputs, hp.distribution == "tanh_normal", bounds)
-        advantage = batch["advantage"]
-        if hp.normalize_advantage:
-            advantage = (advantage - advantage.mean()) / advantage.std().clamp_min(1e-6)
-        ratio = (log_prob - batch["log_prob"]).exp()
-        clipped = ratio.clamp(1 - hp.clip_epsilon, 1 + hp.clip_epsilon)
-        objective = -torch.min(ratio * advantage, clipped * advantage).mean()
-        value_loss = value_loss_of(value_head(features).squeeze(-1), batch["value_target"])
-        loss = objective - hp.entropy_coef * entropy.mean() + hp.critic_coef * value_loss
-        loss.backward()
-        optimizer_step(parameters, optimizer, model.optim.max_grad_norm)
-        return loss.detach()
-
-    return step
 
 
 def categorical_log_prob_and_entropy(actor: list[nn.Module], batch: dict, *_: Any) -> tuple[torch.Tensor, ...]:

@@ -421,12 +421,6 @@ class SAC(RLModule):
         losses["loss_bc"] = self.bc_weight * (torch.tanh(location) - torch.tanh(target)).pow(2).sum(-1).mean()
         return losses
 
-    def reference_update(self, data: Any) -> Callable[[int], torch.Tensor]:
-        """This update in plain eager PyTorch (:mod:`modules.sac_reference`), the yardstick of its cost."""
-        from modules.sac_reference import reference_sac_update
-
-        return reference_sac_update(self, data)
-
     def extra_metrics(self) -> dict[str, torch.Tensor | float]:
         return {"train/log_alpha": self.loss_module.log_alpha.detach(), "train/bc_weight": self.bc_weight}
 

@@ -9,8 +9,7 @@ import torch
 from tensordict import TensorDict
 
 from app.cli import build, main
-from modules.bare import as_replay_sample, bare_update, batch_pool, framework_free_update
-from modules.ppo import ppo_batches
+from callbacks.bare_updates import as_replay_sample, bare_update, batch_pool, framework_free_update, ppo_batches
 from tests.helpers import ROOT, chain_config, write_config
 
 SMALL = ["--threads", "1", "--data.init_args.num_envs", "4"]

@@ -9,12 +9,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+import callbacks.bare_updates as bare_updates
 import callbacks.throughput as throughput
 import datamodules.timing as timing
 from callbacks.schedule import PeriodicEvaluation
 from callbacks.throughput import BARE_UPDATE_SHARE, ThroughputReport
 from datamodules.timing import PhaseTimer
-from modules.dqn import DQN
 from tests.helpers import chain_config, fit, write_config
 
 FRAMES_PER_STEP, SAMPLES_PER_STEP = 180, 36
@@ -283,18 +283,16 @@ def test_real_fit_through_the_cli_writes_the_report(tmp_path):
     assert f"{bare['ratio']:.2f}x" in (tmp_path / "out" / "throughput.md").read_text()
 
 
-class BrokenYardstickDQN(DQN):
-    """The real DQN whose bare reference update cannot be built (as PPO's once failed on a GPU, its stand-in
-    advantages on the CPU and its batches on the device)."""
-
-    def reference_update(self, data):
-        raise RuntimeError("Expected all tensors to be on the same device\nsecond line")
+def broken_yardstick(model, data, **options):
+    """A bare reference update that cannot be built (as PPO's once failed on a GPU, its stand-in advantages on the
+    CPU and its batches on the device)."""
+    raise RuntimeError("Expected all tensors to be on the same device\nsecond line")
 
 
 @pytest.mark.slow
-def test_a_failing_bare_update_yardstick_leaves_the_run_and_its_report(tmp_path):
+def test_a_failing_bare_update_yardstick_leaves_the_run_and_its_report(tmp_path, monkeypatch):
+    monkeypatch.setattr(bare_updates, "reference_dqn_update", broken_yardstick)
     config = chain_config("dqn", tmp_path / "out")
-    config["model"]["class_path"] = "tests.app.test_throughput.BrokenYardstickDQN"
     with pytest.warns(UserWarning, match="the bare-update yardstick failed .RuntimeError: Expected all tensors"):
         cli = fit(
             write_config(config, tmp_path / "c.yaml"),

@@ -1,0 +1,350 @@
+"""The bare updates: each agent's update arithmetic in plain eager PyTorch, with no framework around it — the yardstick
+of what the framework's update costs.
+
+``ThroughputReport`` times the agent's bare update at the end of a run (so runs on machines of different speed, or on
+different days, can be compared), and ``benchmarks/update_cost.py`` divides the whole training loop's time per update
+by it. Each reference copies the agent's networks and returns ``step(i)``, one update on the ``i``-th of a few batches
+of real transitions drawn from the agent's environment before timing: the loss maths written out (the same as the
+agent's TorchRL loss computes), backward, gradient clip and a fused Adam step. :func:`bare_update` picks the agent's
+(DQN and PIRL, PPO, SAC); the agents' own files hold the agents only.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from tensordict import TensorDict
+from torch import nn
+
+from compat.torch import foreach_lerp_
+from modules.dqn import DQN
+from modules.gaussian import tanh_gaussian_sample
+from modules.networks import heads_on_features
+from modules.optim import FusedAdamStep
+from modules.pde import physics_losses
+from modules.pirl import PhysicsInformedDQN
+from modules.ppo import PPO, categorical_log_prob_and_entropy, gaussian_log_prob_and_entropy
+from modules.sac import SAC
+
+POOL = 16  # at most this many distinct pre-drawn batches the bare loop cycles through ...
+POOL_TRANSITIONS = 1024  # ... and at most this many transitions in all (Mario's are 256 KiB each, and its emulators
+#                          slow to build and step: the pool is drawn at the end of a run), but 2 batches
+MAX_ENVS = 16  # environments that play them: an emulator is slow to build ...
+MAX_STEPS = 64  # ... unless that takes more steps than this: a step of a batched env on a GPU costs milliseconds
+
+
+def transitions(data: Any, size: int, seed: int = 12_345) -> dict[str, torch.Tensor]:
+    """``size`` real transitions of random play in the agent's environment, as plain tensors: ``MAX_ENVS``
+    environments (more where that would take over ``MAX_STEPS`` steps), stepped and reset when done."""
+    envs = min(size, max(MAX_ENVS, math.ceil(size / MAX_STEPS)))
+    env = data.make_env(envs, seed)
+    steps = []
+    with torch.random.fork_rng(devices=[]):  # the same batch for the same seed, and the global RNG left alone
+        torch.manual_seed(seed)
+        td = env.reset()
+        for _ in range(math.ceil(size / envs)):
+            td["action"] = env.action_spec.rand()
+            out, td = env.step_and_maybe_reset(td)
+            steps.append(out)
+    env.close()
+    out = torch.cat(steps)[:size]
+    return {
+        "observation": out["observation"],
+        "action": out["action"],
+        "next_observation": out["next", "observation"],
+        "reward": out["next", "reward"].view(-1),
+        "terminated": out["next", "terminated"].view(-1),
+    }
+
+
+def batch_pool(data: Any, size: int) -> list[dict[str, torch.Tensor]]:
+    """The pre-drawn batches of ``size`` transitions a bare loop cycles through (:data:`POOL` and
+    :data:`POOL_TRANSITIONS` bound their number), drawn in one go by :func:`transitions`."""
+    count = max(2, min(POOL, POOL_TRANSITIONS // size))
+    drawn = transitions(data, size * count)
+    return [{key: value[i * size : (i + 1) * size] for key, value in drawn.items()} for i in range(count)]
+
+
+def optimizer_step(parameters: list[nn.Parameter], optimizer: torch.optim.Optimizer, max_grad_norm: float | None):
+    if max_grad_norm is not None:
+        torch.nn.utils.clip_grad_norm_(parameters, max_grad_norm, foreach=True)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def make_adam(parameters: list[nn.Parameter], model: Any) -> torch.optim.Optimizer:
+    """The fused Adam the agent's update uses (its options: AdamW with weight decay, its ε)."""
+    return model.optim.adam([{"params": parameters}])
+
+
+def as_replay_sample(batch: dict[str, torch.Tensor]) -> TensorDict:
+    """:func:`transitions`' plain tensors as the TensorDict a replay sample is (what the agents' losses read)."""
+    flags = batch["terminated"].unsqueeze(-1)
+    return TensorDict(
+        {
+            "observation": batch["observation"],
+            "action": batch["action"],
+            "next": {
+                "observation": batch["next_observation"],
+                "reward": batch["reward"].unsqueeze(-1),
+                "done": flags,
+                "terminated": flags,
+            },
+        },
+        batch_size=[batch["reward"].shape[0]],
+    )
+
+
+def framework_free_update(model: Any, data: Any) -> Callable[[int], torch.Tensor]:
+    """An agent's own update — its (compiled, with ``compile``) loss, backward, :class:`FusedAdamStep` and soft
+    target update — with neither Lightning nor the data path around it, on the same pre-drawn batches as its bare
+    update (:func:`bare_update`): what the framework's update step costs before the loop around it.
+
+    It trains ``model`` itself (a copy would not do: the TorchRL loss holds the parameters PIRL's loss reads from its
+    network, and a deep copy separates the two), so pass a model built for the measurement.
+    """
+    if data.declared.physics is not None:
+        model.physics = data.declared.physics  # what PIRL's setup takes from the data module
+    # The function the agent's update compiles (SAC's own, with its term towards the clone), and PIRL's loss inputs.
+    loss = model.compiled(model.training_loss() if hasattr(model, "training_loss") else model.loss)
+    loss_inputs = getattr(model, "loss_draws", lambda batch: {})
+    optimizer = make_adam(model.trainable_parameters(), model)
+    optimizer_step = FusedAdamStep(optimizer, model.optim.max_grad_norm)
+    batches = [as_replay_sample(batch) for batch in batch_pool(data, data.batch_size)]
+
+    def step(i: int) -> torch.Tensor:
+        batch = batches[i % len(batches)]
+        total = sum(value for key, value in loss(batch, **loss_inputs(batch)).items() if key.startswith("loss"))
+        total.backward()
+        optimizer_step()
+        if model.target_networks and getattr(model, "target_update", "soft") == "soft":
+            model.soft_update()
+        return total.detach()
+
+    return step
+
+
+def time_bare(step: Callable[[int], Any], seconds: float) -> float:
+    """Seconds per call of ``step``: the median of 5 runs sharing ``seconds`` (each at least one call), after a
+    warm-up of 20 calls or ``seconds`` (at least 2 calls: an update of the Mario CNN takes seconds on a CPU)."""
+
+    def sync() -> None:  # GPU work is asynchronous: a run ends when its kernels have
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+
+    start = time.perf_counter()
+    for i in range(20):
+        step(i)
+        if i >= 1 and time.perf_counter() - start > seconds:
+            break
+    runs = []
+    for _ in range(5):
+        sync()
+        calls, start = 0, time.perf_counter()
+        while calls == 0 or time.perf_counter() - start < seconds / 5:
+            step(calls)
+            calls += 1
+        sync()
+        runs.append((time.perf_counter() - start) / calls)
+    return statistics.median(runs)
+
+
+def bare_update(model: Any, data: Any) -> Callable[[int], torch.Tensor] | None:
+    """The bare reference update of ``model``'s agent on ``data``'s transitions, or None for an agent without one
+    (behaviour cloning, recurrent PPO)."""
+    if isinstance(model, PhysicsInformedDQN):
+        return reference_dqn_update(model, data, with_physics=True)
+    for agent, reference in ((DQN, reference_dqn_update), (PPO, reference_ppo_update), (SAC, reference_sac_update)):
+        if isinstance(model, agent):
+            return reference(model, data)
+    return None
+
+
+def bare_update_ms(model: Any, data: Any, seconds: float) -> float | None:
+    """Milliseconds per bare reference update of ``model`` on this machine now, on one thread (None when its family
+    has none).
+
+    One thread whatever the run uses: the yardstick must not depend on what else the other cores are doing (with two
+    threads, an update of the Snake MLP ran several times slower than on one while another process held the second
+    core).
+    Runs on copies of the networks, on the data module's device, where the run's batches live (by ``on_fit_end``,
+    where the throughput report calls this, Lightning has already moved the model back to the CPU); the model is left
+    untouched.
+    """
+    step = bare_update(model, data)
+    if step is None:
+        return None
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return 1e3 * time_bare(step, seconds)
+    finally:
+        torch.set_num_threads(threads)
+
+
+# ----------------------------------------------------------------------------------------------- each agent's
+def reference_dqn_update(model: DQN, data: Any, with_physics: bool = False) -> Callable[[int], torch.Tensor]:
+    """Double-DQN (or plain DQN) target, forward, MSE (or Huber), backward — of each of the batches the update
+    accumulates —, clip and fused Adam (AdamW with weight decay) on pre-drawn batches; ``with_physics``: PIRL's physics
+    terms too (:mod:`modules.pde`)."""
+    online = copy.deepcopy(model.q_network).to(data.device)
+    target = copy.deepcopy(online).requires_grad_(False)
+    parameters = list(online.parameters())
+    optimizer = make_adam(parameters, model)
+    gamma = float(model.loss_module.value_estimator.gamma)  # PIRL's is 1: its Q-values are probabilities
+    huber = model.hparams.get("loss_function", "l2") == "smooth_l1"
+    accumulate = model.optim.accumulate_grad_batches
+    batches = batch_pool(data, data.batch_size)
+
+    def loss_of(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        with torch.no_grad():
+            next_q = target(batch["next_observation"])
+            if model.hparams.double_dqn:
+                best = online(batch["next_observation"]).argmax(-1, keepdim=True)
+                next_value = next_q.gather(-1, best).squeeze(-1)
+            else:
+                next_value = next_q.max(-1).values
+            y = batch["reward"] + gamma * (~batch["terminated"]) * next_value
+        q = online(batch["observation"]).gather(-1, batch["action"].unsqueeze(-1)).squeeze(-1)
+        loss = F.smooth_l1_loss(q, y) if huber else (q - y).pow(2).mean()
+        if with_physics:
+            physics = physics_losses(
+                online,
+                data.declared.physics,
+                data.declared.physics.collocation(model.collocation_points, batch["observation"]),
+                model.pde_weight,
+                model.boundary_weight,
+                model.gradient_method,
+            )
+            loss = loss + sum(physics.values())
+        return loss
+
+    def step(i: int) -> torch.Tensor:
+        for k in range(accumulate):
+            loss = loss_of(batches[(i * accumulate + k) % len(batches)])
+            (loss if accumulate == 1 else loss / accumulate).backward()
+        optimizer_step(parameters, optimizer, model.optim.max_grad_norm)
+        return loss.detach()
+
+    return step
+
+
+def ppo_batches(data: Any, size: int) -> list[dict[str, torch.Tensor]]:
+    """The bare loop's pool of minibatches: real transitions (drawn in one go, :func:`batch_pool`: an emulator is slow
+    to build) with stand-in rollout statistics (behaviour log-probability, advantages, value
+    targets), each batch's drawn from its own seed."""
+    batches = batch_pool(data, size)
+    for seed, batch in enumerate(batches):
+        generator = torch.Generator().manual_seed(seed)
+        batch["log_prob"] = torch.full_like(batch["reward"], -1.386)  # log(1/4): a uniform behaviour policy's
+        # Drawn on the CPU (the same numbers on any device), then put where the batch lives.
+        batch["advantage"] = torch.randn(size, generator=generator).to(batch["reward"].device)
+        batch["value_target"] = torch.randn(size, generator=generator).to(batch["reward"].device)
+    return batches
+
+
+def reference_ppo_update(model: PPO, data: Any) -> Callable[[int], torch.Tensor]:
+    """Clipped surrogate + entropy bonus + value loss (Huber or squared) on a minibatch, backward, clip, fused Adam."""
+    actor, critic = copy.deepcopy((model.actor_layers(), model.critic_network))  # one copy of a shared torso
+    actor, critic = [layer.to(data.device) for layer in actor], critic.to(data.device)
+    parameters = list(dict.fromkeys([*(p for layer in actor for p in layer.parameters()), *critic.parameters()]))
+    optimizer = make_adam(parameters, model)
+    hp = model.hparams
+    value_loss_of = F.mse_loss if hp.critic_loss == "l2" else F.smooth_l1_loss
+    batches = ppo_batches(data, data.minibatch_size)
+    log_prob_and_entropy = gaussian_log_prob_and_entropy if model.gaussian else categorical_log_prob_and_entropy
+    bounds = model.action_bounds
+
+    def step(i: int) -> torch.Tensor:
+        batch = batches[i % len(batches)]
+        heads, value_head, features = heads_on_features(actor, critic, batch["observation"])
+        inputs = {"observation": features, "action": batch["action"]}
+        log_prob, entropy = log_prob_and_entropy(heads, inputs, hp.distribution == "tanh_normal", bounds)
+        advantage = batch["advantage"]
+        if hp.normalize_advantage:
+            advantage = (advantage - advantage.mean()) / advantage.std().clamp_min(1e-6)
+        ratio = (log_prob - batch["log_prob"]).exp()
+        clipped = ratio.clamp(1 - hp.clip_epsilon, 1 + hp.clip_epsilon)
+        objective = -torch.min(ratio * advantage, clipped * advantage).mean()
+        value_loss = value_loss_of(value_head(features).squeeze(-1), batch["value_target"])
+        loss = objective - hp.entropy_coef * entropy.mean() + hp.critic_coef * value_loss
+        loss.backward()
+        optimizer_step(parameters, optimizer, model.optim.max_grad_norm)
+        return loss.detach()
+
+    return step
+
+
+def reference_sac_update(model: Any, data: Any) -> Callable[[int], torch.Tensor]:
+    """SAC written out: the clipped double-Q target from the target critics at a fresh next action, both critics'
+    MSE, the actor's ``α·log π − min Q`` through detached critics, α's loss, backward, clip, fused Adam and the
+    Polyak step of the target critics. The tanh-Gaussian's log-density is computed by hand (tanh's and the action
+    box's Jacobians), the critics run one after the other rather than vmapped. Same weights, same batches and the same
+    random draws in the same order as the agent's loss."""
+    device = data.device
+    actor = copy.deepcopy(model.actor.module[0].module).to(device)  # observation -> (location, scale)
+    critics, targets = [], []
+    for index in range(model.loss_module.num_qvalue_nets):  # SACLoss's own critics and targets, as plain modules
+        for copies, name in ((critics, "qvalue_network_params"), (targets, "target_qvalue_network_params")):
+            module = copy.deepcopy(model.qvalue).to(device)
+            state = getattr(model.loss_module, name).detach()[index].flatten_keys(".")
+            module.load_state_dict({key: value.clone() for key, value in state.items()})
+            copies.append(module.module)
+    for target in targets:
+        target.requires_grad_(False)
+    log_alpha = model.loss_module.log_alpha.detach().to(device).clone().requires_grad_(True)
+    parameters = [*actor.parameters(), *(p for critic in critics for p in critic.parameters()), log_alpha]
+    optimizer = make_adam(parameters, model)
+    gamma, tau = float(model.loss_module.value_estimator.gamma), model.tau
+    target_entropy = float(model.loss_module.target_entropy)
+    space = model.action_spec.space
+    centre, half_range = (
+        ((space.high + space.low).float() / 2).to(device),
+        ((space.high - space.low).float() / 2).to(device),
+    )
+    target_pairs = (
+        [p.data for target in targets for p in target.parameters()],
+        [p.data for critic in critics for p in critic.parameters()],
+    )
+    batches = batch_pool(data, data.batch_size)
+
+    def sample(observation: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        location, scale = actor(observation)
+        return tanh_gaussian_sample(location, scale, torch.randn_like(location), centre, half_range)
+
+    def step(i: int) -> torch.Tensor:
+        batch = batches[i % len(batches)]
+        alpha = log_alpha.detach().exp()
+        with torch.no_grad():
+            next_action, next_log_prob = sample(batch["next_observation"])
+            next_q = torch.stack([t(batch["next_observation"], next_action).squeeze(-1) for t in targets]).amin(0)
+            y = batch["reward"] + gamma * (~batch["terminated"]) * (next_q - alpha * next_log_prob)
+        critic_loss = sum((c(batch["observation"], batch["action"]).squeeze(-1) - y).pow(2).mean() for c in critics)
+        action, log_prob = sample(batch["observation"])
+        detached = [{k: v.detach() for k, v in c.named_parameters()} for c in critics]
+        q = (
+            torch.stack(
+                [
+                    torch.func.functional_call(c, p, (batch["observation"], action))
+                    for c, p in zip(critics, detached, strict=True)
+                ]
+            )
+            .amin(0)
+            .squeeze(-1)
+        )
+        actor_loss = (alpha * log_prob - q).mean()
+        alpha_loss = -(log_alpha * (log_prob.detach() + target_entropy)).mean()
+        loss = critic_loss + actor_loss + alpha_loss
+        loss.backward()
+        optimizer_step(parameters, optimizer, model.optim.max_grad_norm)
+        foreach_lerp_(*target_pairs, tau)
+        return loss.detach()
+
+    return step
