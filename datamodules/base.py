@@ -271,6 +271,10 @@ class RLDataModule(EnvSpecs, Evaluation, pl.LightningDataModule):
         self._beside_name: str | None = None  # the checkpoint name its files beside start with (save_beside)
         self._updates_since_sync = 0
 
+    #: Whether batches carry priorities that :meth:`after_update` takes back (prioritized replay overrides it).
+    prioritized: bool = False
+    #: The length of the sequences a batch holds (a rollout data module's ``bptt``); 0: single transitions.
+    bptt: int = 0
     #: Whether :meth:`connect` takes a store transform (a data module with a replay buffer).
     accepts_store_transform = False
     #: Whether the collection may prepare the next round in a background thread (a replay data module).

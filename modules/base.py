@@ -29,6 +29,7 @@ from compat.lightning import checkpoint_step_intervals, count_batches_stepped, o
 from compat.tensordict import install_from_any_tensor_shortcut
 from compat.torch import foreach_lerp_, inductor_fallback_random, inductor_mode_options
 from datamodules.checkpoint_files import CheckpointMismatch
+from datamodules.source import DataSource
 from modules.optim import FusedAdamStep, OptimizerOptions
 
 # training_step takes the dataloader iterator on purpose (see RLModule.training_step); Lightning flags that
@@ -152,7 +153,8 @@ class RLModule(pl.LightningModule):
 
     # ---------------------------------------------------------------------------------------- Lightning hooks
     @property
-    def datamodule(self) -> Any:
+    def datamodule(self) -> DataSource:
+        """Where the batches come from: all an agent may ask of its data module (:class:`DataSource`)."""
         return self.trainer.datamodule
 
     def compiled(self, function: Callable) -> Callable:
@@ -183,7 +185,7 @@ class RLModule(pl.LightningModule):
         # dynamic=False: every update sees the same batch shape; a dynamic-shape graph would only be slower.
         return torch.compile(function, options=options, dynamic=False)
 
-    def check_datamodule(self, datamodule: Any, cannot_capture: tuple[str, ...] = ()) -> None:
+    def check_datamodule(self, datamodule: DataSource, cannot_capture: tuple[str, ...] = ()) -> None:
         """Raise a ValueError naming the flag when this model cannot train on ``datamodule`` (the CLI calls this right
         after building both, so the error comes before any output folder exists; ``setup`` calls it again for a
         Trainer driven directly). Agents extend it, and pass what of their update a CUDA graph cannot replay
@@ -191,7 +193,7 @@ class RLModule(pl.LightningModule):
         if self.compile_mode == "cudagraph":
             self._check_cuda_graph(datamodule, cannot_capture)
 
-    def _check_cuda_graph(self, datamodule: Any, cannot_capture: tuple[str, ...]) -> None:
+    def _check_cuda_graph(self, datamodule: DataSource, cannot_capture: tuple[str, ...]) -> None:
         """Refuse ``compile: cudagraph`` where replaying one captured update would not do what the eager update
         does: whatever changes from one update to the next outside the batch's tensors is baked into the graph."""
         flag = "--model.init_args.compile cudagraph"
@@ -199,7 +201,7 @@ class RLModule(pl.LightningModule):
             (self.optim.accumulate_grad_batches > 1, "gradient accumulation (optimizer.accumulate_grad_batches 1)"),
             (self.optim.lr_end is not None, "a learning-rate schedule: the step's lr is captured once (lr_end null)"),
             (self.optim.weight_decay > 0, "AdamW's step, which is not capturable here (optimizer.weight_decay 0)"),
-            (getattr(datamodule, "prioritized", False), "prioritized replay's priorities (priority_alpha 0)"),
+            (datamodule.prioritized, "prioritized replay's priorities (priority_alpha 0)"),
             *((True, reason) for reason in cannot_capture),
         ]
         refused = [reason for cannot, reason in reasons if cannot]

@@ -23,6 +23,7 @@ from tensordict import TensorDict, TensorDictBase
 from torch import nn
 from torchrl.data import TensorSpec
 
+from datamodules.source import DataSource
 from modules.dqn import DQN
 from modules.networks import mlp
 from modules.optim import OptimizerOptions
@@ -135,7 +136,7 @@ class PhysicsInformedDQN(DQN):
         """Safety probability ``V(x) = maxₐ Q(x, a)``."""
         return self.q_network(states).max(-1).values
 
-    def check_datamodule(self, datamodule: Any, cannot_capture: tuple[str, ...] = ()) -> None:
+    def check_datamodule(self, datamodule: DataSource, cannot_capture: tuple[str, ...] = ()) -> None:
         reason = f"{type(self).__name__}'s loss inputs drawn each update"
         super().check_datamodule(datamodule, (*cannot_capture, reason))
 

@@ -30,6 +30,7 @@ from torchrl.envs import Compose, InitTracker, Transform
 from torchrl.modules import LSTMModule, ValueOperator, set_recurrent_mode
 from torchrl.objectives.value.functional import vec_generalized_advantage_estimate
 
+from datamodules.source import DataSource
 from modules.actors import CategoricalActor
 from modules.base import RLModule
 from modules.networks import TokenEncoder
@@ -133,10 +134,10 @@ class RecurrentPPO(RLModule):
         """``is_init`` at every episode start, and the LSTM state in every reset (zeros) and step of the env."""
         return Compose(InitTracker(), self.lstm.make_tensordict_primer())
 
-    def check_datamodule(self, datamodule: Any, cannot_capture: tuple[str, ...] = ()) -> None:
+    def check_datamodule(self, datamodule: DataSource, cannot_capture: tuple[str, ...] = ()) -> None:
         """Segments to train on, and a grid that holds the environment's token layout."""
         super().check_datamodule(datamodule, cannot_capture)
-        if not getattr(datamodule, "bptt", 0):
+        if not datamodule.bptt:
             raise ValueError(
                 "--model RecurrentPPO trains on sequence segments: set --data.init_args.bptt (a rollout data module)"
             )

@@ -36,6 +36,7 @@ from torchrl.envs.utils import ExplorationType
 from torchrl.modules import ProbabilisticActor, TanhNormal
 from torchrl.objectives import SACLoss, SoftUpdate
 
+from datamodules.source import DataSource
 from modules.base import RLModule
 from modules.gaussian import tanh_gaussian_sample
 from modules.networks import ScaledTanhPolicy, mlp
@@ -272,16 +273,16 @@ class SAC(RLModule):
             ]
         )
 
-    def check_datamodule(self, datamodule: Any, cannot_capture: tuple[str, ...] = ()) -> None:
+    def check_datamodule(self, datamodule: DataSource, cannot_capture: tuple[str, ...] = ()) -> None:
         # The update draws from the global generator (the reparameterised actions of the actor loss): a round collected
         # beside it in another thread (prefetch) would draw from it too, in an order that changes from run to run.
-        if getattr(datamodule, "prefetch", False):
+        if datamodule.prefetch:
             raise ValueError(
                 f"--data.init_args.collection.init_args.prefetch: {type(self).__name__}'s update draws random numbers, "
                 "and a round collected beside it would draw from the same generator in an order that varies, so runs "
                 "would not repeat; use prefetch false"
             )
-        if getattr(datamodule, "prioritized", False):
+        if datamodule.prioritized:
             raise ValueError(
                 f"--data.init_args.priority_alpha: {type(self).__name__} gives the replay buffer no priorities; use 0"
             )

@@ -204,3 +204,51 @@ def test_compat_imports_nothing_of_the_project():
     assert ROOT / "compat" / "torchrl.py" in files
     project = ("app", "modules", "datamodules", "envs", "callbacks", "export", "benchmarks", "tests", "configs")
     assert offending_imports(files, project) == {}
+
+
+def data_module_reads(path: Path) -> set[str]:
+    """What a file reads of a data module: ``<x>.datamodule.<name>``, ``datamodule.<name>`` and
+    ``getattr(datamodule, "<name>")``."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Attribute):
+            owner = node.value
+            if (isinstance(owner, ast.Attribute) and owner.attr == "datamodule") or (
+                isinstance(owner, ast.Name) and owner.id == "datamodule"
+            ):
+                names.add(node.attr)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr":
+            target = node.args[0] if node.args else None
+            if isinstance(target, ast.Name) and target.id == "datamodule" and isinstance(node.args[1], ast.Constant):
+                names.add(node.args[1].value)
+    return names
+
+
+def test_the_scanner_sees_what_a_file_reads_of_its_data_module(tmp_path):
+    sample = tmp_path / "agent.py"
+    sample.write_text(
+        "def f(self, datamodule):\n    self.datamodule.frames\n    datamodule.bptt\n    getattr(datamodule, 'x')\n"
+    )
+    assert data_module_reads(sample) == {"frames", "bptt", "x"}
+
+
+def test_the_agents_read_nothing_of_their_data_module_beyond_the_data_source_protocol():
+    from datamodules.source import DATA_SOURCE_MEMBERS
+
+    reads = {path.name: data_module_reads(path) for path in sorted((ROOT / "modules").glob("*.py"))}
+    assert set().union(*reads.values()) >= {"frames", "after_update", "next_ready_batch", "batches_ready", "timer"}
+    beyond = {name: sorted(found - DATA_SOURCE_MEMBERS) for name, found in reads.items() if found - DATA_SOURCE_MEMBERS}
+    assert beyond == {}
+
+
+@pytest.mark.parametrize("module", ["replay.ReplayDataModule", "rollout.RolloutDataModule"])
+def test_every_data_module_is_a_data_source(module):
+    import importlib
+    from functools import partial
+
+    from datamodules.source import DataSource
+    from envs.testing.chain import ChainEnv
+
+    path, name = module.split(".")
+    data = getattr(importlib.import_module(f"datamodules.{path}"), name)(partial(ChainEnv), num_envs=32)
+    assert isinstance(data, DataSource)
