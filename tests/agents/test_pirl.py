@@ -11,6 +11,7 @@ import yaml
 
 from envs.safety.vehicle import VehicleEnv
 from modules.pirl import PhysicsInformedDQN
+from tests.app.test_pins import assert_pinned
 from tests.helpers import RESEEDED, ROOT, fit, weights, write_config
 
 
@@ -61,6 +62,7 @@ def test_short_fit_logs_every_loss_term_and_writes_the_safety_report(tmp_path, c
     assert 0 <= report["metrics"]["random_return_mean"] <= 1
     assert next(tmp_path.rglob("safety.png")).stat().st_size > 0
     assert cli.datamodule.frames >= 150 * cli.datamodule.frames_per_update
+    assert_pinned(config_name.removesuffix(".yaml"), Path(cli.trainer.log_dir))  # tests/app/test_pins.py
 
 
 @pytest.mark.slow

@@ -16,6 +16,7 @@ pytest.importorskip("mettagrid", reason='the metta extra: pip install -e ".[mett
 
 from app.cli import main
 from datamodules.collection import CollectorWorkers
+from tests.app.test_pins import assert_pinned
 from tests.helpers import RESEEDED, ROOT, AfterUpdate, weights
 
 # configs/metta_ppo.yaml shrunk for a test (2 environments of 4 agents on a small map, 16-step rollouts cut into
@@ -82,6 +83,8 @@ def test_metta_ppo_trains_logs_and_resumes_exactly_with_its_worker_processes(tmp
     )
 
     kind = workers[0].split("=")[1]
+    if kind == "CollectorWorkers":  # the shipped collection, compiled: this fit's first evaluations are its pin
+        assert_pinned("metta_ppo", tmp_path / "full/metta_ppo/version_0")
     collection = full.datamodule.collection
     assert type(collection).__name__ == kind and collection.workers == 2 and resumed.trainer.global_step == 24
     run = tmp_path / "half/metta_ppo/version_0"

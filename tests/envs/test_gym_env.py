@@ -389,46 +389,7 @@ def test_an_environment_whose_extra_is_not_installed_names_the_install_command(t
 
 
 # ------------------------------------------------------------------------------------------ the shipped configs
-#: Shorter than shipped where one collection alone would take seconds (the rollout's geometry stays valid).
-SHORT = {
-    "lunarlander_ppo": ("--data.init_args.collect_steps", "64"),
-    "halfcheetah_sac": ("--data.init_args.warmup_frames", "256"),
-    "halfcheetah_ppo": ("--data.init_args.collect_steps", "64"),
-    # Whole games take minutes to evaluate: games of 200 emulator frames here (the config's other options kept), and
-    # CNN updates of 64 images; the throughput report without its bare-update yardstick (tests/agents/test_bare.py).
-    "breakout_ppo": (
-        *("--data.init_args.collect_steps", "32", "--data.init_args.minibatch_size", "64"),
-        *("--trainer.callbacks.init_args.bare_update_seconds", "0"),
-        "--data.init_args.eval_env_options",
-        "{episodic_life: false, env_kwargs: {frameskip: 1, repeat_action_probability: 0.0, max_episode_steps: 200}}",
-    ),
-    "breakout_ppo_envpool": (
-        *("--data.init_args.collect_steps", "32", "--data.init_args.minibatch_size", "64"),
-        *("--trainer.callbacks.init_args.bare_update_seconds", "0"),
-        "--data.init_args.eval_env_options",
-        "{episodic_life: false, env_kwargs: {reward_clip: true, max_episode_steps: 50}}",
-    ),
-}
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("config", GYM_CONFIGS, ids=lambda path: path.stem)
-def test_each_shipped_gym_config_fits_a_few_updates(config, tmp_path):
-    for marker, module in (
-        ("LunarLander", "Box2D"),
-        ("HalfCheetah", "mujoco"),
-        ("ALE/", "ale_py"),
-        ("envpool", "envpool"),
-    ):
-        if marker in config.read_text() and importlib.util.find_spec(module) is None:
-            pytest.skip(f'{module}: the gym extra, pip install -e ".[gym]"')
-    cli = fit(
-        config,
-        *("--trainer.max_steps", "8", "--trainer.logger.init_args.save_dir", str(tmp_path / "runs")),
-        *("--trainer.enable_progress_bar", "false", *SHORT.get(config.stem, ())),
-    )
-    assert cli.trainer.global_step == 8 and cli.datamodule.frames > 0
-    assert (Path(cli.trainer.log_dir) / "checkpoints" / "last.ckpt").is_file()
+# Each shipped Gymnasium config fits a few updates and its first evaluations are pinned: tests/app/test_pins.py.
 
 
 @pytest.mark.slow
