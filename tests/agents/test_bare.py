@@ -36,6 +36,7 @@ def test_bare_dqn_update_computes_the_agents_loss(config):
     assert step(len(pool)) != pytest.approx(expected.item(), rel=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("config", ["snake_dqn.yaml", "pirl_vehicle.yaml"])
 def test_framework_free_update_is_the_agents_update_step(config):
     # benchmarks/update_cost.py --arithmetic times this against the bare update: it must be the same loss on the same

@@ -46,6 +46,7 @@ def loss_batch(size: int) -> TensorDict:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cls", [DQN, PPO])
 def test_compiled_and_eager_losses_agree_on_the_same_batch(cls):
     from tests.agents.test_dqn import SPECS

@@ -71,6 +71,7 @@ def rollout_module(collection) -> tuple[RolloutDataModule, PPO]:
     return data, model
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("collection", [InProcess(), EnvWorkers(workers=2), CollectorWorkers(workers=2)], ids=repr)
 def test_every_environment_normalises_with_the_learners_statistics(tmp_path, monkeypatch, collection):
     # Each rollout is normalised with the statistics the learner held when it asked for it (they include every rollout

@@ -103,6 +103,7 @@ def vehicle_batch(env: VehicleEnv, steps: int = 8):
     return torch.cat(rows)
 
 
+@pytest.mark.slow
 def test_compiled_loss_equals_eager_while_the_networks_change_in_place():
     # The shipped config compiles the loss, and the compiled loss drops Dynamo's guards on the model: it must still
     # read the online and target weights as they are now (optimizer steps and soft updates change them in place).

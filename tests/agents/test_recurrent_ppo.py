@@ -153,6 +153,7 @@ def test_a_grid_smaller_than_the_environments_features_is_refused(tmp_path, caps
     )
 
 
+@pytest.mark.slow
 def test_the_compiled_loss_equals_the_eager_loss_on_segments_with_and_without_resets():
     # Where an episode starts inside a segment, TorchRL's LSTM splits and pads the segment, an eager island inside
     # the compiled loss; the compiled loss still equals the eager one there, and where segments start episodes.

@@ -491,6 +491,7 @@ def test_a_composed_config_sets_single_optimizer_options_over_the_agents_default
     assert optimizer["max_grad_norm"] == 0.5  # the agent's own default, kept
 
 
+@pytest.mark.slow
 def test_only_the_subcommands_that_work_are_offered_and_help_names_export(tmp_path, capsys):
     help_text = run_app("--help", cwd=tmp_path).stdout
     assert "fit" in help_text and "validate" in help_text and "python -m app export" in help_text

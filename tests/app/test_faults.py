@@ -154,6 +154,7 @@ WRITE_POINTS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("point", WRITE_POINTS)
 def test_a_full_disk_at_each_write_of_a_checkpoint_is_one_error_and_keeps_the_previous_one(
     tmp_path, capsys, monkeypatch, point

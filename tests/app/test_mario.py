@@ -178,6 +178,7 @@ def test_the_shipped_config_trains_with_workers_and_resumes_in_its_run_folder(tm
     assert isinstance(data.policy, AutocastPolicy) and data.policy.dtype == torch.bfloat16  # the config's bf16 acting
 
 
+@pytest.mark.slow
 def test_the_shipped_config_trains_from_the_stage_start_and_evaluates_from_no_op_starts():
     from app.cli import build
 

@@ -24,6 +24,7 @@ def test_compact_figures():
     assert number("14.8k") == 14_800 and number("1.23M") == 1_230_000 and number("12.5") == 12.5
 
 
+@pytest.mark.slow
 def test_shipped_config_shows_frames_rates_and_the_latest_evaluation(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)  # the config's CSV logger writes runs/snake_dqn/version_0 here
     small = ("--data.init_args.buffer_size", "2000", "--data.init_args.warmup_frames", "512")

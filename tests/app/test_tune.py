@@ -133,6 +133,7 @@ def test_bad_tuning_input_is_one_line(tmp_path, capsys, monkeypatch, space, args
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.slow
 def test_missing_optuna_is_one_line_with_the_install_command(tmp_path):
     config, space = tune_config(tmp_path)
     fake = tmp_path / "without_optuna" / "optuna"

@@ -42,6 +42,7 @@ def test_random_policy_on_the_snake_evaluation_boards(snake_data):
     assert snake_data.evaluate(greedy_untrained, 32) != figures
 
 
+@pytest.mark.slow
 def test_shipped_config_logs_the_random_policy_once_beside_the_greedy_one(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # the config's CSV logger writes runs/snake_ppo/version_0 here
     cli = short_snake_fit(

@@ -35,6 +35,7 @@ def buffer(capacity: int, frames: int) -> TensorDictReplayBuffer:
     return TensorDictReplayBuffer(storage=LazyTensorStorage(capacity), transform=store, batch_size=8)
 
 
+@pytest.mark.slow
 def test_sampled_stacks_equal_the_written_ones_in_any_arrival_order(play):
     rb = buffer(capacity=1000, frames=1000)
     # Batches of 10 steps of one environment, arriving interleaved as worker processes deliver them.

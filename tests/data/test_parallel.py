@@ -59,6 +59,7 @@ def test_the_learner_trains_on_what_the_workers_deliver_and_stores_every_frame(t
     assert (tmp_path / "collector_workers" / "worker0.log").exists()
 
 
+@pytest.mark.slow
 def test_the_learners_weights_reach_the_workers_when_pushed_and_on_a_cpu_at_once(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     data = async_replay(2, collect_steps=2, warmup_frames=1, batch_size=1)
@@ -305,6 +306,7 @@ def _rollout_workers(tmp_path, monkeypatch, **options):
     return data, model
 
 
+@pytest.mark.slow
 def test_collector_workers_act_with_the_latest_weights_in_every_batch(tmp_path, monkeypatch):
     # On-policy data: each batch is collected entirely with the weights the learner had when it asked for it.
     data, model = _rollout_workers(tmp_path, monkeypatch)
@@ -320,6 +322,7 @@ def test_collector_workers_act_with_the_latest_weights_in_every_batch(tmp_path, 
         data.teardown("fit")
 
 
+@pytest.mark.slow
 def test_collector_workers_draw_their_own_exploration_noise(tmp_path, monkeypatch):
     # Every chain starts in the same cell and an untrained policy's probabilities are the same there: workers
     # drawing from the same generator state would play the same actions. Each worker's is seeded from its first

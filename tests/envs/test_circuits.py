@@ -38,6 +38,7 @@ def test_every_generated_circuit_passes_the_track_checks():
     assert CircuitGenerator.gap(Track(slot, WIDTH)) < WIDTH + 2 * RUNOFF + generator.clearance
 
 
+@pytest.mark.slow
 def test_held_out_circuits_are_never_in_the_training_pool():
     train, held_out = TrackSource(pool=64), TrackSource(split="held_out", held_out=8)
     assert not set(train.seeds()) & set(held_out.seeds())
@@ -110,6 +111,7 @@ def test_the_road_observation_reads_the_car_against_the_road():
     torch.testing.assert_close(torch.tensor(curvature), 20.0 * kappa[0])
 
 
+@pytest.mark.slow
 def test_per_episode_circuits_are_drawn_from_each_cars_stream_and_checkpointed():
     options = {"tracks": {"pool": 16}, "max_steps": 40, "observation": "road"}
     batched = RacingEnv(num_envs=4, seed=11, **options)
@@ -138,6 +140,7 @@ def test_per_episode_circuits_are_drawn_from_each_cars_stream_and_checkpointed()
     assert torch.equal(torch.stack(follow), torch.stack(resumed))
 
 
+@pytest.mark.slow
 def test_the_expert_completes_its_first_lap_on_held_out_circuits_both_ways():
     tracks = {"split": "held_out", "held_out": 3, "per": "env", "directions": "both"}
     env = RacingEnv(num_envs=6, seed=0, tracks=tracks, observation="road", max_steps=1_800)

@@ -121,6 +121,7 @@ def test_a_partial_reset_restarts_only_the_masked_copies_and_a_finished_copy_wai
 SPACE_INVADERS = {"reward_clip": True, "noop_max": 30, "max_episode_steps": 10_000}
 
 
+@pytest.mark.slow
 def test_an_atari_life_loss_ends_the_agents_episode_and_the_game_score_is_reported_whole_and_unclipped():
     # The same seed and actions with and without reward clipping: the same frames. Space Invaders' aliens are worth
     # 5-30 points, so the clipped rewards differ from the score at once.
@@ -161,6 +162,7 @@ def test_an_atari_life_loss_ends_the_agents_episode_and_the_game_score_is_report
     clipped.close(), plain.close()
 
 
+@pytest.mark.slow
 def test_without_episodic_life_fire_is_pressed_after_a_lost_life_so_a_policy_that_never_fires_plays_on():
     # envpool presses FIRE at its episodic "reset" only: evaluation's whole games (episodic_life off) would stand still
     # after the first lost life under a greedy policy that never chose FIRE, until the 27,000-step limit.

@@ -122,6 +122,7 @@ def test_moving_left_costs_half_and_standing_still_ends_stuck_after_40_steps():
     env.close()
 
 
+@pytest.mark.slow
 def test_a_batch_plays_the_games_of_single_environments_and_noop_starts_differ():
     actions = torch.randint(0, 12, (60, 2), generator=torch.Generator().manual_seed(0)).tolist()
     batch = play(MarioEnv(num_envs=2, seed=5, noop_max=8), actions)
@@ -136,6 +137,7 @@ def test_a_batch_plays_the_games_of_single_environments_and_noop_starts_differ()
     assert len({frame.sum().item() for frame in starts}) > 1
 
 
+@pytest.mark.slow
 def test_the_state_restores_running_episodes_exactly():
     actions = torch.randint(0, 6, (50, 2), generator=torch.Generator().manual_seed(1)).tolist()
     env = MarioEnv(num_envs=2, seed=3)

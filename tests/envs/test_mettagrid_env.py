@@ -158,6 +158,7 @@ def test_a_loaded_state_continues_exactly_like_the_uninterrupted_environment():
         MettaGridEnv(num_envs=2, seed=3, **{**SMALL, "altar_cooldown": 4}).load_state_dict(copy.state_dict())
 
 
+@pytest.mark.slow
 def test_parallel_workers_step_and_hand_their_state_over_both_ways():
     torch.manual_seed(3)
     actions = torch.randint(0, 5, (20, 2, 2, 4))

@@ -180,6 +180,7 @@ def test_speed_profile_respects_grip_braking_and_acceleration():
     assert profile[0] == profile[-1]
 
 
+@pytest.mark.slow
 def test_expert_drives_a_whole_lap_from_every_start_without_leaving_the_track():
     cars = 256
     env = RacingEnv(num_envs=cars, seed=123)
@@ -209,6 +210,7 @@ def test_curvature_ahead_joins_the_observation():
         RacingEnv(curvature_ahead=(-5.0,))
 
 
+@pytest.mark.slow
 def test_evaluation_averages_lap_time_over_the_episodes_that_completed_a_lap():
     from datamodules.replay import ReplayDataModule
 

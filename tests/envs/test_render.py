@@ -22,7 +22,7 @@ def assert_frame(image: np.ndarray, shape: tuple[int, int]) -> None:
 def test_an_environment_that_cannot_render_says_so():
     env = ChainEnv(num_envs=2)
     assert not env.can_render
-    with pytest.raises(NotImplementedError, match=r"datamodules\.envs\.testing\.chain\.ChainEnv cannot render"):
+    with pytest.raises(NotImplementedError, match=r"envs\.testing\.chain\.ChainEnv cannot render"):
         env.render(0)
 
 

@@ -254,6 +254,7 @@ def test_neuron_output_off_by_more_than_the_tolerance_is_refused(tmp_path, monke
 @pytest.mark.skipif(
     not any(shutil.which(compiler) for compiler in ("g++", "c++", "clang++")), reason="AOTInductor needs a C++ compiler"
 )
+@pytest.mark.slow
 def test_aot_backend_compiles_checks_and_loads_and_auto_keeps_the_faster(tmp_path):
     network = observation_mlp(CHAIN_SHAPE, [16], 3).eval()
     metadata = export_policy(
@@ -371,6 +372,7 @@ def test_cli_bad_input_is_one_line_naming_the_flag(trained, tmp_path, capsys, ar
     assert error.startswith("python -m app export: error: " + message.format(tmp=tmp_path, ckpt=ckpt))
 
 
+@pytest.mark.slow
 def test_the_export_command_runs_and_its_old_names_say_where_it_went(trained, tmp_path):
     """``python -m app export`` as a real process; its old names, ``python -m export`` and
     ``python -m callbacks.export``, only print the new command, in one line, with exit status 2."""
