@@ -44,23 +44,17 @@ from app.errors import (
     tag_constructor_errors,
     typed,
 )
-from app.run_folder import (
-    ResumableCSVLogger,
-    SaveRunConfig,
-    checkpoint_global_step,
-    import_class,
-    missing_beside,
-    resolve_resume,
-)
+from app.run_folder import ResumableCSVLogger, SaveRunConfig, import_class, resolve_resume
 from app.stages import run_stage, stage_configs, stage_folder
 from app.tracking import arrange_loggers, check_packages, continue_runs, expand_short_names
 from callbacks.progress import RLProgressBar
 from callbacks.schedule import FrameCheckpoint
 from callbacks.tracking import TrackingRuns
+from checkpoints.files import CheckpointMismatch, CheckpointWriteError, beside_base, rank_state_path
+from checkpoints.resume import checkpoint_global_step, missing_beside
 from compat.jsonargparse import read_init_of_subclasses
 from compat.lightning import cli_config_get
 from datamodules.base import RLDataModule, resolve_device
-from datamodules.checkpoint_files import CheckpointMismatch, CheckpointWriteError, beside_base, rank_state_path
 from datamodules.memory import check_memory, parameters_need
 from modules.base import RLModule
 from modules.optim import FLAG as OPTIMIZER_FLAG
@@ -493,7 +487,7 @@ def trainer_defaults() -> dict:
         "max_epochs": -1,  # an RL stream has no epochs: max_steps (updates) ends training
         "num_sanity_val_steps": 0,
         "limit_val_batches": 0,  # `fit` evaluates with the PeriodicEvaluation callback; `validate` overrides this
-        "plugins": [{"class_path": "callbacks.schedule.AtomicCheckpointIO"}],
+        "plugins": [{"class_path": "checkpoints.files.AtomicCheckpointIO"}],
         "enable_checkpointing": True,
         "callbacks": [RLProgressBar()],  # frames, rates and the latest evaluation on the bar, for every config
     }

@@ -41,12 +41,12 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.cli import LightningArgumentParser
 from torchrl.envs import EnvBase
 
-from datamodules.checkpoint_files import CheckpointMismatch
+from checkpoints.files import CheckpointMismatch
 from datamodules.workers import WorkerDied, error_chain
 from modules.spaces import SpaceError
 
 #: The project's packages a moved class is looked for in (:func:`moved_class_path`).
-PROJECT_PACKAGES = ("envs", "datamodules", "modules", "callbacks", "export", "app")
+PROJECT_PACKAGES = ("envs", "datamodules", "modules", "checkpoints", "callbacks", "export", "app")
 _ROOT = Path(__file__).resolve().parent.parent
 
 #: Where each kind of nested object is configured, as config keys (each key after the first is inside ``init_args``).

@@ -21,11 +21,9 @@ import csv
 import importlib
 import os
 import re
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
 from jsonargparse import Namespace
 from lightning.fabric.loggers.logger import rank_zero_experiment
 from lightning.fabric.utilities.cloud_io import get_filesystem
@@ -34,18 +32,18 @@ from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 
+from checkpoints.files import checkpoint_damage
+from checkpoints.resume import LAST, last_checkpoints, newest_sound
 from compat.lightning import (
     ExperimentWriterLogDirCheck,
     is_local_path,
     set_csv_logger_writer,
     tensorboard_available,
 )
-from datamodules.checkpoint_files import checkpoint_damage, kept_path, updates_in_name
 
 if TYPE_CHECKING:
     from fsspec import AbstractFileSystem
 
-LAST = "last.ckpt"
 _LIGHTNING_CSV = "lightning.pytorch.loggers.CSVLogger"
 
 
@@ -68,11 +66,11 @@ def resolve_resume(config: Namespace, subcommand: str) -> Path | None:
     logger = _folder_logger(trainer)
     if requested == "last":
         folders, looked_in = _checkpoint_folders(trainer, logger)
-        candidates = [folder for folder in folders if _last_checkpoints(folder)]
+        candidates = [folder for folder in folders if last_checkpoints(folder)]
         if not candidates:
             raise ValueError(f"--ckpt_path last: no {looked_in} — nothing to resume")
-        folder = max(candidates, key=lambda folder: max(path.stat().st_mtime for path in _last_checkpoints(folder)))
-        checkpoint = _newest_sound(folder, beside=subcommand == "fit")
+        folder = max(candidates, key=lambda folder: max(path.stat().st_mtime for path in last_checkpoints(folder)))
+        checkpoint = newest_sound(folder, beside=subcommand == "fit")
     else:
         checkpoint = Path(requested)
         if not checkpoint.is_file():
@@ -91,52 +89,6 @@ def resolve_resume(config: Namespace, subcommand: str) -> Path | None:
     if logger.class_path in (_LIGHTNING_CSV, f"{CSVLogger.__module__}.CSVLogger"):
         logger.class_path = f"{__name__}.ResumableCSVLogger"  # same arguments; keeps metrics.csv instead of deleting
     return checkpoint
-
-
-def _last_checkpoints(folder: Path) -> list[Path]:
-    """The ``last`` checkpoints in ``folder``, newest first: those kept by update (``last-step<N>.ckpt``), and
-    ``last.ckpt`` where it is not one of them (a run from before checkpoints were kept)."""
-    kept = sorted(folder.glob(kept_path(LAST, "*").name), key=updates_in_name, reverse=True)
-    last = folder / LAST
-    if last.is_file() and not any(os.path.samefile(last, path) for path in kept):
-        kept.insert(0, last)
-    return kept
-
-
-def _newest_sound(folder: Path, beside: bool) -> Path:
-    """The newest checkpoint in ``folder`` that is as it was written (with the files ``beside`` it: see
-    :func:`checkpoint_damage`); one warning line for those skipped."""
-    skipped = []
-    for checkpoint in _last_checkpoints(folder):
-        damage = checkpoint_damage(checkpoint, beside)
-        if damage is None:
-            if skipped:
-                print(
-                    f"warning: --ckpt_path last: skipped {'; '.join(skipped)}; resuming from {checkpoint}",
-                    file=sys.stderr,
-                )
-            return checkpoint
-        skipped.append(f"{checkpoint} ({damage})")
-    raise ValueError(f"--ckpt_path last: no checkpoint in {folder} can be resumed: {'; '.join(skipped)}")
-
-
-def checkpoint_global_step(checkpoint: Path) -> int:
-    """The update a checkpoint was written at, read without loading its tensors (memory-mapped).
-
-    Raises:
-        ValueError: naming ``--ckpt_path``, when the file is not a Lightning checkpoint.
-    """
-    try:
-        return int(torch.load(checkpoint, map_location="cpu", mmap=True, weights_only=True)["global_step"])
-    except Exception as error:  # a truncated or foreign file: torch raises many kinds
-        raise ValueError(f"--ckpt_path {checkpoint}: not a readable checkpoint ({type(error).__name__})") from error
-
-
-def missing_beside(checkpoint: Path) -> list[str]:
-    """The folders a checkpoint names as kept beside it (replay buffers: ``ReplayDataModule``) that are not there."""
-    saved = torch.load(checkpoint, map_location="cpu", mmap=True, weights_only=True)
-    names = [state["buffer_folder"] for state in saved.values() if isinstance(state, dict) and "buffer_folder" in state]
-    return [name for name in names if not (Path(checkpoint).parent / name).is_dir()]
 
 
 def _folder_logger(trainer: Namespace) -> Namespace | None:

@@ -42,8 +42,8 @@ from typing import Any
 import torch
 import yaml
 
-from app.run_folder import LAST
 from app.stages import stage_configs
+from checkpoints.resume import LAST
 from datamodules.evaluation import episode_statistics
 
 MARKER = "seed.json"

@@ -36,7 +36,8 @@ from typing import Any
 import yaml
 from jsonargparse import Namespace
 
-from app.run_folder import LAST, import_class
+from app.run_folder import import_class
+from checkpoints.resume import LAST
 
 MARKER = "stage.json"
 STAGE_SUFFIXES = (".yaml", ".yml")

@@ -259,12 +259,12 @@ class Search:
 
     def requeue_stale(self) -> list[int]:
         """Trials left running by a search that was killed: marked failed, their values queued to run again."""
-        from callbacks.schedule import _process_alive
+        from checkpoints.files import process_alive
 
         stale = []
         for trial in self.study.get_trials(deepcopy=False, states=(self.optuna.trial.TrialState.RUNNING,)):
             pid = trial.user_attrs.get("pid")
-            if pid is not None and pid != os.getpid() and _process_alive(pid):
+            if pid is not None and pid != os.getpid() and process_alive(pid):
                 continue  # another tune command on this study is running it
             self.study.tell(trial.number, state=self.optuna.trial.TrialState.FAIL, skip_if_finished=True)
             self.study.enqueue_trial(trial.params, user_attrs={"rerun_of": trial.number})

@@ -57,7 +57,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from datamodules.checkpoint_files import TEMPORARY_MARK, kept_path, updates_in_name  # noqa: E402
+from checkpoints.files import TEMPORARY_MARK, kept_path, updates_in_name  # noqa: E402
 from datamodules.workers import worker_pids  # noqa: E402
 from tests.app.test_resume import SHORT, assert_same, metrics_rows  # noqa: E402
 from tests.helpers import fill, saved_replay, small_file_system  # noqa: E402

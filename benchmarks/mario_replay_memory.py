@@ -31,8 +31,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from app.cli import build  # noqa: E402
+from checkpoints.files import write_folder_atomically  # noqa: E402
 from compat.torchrl import storage_contents  # noqa: E402
-from datamodules.checkpoint_files import write_folder_atomically  # noqa: E402
 
 MIB = 2**20
 

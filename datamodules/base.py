@@ -12,7 +12,7 @@ checkpoint.
 That state is per rank: with DDP each rank explores with its own seed, environments and store. Lightning writes only
 rank 0's into the checkpoint, so every other rank writes its own file beside it (:meth:`RLDataModule.save_beside`,
 called by ``FrameCheckpoint``) and reads it back in :meth:`load_state_dict`; the files' names and atomic writes are
-``datamodules/checkpoint_files.py``'s.
+``checkpoints/files.py``'s.
 
 How the experience is collected (in this process, environment workers, collector workers, a prefetch thread) is the
 ``collection`` option, a strategy object (``datamodules/collection.py``); the evaluation episodes are
@@ -40,7 +40,7 @@ from torchrl.collectors import Collector
 from torchrl.data import Composite, TensorSpec
 from torchrl.envs import EnvBase, Transform, TransformedEnv
 
-from datamodules.checkpoint_files import (
+from checkpoints.files import (
     beside_base,
     rank_state_path,
     remove_path,

@@ -37,7 +37,7 @@ import threading
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from tensordict import TensorDictBase
@@ -45,13 +45,13 @@ from tensordict.nn import TensorDictModuleBase
 from torchrl.collectors import Collector, MultiAsyncCollector, MultiSyncCollector
 from torchrl.envs import EnvBase, ParallelEnv
 
+from checkpoints.files import CheckpointMismatch, from_plain, to_plain
 from compat.torchrl import (
     WorkerTaggedAsyncCollector,
     collector_carrier,
     parallel_env_lower_done_flags,
     parallel_env_processes,
 )
-from datamodules.checkpoint_files import CheckpointMismatch, from_plain, to_plain
 from datamodules.workers import (
     ResumableCollector,
     WorkerWatch,
@@ -67,8 +67,9 @@ from datamodules.workers import (
 )
 
 if TYPE_CHECKING:
-    from datamodules.base import RLDataModule
-    from datamodules.memory import MemoryNeed
+    from datamodules.episodes import EpisodeStatistics
+    from datamodules.memory import MemoryNeed, WorkerMemory
+    from envs.base import EnvDeclaration
 
 FLAG = "--data.init_args.collection"
 
@@ -80,6 +81,50 @@ WORKER_DEVICE = torch.device("cpu")
 _POLL_S = 1.0  # how often a waiting learner checks that the workers and the feeder are alive
 #: How long a learner that saw a worker's pipe close waits for that worker's end before it reports the error as is.
 _ENDING_S = 20.0
+
+
+class CollectionHost(Protocol):
+    """What a strategy is built from: its data module's environments, policy and batch geometry, and nothing else of
+    it (:class:`~datamodules.base.RLDataModule` is one; this module imports none, so the two do not import each other).
+
+    Attributes:
+        declared: the environment's class and options (what a worker process rebuilds it from) and declarations.
+        policy: the acting policy (None until the model connects).
+        env_transform: the transform every environment the policy acts in carries (a recurrent state's primer).
+        num_envs, collect_steps, agents_per_env: the batch: ``num_envs`` environments of ``agents_per_env`` agents,
+            ``collect_steps`` steps a collector call.
+        device: where environments and collected batches live.
+        frames: frames collected so far (for error messages).
+        trainer: the run's trainer (its folder keeps the workers' logs), or None.
+        worker_memory: what one worker process holds, measured when the data module was built (None: no workers).
+        episodes: the training episodes' statistics, which every collected batch updates.
+        buffer_size: the replay buffer's transitions (a replay data module's: asynchronous workers feed only those).
+        accepts_store_transform: whether the data module stores transitions (a replay buffer).
+    """
+
+    declared: EnvDeclaration
+    policy: TensorDictModuleBase | None
+    env_transform: Any
+    num_envs: int
+    collect_steps: int
+    agents_per_env: int
+    device: torch.device
+    frames: int
+    trainer: Any
+    worker_memory: WorkerMemory | None
+    episodes: EpisodeStatistics
+    buffer_size: int
+    accepts_store_transform: bool
+
+    @property
+    def frames_per_batch(self) -> int: ...
+
+    @property
+    def rank_seed(self) -> int: ...
+
+    def make_env(self, num_envs: int, seed: int, options: dict[str, Any] | None = None) -> EnvBase: ...
+
+    def with_env_transform(self, env: EnvBase) -> EnvBase: ...
 
 
 class Collection:
@@ -110,10 +155,10 @@ class Collection:
         return {}
 
     # ------------------------------------------------------------------------------------------- lifecycle
-    def check(self, data: RLDataModule) -> None:
+    def check(self, data: CollectionHost) -> None:
         """Refuse, with one line naming the flag, what this strategy cannot do for ``data`` (before anything runs)."""
 
-    def build(self, data: RLDataModule) -> None:
+    def build(self, data: CollectionHost) -> None:
         """Build the collector for ``data`` (connected: it has the model's policy)."""
         raise NotImplementedError
 
@@ -181,7 +226,7 @@ class Collection:
         """The workers' ``multiprocessing`` process objects, by index: TorchRL's multi-process collectors'."""
         return list(getattr(self.collector, "procs", None) or [])
 
-    def build_watched(self, data: RLDataModule) -> None:
+    def build_watched(self, data: CollectionHost) -> None:
         """:meth:`build`, with the worker processes it starts watched from their start (:class:`WorkerWatch`): a
         worker that dies while the collector is being built is one error naming it too."""
         if self.uses_workers:
@@ -199,7 +244,7 @@ class Collection:
     #: how many (a strategy with workers sets it from its ``workers`` option)
     workers = 0
 
-    def memory_needs(self, data: RLDataModule) -> list[MemoryNeed]:
+    def memory_needs(self, data: CollectionHost) -> list[MemoryNeed]:
         """The memory its worker processes will hold, each an interpreter with ``num_envs / workers`` environments
         (``data.worker_memory``, measured when ``data`` was built: ``datamodules/memory.py``); none without workers."""
         if not self.uses_workers or data.worker_memory is None:
@@ -212,7 +257,7 @@ class Collection:
         return {}
 
     # ------------------------------------------------------------------------------------------- shared parts
-    _data: RLDataModule | None = None
+    _data: CollectionHost | None = None
 
     def _frames(self) -> int:
         return self._data.frames if self._data is not None else 0
@@ -224,7 +269,7 @@ class Collection:
             return True
         return bool(trainer.ckpt_path) or bool(getattr(trainer.checkpoint_callback, "last_model_path", ""))
 
-    def _check_workers(self, data: RLDataModule, workers: int) -> None:
+    def _check_workers(self, data: CollectionHost, workers: int) -> None:
         if workers < 1:
             raise ValueError(f"{FLAG}.init_args.workers must be >= 1, got {workers}")
         if data.num_envs % workers:
@@ -232,7 +277,7 @@ class Collection:
                 f"{FLAG}.init_args.workers ({workers}) must divide --data.init_args.num_envs ({data.num_envs})"
             )
 
-    def _in_process_collector(self, data: RLDataModule, env: EnvBase) -> None:
+    def _in_process_collector(self, data: CollectionHost, env: EnvBase) -> None:
         self._data = data
         self.collector = Collector(
             env,
@@ -295,7 +340,7 @@ class InProcess(Collection):
     def _options(self) -> dict[str, Any]:
         return {"prefetch": self.prefetch} if self.prefetch else {}
 
-    def build(self, data: RLDataModule) -> None:
+    def build(self, data: CollectionHost) -> None:
         self._in_process_collector(data, data.make_env(data.num_envs, data.rank_seed))
 
     def state_dict(self) -> dict[str, Any]:
@@ -326,10 +371,10 @@ class EnvWorkers(Collection):
     def _options(self) -> dict[str, Any]:
         return {"workers": self.workers, **({"prefetch": True} if self.prefetch else {})}
 
-    def check(self, data: RLDataModule) -> None:
+    def check(self, data: CollectionHost) -> None:
         self._check_workers(data, self.workers)
 
-    def build(self, data: RLDataModule) -> None:
+    def build(self, data: CollectionHost) -> None:
         # Worker w runs environments w * num_envs / workers ... of the batch with their own seeds, so the batch plays
         # what one in-process batch would.
         per_worker, seed = data.num_envs // self.workers, data.rank_seed
@@ -385,10 +430,10 @@ class CollectorWorkers(Collection):
     def _options(self) -> dict[str, Any]:
         return {"workers": self.workers}
 
-    def check(self, data: RLDataModule) -> None:
+    def check(self, data: CollectionHost) -> None:
         self._check_workers(data, self.workers)
 
-    def build(self, data: RLDataModule) -> None:
+    def build(self, data: CollectionHost) -> None:
         self._data = data
         self._log_dir = workers_log_dir(data.trainer)
         self.collector = multi_process_collector(
@@ -466,11 +511,11 @@ class AsyncCollectorWorkers(Collection):
     def _options(self) -> dict[str, Any]:
         return {"workers": self.workers, "learner_nice": self.learner_nice}
 
-    def check(self, data: RLDataModule) -> None:
+    def check(self, data: CollectionHost) -> None:
         self._check_workers(data, self.workers)
         if self.learner_nice < 0:
             raise ValueError(f"{FLAG}.init_args.learner_nice must be >= 0, got {self.learner_nice}")
-        if not getattr(data, "accepts_store_transform", False):
+        if not data.accepts_store_transform:
             raise ValueError(
                 f"{FLAG} AsyncCollectorWorkers: {type(data).__name__} has no replay buffer to feed (asynchronous "
                 "workers need datamodules.replay.ReplayDataModule; CollectorWorkers collects in step with the learner)"
@@ -485,7 +530,7 @@ class AsyncCollectorWorkers(Collection):
         """Frames of one worker's batch."""
         return self.envs_per_worker * self._data.collect_steps * self._data.agents_per_env
 
-    def build(self, data: RLDataModule) -> None:
+    def build(self, data: CollectionHost) -> None:
         self._data = data
         self._log_dir = workers_log_dir(data.trainer)
         make_envs = worker_env_factories(

@@ -15,10 +15,7 @@ from tensordict.nn import TensorDictModuleBase
 from torchrl.data import LazyTensorStorage, RandomSampler, TensorDictReplayBuffer
 from torchrl.envs import EnvBase, Transform
 
-from compat.tensordict import own_interaction_type
-from compat.torchrl import multistep_window, set_multistep_window
-from datamodules.base import RLDataModule, check_positive
-from datamodules.checkpoint_files import (
+from checkpoints.files import (
     beside_path,
     from_plain,
     save_hashed,
@@ -26,6 +23,9 @@ from datamodules.checkpoint_files import (
     to_plain,
     write_folder_atomically,
 )
+from compat.tensordict import own_interaction_type
+from compat.torchrl import multistep_window, set_multistep_window
+from datamodules.base import RLDataModule, check_positive
 from datamodules.frames import FRAME_IDS, FrameStackStore, ring_capacity
 from datamodules.memory import MemoryNeed, spec_bytes, transition_bytes
 from datamodules.prioritized import ProportionalSampler

@@ -9,8 +9,8 @@ import torch
 from tensordict import TensorDictBase
 from torchrl.envs import EnvBase
 
+from checkpoints.files import from_plain, to_plain
 from datamodules.base import RLDataModule, check_positive
-from datamodules.checkpoint_files import from_plain, to_plain
 from datamodules.memory import MemoryNeed, transition_bytes
 
 

@@ -44,8 +44,8 @@ from torchrl.collectors import Collector, MultiAsyncCollector, MultiSyncCollecto
 from torchrl.envs import EnvBase, TransformedEnv
 from torchrl.weight_update import SharedMemWeightSyncScheme
 
+from checkpoints.files import CheckpointMismatch
 from compat.torchrl import collector_carrier, collector_counters, install_dead_worker_check, set_collector_counters
-from datamodules.checkpoint_files import CheckpointMismatch
 
 # How TorchRL's ParallelEnv and multi-process collectors name a worker process that died.
 DEAD_WORKER = re.compile(r"worker (\d+) \(exit code (-?\d+)\)")

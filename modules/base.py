@@ -25,10 +25,10 @@ from torch.nn.parameter import is_lazy
 from torchrl.data import TensorSpec
 from torchrl.envs import Transform
 
+from checkpoints.files import CheckpointMismatch
 from compat.lightning import checkpoint_step_intervals, count_batches_stepped, optimizer_step_with_hooks
 from compat.tensordict import install_from_any_tensor_shortcut
 from compat.torch import foreach_lerp_, inductor_fallback_random, inductor_mode_options
-from datamodules.checkpoint_files import CheckpointMismatch
 from datamodules.source import DataSource
 from modules.optim import FusedAdamStep, OptimizerOptions
 
@@ -435,7 +435,7 @@ class RLModule(pl.LightningModule):
 
 
 def check_weights_fit(saved: dict[str, Any], own: dict[str, Any], strict: bool = True) -> None:
-    """Raise :class:`~datamodules.checkpoint_files.CheckpointMismatch` unless the weights ``saved`` in a checkpoint
+    """Raise :class:`~checkpoints.files.CheckpointMismatch` unless the weights ``saved`` in a checkpoint
     have the shapes of this model's (``own``) and, when ``strict``, the same entries."""
     for key, value in own.items():
         theirs = saved.get(key)

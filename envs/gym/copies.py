@@ -39,9 +39,9 @@ import torch.nn.functional as F
 from tensordict import TensorDictBase
 from torchrl.data import Bounded, Categorical, Composite, TensorSpec, Unbounded
 
+from checkpoints.files import CheckpointMismatch
 from compat.tensordict import tensordict_unchecked
 from compat.torchrl import StepOutputComplete
-from datamodules.checkpoint_files import CheckpointMismatch
 from envs.base import BatchedEnv
 
 _CPU = torch.device("cpu")

@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from tensordict import TensorDict, TensorDictBase
 from torchrl.data import Bounded, Categorical, Composite, Unbounded
 
-from datamodules.checkpoint_files import CheckpointMismatch
+from checkpoints.files import CheckpointMismatch
 from envs.base import BatchedEnv
 from envs.mario.nes_compat import ACTION_BUTTONS, ACTION_NAMES, MarioEmulator
 

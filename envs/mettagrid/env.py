@@ -68,9 +68,9 @@ from mettagrid.mettagrid_c import MettaGrid
 from tensordict import TensorDictBase
 from torchrl.data import Bounded, Categorical, Composite, Unbounded
 
+from checkpoints.files import CheckpointMismatch
 from compat.tensordict import tensordict_unchecked
 from compat.torchrl import StepOutputComplete
-from datamodules.checkpoint_files import CheckpointMismatch
 from envs.base import BatchedEnv
 from envs.counter_rng import episode_seed
 from envs.drawing import grid_image, palette

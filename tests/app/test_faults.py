@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from checkpoints.files import SUMS, TEMPORARY_MARK, checkpoint_damage, reserve
 from datamodules import checkpoint_files, replay
-from datamodules.checkpoint_files import SUMS, TEMPORARY_MARK, checkpoint_damage, reserve
 from tests.app.test_resume import SHORT, fit_shipped, start_step
 from tests.helpers import ROOT, chain_config, fill, fit, small_file_system, write_config
 

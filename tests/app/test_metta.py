@@ -141,9 +141,11 @@ def test_a_dead_worker_process_stops_the_run_with_a_clear_error_and_the_last_che
 
 @pytest.mark.slow
 def test_the_ultra_fast_preset_runs_with_its_batch_geometry(tmp_path):
-    # The reference's geometry: 8 minibatches of whole 32-step segments per rollout, 1 epoch, hidden 256, compile on.
-    # The environments are made small (test-sized); the batch is num_envs x num_agents x collect_steps. Its collector
-    # workers stay on (2 instead of 16), so the path the preset ships is the path tested.
+    # The reference's geometry: 8 minibatches of whole 32-step segments per rollout, 1 epoch. The environments and
+    # the network are made small (test-sized); the batch is num_envs x num_agents x collect_steps. Its collector
+    # workers stay on (2 instead of 16), so the collection the preset ships is the one tested; its compiled loss is
+    # the one tests/app/test_metta.py's resume test compiles (and test_recurrent_ppo.py checks against eager), so it
+    # runs eagerly here, which spares the test a compilation of its own (the shipped value is checked below).
     cli = fit_metta(
         tmp_path,
         "--data.init_args.num_envs=4",
@@ -151,15 +153,16 @@ def test_the_ultra_fast_preset_runs_with_its_batch_geometry(tmp_path):
         "--data.init_args.bptt=32",
         "--data.init_args.minibatch_size=64",
         "--data.init_args.collection.workers=2",
-        "--model.init_args.lstm_hidden=256",
+        "--model.init_args.compile=false",
         "--trainer.max_steps=16",
         config="metta_ultra_fast",
     )
-    data, model = cli.datamodule, cli.model
+    data = cli.datamodule
     assert (data.bptt, data.update_epochs, data.minibatches_per_rollout) == (32, 1, 8)
-    assert model.compile_mode is True and model.lstm.lstm.hidden_size == 256
     assert cli.trainer.global_step == 16 and data.frames == 2 * 4 * 4 * 32
     assert isinstance(data.collection, CollectorWorkers) and data.collection.workers == 2
+    shipped = yaml.safe_load((ROOT / "configs/metta_ultra_fast.yaml").read_text())["model"]["init_args"]
+    assert shipped["compile"] is True and shipped["lstm_hidden"] == 256  # what the fit above set smaller
 
 
 def test_the_ultra_fast_preset_ships_the_seeds_geometry_and_schedule():

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from app.cli import main
-from callbacks.schedule import AtomicCheckpointIO
+from checkpoints.files import AtomicCheckpointIO
 from tests.helpers import (
     PREFETCH,
     RESEEDED,
@@ -343,8 +343,8 @@ WRITE_AND_HANG = """
 import io, sys, time, torch
 from pathlib import Path
 from app.cli import main
-from callbacks.schedule import AtomicCheckpointIO
-from datamodules.checkpoint_files import write_folder_atomically
+from checkpoints.files import AtomicCheckpointIO
+from checkpoints.files import write_folder_atomically
 
 def write_half_then_hang(write):
     write()

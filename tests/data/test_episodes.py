@@ -11,8 +11,8 @@ import pytest
 import torch
 from tensordict import TensorDict
 
+from checkpoints.files import save_atomically
 from compat.torchrl import WORKER_KEY
-from datamodules.checkpoint_files import save_atomically
 from datamodules.episodes import EpisodeStatistics
 from tests.helpers import chain_config, fit, write_config
 

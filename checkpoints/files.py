@@ -29,7 +29,10 @@ from pathlib import Path
 from typing import IO, Any
 
 import torch
+from lightning.pytorch.plugins.io import TorchCheckpointIO
 from tensordict import TensorDict, TensorDictBase
+
+from compat.lightning import is_local_path
 
 TEMPORARY_MARK = ".tmp-"  # files and folders being written: .<name>.tmp-<pid of the writing process>
 SUMS = ".sha256"  # a checkpoint's manifest: <checkpoint>.sha256, in sha256sum's format
@@ -358,3 +361,55 @@ def to_plain(td: TensorDictBase | None) -> dict | None:
 
 def from_plain(data: dict | None, batch_dims: int, device: torch.device) -> TensorDictBase | None:
     return None if data is None else TensorDict.from_dict(data, batch_dims=batch_dims, device=device)
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Writes each checkpoint to a temporary file in the same folder, then renames it into place, with its SHA-256
+    in ``<name>.sha256`` beside it.
+
+    A rename within one filesystem is atomic, so a run killed mid-write leaves the previous ``last.ckpt`` intact
+    rather than a truncated one. The temporary file (``.<name>.tmp-<pid>``) of a process killed outright (``kill -9``)
+    stays behind; :func:`remove_stale_temporaries` deletes those of dead processes when the next fit starts. The
+    free space is checked first and the file is read back before the rename: a full disk or a failed write is a
+    :class:`~checkpoints.files.CheckpointWriteError` naming the folder, with nothing replaced.
+    """
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any = None) -> None:
+        if not is_local_path(path):
+            super().save_checkpoint(checkpoint, path, storage_options)  # remote stores have their own semantics
+            return
+        path = Path(path)
+        digest = save_atomically(checkpoint, path, verify=True)
+        write_sums(path.with_name(path.name + SUMS), {path.name: digest})
+
+    def remove_checkpoint(self, path: str | Path) -> None:
+        super().remove_checkpoint(path)
+        if is_local_path(path):
+            Path(f"{path}{SUMS}").unlink(missing_ok=True)
+
+
+def remove_stale_temporaries(folder: str | Path) -> list[Path]:
+    """Delete the temporary checkpoint files (and the folders of stores beside checkpoints) in ``folder`` whose
+    writing process is gone; return what was deleted.
+
+    A file whose process is still alive (another run writing into the same folder) is left alone. The check is by
+    process id on this machine, which is where the writer of a local checkpoint folder ran.
+    """
+    removed = []
+    for path in Path(folder).glob(f".*{TEMPORARY_MARK}*"):
+        pid = path.name.rpartition(TEMPORARY_MARK)[2]
+        if pid.isdigit() and not process_alive(int(pid)):
+            remove_path(path)
+            removed.append(path)
+    return removed
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists on this machine."""
+    try:
+        os.kill(pid, 0)  # signal 0: only checks that the process exists
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # it exists, owned by someone else
+    return True
