@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from checkpoints import files as checkpoint_files
 from checkpoints.files import SUMS, TEMPORARY_MARK, checkpoint_damage, reserve
-from datamodules import checkpoint_files, replay
+from datamodules import replay
 from tests.app.test_resume import SHORT, fit_shipped, start_step
 from tests.helpers import ROOT, chain_config, fill, fit, small_file_system, write_config
 
