@@ -1,4 +1,5 @@
-"""The files a data module keeps beside a checkpoint: their names, and writing them so that a kill never leaves half.
+"""Checkpoint files: the checkpoint itself (:class:`AtomicCheckpointIO`) and what a data module keeps beside it, their
+names, and writing them so that a kill never leaves half.
 
 That state is per rank: with DDP each rank explores with its own seed, environments and store. Lightning writes only
 rank 0's into the checkpoint, so every other rank writes its own file beside it (named by :func:`rank_state_path`).

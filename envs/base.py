@@ -143,7 +143,8 @@ class EnvDeclaration:
     Attributes:
         env_class: the environment's class.
         options: its constructor's options (all but ``num_envs``, ``seed`` and ``device``): with the class, what
-            rebuilds it in a worker process or for an evaluation (:meth:`build`).
+            rebuilds it in a worker process or for an evaluation
+            (``env_class(num_envs=..., seed=..., device=..., **options)``).
         episode_metric_keys: per-step entries summed over each episode and reported as ``<key>_mean``.
         episode_metric_over: ``{metric: marker}``: ``metric`` averaged over the episodes whose ``marker`` is positive.
         physics: the dynamics a physics-informed loss differentiates (PIRL's), or None.
@@ -164,10 +165,6 @@ class EnvDeclaration:
     render_options: Mapping[str, Any] = field(default_factory=dict)
     exact_state: bool = True
     inexact_state_reason: str = ""
-
-    def build(self, num_envs: int, seed: int, device: str | torch.device, **options: Any) -> BatchedEnv:
-        """``num_envs`` environments of this class and options seeded from ``seed``; ``options`` replace some."""
-        return self.env_class(num_envs=num_envs, seed=seed, device=device, **{**self.options, **options})
 
 
 def cannot_render(env_class: type) -> str:

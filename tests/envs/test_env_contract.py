@@ -166,7 +166,7 @@ def test_the_same_seed_and_a_rebuild_from_init_kwargs_play_the_same_episodes(cls
     assert_same_episodes(episodes, play(rebuilt, actions)[0])
     # What a worker process rebuilds it from: the declaration, pickled across, with its options.
     declared = pickle.loads(pickle.dumps(env.declaration()))
-    redeclared = declared.build(NUM_ENVS, seed=3, device="cpu")
+    redeclared = declared.env_class(num_envs=NUM_ENVS, seed=3, device="cpu", **declared.options)
     assert type(redeclared) is cls and redeclared.init_kwargs() == env.init_kwargs()
     assert_same_episodes(episodes, play(redeclared, actions)[0])
     for each in (env, rebuilt, redeclared):
