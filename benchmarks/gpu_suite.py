@@ -55,7 +55,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -284,12 +284,20 @@ def mario(ctx: Context) -> dict:
         flags += ["--data.init_args.num_envs", "2", "--data.init_args.batch_size", "8"]
         flags += ["--data.init_args.buffer_size", "512", "--data.init_args.warmup_frames", "64"]
         flags += ["--model.init_args.optimizer.accumulate_grad_batches", "1"]
-    report = fit(ctx, "mario", ["configs/mario_ddqn.yaml", "configs/bench/gpu_mario.yaml"], flags)
+    # A few updates under torch.profiler, before the report's steady state begins (its rates stay unprofiled):
+    # which kernels and host work one learner update is made of, beside the phases the report times.
+    from profile_window import ProfileWindow
+
+    window = ProfileWindow(ctx.profiles / "mario_update", start=0 if ctx.quick else 60, updates=1 if ctx.quick else 4)
+    if not ctx.quick:  # the first updates compile; by the 100th the rate is steady (2026-11-26: ~1.8 updates/s)
+        flags += ["--trainer.callbacks.init_args.skip_first_steps", "100"]
+    report = fit(ctx, "mario", ["configs/mario_ddqn.yaml", "configs/bench/gpu_mario.yaml"], flags, [window])
     rates_ = steady(report)
     return {
         "figures": {
             "experiences_per_s": rates_["frames_per_s"],
             "updates_per_s": rates_["updates_per_s"],
+            "profile": window.summary,
             "report": report,
         },
         "targets": [
@@ -309,7 +317,7 @@ ITEMS: dict[str, tuple[Callable[[Context], dict], int]] = {
     "dqn_update": (dqn_update, 60),
     "sac": (sac, 75),
     "metta": (metta, 70),
-    "mario": (mario, 170),  # 14 worker processes start one after the other; emulators drawn for the yardstick
+    "mario": (mario, 240),  # 14 worker processes start one after the other; emulators drawn for the yardstick
 }
 # Seconds per item with --quick: each takes a few, but a loaded machine (a parallel test run) slows them many times.
 QUICK_CAP = 240
@@ -319,12 +327,14 @@ QUICK_CAP = 240
 
 
 class Context:
-    """What an item runs with: the device, whether it is the quick run, a scratch folder, the fits' time."""
+    """What an item runs with: the device, whether it is the quick run, a scratch folder, the fits' time, where
+    profiles go."""
 
-    def __init__(self, quick: bool, scratch: Path, cap: int) -> None:
+    def __init__(self, quick: bool, scratch: Path, cap: int, profiles: Path) -> None:
         import torch
 
         self.quick = quick
+        self.profiles = profiles  # profiler traces and tables, beside the report
         self.cuda = torch.cuda.is_available() and not quick
         self.device = "cuda" if self.cuda else "cpu"
         self.scratch = scratch
@@ -384,8 +394,9 @@ def graphed(module: Callable, x: Any) -> Callable[[], Any]:
     return graph.replay
 
 
-def fit(ctx: Context, name: str, configs: list[str], flags: list[str]) -> dict:
-    """``python -m app fit`` of ``configs`` + the throughput preset in this process; returns its throughput report."""
+def fit(ctx: Context, name: str, configs: list[str], flags: list[str], callbacks: Sequence[Any] = ()) -> dict:
+    """``python -m app fit`` of ``configs`` + the throughput preset (+ ``callbacks``) in this process; returns its
+    throughput report."""
     from app.cli import main
 
     runs = ctx.scratch / "runs"
@@ -395,7 +406,7 @@ def fit(ctx: Context, name: str, configs: list[str], flags: list[str]) -> dict:
     args += ["--trainer.enable_progress_bar", "false", "--trainer.callbacks.init_args.log_every_n_steps", "50", *flags]
     if ctx.quick:  # the report's bare-update yardstick draws its own batches: seconds that check nothing new here
         args += ["--trainer.callbacks.init_args.bare_update_seconds", "0"]
-    main(args)
+    main(args, extra_callbacks=callbacks)
     reports = sorted((runs / name).glob("version_*/throughput.json"), key=lambda p: p.stat().st_mtime)
     if not reports:
         raise RuntimeError(f"the {name} fit wrote no throughput report under {runs / name}")
@@ -449,7 +460,7 @@ def run_item(name: str, quick: bool, out: Path, cap: int) -> None:
     torch.set_num_threads(1 if quick else min(8, os.cpu_count() or 1))
     scratch = out / "scratch" / name
     scratch.mkdir(parents=True, exist_ok=True)
-    ctx = Context(quick, scratch, cap)
+    ctx = Context(quick, scratch, cap, profiles=out / "profiles")
     os.chdir(ROOT)  # the configs name files relative to the checkout
     if ctx.cuda:
         torch.cuda.reset_peak_memory_stats()
