@@ -18,13 +18,11 @@ What is shared here:
   within a fraction of a second, remembers which and how, and kills the other workers, so that whatever the learner
   waits on in TorchRL (a pipe, a queue, a worker that waits for the dead one) returns at once.
 - :func:`worker_death_error`: one error naming the dead worker, how it died, and its last exception.
-- :func:`use_forkserver`: workers forked from a server that imported torch and TorchRL once, not spawned anew.
 """
 
 from __future__ import annotations
 
 import contextlib
-import multiprocessing
 import os
 import re
 import shutil
@@ -317,7 +315,7 @@ class WorkerWatch(threading.Thread):
 
 def worker_pids(pid: int | None = None) -> list[int]:
     """The worker processes ``multiprocessing`` started for process ``pid`` (this one by default): its children
-    started with ``spawn`` and the children of its forkserver (:func:`use_forkserver`), which forks them."""
+    started with ``spawn`` and, where a program chose ``forkserver``, the children of its server, which forks them."""
     found = []
     for child in _children(os.getpid() if pid is None else pid):
         command = _command_line(child)
@@ -363,22 +361,6 @@ def _running(pid: int) -> bool:
     except (OSError, IndexError):
         return False
     return state not in ("Z", "X")
-
-
-#: What every worker imports before it builds its environments: loaded once, in the forkserver.
-WORKER_IMPORTS = ("torch", "tensordict", "torchrl.envs", "torchrl.collectors", "datamodules.workers")
-
-
-def use_forkserver(*modules: str) -> None:
-    """Start worker processes from a forkserver that has imported :data:`WORKER_IMPORTS` and ``modules`` (the
-    environment's), so that a worker starts in a fraction of a second rather than importing torch and TorchRL anew
-    (seconds, and a core's worth of them per worker). TorchRL takes the start method set here. Left alone when a start
-    method was chosen already (by the program, or by an earlier call), and off Linux."""
-    if sys.platform != "linux" or multiprocessing.get_start_method(allow_none=True) is not None:
-        return
-    # A program's own module (``__main__``) is left out: the server would run it again to import it.
-    multiprocessing.set_forkserver_preload([*WORKER_IMPORTS, *(name for name in modules if name != "__main__")])
-    multiprocessing.set_start_method("forkserver")
 
 
 def logged_env(log: Path, env_class: type, **options: Any) -> EnvBase:

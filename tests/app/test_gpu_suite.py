@@ -43,6 +43,9 @@ def test_quick_mode_runs_every_item_from_any_folder_and_writes_both_reports(tmp_
     assert figures["snake_ppo"]["frames_per_s"] > 0 and figures["sac"]["updates_per_s"] > 0
     assert set(figures["metta"]["by_worker_kind"]) == {"env_workers", "collector_workers"}
     assert figures["mario"]["experiences_per_s"] > 0
+    assert figures["mario"]["profile"]["updates"] == 1  # one learner update under the profiler, trace and table kept
+    assert "aten::" in (out / "profiles" / "mario_update.txt").read_text()
+    assert (out / "profiles" / "mario_update.trace.json.gz").stat().st_size > 0
     assert "compile=false" in figures["dqn_update"]["ratio_to_bare"] and not figures["dqn_update"]["errors"]
     markdown = (out / "gpu_suite.md").read_text()
     assert all(f"| {name} | ok |" in markdown for name in ITEMS)

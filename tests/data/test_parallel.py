@@ -420,3 +420,4 @@ def test_the_watch_names_the_worker_killed_first_and_stops_the_others(start_meth
     assert str(early).endswith(
         "training stopped before its first checkpoint, so there is nothing to continue: start it again"
     )
+
