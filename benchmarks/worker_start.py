@@ -6,8 +6,9 @@
 Each measurement is a short fit of ``--config`` (``--args`` appended; by default ``configs/metta_ppo.yaml``, its two
 collector workers, 4 updates, compilation off so that it does not blur the comparison) in a fresh process that first
 sets the start method: ``spawn`` (each worker a new interpreter importing torch, tensordict, TorchRL and the
-environment's module; what lightrl's commands do, importing TorchRL sets it) or ``forkserver`` (one server imports them
-once, every worker is its fork). The two alternate, ``--repeats`` times each, so the machine's
+environment's module; TorchRL's default) or ``forkserver`` (one server imports them once, every worker is its fork;
+what lightrl's worker collections choose on Linux, ``datamodules/workers.py::use_forkserver``, with torch and
+tensordict preloaded). The two alternate, ``--repeats`` times each, so the machine's
 drift falls on both. Reported: each fit's wall time from the process's start to its end (the imports of the training
 process itself are in both) and the medians; the difference is what starting the workers costs. (Not CPU time: a
 forkserver is not waited for by the process that started it, so its share would go uncounted.) Writes a JSON and a

@@ -60,6 +60,7 @@ from datamodules.workers import (
     multi_process_collector,
     remove_temporary_logs,
     stateful_env,
+    use_forkserver,
     worker_death_error,
     worker_env_factories,
     workers_log_dir,
@@ -229,6 +230,7 @@ class Collection:
         """:meth:`build`, with the worker processes it starts watched from their start (:class:`WorkerWatch`): a
         worker that dies while the collector is being built is one error naming it too."""
         if self.uses_workers:
+            use_forkserver()
             self._watch = WorkerWatch()
             self._watch.start()
         try:

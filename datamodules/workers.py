@@ -18,11 +18,13 @@ What is shared here:
   within a fraction of a second, remembers which and how, and kills the other workers, so that whatever the learner
   waits on in TorchRL (a pipe, a queue, a worker that waits for the dead one) returns at once.
 - :func:`worker_death_error`: one error naming the dead worker, how it died, and its last exception.
+- :func:`use_forkserver`: workers forked from a server that imported torch once, not spawned anew.
 """
 
 from __future__ import annotations
 
 import contextlib
+import multiprocessing
 import os
 import re
 import shutil
@@ -315,7 +317,7 @@ class WorkerWatch(threading.Thread):
 
 def worker_pids(pid: int | None = None) -> list[int]:
     """The worker processes ``multiprocessing`` started for process ``pid`` (this one by default): its children
-    started with ``spawn`` and, where a program chose ``forkserver``, the children of its server, which forks them."""
+    started with ``spawn`` and the children of its forkserver (:func:`use_forkserver`), which forks them."""
     found = []
     for child in _children(os.getpid() if pid is None else pid):
         command = _command_line(child)
@@ -361,6 +363,24 @@ def _running(pid: int) -> bool:
     except (OSError, IndexError):
         return False
     return state not in ("Z", "X")
+
+
+#: What the forkserver imports once, before it forks the workers. Not TorchRL: with TorchRL imported in the server,
+#: an asynchronous run's forked collector workers died at their first frames (2026-11-28: 3 of 3 runs; with torch and
+#: tensordict alone, 3 of 3 ran), so each worker still imports TorchRL and the environment's module itself.
+WORKER_IMPORTS = ("torch", "tensordict")
+
+
+def use_forkserver() -> None:
+    """Start worker processes from a forkserver that has imported :data:`WORKER_IMPORTS`, so that a worker does not
+    import torch anew (seconds, and a core's worth of them per worker). TorchRL takes the start method set here.
+    Importing TorchRL sets ``spawn`` when no method was chosen yet, so ``spawn`` is read as that default and replaced;
+    a program's other choice (``fork``), a server chosen by an earlier call, and platforms other than Linux are left
+    alone."""
+    if sys.platform != "linux" or multiprocessing.get_start_method(allow_none=True) not in (None, "spawn"):
+        return
+    multiprocessing.set_forkserver_preload(list(WORKER_IMPORTS))
+    multiprocessing.set_start_method("forkserver", force=True)
 
 
 def logged_env(log: Path, env_class: type, **options: Any) -> EnvBase:

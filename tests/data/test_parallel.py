@@ -421,3 +421,15 @@ def test_the_watch_names_the_worker_killed_first_and_stops_the_others(start_meth
         "training stopped before its first checkpoint, so there is nothing to continue: start it again"
     )
 
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the forkserver is lightrl's choice on Linux only")
+def test_workers_start_from_a_forkserver_although_importing_torchrl_chose_spawn():
+    # Importing TorchRL sets `spawn` as the global start method; a worker collection replaces that default with a
+    # forkserver that imported torch once (a program's own `fork` stays: the third line).
+    script = (
+        "import multiprocessing as mp, torchrl; from datamodules.workers import use_forkserver;"
+        "print(mp.get_start_method()); use_forkserver(); print(mp.get_start_method());"
+        "mp.set_start_method('fork', force=True); use_forkserver(); print(mp.get_start_method())"
+    )
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.stdout.split() == ["spawn", "forkserver", "fork"], done.stdout + done.stderr
