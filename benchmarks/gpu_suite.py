@@ -285,11 +285,11 @@ def mario(ctx: Context) -> dict:
         flags += ["--data.init_args.num_envs", "2", "--data.init_args.batch_size", "8"]
         flags += ["--data.init_args.buffer_size", "512", "--data.init_args.warmup_frames", "64"]
         flags += ["--model.init_args.optimizer.accumulate_grad_batches", "1"]
-    # A few updates under torch.profiler, before the report's steady state begins (its rates stay unprofiled):
-    # which kernels and host work one learner update is made of, beside the phases the report times.
+    # One learner update under torch.profiler, before the report's steady state begins (its rates stay unprofiled):
+    # which kernels and host work it is made of, beside the phases the report times. One, not four: on the H200
+    # (2026-11-28) four made a 32-MB compressed trace whose operator table took minutes.
     from profile_window import ProfileWindow
 
-    # One update: on the H200 (2026-11-28) four made a 32-MB compressed trace whose operator table took minutes.
     window = ProfileWindow(ctx.profiles / "mario_update", start=0 if ctx.quick else 60, updates=1)
     if not ctx.quick:  # the first updates compile; by the 100th the rate is steady (2026-11-26: ~1.8 updates/s)
         flags += ["--trainer.callbacks.init_args.skip_first_steps", "100"]

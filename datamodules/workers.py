@@ -18,7 +18,7 @@ What is shared here:
   within a fraction of a second, remembers which and how, and kills the other workers, so that whatever the learner
   waits on in TorchRL (a pipe, a queue, a worker that waits for the dead one) returns at once.
 - :func:`worker_death_error`: one error naming the dead worker, how it died, and its last exception.
-- :func:`use_forkserver`: workers forked from a server that imported torch once, not spawned anew.
+- :func:`use_forkserver`: workers forked from a server that imported torch and tensordict once, not spawned anew.
 """
 
 from __future__ import annotations
@@ -373,10 +373,10 @@ WORKER_IMPORTS = ("torch", "tensordict")
 
 def use_forkserver() -> None:
     """Start worker processes from a forkserver that has imported :data:`WORKER_IMPORTS`, so that a worker does not
-    import torch anew (seconds, and a core's worth of them per worker). TorchRL takes the start method set here.
-    Importing TorchRL sets ``spawn`` when no method was chosen yet, so ``spawn`` is read as that default and replaced;
-    a program's other choice (``fork``), a server chosen by an earlier call, and platforms other than Linux are left
-    alone."""
+    import torch and tensordict anew (seconds, and a core's worth of them per worker). TorchRL takes the start method
+    set here. Importing TorchRL sets ``spawn`` when no method was chosen yet, so ``spawn`` is read as that default and
+    replaced; a program's other choice (``fork``), a server chosen by an earlier call, and platforms other than Linux
+    are left alone."""
     if sys.platform != "linux" or multiprocessing.get_start_method(allow_none=True) not in (None, "spawn"):
         return
     multiprocessing.set_forkserver_preload(list(WORKER_IMPORTS))
