@@ -39,6 +39,7 @@ from app.errors import (
     COMPONENT_KEYS,
     OneLineErrorParser,
     checkpoint_mismatch_line,
+    configured_owners,
     constructor_error_line,
     exit_now,
     tag_constructor_errors,
@@ -57,7 +58,7 @@ from compat.lightning import cli_config_get
 from datamodules.base import RLDataModule, resolve_device
 from datamodules.memory import check_memory, parameters_need
 from modules.base import RLModule
-from modules.optim import FLAG as OPTIMIZER_FLAG
+from modules.optim import OPTION as OPTIMIZER_OPTION
 
 # TorchRL announces every storage it allocates at INFO level; keep the console for what the user asked for.
 logging.getLogger("torchrl").setLevel(logging.WARNING)
@@ -167,9 +168,12 @@ class RLCLI(LightningCLI):
 
     def _note_stage_seed(self) -> None:
         """The seed the run's stages follow (app/stages.py): the ``seed_everything`` the run was given, read before
-        Lightning replaces ``true`` by a seed it draws (a stage at a new seed each time would never be reused)."""
+        Lightning replaces ``true`` by a seed it draws (a stage at a new seed each time would never be reused); and
+        the configured classes the parser's error lines spell flags for (:func:`~app.errors.spell_flags`)."""
         subcommand = self.config.get("subcommand")
         config = self.config.get(subcommand, self.config) if subcommand else self.config
+        # Library code names options by their config keys (model.gamma); the error lines spell them as flags.
+        self.parser.option_owners = configured_owners(config)
         seed = config.get("seed_everything")
         self.stage_seed = seed if type(seed) is int else None  # not True or False, which are ints too
         if self.stage_seed is not None and not 0 <= seed <= MAX_SEED:  # Lightning's own refusal is a traceback
@@ -237,7 +241,7 @@ class RLCLI(LightningCLI):
         if accumulate != 1:
             if optimizer.accumulate_grad_batches not in (1, accumulate):
                 self.parser.error(
-                    f"--trainer.accumulate_grad_batches {accumulate} and {OPTIMIZER_FLAG}.accumulate_grad_batches "
+                    f"--trainer.accumulate_grad_batches {accumulate} and {OPTIMIZER_OPTION}.accumulate_grad_batches "
                     f"{optimizer.accumulate_grad_batches} disagree; set one of them"
                 )
             optimizer.accumulate_grad_batches, trainer["accumulate_grad_batches"] = accumulate, 1
@@ -248,7 +252,7 @@ class RLCLI(LightningCLI):
             self.parser.error("--trainer.gradient_clip_algorithm: only norm clipping is supported (the default)")
         if optimizer.max_grad_norm not in (None, clip):
             self.parser.error(
-                f"--trainer.gradient_clip_val {clip} and {OPTIMIZER_FLAG}.max_grad_norm {optimizer.max_grad_norm} "
+                f"--trainer.gradient_clip_val {clip} and {OPTIMIZER_OPTION}.max_grad_norm {optimizer.max_grad_norm} "
                 "disagree; set one of them"
             )
         optimizer.max_grad_norm, trainer["gradient_clip_val"] = clip, None
@@ -358,10 +362,10 @@ class RLCLI(LightningCLI):
         # callbacks are built inside other objects: their errors are tagged with their class on the way out.
         for component in COMPONENT_KEYS:
             self.parser.add_instantiator(tag_constructor_errors, component, subclasses=True)
+        config = self.config.get(self.subcommand) if self.subcommand else self.config
         try:
             super().instantiate_classes()
         except (ValueError, MisconfigurationException) as error:
-            config = self.config.get(self.subcommand) if self.subcommand else self.config
             self.parser.error(constructor_error_line(error, config, self.parser.args))
         self._seed_note.release()
 

@@ -20,6 +20,8 @@ every_n_frames must be >= 1, got 0``.
 from __future__ import annotations
 
 import ast
+import collections.abc
+import dataclasses
 import difflib
 import functools
 import inspect
@@ -30,6 +32,7 @@ import pydoc
 import re
 import sys
 import traceback
+import types
 import typing
 from collections.abc import Sequence
 from pathlib import Path
@@ -279,6 +282,84 @@ def constructor_error_line(error: BaseException, config: Any, argv: Sequence[str
     return f"{where}: {_one_line(str(cause))}"
 
 
+#: An option named the way library code names it: its config keys under the model or the data module
+#: (``model.gamma``, ``data.collection.workers``, ``model.optimizer.lr``), not inside a longer name or path.
+_OPTION_MENTION = re.compile(r"(?<![\w./\-])(model|data)((?:\.[A-Za-z_]\w*)+)")
+
+
+def _constructor_hints(cls: Any) -> dict[str, Any]:
+    """``{argument: annotation}`` of ``cls``'s constructor, with those its ``**kwargs`` hand to the base classes (as
+    jsonargparse reads them); ``X | None`` is ``X``. Empty for anything but a class."""
+    hints: dict[str, Any] = {}
+    for owner in cls.__mro__ if inspect.isclass(cls) else ():
+        init = owner.__dict__.get("__init__")
+        if init is None:
+            continue
+        parameters = list(inspect.signature(init).parameters.values())[1:]
+        try:
+            annotations = typing.get_type_hints(init)
+        except Exception:  # an annotation that does not resolve here: the argument is known, its type is not
+            annotations = {}
+        for parameter in parameters:
+            if parameter.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
+                hint = annotations.get(parameter.name)
+                arguments = [argument for argument in typing.get_args(hint) if argument is not type(None)]
+                if typing.get_origin(hint) in (typing.Union, types.UnionType) and len(arguments) == 1:
+                    hint = arguments[0]
+                hints.setdefault(parameter.name, hint)
+        if not any(parameter.kind is inspect.Parameter.VAR_KEYWORD for parameter in parameters):
+            break
+    return hints
+
+
+def option_flag(path: str, owners: dict[str, type]) -> str | None:
+    """The command-line flag of an option named by its config keys (``data.collection.workers`` →
+    ``--data.init_args.collection.init_args.workers``; ``model.optimizer.lr`` → ``--model.init_args.optimizer.lr``),
+    for the configured classes ``owners`` (``{"model": DQN, "data": ReplayDataModule}``); None when the first key is
+    no argument of the owner's constructor (a file name such as ``model.pt``).
+
+    The one place that spells a flag: library code names options by their config keys, and jsonargparse nests an
+    object configured by class (the model, the data module, an environment, a collection strategy) under
+    ``init_args`` but an option group (a dataclass) or a mapping directly."""
+    owner, *keys = path.split(".")
+    cls = owners.get(owner)
+    if not keys or keys[0] not in _constructor_hints(cls):
+        return None
+    parts = [owner, "init_args"]
+    for depth, key in enumerate(keys):
+        parts.append(key)
+        if depth == len(keys) - 1:
+            break
+        cls = _constructor_hints(cls).get(key)
+        grouped = dataclasses.is_dataclass(cls) or typing.get_origin(cls) in (dict, collections.abc.Mapping)
+        parts += [] if grouped else ["init_args"]
+    return "--" + ".".join(parts)
+
+
+def spell_flags(line: str, owners: dict[str, type]) -> str:
+    """``line`` with each option named by its config keys (``model.gamma must be …``) spelled as the flag that sets
+    it (``--model.init_args.gamma must be …``); see :func:`option_flag`."""
+
+    def spelled(match: re.Match[str]) -> str:
+        return option_flag(match.group(1) + match.group(2), owners) or match.group(0)
+
+    return _OPTION_MENTION.sub(spelled, line)
+
+
+def configured_owners(config: Any) -> dict[str, type]:
+    """``{"model": class, "data": class}`` of a parsed config's ``class_path`` entries (those that import)."""
+    owners = {}
+    for owner in ("model", "data"):
+        try:
+            class_path = config[owner]["class_path"]
+        except (KeyError, TypeError):
+            continue
+        cls = pydoc.locate(class_path) if isinstance(class_path, str) else None
+        if inspect.isclass(cls):
+            owners[owner] = cls
+    return owners
+
+
 class OneLineErrorParser(LightningArgumentParser):
     """Lightning's parser, printing any error as one ``error: ...`` line naming the flag (no usage dump)."""
 
@@ -288,7 +369,8 @@ class OneLineErrorParser(LightningArgumentParser):
         if not self.exit_on_error or os.environ.get("JSONARGPARSE_DEBUG", "").lower() == "true":
             super().error(message, ex)
         argv = getattr(self, "args", None) or sys.argv[1:]
-        sys.stderr.write(f"error: {parse_error_line(message, ex, argv)}\n")
+        line = spell_flags(parse_error_line(message, ex, argv), getattr(self, "option_owners", {}))
+        sys.stderr.write(f"error: {line}\n")
         self.exit(2)
 
 

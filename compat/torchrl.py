@@ -21,6 +21,7 @@ these changes meaning; tests/app/test_compat.py fails first, when TorchRL's mino
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import torch
@@ -43,6 +44,8 @@ PRIVATE_API = (
     ("torchrl.envs.MultiStepTransform", "_buffer", "multistep_window, set_multistep_window"),
     ("torchrl.envs.ParallelEnv", "_shm_done_flags", "parallel_env_lower_done_flags"),
     ("torchrl.envs.ParallelEnv", "_workers", "parallel_env_processes"),
+    ("torchrl.envs.ParallelEnv", "_events", "parallel_env_load_state"),
+    ("torchrl.envs.ParallelEnv", "_timeout", "parallel_env_load_state"),
     ("torchrl.data.replay_buffers.samplers.Sampler", "_rng", "sampler_generator"),
     ("torchrl.data.TensorStorage", "_storage", "storage_contents"),
     ("torchrl.envs.EnvBase", "_step_proc_data", "StepOutputComplete, FastStepAndMaybeReset"),
@@ -104,6 +107,31 @@ def parallel_env_lower_done_flags(env: ParallelEnv) -> None:
     # ParallelEnv._shm_done_flags (private; torchrl 0.14.1): one shared byte per worker.
     for worker in range(env.num_workers):
         env._shm_done_flags[worker] = 0
+
+
+def parallel_env_load_state(env: ParallelEnv, state: dict[str, Any], poll_s: float = 0.1) -> None:
+    """``env.load_state_dict(state)``, ended as soon as a worker process is no longer alive.
+
+    TorchRL 0.14's waits for each worker's "loaded" event up to the env's pipe timeout (10 s) and then goes on as if it
+    had loaded: a worker that refused the state (a checkpoint of another environment) and died of it cost the user
+    10 s per worker before the error line. Raises ConnectionError naming the first worker found ended.
+    """
+    # ParallelEnv.parent_channels, _events, _timeout (private; torchrl 0.14.1): load_state_dict sends each worker
+    # ("load_state_dict", its state) and waits on each worker's event, which the worker sets once loaded.
+    if env.is_closed:
+        env.start()
+    if "worker0" not in state:
+        state = {f"worker{index}": state for index in range(env.num_workers)}
+    for index, channel in enumerate(env.parent_channels):
+        channel.send(("load_state_dict", state[f"worker{index}"]))
+    processes = parallel_env_processes(env)
+    for event in env._events:
+        deadline = time.monotonic() + env._timeout
+        while not event.wait(poll_s) and time.monotonic() < deadline:
+            ended = [index for index, process in enumerate(processes) if not process.is_alive()]
+            if ended:
+                raise ConnectionError(f"environment worker {ended[0]} ended while loading its state")
+        event.clear()
 
 
 def parallel_env_processes(env: ParallelEnv) -> list:

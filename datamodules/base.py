@@ -65,10 +65,11 @@ DEFAULT_COLLECTION: Collection = lazy_instance(InProcess)
 
 
 def check_positive(name: str, value: float, *, allow_zero: bool = False) -> None:
-    """Raise a ValueError naming the command-line flag when ``value`` is out of range."""
+    """Raise a ValueError naming the option (``data.<name>``: the command line spells it as its flag) when ``value``
+    is out of range."""
     if value < 0 or (value == 0 and not allow_zero):
         bound = ">= 0" if allow_zero else "> 0"
-        raise ValueError(f"--data.init_args.{name} must be {bound}, got {value}")
+        raise ValueError(f"data.{name} must be {bound}, got {value}")
 
 
 def resolve_device(device: str | None, trainer: pl.Trainer | None = None) -> torch.device:
@@ -77,7 +78,7 @@ def resolve_device(device: str | None, trainer: pl.Trainer | None = None) -> tor
         return trainer.strategy.root_device if trainer is not None else torch.device("cpu")
     resolved = torch.device(device)
     if resolved.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"--data.init_args.device {device!r} is not available on this machine (no CUDA device)")
+        raise ValueError(f"data.device {device!r} is not available on this machine (no CUDA device)")
     return resolved
 
 
@@ -137,7 +138,7 @@ class EnvSpecs:
         if not isinstance(probe, BatchedEnv):
             probe.close()
             raise ValueError(
-                f"--data.init_args.env: {type(probe).__module__}.{type(probe).__qualname__} is not a "
+                f"data.env: {type(probe).__module__}.{type(probe).__qualname__} is not a "
                 "envs.base.BatchedEnv (the environment contract: README, 'Adding an environment')"
             )
         one_agent = (0,) * len(probe.batch_size)
@@ -205,21 +206,19 @@ class RLDataModule(EnvSpecs, Evaluation, pl.LightningDataModule):
     ) -> None:
         super().__init__()
         if act_precision not in ACT_DTYPES:
-            raise ValueError(
-                f"--data.init_args.act_precision must be one of {', '.join(ACT_DTYPES)}, got {act_precision!r}"
-            )
+            raise ValueError(f"data.act_precision must be one of {', '.join(ACT_DTYPES)}, got {act_precision!r}")
         check_positive("num_envs", num_envs)
         check_positive("collect_steps", collect_steps)
         check_positive("eval_episodes", eval_episodes)
         check_positive("weight_sync_interval", weight_sync_interval)
         if seed is not None and seed < 0:  # environments take non-negative seeds (Gymnasium refuses others mid-run)
-            raise ValueError(f"--data.init_args.seed must be >= 0, got {seed}")
+            raise ValueError(f"data.seed must be >= 0, got {seed}")
         self.num_envs = num_envs
         # The default is one object for every data module built without the option: each gets its own strategy.
         self.collection: Collection = InProcess() if collection is DEFAULT_COLLECTION else collection
         if self.collection.prefetch and not self.accepts_prefetch:
             raise ValueError(
-                "--data.init_args.collection.init_args.prefetch: prepares replay rounds in the background; "
+                "data.collection.prefetch: prepares replay rounds in the background; "
                 f"{type(self).__name__} has none (datamodules.replay.ReplayDataModule has)"
             )
         self.collection.check(self)  # e.g. its workers must divide num_envs
@@ -248,7 +247,7 @@ class RLDataModule(EnvSpecs, Evaluation, pl.LightningDataModule):
             try:  # fail now, not at the first evaluation
                 env(num_envs=1, seed=seed, device="cpu", **self.eval_env_options).close()
             except (TypeError, ValueError) as error:
-                raise ValueError(f"--data.init_args.eval_env_options: {error}") from error
+                raise ValueError(f"data.eval_env_options: {error}") from error
 
         self.timer = PhaseTimer()
         #: the training episodes' return, length and metrics, from every batch collected (datamodules/episodes.py)
@@ -396,7 +395,7 @@ class RLDataModule(EnvSpecs, Evaluation, pl.LightningDataModule):
         return [
             MemoryNeed(
                 "the collector's batches",
-                f"--data.init_args.num_envs {self.num_envs}",
+                f"data.num_envs {self.num_envs}",
                 copies * self.frames_per_batch * per_frame,
                 device,
             ),

@@ -49,6 +49,7 @@ from checkpoints.files import CheckpointMismatch, from_plain, to_plain
 from compat.torchrl import (
     WorkerTaggedAsyncCollector,
     collector_carrier,
+    parallel_env_load_state,
     parallel_env_lower_done_flags,
     parallel_env_processes,
 )
@@ -71,7 +72,7 @@ if TYPE_CHECKING:
     from datamodules.memory import MemoryNeed, WorkerMemory
     from envs.base import EnvDeclaration
 
-FLAG = "--data.init_args.collection"
+OPTION = "data.collection"
 
 # AsyncCollectorWorkers' workers step their emulators and act on the CPU whatever the learner's device: a CUDA context
 # per worker costs seconds to start and hundreds of MB each, and their small acting batches gain nothing from a GPU. A
@@ -249,7 +250,7 @@ class Collection:
         (``data.worker_memory``, measured when ``data`` was built: ``datamodules/memory.py``); none without workers."""
         if not self.uses_workers or data.worker_memory is None:
             return []
-        flag = f"{FLAG}.init_args.workers {self.workers}"
+        flag = f"{OPTION}.workers {self.workers}"
         return [data.worker_memory.need(self.workers, data.num_envs // self.workers, flag)]
 
     def monitor(self) -> dict[str, float]:
@@ -271,11 +272,9 @@ class Collection:
 
     def _check_workers(self, data: CollectionHost, workers: int) -> None:
         if workers < 1:
-            raise ValueError(f"{FLAG}.init_args.workers must be >= 1, got {workers}")
+            raise ValueError(f"{OPTION}.workers must be >= 1, got {workers}")
         if data.num_envs % workers:
-            raise ValueError(
-                f"{FLAG}.init_args.workers ({workers}) must divide --data.init_args.num_envs ({data.num_envs})"
-            )
+            raise ValueError(f"{OPTION}.workers ({workers}) must divide data.num_envs ({data.num_envs})")
 
     def _in_process_collector(self, data: CollectionHost, env: EnvBase) -> None:
         self._data = data
@@ -303,7 +302,10 @@ class Collection:
             return
         env = stateful_env(self.collector.env)
         try:
-            env.load_state_dict(state["env"])
+            if isinstance(env, ParallelEnv):  # ends at a worker's death, not after TorchRL's timeout per worker
+                parallel_env_load_state(env, state["env"])
+            else:
+                env.load_state_dict(state["env"])
         except RuntimeError as error:  # torch's own refusal (another number of environments, say): many lines
             reason = " ".join(line.strip() for line in str(error).splitlines() if line.strip())
             raise CheckpointMismatch(f"its environment state does not fit this run's environment: {reason}") from None
@@ -514,10 +516,10 @@ class AsyncCollectorWorkers(Collection):
     def check(self, data: CollectionHost) -> None:
         self._check_workers(data, self.workers)
         if self.learner_nice < 0:
-            raise ValueError(f"{FLAG}.init_args.learner_nice must be >= 0, got {self.learner_nice}")
+            raise ValueError(f"{OPTION}.learner_nice must be >= 0, got {self.learner_nice}")
         if not data.accepts_store_transform:
             raise ValueError(
-                f"{FLAG} AsyncCollectorWorkers: {type(data).__name__} has no replay buffer to feed (asynchronous "
+                f"{OPTION} AsyncCollectorWorkers: {type(data).__name__} has no replay buffer to feed (asynchronous "
                 "workers need datamodules.replay.ReplayDataModule; CollectorWorkers collects in step with the learner)"
             )
 

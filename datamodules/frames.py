@@ -54,7 +54,7 @@ def ring_capacity(transitions: int, capacity: int | None = None) -> int:
         return transitions + max(transitions // 4, MIN_SPARE_FRAMES)
     if capacity <= transitions:
         raise ValueError(
-            f"--data.init_args.frame_capacity ({capacity}) must be > buffer_size ({transitions}): about one frame per "
+            f"data.frame_capacity ({capacity}) must be > buffer_size ({transitions}): about one frame per "
             "stored transition, plus room for the episodes' first frames"
         )
     return capacity
@@ -81,7 +81,7 @@ class FrameStackStore(Transform):
         capacity: int,
         frame_shape: Sequence[int],
         key: NestedKey = "observation",
-        flag: str = "--data.init_args.frame_capacity",
+        flag: str = "data.frame_capacity",
         device: torch.device | str = "cpu",
         *,
         reuse_window: int,

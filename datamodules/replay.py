@@ -134,10 +134,10 @@ class ReplayDataModule(RLDataModule):
         check_positive("frames_per_update", frames_per_update)
         check_positive("priority_alpha", priority_alpha, allow_zero=True)
         if not 0 <= priority_beta <= 1:
-            raise ValueError(f"--data.init_args.priority_beta must be in [0, 1], got {priority_beta}")
+            raise ValueError(f"data.priority_beta must be in [0, 1], got {priority_beta}")
         check_positive("priority_beta_updates", priority_beta_updates)
         if batch_size > buffer_size:
-            raise ValueError(f"--data.init_args.batch_size ({batch_size}) must be <= buffer_size ({buffer_size})")
+            raise ValueError(f"data.batch_size ({batch_size}) must be <= buffer_size ({buffer_size})")
         self.buffer_size = buffer_size
         self.batch_size = batch_size
         # Batches are drawn with replacement, so a buffer holding fewer transitions than a batch serves one already
@@ -149,7 +149,7 @@ class ReplayDataModule(RLDataModule):
         shape = self.observation_spec["observation"].shape
         if store_frames_once and (len(shape) != 3 or self.observation_spec["observation"].dtype != torch.uint8):
             raise ValueError(
-                "--data.init_args.store_frames_once needs stacked uint8 frames [stack, height, width], got "
+                "data.store_frames_once needs stacked uint8 frames [stack, height, width], got "
                 f"{tuple(shape)} {self.observation_spec['observation'].dtype}"
             )
         self.store_frames_once = store_frames_once
@@ -163,7 +163,7 @@ class ReplayDataModule(RLDataModule):
         self.pending: list[TensorDictBase] | None = None  # batches drawn for the coming updates, served in order
         if self.prefetch and priority_alpha > 0:
             raise ValueError(
-                "--data.init_args.collection.init_args.prefetch: not with prioritized replay (priority_alpha > 0): the "
+                "data.collection.prefetch: not with prioritized replay (priority_alpha > 0): the "
                 "next round would be drawn before this round's new priorities are written"
             )
         #: the phases of the rounds prepared in the background (the training thread's `collect` is its wait for them)
@@ -207,7 +207,7 @@ class ReplayDataModule(RLDataModule):
         """The replay buffer (``buffer_size`` transitions: both observations, the action, the reward and the flags;
         with ``store_frames_once`` the frames' ids instead of the stacks, and the frame ring beside), and the base's."""
         needs = super().memory_needs(device)
-        buffer_flag = f"--data.init_args.buffer_size {self.buffer_size}"
+        buffer_flag = f"data.buffer_size {self.buffer_size}"
         if not self.store_frames_once:
             per_transition = transition_bytes(self.observation_spec, self.action_spec)
             return [MemoryNeed("the replay buffer", buffer_flag, self.buffer_size * per_transition, device), *needs]
@@ -220,7 +220,7 @@ class ReplayDataModule(RLDataModule):
             MemoryNeed("the replay buffer", buffer_flag, self.buffer_size * per_transition, device),
             MemoryNeed(
                 f"the frame ring ({FRAME_IDS} point into it)",
-                f"--data.init_args.frame_capacity {self.frame_capacity} (from {buffer_flag})",
+                f"data.frame_capacity {self.frame_capacity} (from {buffer_flag})",
                 ring,
                 device,
             ),
@@ -246,7 +246,7 @@ class ReplayDataModule(RLDataModule):
             # TorchRL's MultiStepTransform keeps a window of steps per batch row, and batches of different workers
             # arrive interleaved: their episodes would be summed together.
             raise ValueError(
-                "--model.init_args.n_steps: n-step returns need the in-process collection or workers in step with the "
+                "model.n_steps: n-step returns need the in-process collection or workers in step with the "
                 "learner (asynchronous worker batches arrive interleaved); use n_steps 1 with AsyncCollectorWorkers"
             )
         if self.prefetch:
@@ -357,7 +357,7 @@ class ReplayDataModule(RLDataModule):
         if self.prioritized:
             if priority is None:
                 raise ValueError(
-                    f"--data.init_args.priority_alpha {self.priority_alpha}: prioritized replay needs the model's "
+                    f"data.priority_alpha {self.priority_alpha}: prioritized replay needs the model's "
                     "per-sample TD errors (a `td_error` entry in its losses, as DQN and PhysicsInformedDQN give)"
                 )
             served, self._served_indices = self._served_indices, []

@@ -54,17 +54,17 @@ class RolloutDataModule(RLDataModule):
         agents = f" * {self.agents_per_env} agents" if self.agents_per_env > 1 else ""
         if minibatch_size > frames:
             raise ValueError(
-                f"--data.init_args.minibatch_size ({minibatch_size}) is larger than a rollout: num_envs * "
+                f"data.minibatch_size ({minibatch_size}) is larger than a rollout: num_envs * "
                 f"collect_steps{agents} = {frames} frames"
             )
         if frames % minibatch_size:
             raise ValueError(
-                f"--data.init_args.minibatch_size ({minibatch_size}) must divide the rollout: num_envs * "
+                f"data.minibatch_size ({minibatch_size}) must divide the rollout: num_envs * "
                 f"collect_steps{agents} = {frames} frames"
             )
         if bptt and (collect_steps % bptt or minibatch_size % bptt):
             raise ValueError(
-                f"--data.init_args.bptt ({bptt}) must divide collect_steps ({collect_steps}) and minibatch_size "
+                f"data.bptt ({bptt}) must divide collect_steps ({collect_steps}) and minibatch_size "
                 f"({minibatch_size}): minibatches are whole segments of bptt steps"
             )
         self.minibatch_size = minibatch_size
@@ -79,7 +79,7 @@ class RolloutDataModule(RLDataModule):
         """The rollout kept for its epochs (one observation per step, the action, the reward, the flags and the
         advantage, value target, log-probability and value) and the base's (the collector's batch)."""
         per_frame = transition_bytes(self.observation_spec, self.action_spec, observations=1) + 4 * 4
-        flag = f"--data.init_args.num_envs {self.num_envs} x --data.init_args.collect_steps {self.collect_steps}"
+        flag = f"data.num_envs {self.num_envs} x data.collect_steps {self.collect_steps}"
         rollout = MemoryNeed("the rollout", flag, self.frames_per_batch * per_frame, device)
         return [rollout, *super().memory_needs(device)]
 

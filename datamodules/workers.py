@@ -186,9 +186,12 @@ def worker_death_error(
     if death[1] is None and reported is not None and (reported[0] == death[0] or watch.ended_together):
         death = reported
     index, code = death
-    if code is None and index < len(processes):
-        with contextlib.suppress(ValueError):  # a process object TorchRL closed
-            code = processes[index].exitcode
+    if code is None and watch is not None and watch.ended_together and watch.death == death:
+        # Forkserver workers' codes are not known to the watch: of those that ended together, the one whose code
+        # says most (a signal or an error's exit code, before a SIGTERM TorchRL sent, before a clean exit).
+        codes = {ended: _exit_code_of(processes, ended) for ended in watch.ended}
+        index = min(codes, key=lambda ended: (codes[ended] in (0, None), codes[ended] == -signal.SIGTERM, ended))
+    code = code if code is not None else _exit_code_of(processes, index)
     cause = _last_exception_line(log_dir / f"worker{index}.log") if log_dir is not None else ""
     if cause.startswith(_REFUSED_STATE):
         return CheckpointMismatch(cause.removeprefix(_REFUSED_STATE), in_workers=True)
@@ -203,6 +206,15 @@ def worker_death_error(
         + what_now
         + logs
     )
+
+
+def _exit_code_of(processes: list[Any], index: int) -> int | None:
+    """Worker ``index``'s exit code from its ``multiprocessing`` process object; None where there is none to read."""
+    if index >= len(processes):
+        return None
+    with contextlib.suppress(ValueError):  # a process object TorchRL closed
+        return processes[index].exitcode
+    return None
 
 
 def error_chain(error: BaseException | None) -> list[BaseException]:
@@ -271,6 +283,7 @@ class WorkerWatch(threading.Thread):
         #: (index, exit code as multiprocessing gives it, -N: signal N; None when not known here)
         self.death: tuple[int, int | None] | None = None
         self.ended_together = False  # several workers had ended when the death was seen (TorchRL stopped the others)
+        self.ended: list[int] = []  # the indices of the workers that had ended when the death was seen
         self._known = set(worker_pids())  # started before this watch (other strategies'): not watched
         self._stopping = threading.Event()
 
@@ -285,6 +298,7 @@ class WorkerWatch(threading.Thread):
                 # then an unknown one (TorchRL's report names it), and a SIGTERM only when nothing else ended.
                 ended.sort(key=lambda death: (death[1] == -signal.SIGTERM, death[1] is None))
                 self.death, self.ended_together = ended[0], len(ended) > 1
+                self.ended = [index for index, _ in ended]
                 self._kill_others(self.workers[self.death[0]])
                 return
 

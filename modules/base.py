@@ -100,11 +100,9 @@ class RLModule(pl.LightningModule):
         # The update is the model's own unit (see the module docstring), so Lightning does not drive the optimizer.
         self.automatic_optimization = False
         if check_finite_every < 1:
-            raise ValueError(f"--model.init_args.check_finite_every must be >= 1, got {check_finite_every}")
+            raise ValueError(f"model.check_finite_every must be >= 1, got {check_finite_every}")
         if not isinstance(compile, bool) and compile not in COMPILE_MODES:
-            raise ValueError(
-                f"--model.init_args.compile must be true, false, {', '.join(COMPILE_MODES)}, got {compile}"
-            )
+            raise ValueError(f"model.compile must be true, false, {', '.join(COMPILE_MODES)}, got {compile}")
         self.observation_spec = observation_spec
         self.action_spec = action_spec
         self.optim = optimizer
@@ -196,7 +194,7 @@ class RLModule(pl.LightningModule):
     def _check_cuda_graph(self, datamodule: DataSource, cannot_capture: tuple[str, ...]) -> None:
         """Refuse ``compile: cudagraph`` where replaying one captured update would not do what the eager update
         does: whatever changes from one update to the next outside the batch's tensors is baked into the graph."""
-        flag = "--model.init_args.compile cudagraph"
+        flag = "model.compile cudagraph"
         reasons = [
             (self.optim.accumulate_grad_batches > 1, "gradient accumulation (optimizer.accumulate_grad_batches 1)"),
             (self.optim.lr_end is not None, "a learning-rate schedule: the step's lr is captured once (lr_end null)"),
@@ -246,7 +244,7 @@ class RLModule(pl.LightningModule):
         self._compiled_loss = self.compiled(self.loss)
         if self.compile_mode == "cudagraph" and self.device.type == "cuda":
             if self.trainer.world_size > 1:
-                raise ValueError("--model.init_args.compile cudagraph: not with DDP (the all-reduce runs in hooks)")
+                raise ValueError("model.compile cudagraph: not with DDP (the all-reduce runs in hooks)")
             # Two eager warm-up updates (compilation, the optimizer's state), then one captured; the rest replay it.
             self._graphed_update = CudaGraphModule(self._captured_update, warmup=3, in_keys=[], out_keys=[])
 

@@ -47,9 +47,9 @@ class BehaviourCloning(pl.LightningModule):
     ) -> None:
         super().__init__()
         if lr <= 0:
-            raise ValueError(f"--model.init_args.lr must be > 0, got {lr}")
+            raise ValueError(f"model.lr must be > 0, got {lr}")
         if not hidden_sizes or min(hidden_sizes) < 1:
-            raise ValueError(f"--model.init_args.hidden_sizes must be widths >= 1, got {list(hidden_sizes)}")
+            raise ValueError(f"model.hidden_sizes must be widths >= 1, got {list(hidden_sizes)}")
         self.save_hyperparameters(ignore=["observation_spec", "action_spec"])
         self.observation_spec, self.action_spec = observation_spec, action_spec  # the export's input and output
         (observation_dim,) = observation_spec["observation"].shape

@@ -84,17 +84,17 @@ class DQN(RLModule):
         super().__init__(observation_spec, action_spec, optimizer, compile, check_finite_every)
         self.save_hyperparameters(ignore=["observation_spec", "action_spec"])
         if not 0 <= gamma <= 1:
-            raise ValueError(f"--model.init_args.gamma must be in [0, 1], got {gamma}")
+            raise ValueError(f"model.gamma must be in [0, 1], got {gamma}")
         if target_update_interval < 1:
-            raise ValueError(f"--model.init_args.target_update_interval must be >= 1, got {target_update_interval}")
+            raise ValueError(f"model.target_update_interval must be >= 1, got {target_update_interval}")
         if not 0 < tau <= 1:
-            raise ValueError(f"--model.init_args.tau must be in (0, 1], got {tau}")
+            raise ValueError(f"model.tau must be in (0, 1], got {tau}")
         if not (0 <= eps_end <= 1 and 0 <= eps_start <= 1):
-            raise ValueError(f"--model.init_args.eps_start/eps_end must be in [0, 1], got {eps_start}/{eps_end}")
+            raise ValueError(f"model.eps_start/eps_end must be in [0, 1], got {eps_start}/{eps_end}")
         if eps_frames < 1:
-            raise ValueError(f"--model.init_args.eps_frames must be >= 1, got {eps_frames}")
+            raise ValueError(f"model.eps_frames must be >= 1, got {eps_frames}")
         if n_steps < 1:
-            raise ValueError(f"--model.init_args.n_steps must be >= 1, got {n_steps}")
+            raise ValueError(f"model.n_steps must be >= 1, got {n_steps}")
         self.gamma, self.n_steps = gamma, n_steps
         self.eps_start, self.eps_end, self.eps_frames = eps_start, eps_end, eps_frames
         self.target_update, self.tau = target_update, tau
@@ -102,9 +102,7 @@ class DQN(RLModule):
 
         # env → model → exploration → loss → target updater, in the order TorchRL's sota-implementations use.
         if network not in (*NETWORKS, "batch_norm_cnn"):
-            raise ValueError(
-                f"--model.init_args.network must be one of {', '.join(NETWORKS)}, batch_norm_cnn, got {network!r}"
-            )
+            raise ValueError(f"model.network must be one of {', '.join(NETWORKS)}, batch_norm_cnn, got {network!r}")
         check_action_space(self, action_spec, (DISCRETE,))
         self.network_kind = network
         observation = observation_entry(self, observation_spec)
@@ -142,7 +140,7 @@ class DQN(RLModule):
             )
         if len(observation_shape) != 3:
             raise ValueError(
-                "--model.init_args.network batch_norm_cnn needs image observations [channels, height, width], got "
+                "model.network batch_norm_cnn needs image observations [channels, height, width], got "
                 f"shape {tuple(observation_shape)}"
             )
         return BatchNormCNN(observation_shape, num_actions)

@@ -107,9 +107,9 @@ def reads_as_image(spec: Any) -> bool:
 
 
 def is_nature_cnn(spec: Any, network: str) -> bool:
-    """Whether ``network`` (``--model.init_args.network``) is the Nature CNN for the observation ``spec``."""
+    """Whether ``network`` (``model.network``) is the Nature CNN for the observation ``spec``."""
     if network not in NETWORKS:
-        raise ValueError(f"--model.init_args.network must be one of {', '.join(NETWORKS)}, got {network!r}")
+        raise ValueError(f"model.network must be one of {', '.join(NETWORKS)}, got {network!r}")
     return network == "nature_cnn" or (network == "auto" and reads_as_image(spec))
 
 
@@ -124,17 +124,17 @@ def observation_network(
     flattened observation, ``activation`` between its layers), ``nature_cnn`` (:class:`NatureCNN`; ``hidden_sizes``
     and ``activation`` are not used; ``out_features`` None: its 512 features, a torso for heads), or ``auto``
     (``nature_cnn`` when :func:`reads_as_image`, else ``mlp``). An observation the network cannot read is a
-    :class:`~modules.spaces.SpaceError` naming ``--model.init_args.network``."""
+    :class:`~modules.spaces.SpaceError` naming ``model.network``."""
     if not is_nature_cnn(spec, network):
         return observation_mlp(spec.shape, hidden_sizes, out_features, activation)
     layout = image_layout(spec.shape)
     what = f"{SpaceError.ENV}'s observation is {spec.dtype} of shape {list(spec.shape)}"
     if layout is None:
-        raise SpaceError(f"--model.init_args.network nature_cnn reads images [C, H, W] or [H, W, C]; {what}: use mlp")
+        raise SpaceError(f"model.network nature_cnn reads images [C, H, W] or [H, W, C]; {what}: use mlp")
     height, width = spec.shape[1:] if layout == "chw" else spec.shape[:2]
     if min(height, width) < NATURE_CNN_MIN_SIDE:
         raise SpaceError(
-            f"--model.init_args.network nature_cnn reads images of at least {NATURE_CNN_MIN_SIDE}x"
+            f"model.network nature_cnn reads images of at least {NATURE_CNN_MIN_SIDE}x"
             f"{NATURE_CNN_MIN_SIDE} pixels (8x8 stride 4, 4x4 stride 2, 3x3 stride 1); {what}: use mlp"
         )
     return NatureCNN(spec.shape, out_features, channels_last=layout == "hwc", pixels=spec.dtype == torch.uint8)

@@ -21,7 +21,7 @@ import torch
 from compat.torch import clip_grads_by_global_norm_, fused_adam_step_
 
 #: Where the options are set: ``optimizer:`` in a model's ``init_args``.
-FLAG = "--model.init_args.optimizer"
+OPTION = "model.optimizer"
 
 
 #: ``lr_decay``'s shapes: the share of ``lr - lr_end`` left at ``progress`` (0 to 1) through a period.
@@ -71,27 +71,27 @@ class OptimizerOptions:
 
     def __post_init__(self) -> None:
         if not self.lr > 0:
-            raise ValueError(f"{FLAG}.lr must be > 0, got {self.lr}")
+            raise ValueError(f"{OPTION}.lr must be > 0, got {self.lr}")
         if self.lr_end is not None and not 0 <= self.lr_end <= self.lr:
             raise ValueError(
-                f"{FLAG}.lr_end must be in [0, lr={self.lr}] (or null for a constant lr), got {self.lr_end}"
+                f"{OPTION}.lr_end must be in [0, lr={self.lr}] (or null for a constant lr), got {self.lr_end}"
             )
         if self.lr_frames < 1:
-            raise ValueError(f"{FLAG}.lr_frames must be >= 1, got {self.lr_frames}")
+            raise ValueError(f"{OPTION}.lr_frames must be >= 1, got {self.lr_frames}")
         if self.lr_decay not in DECAYS:
-            raise ValueError(f"{FLAG}.lr_decay must be one of {', '.join(DECAYS)}, got {self.lr_decay!r}")
+            raise ValueError(f"{OPTION}.lr_decay must be one of {', '.join(DECAYS)}, got {self.lr_decay!r}")
         if self.lr_restart_mult is not None and not self.lr_restart_mult >= 1:
-            raise ValueError(f"{FLAG}.lr_restart_mult must be >= 1 (or null), got {self.lr_restart_mult}")
+            raise ValueError(f"{OPTION}.lr_restart_mult must be >= 1 (or null), got {self.lr_restart_mult}")
         if self.lr_restart_mult is not None and self.lr_end is None:
-            raise ValueError(f"{FLAG}.lr_restart_mult restarts the cosine to lr_end: set lr_end too")
+            raise ValueError(f"{OPTION}.lr_restart_mult restarts the cosine to lr_end: set lr_end too")
         if self.weight_decay < 0:
-            raise ValueError(f"{FLAG}.weight_decay must be >= 0, got {self.weight_decay}")
+            raise ValueError(f"{OPTION}.weight_decay must be >= 0, got {self.weight_decay}")
         if not self.eps > 0:
-            raise ValueError(f"{FLAG}.eps must be > 0, got {self.eps}")
+            raise ValueError(f"{OPTION}.eps must be > 0, got {self.eps}")
         if self.max_grad_norm is not None and not self.max_grad_norm > 0:
-            raise ValueError(f"{FLAG}.max_grad_norm must be > 0 (or null for no clipping), got {self.max_grad_norm}")
+            raise ValueError(f"{OPTION}.max_grad_norm must be > 0 (or null for no clipping), got {self.max_grad_norm}")
         if self.accumulate_grad_batches < 1:
-            raise ValueError(f"{FLAG}.accumulate_grad_batches must be >= 1, got {self.accumulate_grad_batches}")
+            raise ValueError(f"{OPTION}.accumulate_grad_batches must be >= 1, got {self.accumulate_grad_batches}")
 
     def learning_rate(self, frames: int) -> float:
         """The learning rate after ``frames`` frames: ``lr``, or its decay (``lr_decay``) to ``lr_end`` over

@@ -79,13 +79,13 @@ class PhysicsInformedDQN(DQN):
         check_finite_every: int = 1,
     ) -> None:
         if pde_weight < 0:
-            raise ValueError(f"--model.init_args.pde_weight must be >= 0, got {pde_weight}")
+            raise ValueError(f"model.pde_weight must be >= 0, got {pde_weight}")
         if boundary_weight < 0:
-            raise ValueError(f"--model.init_args.boundary_weight must be >= 0, got {boundary_weight}")
+            raise ValueError(f"model.boundary_weight must be >= 0, got {boundary_weight}")
         if collocation_points < 1:
-            raise ValueError(f"--model.init_args.collocation_points must be >= 1, got {collocation_points}")
+            raise ValueError(f"model.collocation_points must be >= 1, got {collocation_points}")
         if gradient not in ("autograd", "func"):
-            raise ValueError(f"--model.init_args.gradient must be autograd or func, got {gradient!r}")
+            raise ValueError(f"model.gradient must be autograd or func, got {gradient!r}")
         # Discount 1 and MSE: the Q-values are probabilities of success, not discounted returns.
         super().__init__(
             observation_spec,

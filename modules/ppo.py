@@ -74,9 +74,9 @@ def rollout_values(critic: nn.Module, rollout: TensorDictBase) -> tuple[torch.Te
 def check_ppo_options(gamma: float, gae_lambda: float, clip_epsilon: float) -> None:
     for name, value in (("gamma", gamma), ("gae_lambda", gae_lambda)):
         if not 0 <= value <= 1:
-            raise ValueError(f"--model.init_args.{name} must be in [0, 1], got {value}")
+            raise ValueError(f"model.{name} must be in [0, 1], got {value}")
     if clip_epsilon <= 0:
-        raise ValueError(f"--model.init_args.clip_epsilon must be > 0, got {clip_epsilon}")
+        raise ValueError(f"model.clip_epsilon must be > 0, got {clip_epsilon}")
 
 
 def clip_ppo_loss(
@@ -199,14 +199,14 @@ class PPO(RLModule):
             ("critic_loss", critic_loss, CRITIC_LOSSES),
         ):
             if value not in choices:
-                raise ValueError(f"--model.init_args.{name} must be one of {', '.join(choices)}, got {value!r}")
+                raise ValueError(f"model.{name} must be one of {', '.join(choices)}, got {value!r}")
         kind = check_action_space(self, action_spec, (DISCRETE, BOX))
         if clip_decay_frames is not None and clip_decay_frames < 1:
-            raise ValueError(f"--model.init_args.clip_decay_frames must be >= 1 (or null), got {clip_decay_frames}")
+            raise ValueError(f"model.clip_decay_frames must be >= 1 (or null), got {clip_decay_frames}")
         if not init_scale > 0:
-            raise ValueError(f"--model.init_args.init_scale must be > 0, got {init_scale}")
+            raise ValueError(f"model.init_scale must be > 0, got {init_scale}")
         if kind == BOX and distribution == "tanh_normal":
-            squashes = "--model.init_args.distribution tanh_normal squashes actions into a bounded box"
+            squashes = "model.distribution tanh_normal squashes actions into a bounded box"
             check_bounded(action_spec, squashes, "use normal")
         observation = observation_entry(self, observation_spec)
         self.observation_normalizer = None
@@ -215,7 +215,7 @@ class PPO(RLModule):
         self.reward_scaler = None
         if normalize_rewards:
             if not reward_clip > 0:
-                raise ValueError(f"--model.init_args.reward_clip must be > 0, got {reward_clip}")
+                raise ValueError(f"model.reward_clip must be > 0, got {reward_clip}")
             self.reward_scaler = RewardScaler(gamma, reward_clip)
 
         outputs = action_spec.space.n if kind == DISCRETE else gaussian_outputs(action_spec, scale)
@@ -359,10 +359,10 @@ def make_normalizer(observation: TensorSpec, clip: float) -> ObservationNormaliz
     """The running normaliser of ``normalize_observations``: float observations only (images are scaled by their
     network; integer planes and one-hot codes need none)."""
     if not clip > 0:
-        raise ValueError(f"--model.init_args.observation_clip must be > 0, got {clip}")
+        raise ValueError(f"model.observation_clip must be > 0, got {clip}")
     if not observation.dtype.is_floating_point:
         raise SpaceError(
-            f"--model.init_args.normalize_observations standardises float observations; {SpaceError.ENV}'s are "
+            f"model.normalize_observations standardises float observations; {SpaceError.ENV}'s are "
             f"{observation.dtype} (images are scaled by their network): use normalize_observations false"
         )
     return ObservationNormalizer(observation.shape, clip)

@@ -99,9 +99,9 @@ class RecurrentPPO(RLModule):
         check_ppo_options(gamma, gae_lambda, clip_epsilon)
         for name, value in (("lstm_hidden", lstm_hidden), ("trunk_features", trunk_features)):
             if value < 1:
-                raise ValueError(f"--model.init_args.{name} must be > 0, got {value}")
+                raise ValueError(f"model.{name} must be > 0, got {value}")
         if not 5 <= grid_size <= 16:
-            raise ValueError(f"--model.init_args.grid_size must be in [5, 16] (a packed token cell), got {grid_size}")
+            raise ValueError(f"model.grid_size must be in [5, 16] (a packed token cell), got {grid_size}")
         self.gamma, self.gae_lambda = gamma, gae_lambda
 
         self.encoder = TokenEncoder(grid_features, grid_size, grid_size, trunk_features)
@@ -138,9 +138,7 @@ class RecurrentPPO(RLModule):
         """Segments to train on, and a grid that holds the environment's token layout."""
         super().check_datamodule(datamodule, cannot_capture)
         if not datamodule.bptt:
-            raise ValueError(
-                "--model RecurrentPPO trains on sequence segments: set --data.init_args.bptt (a rollout data module)"
-            )
+            raise ValueError("--model RecurrentPPO trains on sequence segments: set data.bptt (a rollout data module)")
         layout = datamodule.declared.observation_layout
         if layout is None:
             raise ValueError(
@@ -150,13 +148,12 @@ class RecurrentPPO(RLModule):
         grid, features = self.encoder.grid, layout.num_features
         if features > grid.num_features:
             raise ValueError(
-                f"--model.init_args.grid_features {grid.num_features} is too small for this environment's "
+                f"model.grid_features {grid.num_features} is too small for this environment's "
                 f"{features} observation features"
             )
         if (layout.height, layout.width) != (grid.height, grid.width):
             raise ValueError(
-                f"--model.init_args.grid_size {grid.height} does not match the environment's "
-                f"{layout.height}x{layout.width} view"
+                f"model.grid_size {grid.height} does not match the environment's {layout.height}x{layout.width} view"
             )
 
     def setup(self, stage: str) -> None:

@@ -43,7 +43,7 @@ from modules.networks import ScaledTanhPolicy, mlp
 from modules.optim import OptimizerOptions
 from modules.spaces import BOX, check_action_space, check_bounded, check_flat_observation, model_name, observation_entry
 
-ACTOR_INIT_FLAG = "--model.init_args.actor_init"
+ACTOR_INIT = "model.actor_init"
 
 
 class QNetwork(nn.Module):
@@ -151,40 +151,36 @@ class SAC(RLModule):
         super().__init__(observation_spec, action_spec, optimizer, compile, check_finite_every)
         self.save_hyperparameters(ignore=["observation_spec", "action_spec"])
         if not 0 <= gamma <= 1:
-            raise ValueError(f"--model.init_args.gamma must be in [0, 1], got {gamma}")
+            raise ValueError(f"model.gamma must be in [0, 1], got {gamma}")
         if not 0 < tau <= 1:
-            raise ValueError(f"--model.init_args.tau must be in (0, 1], got {tau}")
+            raise ValueError(f"model.tau must be in (0, 1], got {tau}")
         if num_critics < 1:
-            raise ValueError(f"--model.init_args.num_critics must be >= 1, got {num_critics}")
+            raise ValueError(f"model.num_critics must be >= 1, got {num_critics}")
         if not alpha_init > 0:
-            raise ValueError(f"--model.init_args.alpha_init must be > 0, got {alpha_init}")
+            raise ValueError(f"model.alpha_init must be > 0, got {alpha_init}")
         if not init_scale > 0:
-            raise ValueError(f"--model.init_args.init_scale must be > 0, got {init_scale}")
+            raise ValueError(f"model.init_scale must be > 0, got {init_scale}")
         if target_entropy != "auto" and not isinstance(target_entropy, int | float):
-            raise ValueError(f"--model.init_args.target_entropy must be a number or auto, got {target_entropy!r}")
+            raise ValueError(f"model.target_entropy must be a number or auto, got {target_entropy!r}")
         for name, sizes in (("actor_hidden_sizes", actor_hidden_sizes), ("critic_hidden_sizes", critic_hidden_sizes)):
             if not sizes or min(sizes) < 1:
-                raise ValueError(f"--model.init_args.{name} must be widths >= 1, got {list(sizes)}")
+                raise ValueError(f"model.{name} must be widths >= 1, got {list(sizes)}")
         if actor_init is not None and Path(actor_init).suffix not in (".ckpt", ".yaml", ".yml"):
             raise ValueError(
-                f"{ACTOR_INIT_FLAG} must be a behaviour-cloning checkpoint (.ckpt) or config (.yaml): {actor_init!r}"
+                f"{ACTOR_INIT} must be a behaviour-cloning checkpoint (.ckpt) or config (.yaml): {actor_init!r}"
             )
         if actor_lr is not None and not actor_lr > 0:
-            raise ValueError(f"--model.init_args.actor_lr must be > 0 (or null for lr), got {actor_lr}")
+            raise ValueError(f"model.actor_lr must be > 0 (or null for lr), got {actor_lr}")
         if bc_weight < 0:
-            raise ValueError(f"--model.init_args.bc_weight must be >= 0, got {bc_weight}")
+            raise ValueError(f"model.bc_weight must be >= 0, got {bc_weight}")
         if bc_weight > 0 and actor_init is None:
-            raise ValueError(
-                "--model.init_args.bc_weight > 0 needs --model.init_args.actor_init (the clone it keeps near)"
-            )
+            raise ValueError("model.bc_weight > 0 needs model.actor_init (the clone it keeps near)")
         if not 0 <= bc_weight_end <= bc_weight:
-            raise ValueError(
-                f"--model.init_args.bc_weight_end must be in [0, bc_weight = {bc_weight}], got {bc_weight_end}"
-            )
+            raise ValueError(f"model.bc_weight_end must be in [0, bc_weight = {bc_weight}], got {bc_weight_end}")
         if bc_weight_frames < 1:
-            raise ValueError(f"--model.init_args.bc_weight_frames must be >= 1, got {bc_weight_frames}")
+            raise ValueError(f"model.bc_weight_frames must be >= 1, got {bc_weight_frames}")
         if actor_warmup_updates < 0:
-            raise ValueError(f"--model.init_args.actor_warmup_updates must be >= 0, got {actor_warmup_updates}")
+            raise ValueError(f"model.actor_warmup_updates must be >= 0, got {actor_warmup_updates}")
         self.gamma, self.tau, self.actor_init, self.actor_warmup_updates = gamma, tau, actor_init, actor_warmup_updates
         self.actor_lr = optimizer.lr if actor_lr is None else actor_lr
         self.bc_weight_initial, self.bc_weight_frames, self.bc_weight_end = bc_weight, bc_weight_frames, bc_weight_end
@@ -278,14 +274,12 @@ class SAC(RLModule):
         # beside it in another thread (prefetch) would draw from it too, in an order that changes from run to run.
         if datamodule.prefetch:
             raise ValueError(
-                f"--data.init_args.collection.init_args.prefetch: {type(self).__name__}'s update draws random numbers, "
+                f"data.collection.prefetch: {type(self).__name__}'s update draws random numbers, "
                 "and a round collected beside it would draw from the same generator in an order that varies, so runs "
                 "would not repeat; use prefetch false"
             )
         if datamodule.prioritized:
-            raise ValueError(
-                f"--data.init_args.priority_alpha: {type(self).__name__} gives the replay buffer no priorities; use 0"
-            )
+            raise ValueError(f"data.priority_alpha: {type(self).__name__} gives the replay buffer no priorities; use 0")
         super().check_datamodule(
             datamodule, (*cannot_capture, f"{type(self).__name__}'s random draws inside the update")
         )
@@ -324,7 +318,7 @@ class SAC(RLModule):
         checkpoint = Path(source)
         if checkpoint.suffix in (".yaml", ".yml"):  # a stage config the app did not replace with its checkpoint
             raise ValueError(
-                f"{ACTOR_INIT_FLAG} {checkpoint}: a behaviour-cloning config is run as an earlier stage by "
+                f"{ACTOR_INIT} {checkpoint}: a behaviour-cloning config is run as an earlier stage by "
                 "`python -m app fit`, which passes its checkpoint on; a model trained another way needs the .ckpt"
             )
         clone = self.read_clone(checkpoint)
@@ -345,13 +339,13 @@ class SAC(RLModule):
 
     def read_clone(self, checkpoint: Path) -> dict[str, torch.Tensor]:
         """The BC network's weights in ``checkpoint``, checked against this actor's sizes. Raises an error naming
-        ``--model.init_args.actor_init`` for a missing or unreadable file, or a network of other sizes."""
+        ``model.actor_init`` for a missing or unreadable file, or a network of other sizes."""
         if not checkpoint.is_file():
-            raise ValueError(f"{ACTOR_INIT_FLAG} {checkpoint}: no such checkpoint file")
+            raise ValueError(f"{ACTOR_INIT} {checkpoint}: no such checkpoint file")
         try:
             state = torch.load(checkpoint, map_location="cpu", weights_only=True)["state_dict"]
         except Exception as error:  # a truncated or foreign file: say which flag gave it
-            raise ValueError(f"{ACTOR_INIT_FLAG} {checkpoint}: not a readable Lightning checkpoint ({error})") from None
+            raise ValueError(f"{ACTOR_INIT} {checkpoint}: not a readable Lightning checkpoint ({error})") from None
         prefix = "actor.network."  # modules.bc.BehaviourCloning's network
         clone = {key[len(prefix) :]: value for key, value in state.items() if key.startswith(prefix)}
         ours = self.actor_network.state_dict()
@@ -363,8 +357,8 @@ class SAC(RLModule):
         found = {key: value.shape for key, value in clone.items()}
         if found != expected:
             raise ValueError(
-                f"{ACTOR_INIT_FLAG} {checkpoint}: its network's layers ({_describe(found)}) do not fit this actor's "
-                f"({_describe(expected)}): the observation, --model.init_args.actor_hidden_sizes and the actions must "
+                f"{ACTOR_INIT} {checkpoint}: its network's layers ({_describe(found)}) do not fit this actor's "
+                f"({_describe(expected)}): the observation, model.actor_hidden_sizes and the actions must "
                 "match the behaviour-cloning run's"
             )
         return clone

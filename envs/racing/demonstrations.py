@@ -80,9 +80,9 @@ class DemonstrationDataModule(EnvSpecs, pl.LightningDataModule):
         check_positive("batch_size", batch_size)
         check_positive("num_workers", num_workers, allow_zero=True)
         if len(action_noise) != 2 or min(action_noise) < 0:
-            raise ValueError(f"--data.init_args.action_noise must be 2 values >= 0, got {list(action_noise)}")
+            raise ValueError(f"data.action_noise must be 2 values >= 0, got {list(action_noise)}")
         if not 0 < val_fraction < 1:
-            raise ValueError(f"--data.init_args.val_fraction must be in (0, 1), got {val_fraction}")
+            raise ValueError(f"data.val_fraction must be in (0, 1), got {val_fraction}")
         self.env_factory, self.episodes, self.steps = env, episodes, steps
         seed = 0 if seed is None else seed
         self.root, self.batch_size, self.val_fraction, self.seed = Path(root), batch_size, val_fraction, seed
@@ -90,9 +90,7 @@ class DemonstrationDataModule(EnvSpecs, pl.LightningDataModule):
         self.action_noise = tuple(float(std) for std in action_noise)
         probe = self._probe(env, seed)
         if not isinstance(probe, RacingEnv):
-            raise ValueError(
-                f"--data.init_args.env {type(probe).__name__}: the expert drives envs.racing.env.RacingEnv"
-            )
+            raise ValueError(f"data.env {type(probe).__name__}: the expert drives envs.racing.env.RacingEnv")
         self._env_options = {"class": f"{type(probe).__module__}.{type(probe).__qualname__}", **probe.init_kwargs()}
         self._expert_options = TimeOptimalExpert(probe).options
         probe.close()

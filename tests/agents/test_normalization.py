@@ -47,12 +47,10 @@ def test_an_option_that_cannot_apply_is_one_line_naming_the_flag():
     from torchrl.data import Binary, Categorical
 
     uint8 = {"observation_spec": Composite(observation=Binary(n=2, shape=(2,), dtype=torch.uint8))}
-    with pytest.raises(
-        ValueError, match=r"^--model.init_args.normalize_observations standardises float observations; "
-    ):
+    with pytest.raises(ValueError, match=r"^model.normalize_observations standardises float observations; "):
         PPO(**uint8, action_spec=Categorical(2), normalize_observations=True)
     floats = {"observation_spec": Composite(observation=Unbounded(shape=(3,))), "action_spec": Categorical(2)}
-    with pytest.raises(ValueError, match=r"^--model.init_args.observation_clip must be > 0, got 0"):
+    with pytest.raises(ValueError, match=r"^model.observation_clip must be > 0, got 0"):
         PPO(**floats, normalize_observations=True, observation_clip=0)
 
 

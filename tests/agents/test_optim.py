@@ -112,13 +112,11 @@ def test_learning_rate_falls_linearly_with_lr_decay_linear_and_restarts_as_the_c
 
 
 def test_bad_learning_rate_schedule_names_the_flag():
-    with pytest.raises(ValueError, match="--model.init_args.optimizer.lr_end must be in"):
+    with pytest.raises(ValueError, match="model.optimizer.lr_end must be in"):
         DQN(**SPECS, optimizer=OptimizerOptions(lr=1e-3, lr_end=2e-3))
-    with pytest.raises(ValueError, match="--model.init_args.optimizer.lr_frames must be >= 1"):
+    with pytest.raises(ValueError, match="model.optimizer.lr_frames must be >= 1"):
         OptimizerOptions(lr_end=0.0, lr_frames=0)
-    with pytest.raises(
-        ValueError, match="^--model.init_args.optimizer.lr_decay must be one of cosine, linear, got 'step'$"
-    ):
+    with pytest.raises(ValueError, match="^model.optimizer.lr_decay must be one of cosine, linear, got 'step'$"):
         OptimizerOptions(lr_end=0.0, lr_decay="step")
 
 
@@ -154,5 +152,5 @@ def test_adams_eps_reaches_the_fused_step_bit_for_bit():
     train(ours, step, inputs)
     train(reference, reference_step, inputs)
     assert all(torch.equal(a, b) for a, b in zip(ours.parameters(), reference.parameters(), strict=True))
-    with pytest.raises(ValueError, match="^--model.init_args.optimizer.eps must be > 0, got 0.0$"):
+    with pytest.raises(ValueError, match="^model.optimizer.eps must be > 0, got 0.0$"):
         OptimizerOptions(eps=0.0)

@@ -107,13 +107,13 @@ def test_actor_init_gives_the_clones_actions_and_the_initial_scale(bc_checkpoint
 
 @pytest.mark.slow
 def test_actor_init_of_another_shape_or_a_bad_file_is_an_error_naming_the_flag(tmp_path, bc_checkpoint, capsys):
-    with pytest.raises(ValueError, match=r"--model.init_args.actor_init .*do not fit this actor's"):
+    with pytest.raises(ValueError, match=r"model.actor_init .*do not fit this actor's"):
         SAC(**SPECS, actor_hidden_sizes=[64, 64], actor_init=str(bc_checkpoint))
     corrupt = tmp_path / "corrupt.ckpt"
     corrupt.write_bytes(bc_checkpoint.read_bytes()[:1000])
-    with pytest.raises(ValueError, match=r"--model.init_args.actor_init .*corrupt.ckpt: not a readable"):
+    with pytest.raises(ValueError, match=r"model.actor_init .*corrupt.ckpt: not a readable"):
         SAC(**SPECS, actor_init=str(corrupt))
-    with pytest.raises(ValueError, match=r"--model.init_args.actor_init .*missing.ckpt: no such checkpoint"):
+    with pytest.raises(ValueError, match=r"model.actor_init .*missing.ckpt: no such checkpoint"):
         SAC(**SPECS, actor_init=str(tmp_path / "missing.ckpt"))
     # Through the command line: one line naming the flag, exit code 2, before anything runs.
     config = sac_config(tmp_path, str(bc_checkpoint), actor_hidden_sizes=[32])
@@ -392,7 +392,7 @@ def _main(args: list[str]):
 
 
 def test_bc_term_is_zero_at_the_clone_and_pulls_a_moved_actor_back(bc_checkpoint):
-    with pytest.raises(ValueError, match="--model.init_args.bc_weight > 0 needs --model.init_args.actor_init"):
+    with pytest.raises(ValueError, match="model.bc_weight > 0 needs model.actor_init"):
         SAC(**SPECS, bc_weight=1.0)
     model = SAC(**SPECS, actor_init=str(bc_checkpoint), bc_weight=5.0)
     model.load_behaviour_cloning(bc_checkpoint)
@@ -421,12 +421,12 @@ def test_the_tether_falls_linearly_to_its_floor_and_a_floor_above_it_is_one_erro
         model.follow_frames()
         weights.append(float(model.bc_weight))
     assert weights == [50.0, 40.0, 30.0, 10.0, 10.0]
-    with pytest.raises(ValueError, match=r"--model.init_args.bc_weight_end must be in \[0, bc_weight = 5.0\], got 6.0"):
+    with pytest.raises(ValueError, match=r"model.bc_weight_end must be in \[0, bc_weight = 5.0\], got 6.0"):
         SAC(**SPECS, actor_init=str(bc_checkpoint), bc_weight=5.0, bc_weight_end=6.0)
 
 
 def test_a_critic_count_below_one_is_one_error_naming_the_flag():
-    with pytest.raises(ValueError, match=r"^--model.init_args.num_critics must be >= 1, got 0$"):
+    with pytest.raises(ValueError, match=r"^model.num_critics must be >= 1, got 0$"):
         SAC(**SPECS, num_critics=0)
 
 
@@ -449,7 +449,7 @@ def test_a_stage_that_fails_or_cannot_be_found_again_is_an_error_naming_the_flag
     ]
     assert not Path("runs").exists()
     # A model built in code cannot run a stage: it needs the checkpoint, and says so naming the flag.
-    with pytest.raises(ValueError, match=r"--model.init_args.actor_init .*no_logger.yaml: .*needs the \.ckpt"):
+    with pytest.raises(ValueError, match=r"model.actor_init .*no_logger.yaml: .*needs the \.ckpt"):
         SAC(**SPECS, actor_init=str(no_logger)).load_behaviour_cloning(no_logger)
     failing = yaml.safe_load(bc_config(tmp_path).read_text())
     failing["model"]["init_args"]["lr"] = -1.0  # the stage's own CLI refuses it: exit code 2

@@ -100,7 +100,7 @@ SPACE_ERRORS = [
         PPO,
         Unbounded(shape=(2,)),
         {"distribution": "tanh_normal"},
-        "--model.init_args.distribution tanh_normal squashes actions into a bounded box; the environment has an "
+        "model.distribution tanh_normal squashes actions into a bounded box; the environment has an "
         "unbounded Box action space (Unbounded, shape [2]): use normal",
     ),
     (
@@ -142,12 +142,12 @@ def test_an_observation_the_network_cannot_read_is_one_line_naming_the_flag():
         PPO(dict_observation, Categorical(2))
     with pytest.raises(SpaceError, match=r"^--model modules.sac.SAC reads a flat observation vector; the environment"):
         SAC(Composite(observation=Unbounded(shape=(3, 4))), PENDULUM)
-    with pytest.raises(SpaceError, match=r"^--model.init_args.network nature_cnn reads images \[C, H, W\] or \[H, W"):
+    with pytest.raises(SpaceError, match=r"^model.network nature_cnn reads images \[C, H, W\] or \[H, W"):
         DQN(VECTOR, Categorical(2), network="nature_cnn")
     snake = Composite(observation=Bounded(0, 1, shape=(3, 10, 10), dtype=torch.uint8))
-    with pytest.raises(SpaceError, match=r"^--model.init_args.network nature_cnn reads images of at least 36x36"):
+    with pytest.raises(SpaceError, match=r"^model.network nature_cnn reads images of at least 36x36"):
         PPO(snake, Categorical(4), network="nature_cnn")
-    with pytest.raises(ValueError, match=r"^--model.init_args.network must be one of auto, mlp, nature_cnn"):
+    with pytest.raises(ValueError, match=r"^model.network must be one of auto, mlp, nature_cnn"):
         observation_network(snake["observation"], "resnet", [8], 4)
 
 

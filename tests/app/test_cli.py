@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ast
 import os
 import pydoc
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -385,6 +387,50 @@ def test_an_old_class_path_of_the_project_finds_the_class_where_it_is_now(old, n
 
     assert moved_class_path(old) == new
     assert new is None or pydoc.locate(new) is not None
+
+
+@pytest.mark.parametrize(
+    ("line", "spelled"),
+    [
+        ("model.gamma must be in [0, 1], got 2", "--model.init_args.gamma must be in [0, 1], got 2"),
+        ("model.optimizer.lr must be > 0", "--model.init_args.optimizer.lr must be > 0"),  # an option group
+        (
+            "data.collection.workers (3) must divide data.num_envs (4)",
+            "--data.init_args.collection.init_args.workers (3) must divide --data.init_args.num_envs (4)",
+        ),
+        ("data.env.size must be >= 3", "--data.init_args.env.init_args.size must be >= 3"),  # a class's option
+        ("data.eval_env_options: bad", "--data.init_args.eval_env_options: bad"),
+        # Not options: a file name, another object's keys, a flag already spelled, a path
+        ("wrote model.pt and data.npz", "wrote model.pt and data.npz"),
+        ("--model.init_args.gamma stays", "--model.init_args.gamma stays"),
+        ("runs/model.gamma stays", "runs/model.gamma stays"),
+        ("trainer.max_steps stays", "trainer.max_steps stays"),
+    ],
+)
+def test_library_code_names_options_by_their_config_keys_and_the_error_line_spells_the_flag(line, spelled):
+    from app.errors import spell_flags
+    from datamodules.replay import ReplayDataModule
+    from modules.dqn import DQN
+
+    assert spell_flags(line, {"model": DQN, "data": ReplayDataModule}) == spelled
+    assert spell_flags(line, {}) == line  # nothing configured (yet): nothing to spell against
+
+
+def test_no_library_code_spells_a_flag_of_the_model_or_the_data_module():
+    # The command line's spelling (--model.init_args.x) is made in one place, app/errors.py (spell_flags); library
+    # code names the option (model.x). Docstrings may show a command line; code may not build one.
+    spelled = re.compile(r"--(model|data)\.init_args")
+    found = []
+    for package in ("modules", "datamodules", "envs", "callbacks", "checkpoints", "export"):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            tree = ast.parse(path.read_text())
+            # A string standing alone as a statement is documentation (a module's, a class's or an attribute's).
+            documentation = {id(node.value) for node in ast.walk(tree) if isinstance(node, ast.Expr)}
+            for node in ast.walk(tree):
+                code = isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in documentation
+                if code and spelled.search(node.value):
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert found == []
 
 
 @pytest.mark.parametrize(

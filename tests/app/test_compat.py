@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import functools
 import importlib
 import inspect
+import os
 import re
+import time
 import tomllib
 from functools import cache
 from importlib.metadata import version
@@ -26,6 +29,7 @@ from types import ModuleType
 from typing import Any, NamedTuple
 
 import pytest
+from torchrl.envs import GymEnv, ParallelEnv
 
 import compat.jsonargparse
 import compat.lightning
@@ -426,3 +430,27 @@ def test_from_any_returns_a_tensor_without_asking_the_import_system(monkeypatch)
     assert out["y"].shape == (4, 2) and looked_up == []
     converted = TensorDict.from_any({"a": tensor})  # anything else is the original's
     assert isinstance(converted, TensorDict) and converted["a"] is tensor
+
+
+class _EndsOnLoad(GymEnv):
+    """A worker's environment that ends its process when handed a state (as a worker refusing a checkpoint does)."""
+
+    def load_state_dict(self, *args: Any, **kwargs: Any) -> None:
+        os._exit(3)
+
+
+@pytest.mark.slow
+def test_loading_a_parallel_envs_state_ends_at_a_workers_death_not_after_its_timeout():
+    # TorchRL's load_state_dict waits out the pipe timeout for each dead worker and goes on as if loaded; ours raises
+    # at once. The timeout is set to two minutes a worker, so that TorchRL's wait (four minutes) fails the bound.
+    env = ParallelEnv(2, functools.partial(_EndsOnLoad, "CartPole-v1"))
+    try:
+        env.reset()
+        env._timeout = 120.0
+        started = time.monotonic()
+        with pytest.raises(ConnectionError, match=r"^environment worker \d ended while loading its state$"):
+            compat.torchrl.parallel_env_load_state(env, {})
+        assert time.monotonic() - started < 60
+    finally:
+        with contextlib.suppress(RuntimeError):  # TorchRL's close reports the dead worker again
+            env.close(raise_if_closed=False)

@@ -143,13 +143,13 @@ def test_a_buffer_that_cannot_fit_is_refused_at_start_naming_the_flag_with_the_n
 def test_the_check_refuses_the_largest_need_and_warns_near_the_limit():
     cpu = torch.device("cpu")
     needs = [
-        MemoryNeed("the replay buffer", "--data.init_args.buffer_size 100", 70, cpu),
+        MemoryNeed("the replay buffer", "data.buffer_size 100", 70, cpu),
         MemoryNeed("the model and its optimizer", "--model", 15, cpu),
     ]
     assert check_memory(needs, {cpu: (1000, "MemAvailable")}) == []
     (warning,) = check_memory(needs, {cpu: (100, "MemAvailable")})
     assert "the run needs 0.1 kB of the 0.1 kB available on cpu" in warning and "buffer_size 100" in warning
-    with pytest.raises(ValueError, match=r"^--data.init_args.buffer_size 100: the replay buffer needs 0.1 kB, this"):
+    with pytest.raises(ValueError, match=r"^data.buffer_size 100: the replay buffer needs 0.1 kB, this"):
         check_memory(needs, {cpu: (80, "MemAvailable")})
 
 
@@ -197,8 +197,8 @@ def test_the_worker_processes_estimate_grows_by_each_workers_measured_cost_and_n
         return found
 
     two, four = need(data.collection), need(CollectorWorkers(4))  # the same 4 environments, the same measurement
-    assert two.flag == "--data.init_args.collection.init_args.workers 2" and two.device.type == "cpu"
-    assert four.flag == "--data.init_args.collection.init_args.workers 4"
+    assert two.flag == "data.collection.workers 2" and two.device.type == "cpu"
+    assert four.flag == "data.collection.workers 4"
     assert four.nbytes - two.nbytes >= 2 * data.worker_memory.process > 0
     assert two in data.memory_needs(data.device)
     # Each worker is at least an interpreter that imported torch: what one holds, measured.

@@ -86,11 +86,11 @@ def test_split_is_fixed_disjoint_and_ninety_ten(tmp_path):
 
 
 def test_bad_options_name_the_flag(tmp_path):
-    with pytest.raises(ValueError, match="--data.init_args.val_fraction"):
+    with pytest.raises(ValueError, match="data.val_fraction"):
         small(tmp_path, val_fraction=0.0)
-    with pytest.raises(ValueError, match="--data.init_args.episodes"):
+    with pytest.raises(ValueError, match="data.episodes"):
         small(tmp_path, episodes=0)
-    with pytest.raises(ValueError, match="--data.init_args.env ChainEnv"):
+    with pytest.raises(ValueError, match="data.env ChainEnv"):
         DemonstrationDataModule(ChainEnv, root=str(tmp_path))
     with pytest.raises(FileNotFoundError, match="prepare_data"):
         small(tmp_path).setup("fit")
@@ -106,5 +106,5 @@ def test_action_noise_perturbs_the_driving_but_not_the_labels(tmp_path):
     expert = TimeOptimalExpert(RacingEnv())
     relabelled = expert(noisy_pairs.select("observation", "arc").clone())["action"]
     torch.testing.assert_close(relabelled, noisy_pairs["action"])
-    with pytest.raises(ValueError, match="--data.init_args.action_noise"):
+    with pytest.raises(ValueError, match="data.action_noise"):
         small(tmp_path, action_noise=(0.5,))

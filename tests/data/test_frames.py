@@ -86,7 +86,7 @@ def test_n_step_next_observations_are_rebuilt_too(play):
 def test_a_ring_too_small_for_the_buffer_is_an_error_naming_the_option_not_a_wrong_picture(play):
     rb = buffer(capacity=1000, frames=40)
     rb.extend(play.reshape(-1).select("observation", "action", ("next", "observation")))
-    with pytest.raises(RuntimeError, match=r"--data.init_args.frame_capacity \(40 frames\) is too small"):
+    with pytest.raises(RuntimeError, match=r"data.frame_capacity \(40 frames\) is too small"):
         rb[torch.arange(len(rb))]
     assert rb[torch.arange(len(rb) - 20, len(rb))]["observation"].shape == (20, 4, 40, 40)  # recent ones still read
 

@@ -255,7 +255,7 @@ def test_n_step_returns_are_refused_naming_the_flag(tmp_path):
     # Worker batches arrive interleaved, and TorchRL's n-step window is kept per batch row.
     config = parallel_config(tmp_path)
     config["model"]["init_args"]["n_steps"] = 3
-    with pytest.raises(ValueError, match=r"^--model.init_args.n_steps: n-step returns need the in-process collection"):
+    with pytest.raises(ValueError, match=r"^model.n_steps: n-step returns need the in-process collection"):
         fit(write_config(config, tmp_path / "c.yaml"))
 
 
@@ -420,6 +420,24 @@ def test_the_watch_names_the_worker_killed_first_and_stops_the_others(start_meth
     assert str(early).endswith(
         "training stopped before its first checkpoint, so there is nothing to continue: start it again"
     )
+
+
+def test_of_workers_that_ended_together_the_error_names_the_one_killed_not_one_that_exited_cleanly():
+    # Forkserver workers' codes are unknown to the watch: when it first sees two ended at once (the killed one and a
+    # survivor that TorchRL's shutdown let exit cleanly), the error reads their codes and names the killed one,
+    # whatever their order (a busy machine made the clean exit's worker 0 the one named).
+    context = multiprocessing.get_context("forkserver")
+    workers = [context.Process(target=time.sleep, args=(delay,)) for delay in (0, 60)]
+    for worker in workers:
+        worker.start()
+    os.kill(workers[1].pid, signal.SIGKILL)
+    for worker in workers:
+        worker.join(timeout=30)
+    assert [worker.exitcode for worker in workers] == [0, -signal.SIGKILL]
+    watch = WorkerWatch()  # as its look at the two found them: both ended, codes unknown, by index
+    watch.death, watch.ended_together, watch.ended = (0, None), True, [0, 1]
+    error = worker_death_error(EOFError(), None, 1024, watch, processes=workers)
+    assert str(error).startswith("collector worker 1 died: killed by SIGKILL (signal 9"), error
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="the forkserver is lightrl's choice on Linux only")

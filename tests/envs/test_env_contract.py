@@ -240,5 +240,5 @@ def test_the_data_module_refuses_an_environment_outside_the_contract():
     def wrapped(**kwargs: Any) -> TransformedEnv:
         return TransformedEnv(ChainEnv(**kwargs), StepCounter())
 
-    with pytest.raises(ValueError, match=r"^--data.init_args.env: torchrl\..*TransformedEnv is not a .*BatchedEnv"):
+    with pytest.raises(ValueError, match=r"^data.env: torchrl\..*TransformedEnv is not a .*BatchedEnv"):
         ReplayDataModule(wrapped)
