@@ -491,7 +491,7 @@ def trainer_defaults() -> dict:
         "max_epochs": -1,  # an RL stream has no epochs: max_steps (updates) ends training
         "num_sanity_val_steps": 0,
         "limit_val_batches": 0,  # `fit` evaluates with the PeriodicEvaluation callback; `validate` overrides this
-        "plugins": [{"class_path": "checkpoints.files.AtomicCheckpointIO"}],
+        "plugins": [{"class_path": "checkpoints.io.AtomicCheckpointIO"}],
         "enable_checkpointing": True,
         "callbacks": [RLProgressBar()],  # frames, rates and the latest evaluation on the bar, for every config
     }

@@ -1,5 +1,6 @@
-"""Checkpoint files: the checkpoint itself (:class:`AtomicCheckpointIO`) and what a data module keeps beside it, their
-names, and writing them so that a kill never leaves half.
+"""Checkpoint files: the checkpoint itself (written by :class:`~checkpoints.io.AtomicCheckpointIO`) and what a data
+module keeps beside it, their names, and writing them so that a kill never leaves half. Nothing here imports Lightning:
+worker processes and environments import this module (for :class:`CheckpointMismatch`) without paying for it.
 
 That state is per rank: with DDP each rank explores with its own seed, environments and store. Lightning writes only
 rank 0's into the checkpoint, so every other rank writes its own file beside it (named by :func:`rank_state_path`).
@@ -30,10 +31,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import torch
-from lightning.pytorch.plugins.io import TorchCheckpointIO
 from tensordict import TensorDict, TensorDictBase
-
-from compat.lightning import is_local_path
 
 TEMPORARY_MARK = ".tmp-"  # files and folders being written: .<name>.tmp-<pid of the writing process>
 SUMS = ".sha256"  # a checkpoint's manifest: <checkpoint>.sha256, in sha256sum's format
@@ -362,31 +360,6 @@ def to_plain(td: TensorDictBase | None) -> dict | None:
 
 def from_plain(data: dict | None, batch_dims: int, device: torch.device) -> TensorDictBase | None:
     return None if data is None else TensorDict.from_dict(data, batch_dims=batch_dims, device=device)
-
-
-class AtomicCheckpointIO(TorchCheckpointIO):
-    """Writes each checkpoint to a temporary file in the same folder, then renames it into place, with its SHA-256
-    in ``<name>.sha256`` beside it.
-
-    A rename within one filesystem is atomic, so a run killed mid-write leaves the previous ``last.ckpt`` intact
-    rather than a truncated one. The temporary file (``.<name>.tmp-<pid>``) of a process killed outright (``kill -9``)
-    stays behind; :func:`remove_stale_temporaries` deletes those of dead processes when the next fit starts. The
-    free space is checked first and the file is read back before the rename: a full disk or a failed write is a
-    :class:`~checkpoints.files.CheckpointWriteError` naming the folder, with nothing replaced.
-    """
-
-    def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any = None) -> None:
-        if not is_local_path(path):
-            super().save_checkpoint(checkpoint, path, storage_options)  # remote stores have their own semantics
-            return
-        path = Path(path)
-        digest = save_atomically(checkpoint, path, verify=True)
-        write_sums(path.with_name(path.name + SUMS), {path.name: digest})
-
-    def remove_checkpoint(self, path: str | Path) -> None:
-        super().remove_checkpoint(path)
-        if is_local_path(path):
-            Path(f"{path}{SUMS}").unlink(missing_ok=True)
 
 
 def remove_stale_temporaries(folder: str | Path) -> list[Path]:

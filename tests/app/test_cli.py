@@ -377,7 +377,7 @@ def test_prefetch_is_refused_for_an_update_that_draws_random_numbers(tmp_path, c
         ("datamodules.demonstrations.DemonstrationDataModule", "envs.racing.demonstrations.DemonstrationDataModule"),
         ("callbacks.closed_loop.ClosedLoopEvaluation", "envs.racing.closed_loop.ClosedLoopEvaluation"),
         ("datamodules.envs.mettagrid.tokens.ObservationLayout", "envs.tokens.ObservationLayout"),
-        ("callbacks.schedule.AtomicCheckpointIO", "checkpoints.files.AtomicCheckpointIO"),
+        ("callbacks.schedule.AtomicCheckpointIO", "checkpoints.io.AtomicCheckpointIO"),
         ("datamodules.checkpoint_files.CheckpointMismatch", "checkpoints.files.CheckpointMismatch"),
         ("modules.bare.bare_update_ms", None),  # a function, not a class: nothing to find by class name
     ],
@@ -466,10 +466,12 @@ def test_an_old_environment_class_path_is_one_line_naming_the_new_one(tmp_path, 
     assert not (tmp_path / "out").exists()
 
 
-def test_a_saved_configs_old_checkpoint_plugin_is_one_line_naming_the_new_one(tmp_path, capsys):
-    # Every run's saved config.yaml names the checkpoint plugin (trainer.plugins), which moved into checkpoints/.
+@pytest.mark.parametrize("old", ["callbacks.schedule.AtomicCheckpointIO", "checkpoints.files.AtomicCheckpointIO"])
+def test_a_saved_configs_old_checkpoint_plugin_is_one_line_naming_the_new_one(tmp_path, capsys, old):
+    # Every run's saved config.yaml names the checkpoint plugin (trainer.plugins), which moved into checkpoints/ and
+    # then beside the files it writes, out of the module that worker processes import (which need no Lightning).
     config = chain_config("dqn", tmp_path / "out")
-    old, new = "callbacks.schedule.AtomicCheckpointIO", "checkpoints.files.AtomicCheckpointIO"
+    new = "checkpoints.io.AtomicCheckpointIO"
     config["trainer"]["plugins"] = [{"class_path": old}]
     result = app_in_process(capsys, "fit", "--config", str(write_config(config, tmp_path / "c.yaml")))
     assert result.returncode == 2 and len(result.stderr.splitlines()) == 1, result.stderr

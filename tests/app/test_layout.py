@@ -302,3 +302,14 @@ def test_the_cycle_finder_sees_a_circle_through_a_type_checking_import(tmp_path)
 @pytest.mark.parametrize("room", ["datamodules", "envs", "checkpoints", "callbacks", "modules", "export"])
 def test_no_import_circle_in_a_room(room):
     assert import_cycles(sorted((ROOT / room).rglob("*.py"))) == []
+
+
+def test_what_a_worker_process_imports_needs_no_lightning():
+    # A worker process imports its environment factory (datamodules/workers.py) and its environment's family; with
+    # Lightning on that path (checkpoints/files.py once imported its checkpoint plugin) each worker paid seconds of
+    # imports at start. A family's data module and callbacks (racing's demonstrations, closed-loop evaluation) run in
+    # the learner and may use Lightning.
+    learner_only = {ROOT / "envs" / "racing" / "demonstrations.py", ROOT / "envs" / "racing" / "closed_loop.py"}
+    files = [ROOT / "datamodules" / "workers.py", *sorted(set((ROOT / "envs").rglob("*.py")) - learner_only)]
+    assert ROOT / "envs" / "mettagrid" / "env.py" in files
+    assert offending_chains(files, ("lightning", "pytorch_lightning")) == []

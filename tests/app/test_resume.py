@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from app.cli import main
-from checkpoints.files import AtomicCheckpointIO
+from checkpoints.io import AtomicCheckpointIO
 from tests.helpers import (
     PREFETCH,
     RESEEDED,
@@ -343,7 +343,7 @@ WRITE_AND_HANG = """
 import io, sys, time, torch
 from pathlib import Path
 from app.cli import main
-from checkpoints.files import AtomicCheckpointIO
+from checkpoints.io import AtomicCheckpointIO
 from checkpoints.files import write_folder_atomically
 
 def write_half_then_hang(write):
