@@ -25,7 +25,7 @@ def seeds_config(tmp_path):
 
 
 @pytest.mark.slow
-def test_seeds_run_into_one_folder_aggregate_and_are_reused(tmp_path):
+def test_seeds_run_into_one_folder_aggregate_and_are_reused(tmp_path, monkeypatch, capsys):
     config = seeds_config(tmp_path)
     work = tmp_path / "work"  # a folder that is neither the checkout nor the config's
     work.mkdir()
@@ -52,12 +52,14 @@ def test_seeds_run_into_one_folder_aggregate_and_are_reused(tmp_path):
     for seed, row in pair["seeds"].items():
         assert row["final_return"] == summary["seeds"][seed]["final_return"]
         assert row["difference"] == row["final_return"] - row["start_return"]
-    # A command with other options does not take the finished seeds for its own: one line, nothing run.
-    other = run_app("seeds", "--config", str(config), "--seeds", "2", "--trainer.max_steps", "300", cwd=work)
+    # A command with other options does not take the finished seeds for its own: one line, nothing run. (The first
+    # command ran in a process of its own, as a user's does; these two run in this one.)
+    monkeypatch.chdir(work)
+    other = app_in_process(capsys, "seeds", "--config", str(config), "--seeds", "2", "--trainer.max_steps", "300")
     assert other.returncode == 1 and other.stderr.startswith("python -m app seeds: error: seed 0: its finished run")
     assert other.stderr.strip().endswith("give these their own --out") and "running" not in other.stdout
     # A second command reuses the finished seeds and adds only the new one.
-    again = run_app("seeds", "--config", str(config), "--seeds", "3", cwd=work)
+    again = app_in_process(capsys, "seeds", "--config", str(config), "--seeds", "3")
     assert again.returncode == 0, again.stderr
     assert again.stdout.count("reusing its finished run") == 2 and "seed 2: running" in again.stdout
     assert len(json.loads((out / "seeds.json").read_text())["seeds"]) == 3 and "| 2 |" in (out / "seeds.md").read_text()

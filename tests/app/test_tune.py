@@ -9,6 +9,7 @@ import optuna
 import pytest
 import yaml
 
+from app.cli import main
 from app.tune import check_space, read_space
 from tests.app.test_cli import run_app
 from tests.helpers import ROOT, app_in_process, evaluated_chain_config, write_config
@@ -41,7 +42,7 @@ def load(out):
 
 
 @pytest.mark.slow
-def test_search_prunes_a_poor_trial_and_its_best_config_runs(tmp_path):
+def test_search_prunes_a_poor_trial_and_its_best_config_runs(tmp_path, monkeypatch):
     config, space = tune_config(tmp_path)
     work = tmp_path / "work"  # a folder that is neither the checkout nor the config's
     out = work / "runs" / "chain_tune"
@@ -63,10 +64,8 @@ def test_search_prunes_a_poor_trial_and_its_best_config_runs(tmp_path):
     best = yaml.safe_load((out / "best.yaml").read_text())
     assert best == {"model": {"init_args": {"optimizer": {"lr": 0.003}}}, "data": {"init_args": {"update_epochs": 2}}}
     assert "python -m app fit --config" in (out / "best.yaml").read_text().splitlines()[1]
-    fit = run_app(
-        "fit", "--config", str(config), "--config", str(out / "best.yaml"), "--trainer.max_steps", "4", cwd=work
-    )
-    assert fit.returncode == 0, fit.stderr
+    monkeypatch.chdir(work)  # the best config's fit, in this process (the search's trials each had their own)
+    main(["fit", "--config", str(config), "--config", str(out / "best.yaml"), "--trainer.max_steps", "4"])
     ran = yaml.safe_load((work / "runs" / "chain" / "version_0" / "config.yaml").read_text())
     assert ran["model"]["init_args"]["optimizer"]["lr"] == 0.003 and ran["data"]["init_args"]["update_epochs"] == 2
     assert ran["model"]["init_args"]["hidden_sizes"] == [32]  # the rest from the config
