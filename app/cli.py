@@ -157,19 +157,20 @@ class RLCLI(LightningCLI):
         # `--trainer.logger wandb` (a backend's short name, app/tracking.py) becomes the class path jsonargparse parses.
         if isinstance(args, dict | Namespace):
             super().parse_arguments(parser, args)
-            self._note_stage_seed()
+            self._note_parsed_config()
             return
         try:
             argv = expand_short_names(sys.argv[1:] if args is None else args)
         except ValueError as error:
             parser.error(str(error))
         self.config = parser.parse_args(argv)
-        self._note_stage_seed()
+        self._note_parsed_config()
 
-    def _note_stage_seed(self) -> None:
-        """The seed the run's stages follow (app/stages.py): the ``seed_everything`` the run was given, read before
-        Lightning replaces ``true`` by a seed it draws (a stage at a new seed each time would never be reused); and
-        the configured classes the parser's error lines spell flags for (:func:`~app.errors.spell_flags`)."""
+    def _note_parsed_config(self) -> None:
+        """What the parsed config tells before anything is built: the configured model and data classes, which the
+        parser's error lines spell flags for (:func:`~app.errors.spell_flags`), and the seed the run's stages follow
+        (app/stages.py): the ``seed_everything`` the run was given, read before Lightning replaces ``true`` by a seed
+        it draws (a stage at a new seed each time would never be reused)."""
         subcommand = self.config.get("subcommand")
         config = self.config.get(subcommand, self.config) if subcommand else self.config
         # Library code names options by their config keys (model.gamma); the error lines spell them as flags.
