@@ -282,7 +282,6 @@ class WorkerWatch(threading.Thread):
         self.workers: list[int] = []  # worker pids, by index
         #: (index, exit code as multiprocessing gives it, -N: signal N; None when not known here)
         self.death: tuple[int, int | None] | None = None
-        self.ended_together = False  # several workers had ended when the death was seen (TorchRL stopped the others)
         self.ended: list[int] = []  # the indices of the workers that had ended when the death was seen
         self._known = set(worker_pids())  # started before this watch (other strategies'): not watched
         self._stopping = threading.Event()
@@ -297,10 +296,14 @@ class WorkerWatch(threading.Thread):
                 # terminated the others (SIGTERM), which are not the one that died. So a known code comes first,
                 # then an unknown one (TorchRL's report names it), and a SIGTERM only when nothing else ended.
                 ended.sort(key=lambda death: (death[1] == -signal.SIGTERM, death[1] is None))
-                self.death, self.ended_together = ended[0], len(ended) > 1
-                self.ended = [index for index, _ in ended]
+                self.death, self.ended = ended[0], [index for index, _ in ended]
                 self._kill_others(self.workers[self.death[0]])
                 return
+
+    @property
+    def ended_together(self) -> bool:
+        """Whether several workers had ended when the death was seen (TorchRL stopped the others)."""
+        return len(self.ended) > 1
 
     def _kill_others(self, dead: int) -> None:
         for pid in self.workers:

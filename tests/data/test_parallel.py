@@ -435,7 +435,7 @@ def test_of_workers_that_ended_together_the_error_names_the_one_killed_not_one_t
         worker.join(timeout=30)
     assert [worker.exitcode for worker in workers] == [0, -signal.SIGKILL]
     watch = WorkerWatch()  # as its look at the two found them: both ended, codes unknown, by index
-    watch.death, watch.ended_together, watch.ended = (0, None), True, [0, 1]
+    watch.death, watch.ended = (0, None), [0, 1]
     error = worker_death_error(EOFError(), None, 1024, watch, processes=workers)
     assert str(error).startswith("collector worker 1 died: killed by SIGKILL (signal 9"), error
 
