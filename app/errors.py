@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import torch
+import yaml
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.cli import LightningArgumentParser
@@ -64,6 +65,7 @@ _UNKNOWN_OPTION = re.compile(r"Option '([^']+)' is not accepted")
 _EXPECTED = re.compile(r"Expected an? (.+?)\. Got value: (.*)", re.DOTALL)
 _NOT_A_PATH = re.compile(r"Expected a path but (\S+) either not accessible or invalid")
 _UNRECOGNIZED_NESTED = re.compile(r"unrecognized arguments: --([\w.]+)=.*")
+_NOT_A_GROUP = re.compile(r'Unable to load config "(.*)"')
 
 
 class ComponentError(ValueError):
@@ -168,15 +170,80 @@ def _group_fields(class_path: str | None, group: Sequence[str]) -> list[str]:
     return list(getattr(cls, "__dataclass_fields__", {}))
 
 
-def _group_holding(class_path: str | None, option: str) -> str | None:
-    """The option group (a dataclass parameter of ``class_path``'s constructor, such as an agent's ``optimizer``) that
-    has an option named ``option``, or None."""
+#: The version whose command line no longer recognises the options that moved into option groups under another name:
+#: a group's field that was a flat option says which in its metadata (``field(..., metadata={"formerly": "tau"})``),
+#: and these hints read it until then (a test fails once the project's version reaches it).
+FORMER_NAMES_REMOVED_IN = "0.2.0"
+
+
+def _group_holding(class_path: str | None, option: str) -> tuple[str, str] | None:
+    """The option group (a dataclass parameter of ``class_path``'s constructor, such as an agent's ``optimizer``) and
+    its field that a flat option named ``option`` moved to: the field that was formerly that option (its metadata's
+    ``formerly``), else a field of that name; None if no group has one."""
     cls = pydoc.locate(class_path) if class_path else None
-    if not inspect.isclass(cls):
-        return None
-    for name, annotation in typing.get_type_hints(cls.__init__).items():
-        if option in getattr(annotation, "__dataclass_fields__", {}):
-            return name
+    groups = {
+        name: dataclasses.fields(hint)
+        for name, hint in _constructor_hints(cls).items()
+        if dataclasses.is_dataclass(hint) and isinstance(hint, type)
+    }
+    for matches in (lambda field: field.metadata.get("formerly") == option, lambda field: field.name == option):
+        for group, fields in groups.items():
+            for field in fields:
+                if matches(field):
+                    return group, field.name
+    return None
+
+
+def regrouped_options(class_path: str | None, init_args: Any) -> dict[str, dict[str, Any]]:
+    """``{group: {field: value}}``: where the options of ``init_args`` (a config's mapping for ``class_path``) that
+    are no arguments of its constructor, or give a scalar where it takes a group, moved within its option groups; ``{}``
+    when none did."""
+    if not isinstance(init_args, collections.abc.Mapping):
+        return {}
+    hints = _constructor_hints(pydoc.locate(class_path) if class_path else None)
+    moved: dict[str, dict[str, Any]] = {}
+    for option, value in init_args.items():
+        grouping = dataclasses.is_dataclass(hints.get(option))
+        if option in hints and not (grouping and not isinstance(value, collections.abc.Mapping)):
+            continue
+        holder = _group_holding(class_path, option)
+        if holder is not None:
+            group, field = holder
+            given = init_args.get(group) if group != option else None  # the group's own fields, when it has some
+            moved.setdefault(group, dict(given) if isinstance(given, collections.abc.Mapping) else {})[field] = value
+    return moved
+
+
+def _config_files(argv: Sequence[str]) -> list[str]:
+    files = [argv[i + 1] for i, arg in enumerate(argv[:-1]) if arg == "--config"]
+    return files + [arg.split("=", 1)[1] for arg in argv if arg.startswith("--config=")]
+
+
+def regroup_line(argv: Sequence[str]) -> str | None:
+    """One line for a config (a run's saved ``config.yaml`` from before the option groups) whose model or data module
+    gives options that now sit in groups: the file, and for each of the two the groups to write in place of those
+    options, with the file's values. None when no config on the command line has such options."""
+    class_paths: dict[str, str | None] = {}
+    for file in _config_files(argv):
+        try:
+            config = yaml.safe_load(Path(file).read_text(encoding="utf-8"))
+        except (OSError, yaml.YAMLError):
+            continue
+        parts = []
+        for owner in ("model", "data"):
+            entry = config.get(owner) if isinstance(config, dict) else None
+            if not isinstance(entry, dict):
+                continue
+            class_path = entry.get("class_path") or class_paths.get(owner)
+            class_paths[owner] = class_path = moved_class_path(class_path) or class_path if class_path else None
+            init_args = entry.get("init_args")
+            moved = regrouped_options(class_path, init_args)
+            if moved:
+                old = [option for option, value in init_args.items() if regrouped_options(class_path, {option: value})]
+                groups = yaml.safe_dump(moved, default_flow_style=True, sort_keys=False, width=10**6).strip()[1:-1]
+                parts.append(f"under {owner}.init_args write {groups} in place of {', '.join(old)}")
+        if parts:
+            return f"{file}: options moved into option groups; {'; '.join(parts)}"
     return None
 
 
@@ -205,6 +272,9 @@ def parse_error_line(message: str, error: BaseException | None, argv: Sequence[s
             moved = (given, moved_class_path(given)) if moved_class_path(given) else moved
     if leaf is None or not keys:
         return _one_line(message)
+    regroup = regroup_line(argv)
+    if regroup:  # a config from before the option groups: every option it must move, at once
+        return regroup
     if moved:
         flag = _name(keys, class_path, argv)
         return f"{flag}: {moved[0]} moved to {moved[1]}; give {flag} {moved[1]} (or class_path: {moved[1]} in a config)"
@@ -221,9 +291,9 @@ def parse_error_line(message: str, error: BaseException | None, argv: Sequence[s
     if unknown:
         keys.append(unknown.group(1))
         name = _name(keys, class_path, argv)
-        group = _group_holding(class_path, unknown.group(1))
-        if group is not None:  # an option of one of the class's option groups, given on its own
-            option, group_flag = unknown.group(1), _name([*keys[:-1], group], class_path, argv)
+        holder = _group_holding(class_path, unknown.group(1))
+        if holder is not None:  # an option of one of the class's option groups, given on its own
+            (group, option), group_flag = holder, _name([*keys[:-1], holder[0]], class_path, argv)
             return f"{name} moved: give {group_flag}.{option} ({group}: {{{option}: ...}} in a config)"
         close = difflib.get_close_matches(unknown.group(1), _parameters(class_path), n=1)
         owner = "" if not class_path or class_path in name else f" of {class_path}"
@@ -233,6 +303,11 @@ def parse_error_line(message: str, error: BaseException | None, argv: Sequence[s
     name = _name(keys, class_path, argv)
     if expected:
         return f"{name} {_expected(expected.group(1), expected.group(2))}"
+    scalar = _NOT_A_GROUP.search(reason)
+    holder = _group_holding(class_path, keys[-1]) if scalar else None
+    if holder is not None and holder[0] == keys[-1]:  # a group's former flat option (network: mlp → network.kind)
+        (group, option), value = holder, scalar.group(1)
+        return f"{name} is an option group: give {name}.{option} {value} ({group}: {{{option}: {value}}} in a config)"
     return f"{name}: {reason}"
 
 

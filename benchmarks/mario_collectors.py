@@ -100,7 +100,8 @@ def config_overrides(workers: int, envs_per_worker: int | None, eps: float | Non
     per_worker = envs_per_worker if envs_per_worker is not None else mario_config_envs_per_worker()
     overrides += ["--data.init_args.num_envs", str(workers * per_worker)]
     if eps is not None:
-        overrides += ["--model.init_args.eps_start", str(eps), "--model.init_args.eps_end", str(eps)]
+        exploration = "--model.init_args.exploration"
+        overrides += [f"{exploration}.eps_start", str(eps), f"{exploration}.eps_end", str(eps)]
     return overrides
 
 

@@ -33,7 +33,7 @@ from tensordict import TensorDict
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from envs.safety.vehicle import VehicleEnv  # noqa: E402
-from modules.pirl import PhysicsInformedDQN  # noqa: E402
+from modules.pirl import PhysicsInformedDQN, PhysicsLossOptions  # noqa: E402
 
 
 def replay_batch(env: VehicleEnv, size: int) -> TensorDict:
@@ -79,8 +79,7 @@ def main(argv: list[str] | None = None) -> dict:
     model = PhysicsInformedDQN(
         env.observation_spec[0],
         env.action_spec[0],
-        collocation_points=args.collocation_points,
-        gradient=args.gradient,
+        physics_loss=PhysicsLossOptions(collocation_points=args.collocation_points, gradient=args.gradient),
     )
     model.physics = env.physics
     batch = replay_batch(env, args.batch_size)

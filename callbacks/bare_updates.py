@@ -124,7 +124,8 @@ def framework_free_update(model: Any, data: Any) -> Callable[[int], torch.Tensor
         total = sum(value for key, value in loss(batch, **loss_inputs(batch)).items() if key.startswith("loss"))
         total.backward()
         optimizer_step()
-        if model.target_networks and getattr(model, "target_update", "soft") == "soft":
+        hard_copies = getattr(model, "target", None) is not None and model.target.update == "hard"  # DQN's option
+        if model.target_networks and not hard_copies:
             model.soft_update()
         return total.detach()
 
@@ -218,10 +219,10 @@ def reference_dqn_update(model: DQN, data: Any, with_physics: bool = False) -> C
             physics = physics_losses(
                 online,
                 data.declared.physics,
-                data.declared.physics.collocation(model.collocation_points, batch["observation"]),
-                model.pde_weight,
-                model.boundary_weight,
-                model.gradient_method,
+                data.declared.physics.collocation(model.physics_loss.collocation_points, batch["observation"]),
+                model.physics_loss.pde_weight,
+                model.physics_loss.boundary_weight,
+                model.physics_loss.gradient,
             )
             loss = loss + sum(physics.values())
         return loss
@@ -256,17 +257,18 @@ def reference_ppo_update(model: PPO, data: Any) -> Callable[[int], torch.Tensor]
     actor, critic = [layer.to(data.device) for layer in actor], critic.to(data.device)
     parameters = list(dict.fromkeys([*(p for layer in actor for p in layer.parameters()), *critic.parameters()]))
     optimizer = make_adam(parameters, model)
-    hp = model.hparams
+    hp = model.loss_options
+    squash = model.distribution == "tanh_normal"
     value_loss_of = F.mse_loss if hp.critic_loss == "l2" else F.smooth_l1_loss
     batches = ppo_batches(data, data.minibatch_size)
-    log_prob_and_entropy = gaussian_log_prob_and_entropy if model.gaussian else categorical_log_prob_and_entropy
+    log_prob_and_entropy = gaussian_log_prob_and_entropy if model.box_actions else categorical_log_prob_and_entropy
     bounds = model.action_bounds
 
     def step(i: int) -> torch.Tensor:
         batch = batches[i % len(batches)]
         heads, value_head, features = heads_on_features(actor, critic, batch["observation"])
         inputs = {"observation": features, "action": batch["action"]}
-        log_prob, entropy = log_prob_and_entropy(heads, inputs, hp.distribution == "tanh_normal", bounds)
+        log_prob, entropy = log_prob_and_entropy(heads, inputs, squash, bounds)
         advantage = batch["advantage"]
         if hp.normalize_advantage:
             advantage = (advantage - advantage.mean()) / advantage.std().clamp_min(1e-6)

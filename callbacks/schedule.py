@@ -241,7 +241,7 @@ class PeriodicEvaluation(FrameSchedule):
 
     Args:
         every_n_frames: frames between evaluations.
-        episodes: episodes per evaluation; default the data module's ``eval_episodes``.
+        episodes: episodes per evaluation; default the data module's ``evaluation.episodes``.
         at_start: also evaluate before the first update (frame 0 of the learning curve).
         random_policy: also measure the random policy once per run.
         stop_at_return: stop training at the first evaluation whose mean return reaches this (a task's "solved"

@@ -51,7 +51,7 @@ from checkpoints.files import (
 )
 from datamodules.collection import ACT_DTYPES, AutocastPolicy, Collection, InProcess
 from datamodules.episodes import EpisodeStatistics
-from datamodules.evaluation import Evaluation, fixed_seed
+from datamodules.evaluation import Evaluation, EvaluationOptions, fixed_seed
 from datamodules.memory import MemoryNeed, WorkerMemory, transition_bytes
 from datamodules.timing import PhaseTimer
 from envs.base import BatchedEnv, EnvDeclaration
@@ -173,10 +173,8 @@ class RLDataModule(EnvSpecs, Evaluation, pl.LightningDataModule):
         seed: base seed; rank ``r`` seeds its environments with ``seed + r * num_envs``. None: the run's
             ``seed_everything`` (the command line fills it in; 0 for a data module built in code), so that one seed
             seeds the whole run; a value sets the environments' seed apart from it.
-        eval_episodes: greedy episodes per evaluation (one evaluation environment each).
-        eval_env_options: options of the evaluation environments that differ from ``env``'s ``init_args`` (Mario:
-            ``{noop_max: 8}``, random no-op starts so that greedy episodes in a deterministic game differ, where
-            training explores with ε and needs none).
+        evaluation: the greedy evaluations' episodes and their environments' options
+            (:class:`~datamodules.evaluation.EvaluationOptions`).
         weight_sync_interval: updates between pushes of the latest weights to the collector's policy. The policy is
             shared in memory when collector and model are on the same device, so this only matters across devices.
         collection: how experience is collected (``datamodules/collection.py``): ``InProcess`` (the default; with
@@ -198,8 +196,7 @@ class RLDataModule(EnvSpecs, Evaluation, pl.LightningDataModule):
         collect_steps: int = 1,
         device: str = "auto",
         seed: int | None = None,
-        eval_episodes: int = 32,
-        eval_env_options: dict[str, Any] | None = None,
+        evaluation: EvaluationOptions = EvaluationOptions(),
         weight_sync_interval: int = 1,
         collection: Collection = DEFAULT_COLLECTION,
         act_precision: str = "32",
@@ -209,7 +206,6 @@ class RLDataModule(EnvSpecs, Evaluation, pl.LightningDataModule):
             raise ValueError(f"data.act_precision must be one of {', '.join(ACT_DTYPES)}, got {act_precision!r}")
         check_positive("num_envs", num_envs)
         check_positive("collect_steps", collect_steps)
-        check_positive("eval_episodes", eval_episodes)
         check_positive("weight_sync_interval", weight_sync_interval)
         if seed is not None and seed < 0:  # environments take non-negative seeds (Gymnasium refuses others mid-run)
             raise ValueError(f"data.seed must be >= 0, got {seed}")
@@ -227,8 +223,7 @@ class RLDataModule(EnvSpecs, Evaluation, pl.LightningDataModule):
         self.collect_steps = collect_steps
         self.device_name = device
         self.seed = seed = 0 if seed is None else seed
-        self.eval_episodes = eval_episodes
-        self.eval_env_options = dict(eval_env_options or {})
+        self.evaluation = evaluation
         self.weight_sync_interval = weight_sync_interval
         self.act_precision = act_precision
         # A throw-away environment: its specs size the model's networks, and building it validates the env options.
@@ -243,11 +238,11 @@ class RLDataModule(EnvSpecs, Evaluation, pl.LightningDataModule):
         if self.collection.uses_workers:
             self.worker_memory = WorkerMemory.measure(partial(env, num_envs=1, seed=seed + 1, device="cpu"))
         probe.close()
-        if self.eval_env_options:
+        if evaluation.env_options:
             try:  # fail now, not at the first evaluation
-                env(num_envs=1, seed=seed, device="cpu", **self.eval_env_options).close()
+                env(num_envs=1, seed=seed, device="cpu", **evaluation.env_options).close()
             except (TypeError, ValueError) as error:
-                raise ValueError(f"data.eval_env_options: {error}") from error
+                raise ValueError(f"data.evaluation.env_options: {error}") from error
 
         self.timer = PhaseTimer()
         #: the training episodes' return, length and metrics, from every batch collected (datamodules/episodes.py)

@@ -1,14 +1,15 @@
 """Greedy and random-policy evaluation: one episode per evaluation environment, always from the same seeds.
 
 :class:`Evaluation` is a part of every :class:`~datamodules.base.RLDataModule` (a base class of it): the evaluation
-environments take the training environment's options, except those in the data module's ``eval_env_options``, and
-seeds offset from the training ones so that they never replay a training episode.
+environments take the training environment's options, except those in the data module's ``evaluation.env_options``,
+and seeds offset from the training ones so that they never replay a training episode (:class:`EvaluationOptions`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -65,11 +66,31 @@ def fixed_seed(seed: int, device: torch.device) -> Iterator[None]:
         yield
 
 
+@dataclass(frozen=True)
+class EvaluationOptions:
+    """The greedy evaluations' episodes: ``evaluation:`` in a data module's ``init_args``.
+
+    Args:
+        episodes: greedy episodes per evaluation (one evaluation environment each).
+        env_options: options of the evaluation environments that differ from ``env``'s ``init_args`` (Mario:
+            ``{noop_max: 8}``, random no-op starts so that greedy episodes in a deterministic game differ, where
+            training explores with ε and needs none).
+    """
+
+    episodes: int = field(default=32, metadata={"formerly": "eval_episodes"})
+    env_options: dict[str, Any] = field(default_factory=dict, metadata={"formerly": "eval_env_options"})
+
+    def __post_init__(self) -> None:
+        if self.episodes < 1:
+            raise ValueError(f"data.evaluation.episodes must be > 0, got {self.episodes}")
+        object.__setattr__(self, "env_options", dict(self.env_options or {}))
+
+
 class Evaluation:
-    """Evaluation episodes of a data module: what it needs is its ``make_env``, ``seed``, ``eval_episodes``,
-    ``eval_env_options``, ``render_options`` (videos), ``episode_metric_keys`` and ``episode_metric_over``, and its
-    ``settle`` (collection running off the training thread must not draw from the global generator while an
-    evaluation seeds it)."""
+    """Evaluation episodes of a data module: what it needs is its ``make_env``, ``seed``, ``evaluation`` (the
+    episodes and the environments' options), ``render_options`` (videos), ``episode_metric_keys`` and
+    ``episode_metric_over``, and its ``settle`` (collection running off the training thread must not draw from the
+    global generator while an evaluation seeds it)."""
 
     _eval_env: EnvBase | None = None
     #: The returns of the episodes of the last :meth:`evaluate` call, in the evaluation environments' order.
@@ -154,7 +175,7 @@ class Evaluation:
         self.settle()
         results = []
         for episode in range(episodes):
-            options = {**self.eval_env_options, **self.declared.render_options}
+            options = {**self.evaluation.env_options, **self.declared.render_options}
             env = self.make_env(1, self.seed + EVAL_SEED_OFFSET + episode, options=options)
             drawn = env.base_env if isinstance(env, TransformedEnv) else env
             try:
@@ -177,9 +198,10 @@ class Evaluation:
 
     def _evaluation_env(self, episodes: int | None) -> EnvBase:
         """One environment per episode, reset to the same start states at every evaluation."""
-        episodes = episodes or self.eval_episodes
+        episodes = episodes or self.evaluation.episodes
         if self._eval_env is None or self._eval_env.batch_size[0] != episodes:
-            self._eval_env = self.make_env(episodes, self.seed + EVAL_SEED_OFFSET, options=self.eval_env_options)
+            options = self.evaluation.env_options
+            self._eval_env = self.make_env(episodes, self.seed + EVAL_SEED_OFFSET, options=options)
         self._eval_env.set_seed(self.seed + EVAL_SEED_OFFSET)
         return self._eval_env
 
@@ -191,8 +213,7 @@ class Evaluation:
 
     # Provided by the data module.
     seed: int
-    eval_episodes: int
-    eval_env_options: dict[str, Any]
+    evaluation: EvaluationOptions
     declared: EnvDeclaration
 
     def settle(self) -> None: ...

@@ -6,6 +6,7 @@ import copy
 import warnings
 from collections.abc import Callable, Container, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -59,6 +60,28 @@ class _Round(NamedTuple):
     credit: float
 
 
+@dataclass(frozen=True)
+class PriorityOptions:
+    """Prioritized replay (Schaul et al., "Prioritized Experience Replay", ICLR 2016): ``priority:`` in a
+    ReplayDataModule's ``init_args``.
+
+    Args:
+        alpha: the priorities' exponent α (``P(i) ∝ |δ_i|^α``); 0: uniform replay.
+        beta: the importance weights' exponent β at the first update.
+        beta_updates: updates over which β rises linearly to 1.
+    """
+
+    alpha: float = field(default=0.0, metadata={"formerly": "priority_alpha"})
+    beta: float = field(default=0.5, metadata={"formerly": "priority_beta"})
+    beta_updates: int = field(default=100_000, metadata={"formerly": "priority_beta_updates"})
+
+    def __post_init__(self) -> None:
+        check_positive("priority.alpha", self.alpha, allow_zero=True)
+        if not 0 <= self.beta <= 1:
+            raise ValueError(f"data.priority.beta must be in [0, 1], got {self.beta}")
+        check_positive("priority.beta_updates", self.beta_updates)
+
+
 class ReplayDataModule(RLDataModule):
     """Collects into a replay buffer on the training device and samples fixed-size batches from it.
 
@@ -68,7 +91,7 @@ class ReplayDataModule(RLDataModule):
     n-step returns) turns each collected batch into the transitions written; its window of recent steps is part of
     this module's checkpointed state.
 
-    With ``priority_alpha > 0`` the replay is prioritized (:class:`~datamodules.prioritized.ProportionalSampler`):
+    With ``priority: {alpha: > 0}`` the replay is prioritized (:class:`~datamodules.prioritized.ProportionalSampler`):
     batches carry ``index`` and ``priority_weight`` (the importance weights, which TorchRL's ``DQNLoss`` applies), and
     the model hands each update's absolute TD errors back through :meth:`after_update` as the sampled transitions'
     new priorities. The batches of every update a collection earns are drawn together, so they are drawn with the
@@ -85,9 +108,7 @@ class ReplayDataModule(RLDataModule):
         batch_size: transitions per update.
         warmup_frames: frames collected (with the exploring policy) before the first update.
         frames_per_update: environment frames collected per gradient update (the replay ratio's inverse).
-        priority_alpha: prioritized replay's exponent α (``P(i) ∝ |δ_i|^α``); 0: uniform replay.
-        priority_beta: the importance weights' exponent β at the first update (prioritized replay only).
-        priority_beta_updates: updates over which β rises linearly to 1.
+        priority: prioritized replay (:class:`PriorityOptions`); its default ``alpha`` 0 is uniform replay.
         store_frames_once: keep each frame of stacked-frame observations (``[stack, H, W]`` uint8, Mario's) once, and
             per transition only the ids of its frames (:class:`~datamodules.frames.FrameStackStore`): about one frame
             per transition instead of two whole stacks.
@@ -120,9 +141,7 @@ class ReplayDataModule(RLDataModule):
         batch_size: int = 128,
         warmup_frames: int = 1_000,
         frames_per_update: float = 4.0,
-        priority_alpha: float = 0.0,
-        priority_beta: float = 0.5,
-        priority_beta_updates: int = 100_000,
+        priority: PriorityOptions = PriorityOptions(),
         store_frames_once: bool = False,
         frame_capacity: int | None = None,
         **kwargs: Any,
@@ -132,10 +151,6 @@ class ReplayDataModule(RLDataModule):
         check_positive("batch_size", batch_size)
         check_positive("warmup_frames", warmup_frames, allow_zero=True)
         check_positive("frames_per_update", frames_per_update)
-        check_positive("priority_alpha", priority_alpha, allow_zero=True)
-        if not 0 <= priority_beta <= 1:
-            raise ValueError(f"data.priority_beta must be in [0, 1], got {priority_beta}")
-        check_positive("priority_beta_updates", priority_beta_updates)
         if batch_size > buffer_size:
             raise ValueError(f"data.batch_size ({batch_size}) must be <= buffer_size ({buffer_size})")
         self.buffer_size = buffer_size
@@ -144,8 +159,7 @@ class ReplayDataModule(RLDataModule):
         # (as Stable-Baselines3's does from its learning_starts on); the first collection fills it before any draw.
         self.warmup_frames = warmup_frames
         self.frames_per_update = frames_per_update
-        self.priority_alpha, self.priority_beta = priority_alpha, priority_beta
-        self.priority_beta_updates = priority_beta_updates
+        self.priority = priority
         shape = self.observation_spec["observation"].shape
         if store_frames_once and (len(shape) != 3 or self.observation_spec["observation"].dtype != torch.uint8):
             raise ValueError(
@@ -161,9 +175,9 @@ class ReplayDataModule(RLDataModule):
         self._buffer_beside: tuple[int, str] | None = None  # (update, folder) of the buffer just written beside
         self.update_credit = 0.0  # updates earned by collected frames and not yet taken
         self.pending: list[TensorDictBase] | None = None  # batches drawn for the coming updates, served in order
-        if self.prefetch and priority_alpha > 0:
+        if self.prefetch and self.prioritized:
             raise ValueError(
-                "data.collection.prefetch: not with prioritized replay (priority_alpha > 0): the "
+                "data.collection.prefetch: not with prioritized replay (priority.alpha > 0): the "
                 "next round would be drawn before this round's new priorities are written"
             )
         #: the phases of the rounds prepared in the background (the training thread's `collect` is its wait for them)
@@ -179,7 +193,7 @@ class ReplayDataModule(RLDataModule):
         super().setup(stage)
         if self.buffer is None:
             sampler = (
-                ProportionalSampler(self.buffer_size, self.priority_alpha, self.priority_beta, device=self.device)
+                ProportionalSampler(self.buffer_size, self.priority.alpha, self.priority.beta, device=self.device)
                 if self.prioritized
                 else RandomSampler()
             )
@@ -229,11 +243,12 @@ class ReplayDataModule(RLDataModule):
 
     @property
     def prioritized(self) -> bool:
-        return self.priority_alpha > 0
+        return self.priority.alpha > 0
 
     def importance_beta(self, updates: int) -> float:
-        """β after ``updates`` updates: ``priority_beta`` rising linearly to 1 over ``priority_beta_updates``."""
-        return self.priority_beta + (1.0 - self.priority_beta) * min(updates / self.priority_beta_updates, 1.0)
+        """β after ``updates`` updates: ``priority.beta`` rising linearly to 1 over ``priority.beta_updates``."""
+        beta = self.priority.beta
+        return beta + (1.0 - beta) * min(updates / self.priority.beta_updates, 1.0)
 
     def connect(
         self,
@@ -357,7 +372,7 @@ class ReplayDataModule(RLDataModule):
         if self.prioritized:
             if priority is None:
                 raise ValueError(
-                    f"data.priority_alpha {self.priority_alpha}: prioritized replay needs the model's "
+                    f"data.priority.alpha {self.priority.alpha}: prioritized replay needs the model's "
                     "per-sample TD errors (a `td_error` entry in its losses, as DQN and PhysicsInformedDQN give)"
                 )
             served, self._served_indices = self._served_indices, []

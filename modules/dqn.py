@@ -10,7 +10,7 @@ Usage::
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
@@ -24,9 +24,62 @@ from torchrl.modules import EGreedyModule, QValueActor
 from torchrl.objectives import DQNLoss, HardUpdate, SoftUpdate
 
 from modules.base import RLModule
-from modules.networks import NETWORKS, BatchNormCNN, EvalModeActor, has_batch_norm, observation_network
+from modules.networks import (
+    BatchNormCNN,
+    EvalModeActor,
+    NetworkOptions,
+    has_batch_norm,
+    observation_network,
+    orthogonal_init_,
+)
 from modules.optim import OptimizerOptions
 from modules.spaces import DISCRETE, check_action_space, observation_entry
+
+
+@dataclass(frozen=True)
+class TargetOptions:
+    """The target network's updates: ``target:`` in a DQN's ``init_args``.
+
+    Args:
+        update: ``hard`` (copy the online network every ``interval`` updates) or ``soft`` (Polyak, rate ``tau``).
+        interval: updates between hard copies.
+        tau: the soft update's rate.
+    """
+
+    update: Literal["hard", "soft"] = field(default="hard", metadata={"formerly": "target_update"})
+    interval: int = field(default=1_000, metadata={"formerly": "target_update_interval"})
+    tau: float = 0.005
+
+    def __post_init__(self) -> None:
+        if self.update not in ("hard", "soft"):
+            raise ValueError(f"model.target.update must be hard or soft, got {self.update!r}")
+        if self.interval < 1:
+            raise ValueError(f"model.target.interval must be >= 1, got {self.interval}")
+        if not 0 < self.tau <= 1:
+            raise ValueError(f"model.target.tau must be in (0, 1], got {self.tau}")
+
+
+@dataclass(frozen=True)
+class ExplorationOptions:
+    """ε-greedy exploration, annealed over frames: ``exploration:`` in a DQN's ``init_args``.
+
+    Args:
+        eps_start: ε at frame 0.
+        eps_end: ε after ``eps_frames`` frames, and from then on.
+        eps_frames: frames over which ε falls linearly.
+    """
+
+    eps_start: float = 1.0
+    eps_end: float = 0.05
+    eps_frames: int = 100_000
+
+    def __post_init__(self) -> None:
+        if not (0 <= self.eps_end <= 1 and 0 <= self.eps_start <= 1):
+            raise ValueError(
+                f"model.exploration.eps_start/eps_end must be in [0, 1], got {self.eps_start}/{self.eps_end}"
+            )
+        if self.eps_frames < 1:
+            raise ValueError(f"model.exploration.eps_frames must be >= 1, got {self.eps_frames}")
 
 
 class DQN(RLModule):
@@ -35,23 +88,15 @@ class DQN(RLModule):
     Args:
         observation_spec: linked from the data module.
         action_spec: linked from the data module: a discrete space (``Categorical``); any other is one error line.
-        network: the Q-network: ``mlp`` (an MLP over the flattened observation, ``hidden_sizes`` wide),
-            ``nature_cnn`` (Mnih et al.'s network for images ``[C, H, W]`` or ``[H, W, C]``;
-            :class:`~modules.networks.NatureCNN`), ``auto`` (the Nature CNN for uint8 images of at least 36×36, the MLP
-            for anything else, Snake's 10×10 planes included) or ``batch_norm_cnn`` (the Mario reference's
-            convolutional network with BatchNorm, for stacked frames ``[C, H, W]``;
-            :class:`~modules.networks.BatchNormCNN`). A network with BatchNorm acts and evaluates in eval mode and
-            trains in train mode.
-        hidden_sizes: widths of the MLP's hidden layers.
+        network: the Q-network (:class:`~modules.networks.NetworkOptions`): ``kind`` ``mlp``, ``nature_cnn``,
+            ``auto`` or ``batch_norm_cnn`` (the Mario reference's convolutional network with BatchNorm, for stacked
+            frames ``[C, H, W]``; :class:`~modules.networks.BatchNormCNN`). A network with BatchNorm acts and evaluates
+            in eval mode and trains in train mode.
         gamma: discount.
         double_dqn: pick the next action with the online network and evaluate it with the target network.
         loss_function: ``l2`` (the reference's MSE) or ``smooth_l1`` (Huber).
-        target_update: ``hard`` (copy every ``target_update_interval`` updates) or ``soft`` (Polyak, ``tau``).
-        target_update_interval: updates between hard copies.
-        tau: soft-update rate.
-        eps_start: ε at frame 0.
-        eps_end: ε after ``eps_frames`` frames, and from then on.
-        eps_frames: frames over which ε falls linearly.
+        target: the target network's updates (:class:`TargetOptions`).
+        exploration: ε-greedy's schedule (:class:`ExplorationOptions`).
         n_steps: the target's reward sum: ``r_t + γ r_{t+1} + … + γ^(n−1) r_{t+n−1} + γ^n Q_target(s_{t+n})``, cut at
             an episode's end (TorchRL's ``MultiStepTransform`` on the replay writes). 1: the one-step target. Sums
             over exploring actions are biased towards the exploring policy's value: measure before raising it.
@@ -65,17 +110,12 @@ class DQN(RLModule):
         self,
         observation_spec: Any,
         action_spec: TensorSpec,
-        network: Literal["auto", "mlp", "nature_cnn", "batch_norm_cnn"] = "auto",
-        hidden_sizes: Sequence[int] = (256, 256),
+        network: NetworkOptions = NetworkOptions(),
         gamma: float = 0.99,
         double_dqn: bool = False,
         loss_function: Literal["l2", "smooth_l1"] = "l2",
-        target_update: Literal["hard", "soft"] = "hard",
-        target_update_interval: int = 1_000,
-        tau: float = 0.005,
-        eps_start: float = 1.0,
-        eps_end: float = 0.05,
-        eps_frames: int = 100_000,
+        target: TargetOptions = TargetOptions(),
+        exploration: ExplorationOptions = ExplorationOptions(),
         n_steps: int = 1,
         optimizer: OptimizerOptions = OptimizerOptions(),
         compile: bool | str = False,
@@ -85,36 +125,25 @@ class DQN(RLModule):
         self.save_hyperparameters(ignore=["observation_spec", "action_spec"])
         if not 0 <= gamma <= 1:
             raise ValueError(f"model.gamma must be in [0, 1], got {gamma}")
-        if target_update_interval < 1:
-            raise ValueError(f"model.target_update_interval must be >= 1, got {target_update_interval}")
-        if not 0 < tau <= 1:
-            raise ValueError(f"model.tau must be in (0, 1], got {tau}")
-        if not (0 <= eps_end <= 1 and 0 <= eps_start <= 1):
-            raise ValueError(f"model.eps_start/eps_end must be in [0, 1], got {eps_start}/{eps_end}")
-        if eps_frames < 1:
-            raise ValueError(f"model.eps_frames must be >= 1, got {eps_frames}")
         if n_steps < 1:
             raise ValueError(f"model.n_steps must be >= 1, got {n_steps}")
         self.gamma, self.n_steps = gamma, n_steps
-        self.eps_start, self.eps_end, self.eps_frames = eps_start, eps_end, eps_frames
-        self.target_update, self.tau = target_update, tau
-        self.target_update_interval = target_update_interval
+        self.target, self.exploration, self.tau = target, exploration, target.tau
 
         # env → model → exploration → loss → target updater, in the order TorchRL's sota-implementations use.
-        if network not in (*NETWORKS, "batch_norm_cnn"):
-            raise ValueError(f"model.network must be one of {', '.join(NETWORKS)}, batch_norm_cnn, got {network!r}")
         check_action_space(self, action_spec, (DISCRETE,))
-        self.network_kind = network
         observation = observation_entry(self, observation_spec)
-        self.q_network = self.make_q_network(observation.shape, hidden_sizes, action_spec.space.n)
+        self.q_network = self.make_q_network(observation, network, action_spec.space.n)
+        if network.orthogonal_init:
+            orthogonal_init_(self.q_network, output_gain=1.0)
         self.actor = QValueActor(self.q_network, in_keys=["observation"], spec=action_spec)
         # Acting (collection, evaluation) must not move BatchNorm's running averages or use a batch's statistics.
         self._acting_actor = EvalModeActor(self.actor, self.q_network) if has_batch_norm(self.q_network) else self.actor
         self.egreedy = EGreedyModule(
             action_spec,
-            eps_init=eps_start,
-            eps_end=eps_end,
-            annealing_num_steps=eps_frames,
+            eps_init=exploration.eps_start,
+            eps_end=exploration.eps_end,
+            annealing_num_steps=exploration.eps_frames,
         )
         self.loss_module = DQNLoss(
             self.actor,
@@ -124,26 +153,26 @@ class DQN(RLModule):
             action_space=action_spec,
         )
         self.loss_module.make_value_estimator(gamma=gamma)
-        if target_update == "soft":
-            self.target_updater = SoftUpdate(self.loss_module, tau=tau)
+        if target.update == "soft":
+            self.target_updater = SoftUpdate(self.loss_module, tau=target.tau)
         else:
-            # HardUpdate(interval=0) copies on every step() call; update_target calls it every `target_update_interval`
+            # HardUpdate(interval=0) copies on every step() call; update_target calls it every `target.interval`
             # updates, a function of the restored global step rather than of a counter checkpoints would have to carry.
             self.target_updater = HardUpdate(self.loss_module, value_network_update_interval=0)
         self._exploring_policy = GreedyRowsEGreedy(self._acting_actor, self.egreedy)
 
-    def make_q_network(self, observation_shape: torch.Size, hidden_sizes: Sequence[int], num_actions: int) -> nn.Module:
-        """The Q-network the ``network`` option names (subclasses change the architecture here)."""
-        if self.network_kind != "batch_norm_cnn":
+    def make_q_network(self, observation: TensorSpec, network: NetworkOptions, num_actions: int) -> nn.Module:
+        """The Q-network ``network`` describes (subclasses change the architecture here)."""
+        if network.kind != "batch_norm_cnn":
             return observation_network(
-                self.observation_spec["observation"], self.network_kind, hidden_sizes, num_actions
+                observation, network.kind, network.hidden_sizes, num_actions, network.activation_module
             )
-        if len(observation_shape) != 3:
+        if len(observation.shape) != 3:
             raise ValueError(
-                "model.network batch_norm_cnn needs image observations [channels, height, width], got "
-                f"shape {tuple(observation_shape)}"
+                "model.network.kind batch_norm_cnn needs image observations [channels, height, width], got "
+                f"shape {tuple(observation.shape)}"
             )
-        return BatchNormCNN(observation_shape, num_actions)
+        return BatchNormCNN(observation.shape, num_actions)
 
     def policy(self) -> TensorDictModuleBase:
         return self._exploring_policy
@@ -180,8 +209,9 @@ class DQN(RLModule):
 
     def epsilon(self, frames: int) -> float:
         """Linear annealing from ``eps_start`` to ``eps_end`` over ``eps_frames`` frames."""
-        progress = min(frames / self.eps_frames, 1.0)
-        return self.eps_start + progress * (self.eps_end - self.eps_start)
+        schedule = self.exploration
+        progress = min(frames / schedule.eps_frames, 1.0)
+        return schedule.eps_start + progress * (schedule.eps_end - schedule.eps_start)
 
     def follow_frames(self) -> None:
         super().follow_frames()
@@ -203,11 +233,11 @@ class DQN(RLModule):
         return loss, losses
 
     def update_target(self) -> None:
-        """Polyak-average the target network (``soft``), or copy it every ``target_update_interval`` updates."""
+        """Polyak-average the target network (``soft``), or copy it every ``target.interval`` updates."""
         # global_step already counts the step just taken.
-        if self.target_update == "soft":
+        if self.target.update == "soft":
             self.soft_update()
-        elif self.global_step % self.target_update_interval == 0:
+        elif self.global_step % self.target.interval == 0:
             self.target_updater.step()
 
     def extra_metrics(self) -> dict[str, torch.Tensor | float]:

@@ -1,15 +1,16 @@
 """Network builders shared by the agents. Sizes always come from the environment's specs, never hard-coded.
 
-An agent reading one observation picks its network with the ``network`` option (:func:`observation_network`):
-``mlp`` flattens the observation, ``nature_cnn`` reads an image (:class:`NatureCNN`), ``auto`` takes the Nature CNN for
-an image it can read and the MLP for anything else.
+An agent reading one observation picks its network with the ``network`` option group (:class:`NetworkOptions`,
+:func:`observation_network`): ``mlp`` flattens the observation, ``nature_cnn`` reads an image (:class:`NatureCNN`),
+``auto`` takes the Nature CNN for an image it can read and the MLP for anything else.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 import torch
 from tensordict import TensorDictBase
@@ -77,8 +78,51 @@ def orthogonal_init_(network: nn.Module, output_gain: float) -> nn.Module:
     return network
 
 
-#: The ``network`` choices of an agent reading one observation (DQN adds ``batch_norm_cnn``).
+#: The ``network.kind`` choices of an agent reading one observation (DQN adds ``batch_norm_cnn``).
 NETWORKS = ("auto", "mlp", "nature_cnn")
+
+
+@dataclass(frozen=True)
+class NetworkOptions:
+    """What reads an agent's observation: ``network:`` in a model's ``init_args``
+    (``--model.init_args.network.hidden_sizes '[64, 64]'``). Each agent's default instance holds its own defaults.
+
+    Args:
+        kind: ``mlp`` (an MLP over the flattened observation), ``nature_cnn`` (Mnih et al.'s network for images
+            ``[C, H, W]`` or ``[H, W, C]``: :class:`NatureCNN`; ``hidden_sizes`` and ``activation`` are not used),
+            ``auto`` (the Nature CNN for uint8 images of at least 36×36, the MLP for anything else, Snake's 10×10
+            planes included), or, for DQN only, ``batch_norm_cnn`` (the Mario reference's :class:`BatchNormCNN`).
+        hidden_sizes: widths of the MLP's hidden layers.
+        activation: the MLP's hidden activation, ``relu`` or ``tanh``.
+        orthogonal_init: start the network with orthogonal weights and zero biases (:func:`orthogonal_init_`;
+            Stable-Baselines3's ``ortho_init``, CleanRL's ``layer_init``); false: PyTorch's default initialisation.
+    """
+
+    kind: Literal["auto", "mlp", "nature_cnn", "batch_norm_cnn"] = field(
+        default="auto", metadata={"formerly": "network"}
+    )
+    hidden_sizes: Sequence[int] = (256, 256)
+    activation: Literal["relu", "tanh"] = "relu"
+    orthogonal_init: bool = False
+
+    def __post_init__(self) -> None:
+        if self.kind not in (*NETWORKS, "batch_norm_cnn"):
+            raise ValueError(
+                f"model.network.kind must be one of {', '.join(NETWORKS)}, batch_norm_cnn, got {self.kind!r}"
+            )
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(
+                f"model.network.activation must be one of {', '.join(ACTIVATIONS)}, got {self.activation!r}"
+            )
+        if not all(isinstance(width, int) and width >= 1 for width in self.hidden_sizes):
+            raise ValueError(f"model.network.hidden_sizes must be widths >= 1, got {list(self.hidden_sizes)}")
+        object.__setattr__(self, "hidden_sizes", tuple(self.hidden_sizes))  # a config's list, kept immutable
+
+    @property
+    def activation_module(self) -> type[nn.Module]:
+        return ACTIVATIONS[self.activation]
+
+
 #: The least height and width the Nature CNN reads: its three convolutions need 36 pixels to leave one.
 NATURE_CNN_MIN_SIDE = 36
 #: The Nature CNN's features: the width of its hidden linear layer, what heads on it read.
@@ -107,9 +151,9 @@ def reads_as_image(spec: Any) -> bool:
 
 
 def is_nature_cnn(spec: Any, network: str) -> bool:
-    """Whether ``network`` (``model.network``) is the Nature CNN for the observation ``spec``."""
+    """Whether ``network`` (``model.network.kind``) is the Nature CNN for the observation ``spec``."""
     if network not in NETWORKS:
-        raise ValueError(f"model.network must be one of {', '.join(NETWORKS)}, got {network!r}")
+        raise ValueError(f"model.network.kind must be one of {', '.join(NETWORKS)}, got {network!r}")
     return network == "nature_cnn" or (network == "auto" and reads_as_image(spec))
 
 
@@ -124,17 +168,17 @@ def observation_network(
     flattened observation, ``activation`` between its layers), ``nature_cnn`` (:class:`NatureCNN`; ``hidden_sizes``
     and ``activation`` are not used; ``out_features`` None: its 512 features, a torso for heads), or ``auto``
     (``nature_cnn`` when :func:`reads_as_image`, else ``mlp``). An observation the network cannot read is a
-    :class:`~modules.spaces.SpaceError` naming ``model.network``."""
+    :class:`~modules.spaces.SpaceError` naming ``model.network.kind``."""
     if not is_nature_cnn(spec, network):
         return observation_mlp(spec.shape, hidden_sizes, out_features, activation)
     layout = image_layout(spec.shape)
     what = f"{SpaceError.ENV}'s observation is {spec.dtype} of shape {list(spec.shape)}"
     if layout is None:
-        raise SpaceError(f"model.network nature_cnn reads images [C, H, W] or [H, W, C]; {what}: use mlp")
+        raise SpaceError(f"model.network.kind nature_cnn reads images [C, H, W] or [H, W, C]; {what}: use mlp")
     height, width = spec.shape[1:] if layout == "chw" else spec.shape[:2]
     if min(height, width) < NATURE_CNN_MIN_SIDE:
         raise SpaceError(
-            f"model.network nature_cnn reads images of at least {NATURE_CNN_MIN_SIDE}x"
+            f"model.network.kind nature_cnn reads images of at least {NATURE_CNN_MIN_SIDE}x"
             f"{NATURE_CNN_MIN_SIDE} pixels (8x8 stride 4, 4x4 stride 2, 3x3 stride 1); {what}: use mlp"
         )
     return NatureCNN(spec.shape, out_features, channels_last=layout == "hwc", pixels=spec.dtype == torch.uint8)

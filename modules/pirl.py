@@ -15,7 +15,7 @@ Usage::
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
@@ -24,10 +24,36 @@ from torch import nn
 from torchrl.data import TensorSpec
 
 from datamodules.source import DataSource
-from modules.dqn import DQN
-from modules.networks import mlp
+from modules.dqn import DQN, ExplorationOptions, TargetOptions
+from modules.networks import NetworkOptions, mlp
 from modules.optim import OptimizerOptions
 from modules.pde import physics_losses
+
+
+@dataclass(frozen=True)
+class PhysicsLossOptions:
+    """The physics terms of the loss: ``physics_loss:`` in a PhysicsInformedDQN's ``init_args``.
+
+    Args:
+        pde_weight: weight of the mean squared PDE residual (the reference: 1e-4; 0 turns the physics term off).
+        boundary_weight: weight of the boundary terms (the reference: 1).
+        collocation_points: interior points per update, and as many terminal and unsafe boundary points.
+        gradient: how ``∇ₓV`` is computed: ``autograd`` (``create_graph=True``) or ``func`` (``torch.func``).
+    """
+
+    pde_weight: float = 1e-4
+    boundary_weight: float = 1.0
+    collocation_points: int = 32
+    gradient: Literal["autograd", "func"] = "autograd"
+
+    def __post_init__(self) -> None:
+        for name in ("pde_weight", "boundary_weight"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"model.physics_loss.{name} must be >= 0, got {getattr(self, name)}")
+        if self.collocation_points < 1:
+            raise ValueError(f"model.physics_loss.collocation_points must be >= 1, got {self.collocation_points}")
+        if self.gradient not in ("autograd", "func"):
+            raise ValueError(f"model.physics_loss.gradient must be autograd or func, got {self.gradient!r}")
 
 
 class PhysicsInformedDQN(DQN):
@@ -41,19 +67,16 @@ class PhysicsInformedDQN(DQN):
     Args:
         observation_spec: linked from the data module.
         action_spec: linked from the data module.
-        hidden_sizes: widths of the Tanh hidden layers.
-        target_update: ``hard`` (the reference: a copy every ``target_update_interval`` updates) or ``soft`` (Polyak).
-        target_update_interval: updates between hard target copies.
-        tau: soft-update rate.
+        network: the Q-network's hidden layers (:class:`~modules.networks.NetworkOptions`: an MLP, the reference's
+            three Tanh layers of 32), read by a Sigmoid output.
+        target: the target network's updates (:class:`~modules.dqn.TargetOptions`; the reference: a hard copy every
+            1,000 updates).
         double_dqn: pick the next action with the online network and evaluate it with the target network (the reference
             used plain DQN targets; with discount 1 the max over 25 noisy estimates compounds over the horizon).
-        eps_start, eps_end, eps_frames: ε falls linearly from ``eps_start`` to ``eps_end`` over ``eps_frames``.
+        exploration: ε-greedy's schedule (:class:`~modules.dqn.ExplorationOptions`).
         n_steps: the target sums the rewards of ``n_steps`` steps before bootstrapping (see
             :class:`~modules.dqn.DQN`): with discount 1, a success travels back ``n_steps`` steps per target refresh.
-        pde_weight: weight of the mean squared PDE residual (the reference: 1e-4; 0 turns the physics term off).
-        boundary_weight: weight of the boundary terms (the reference: 1).
-        collocation_points: interior points per update, and as many terminal and unsafe boundary points.
-        gradient: how ``∇ₓV`` is computed: ``autograd`` (``create_graph=True``) or ``func`` (``torch.func``).
+        physics_loss: the physics terms (:class:`PhysicsLossOptions`).
         optimizer, compile, check_finite_every: see :class:`~modules.base.RLModule` (the reference: Adam 5e-4).
     """
 
@@ -61,53 +84,33 @@ class PhysicsInformedDQN(DQN):
         self,
         observation_spec: Any,
         action_spec: TensorSpec,
-        hidden_sizes: Sequence[int] = (32, 32, 32),
-        target_update: Literal["hard", "soft"] = "hard",
-        target_update_interval: int = 1_000,
-        tau: float = 0.005,
+        network: NetworkOptions = NetworkOptions(kind="mlp", hidden_sizes=(32, 32, 32), activation="tanh"),
+        target: TargetOptions = TargetOptions(),
         double_dqn: bool = False,
-        eps_start: float = 1.0,
-        eps_end: float = 0.001,
-        eps_frames: int = 100_000,
+        exploration: ExplorationOptions = ExplorationOptions(eps_end=0.001),
         n_steps: int = 1,
-        pde_weight: float = 1e-4,
-        boundary_weight: float = 1.0,
-        collocation_points: int = 32,
-        gradient: Literal["autograd", "func"] = "autograd",
+        physics_loss: PhysicsLossOptions = PhysicsLossOptions(),
         optimizer: OptimizerOptions = OptimizerOptions(lr=5e-4),
         compile: bool | str = False,
         check_finite_every: int = 1,
     ) -> None:
-        if pde_weight < 0:
-            raise ValueError(f"model.pde_weight must be >= 0, got {pde_weight}")
-        if boundary_weight < 0:
-            raise ValueError(f"model.boundary_weight must be >= 0, got {boundary_weight}")
-        if collocation_points < 1:
-            raise ValueError(f"model.collocation_points must be >= 1, got {collocation_points}")
-        if gradient not in ("autograd", "func"):
-            raise ValueError(f"model.gradient must be autograd or func, got {gradient!r}")
         # Discount 1 and MSE: the Q-values are probabilities of success, not discounted returns.
         super().__init__(
             observation_spec,
             action_spec,
-            hidden_sizes=hidden_sizes,
+            network=network,
             gamma=1.0,
             double_dqn=double_dqn,
             loss_function="l2",
-            target_update=target_update,
-            target_update_interval=target_update_interval,
-            tau=tau,
-            eps_start=eps_start,
-            eps_end=eps_end,
-            eps_frames=eps_frames,
+            target=target,
+            exploration=exploration,
             n_steps=n_steps,
             optimizer=optimizer,
             compile=compile,
             check_finite_every=check_finite_every,
         )
         self.double_dqn = double_dqn
-        self.pde_weight, self.boundary_weight = pde_weight, boundary_weight
-        self.collocation_points, self.gradient_method = collocation_points, gradient
+        self.physics_loss = physics_loss
         self.physics: Any = None  # taken from the data module in setup
         # The loss reads the target weights through TensorDict's to_module, which hands them back as Parameters the
         # first time (TorchRL keeps plain tensors): one pass here, so that the compiled loss, which guards on their
@@ -118,10 +121,15 @@ class PhysicsInformedDQN(DQN):
         # carried by checkpoints.
         self.collocation_generator = torch.Generator().manual_seed(int(torch.randint(2**62, ())))
 
-    def make_q_network(self, observation_shape: torch.Size, hidden_sizes: Sequence[int], num_actions: int) -> nn.Module:
-        if len(observation_shape) != 1:
-            raise ValueError(f"PhysicsInformedDQN needs a flat state vector, got observation shape {observation_shape}")
-        return nn.Sequential(mlp(observation_shape[0], hidden_sizes, num_actions, activation=nn.Tanh), nn.Sigmoid())
+    def make_q_network(self, observation: TensorSpec, network: NetworkOptions, num_actions: int) -> nn.Module:
+        if network.kind not in ("auto", "mlp"):
+            raise ValueError(
+                f"model.network.kind must be mlp (or auto): PhysicsInformedDQN reads a state, got {network.kind!r}"
+            )
+        if len(observation.shape) != 1:
+            raise ValueError(f"PhysicsInformedDQN needs a flat state vector, got observation shape {observation.shape}")
+        hidden = mlp(observation.shape[0], network.hidden_sizes, num_actions, network.activation_module)
+        return nn.Sequential(hidden, nn.Sigmoid())
 
     def setup(self, stage: str) -> None:
         super().setup(stage)
@@ -154,7 +162,8 @@ class PhysicsInformedDQN(DQN):
         """This update's collocation points, the loss's random inputs beyond its batch, passed to it as keyword
         arguments: drawn eagerly, before the compiled loss, from the model's own generator, so that an update never
         draws from the global generator that a prefetch thread collects with."""
-        points = self.physics.collocation(self.collocation_points, batch["observation"], self.collocation_generator)
+        count = self.physics_loss.collocation_points
+        points = self.physics.collocation(count, batch["observation"], self.collocation_generator)
         return {"collocation": points}
 
     def loss(self, batch: TensorDictBase, collocation: dict[str, torch.Tensor] | None = None) -> TensorDictBase:
@@ -184,9 +193,9 @@ class PhysicsInformedDQN(DQN):
             self.q_network,
             self.physics,
             collocation if collocation is not None else self.loss_draws(batch)["collocation"],
-            self.pde_weight,
-            self.boundary_weight,
-            self.gradient_method,
+            self.physics_loss.pde_weight,
+            self.physics_loss.boundary_weight,
+            self.physics_loss.gradient,
         )
         return TensorDict({"loss": dqn_error, **physics, "td_error": td_error})
 

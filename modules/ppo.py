@@ -4,8 +4,8 @@ Schulman et al., "Proximal Policy Optimization Algorithms", arXiv 1707.06347, 20
 "High-Dimensional Continuous Control Using Generalized Advantage Estimation", ICLR 2016.
 
 The policy follows the action space: a categorical distribution over a discrete space's actions, a Gaussian over a
-Box's (:mod:`modules.gaussian`: ``distribution``, ``scale``). ``normalize_observations`` standardises the observations
-with running statistics, in every environment the policy acts in (:mod:`modules.normalization`).
+Box's (:mod:`modules.gaussian`; the ``gaussian`` options). ``normalize: {observations: true}`` standardises the
+observations with running statistics, in every environment the policy acts in (:mod:`modules.normalization`).
 
 Usage::
 
@@ -16,7 +16,7 @@ Usage::
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
@@ -34,8 +34,8 @@ from modules.actors import CategoricalActor
 from modules.base import RLModule
 from modules.gaussian import DISTRIBUTIONS, SCALES, ClipAction, DeterministicAction, gaussian_actor, gaussian_outputs
 from modules.networks import (
-    ACTIVATIONS,
     NATURE_CNN_FEATURES,
+    NetworkOptions,
     TorsoHead,
     heads_on_features,
     is_nature_cnn,
@@ -46,7 +46,7 @@ from modules.normalization import RAW_OBSERVATION, ObservationNormalizer, Reward
 from modules.optim import OptimizerOptions
 from modules.spaces import BOX, DISCRETE, SpaceError, box_bounds, check_action_space, check_bounded, observation_entry
 
-#: The value losses of ``critic_loss``.
+#: The value losses of ``loss.critic_loss``.
 CRITIC_LOSSES = ("smooth_l1", "l2")
 
 
@@ -71,33 +71,116 @@ def rollout_values(critic: nn.Module, rollout: TensorDictBase) -> tuple[torch.Te
     return value, next_value
 
 
-def check_ppo_options(gamma: float, gae_lambda: float, clip_epsilon: float) -> None:
+def check_advantage_options(gamma: float, gae_lambda: float) -> None:
     for name, value in (("gamma", gamma), ("gae_lambda", gae_lambda)):
         if not 0 <= value <= 1:
             raise ValueError(f"model.{name} must be in [0, 1], got {value}")
-    if clip_epsilon <= 0:
-        raise ValueError(f"model.clip_epsilon must be > 0, got {clip_epsilon}")
 
 
-def clip_ppo_loss(
-    actor: TensorDictModuleBase,
-    critic: TensorDictModuleBase,
-    clip_epsilon: float,
-    entropy_coef: float,
-    critic_coef: float,
-    normalize_advantage: bool,
-    critic_loss: str = "smooth_l1",
-) -> ClipPPOLoss:
-    """TorchRL's clipped PPO loss, its value loss ``critic_loss`` (Huber, ``smooth_l1``, or squared error, ``l2``)."""
+@dataclass(frozen=True)
+class PPOLossOptions:
+    """The clipped objective's terms: ``loss:`` in a PPO's (or RecurrentPPO's) ``init_args``.
+
+    Args:
+        clip_epsilon: PPO's ratio clip.
+        clip_decay_frames: with a value, the clip falls linearly from ``clip_epsilon`` to 0 over this many frames,
+            set at each rollout (the RL Zoo's ``clip_range: lin_0.2``); None: constant.
+        entropy_coef: weight of the entropy bonus.
+        critic_coef: weight of the value loss.
+        critic_loss: the value loss: ``smooth_l1`` (Huber: a return far from the estimate pulls no harder than one at
+            distance 1) or ``l2`` (the squared error of Stable-Baselines3's and CleanRL's PPO).
+        normalize_advantage: standardise advantages within each minibatch.
+    """
+
+    clip_epsilon: float = 0.2
+    clip_decay_frames: int | None = None
+    entropy_coef: float = 0.01
+    critic_coef: float = 0.5
+    critic_loss: Literal["smooth_l1", "l2"] = "smooth_l1"
+    normalize_advantage: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.clip_epsilon > 0:
+            raise ValueError(f"model.loss.clip_epsilon must be > 0, got {self.clip_epsilon}")
+        if self.clip_decay_frames is not None and self.clip_decay_frames < 1:
+            raise ValueError(f"model.loss.clip_decay_frames must be >= 1 (or null), got {self.clip_decay_frames}")
+        if self.critic_loss not in CRITIC_LOSSES:
+            raise ValueError(
+                f"model.loss.critic_loss must be one of {', '.join(CRITIC_LOSSES)}, got {self.critic_loss!r}"
+            )
+
+
+@dataclass(frozen=True)
+class GaussianOptions:
+    """The Gaussian policy of Box actions: ``gaussian:`` in a PPO's ``init_args`` (:mod:`modules.gaussian`).
+
+    Args:
+        distribution: ``normal`` (the Gaussian PPO was published with, the default: exact log-probabilities and
+            entropy; a sample outside the box reaches the environment clipped to it, the rollout keeping the sample)
+            or ``tanh_normal`` (squashed into the box; its entropy is estimated from a sample; needs a bounded box).
+        scale: the Gaussian's σ, ``state_independent`` (one learned log-σ per action dimension, starting at σ =
+            ``init_scale``) or ``state_dependent`` (a second head of the actor's network).
+        init_scale: the Gaussian's σ at the start, in half-ranges of the box (before tanh for ``tanh_normal``);
+            Stable-Baselines3's ``log_std_init`` is its log.
+    """
+
+    distribution: Literal["normal", "tanh_normal"] = "normal"
+    scale: Literal["state_independent", "state_dependent"] = "state_independent"
+    init_scale: float = 1.0
+
+    def __post_init__(self) -> None:
+        for name, value, choices in (("distribution", self.distribution, DISTRIBUTIONS), ("scale", self.scale, SCALES)):
+            if value not in choices:
+                raise ValueError(f"model.gaussian.{name} must be one of {', '.join(choices)}, got {value!r}")
+        if not self.init_scale > 0:
+            raise ValueError(f"model.gaussian.init_scale must be > 0, got {self.init_scale}")
+
+
+@dataclass(frozen=True)
+class NormalizationOptions:
+    """Running normalisation: ``normalize:`` in a PPO's ``init_args`` (:mod:`modules.normalization`).
+
+    Args:
+        observations: standardise observations with running statistics (mean and variance over every rollout so
+            far, updated by the learner after each rollout) in every environment the policy acts in, clipped to
+            ±``observation_clip``; the statistics are in the checkpoint. Float observations only.
+        observation_clip: the normalised observations' bound.
+        rewards: the learner divides each rollout's rewards by the running standard deviation of the discounted
+            return (:class:`~modules.normalization.RewardScaler`: Stable-Baselines3's ``VecNormalize`` reward
+            scaling, the RL Zoo's ``normalize: true``), clipped to ±``reward_clip``; the statistics are in the
+            checkpoint. The environments and the episode metrics keep the task's rewards.
+        reward_clip: the scaled rewards' bound.
+    """
+
+    observations: bool = field(default=False, metadata={"formerly": "normalize_observations"})
+    observation_clip: float = 10.0
+    rewards: bool = field(default=False, metadata={"formerly": "normalize_rewards"})
+    reward_clip: float = 10.0
+
+    def __post_init__(self) -> None:
+        for name in ("observation_clip", "reward_clip"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"model.normalize.{name} must be > 0, got {getattr(self, name)}")
+
+
+def clip_ppo_loss(actor: TensorDictModuleBase, critic: TensorDictModuleBase, options: PPOLossOptions) -> ClipPPOLoss:
+    """TorchRL's clipped PPO loss with the terms ``options`` weighs."""
     return ClipPPOLoss(
         actor,
         critic,
-        clip_epsilon=clip_epsilon,
-        entropy_coeff=entropy_coef,
-        critic_coeff=critic_coef,
-        loss_critic_type=critic_loss,
-        normalize_advantage=normalize_advantage,
+        clip_epsilon=options.clip_epsilon,
+        entropy_coeff=options.entropy_coef,
+        critic_coeff=options.critic_coef,
+        loss_critic_type=options.critic_loss,
+        normalize_advantage=options.normalize_advantage,
     )
+
+
+def decay_clip(loss: ClipPPOLoss, options: PPOLossOptions, frames: int) -> None:
+    """Sets the clip the next updates use after ``frames`` frames: ``clip_epsilon`` falling linearly to 0 at
+    ``clip_decay_frames`` (the loss's buffer, so a compiled loss reads the new value)."""
+    left = max(0.0, 1.0 - frames / options.clip_decay_frames)
+    loss.clip_epsilon.fill_(options.clip_epsilon * left)
 
 
 def ppo_batch_keys(loss: ClipPPOLoss) -> list:
@@ -114,50 +197,23 @@ class PPO(RLModule):
     """Clipped-objective PPO with a separate actor and critic, advantages from GAE on each fresh rollout.
 
     The actor's distribution follows the action space: categorical over a discrete space's actions (``Categorical``),
-    Gaussian over a Box (``distribution``, ``scale``; :mod:`modules.gaussian`). Other action spaces
+    Gaussian over a Box (``gaussian``; :mod:`modules.gaussian`). Other action spaces
     (``OneHot``, ``MultiCategorical``, ``Binary``, ...) are one error line.
 
     Args:
         observation_spec: linked from the data module.
         action_spec: linked from the data module: discrete, or a Box (``Bounded``, or ``Unbounded``).
-        hidden_sizes: hidden widths of both the actor's and the critic's MLP.
-        activation: the MLPs' hidden activation, ``relu`` or ``tanh`` (Stable-Baselines3's and CleanRL's PPO).
-        orthogonal_init: start the actor and the critic with orthogonal weights and zero biases (Stable-Baselines3's
-            ``ortho_init``, CleanRL's ``layer_init``: gain √2 on hidden layers, 0.01 on the actor's output, 1 on the
-            critic's; :func:`~modules.networks.orthogonal_init_`); false: PyTorch's default initialisation, the
-            actor's output layer of a Gaussian policy scaled by 0.01.
-        network: what reads the observation, for actor and critic alike: ``mlp`` (flattened; the actor and the
-            critic each have their own), ``nature_cnn`` (images: one :class:`~modules.networks.NatureCNN` that both
-            read, each with a linear head, as Stable-Baselines3's ``CnnPolicy`` and CleanRL's Atari PPO; the update
-            runs it once for both) or ``auto`` (the Nature CNN for uint8 images of at least 36×36, the MLP for
-            anything else, Snake's 10×10 planes included).
-        distribution: Box actions only: ``normal`` (the Gaussian PPO was published with, the default: exact
-            log-probabilities and entropy; a sample outside the box reaches the environment clipped to it, the rollout
-            keeping the sample) or ``tanh_normal`` (squashed into the box; its entropy is estimated from a sample;
-            needs a bounded box).
-        scale: Box actions only: the Gaussian's σ, ``state_independent`` (one learned log-σ per action dimension,
-            starting at σ = ``init_scale``) or ``state_dependent`` (a second head of the actor's network).
-        init_scale: Box actions only: the Gaussian's σ at the start, in half-ranges of the box (before tanh for
-            ``tanh_normal``); Stable-Baselines3's ``log_std_init`` is its log.
-        normalize_observations: standardise observations with running statistics (mean and variance over every
-            rollout so far, updated by the learner after each rollout) in every environment the policy acts in,
-            clipped to ±``observation_clip``; the statistics are in the checkpoint. Float observations only.
-        observation_clip: the normalised observations' bound.
-        normalize_rewards: the learner divides each rollout's rewards by the running standard deviation of the
-            discounted return (:class:`~modules.normalization.RewardScaler`: Stable-Baselines3's ``VecNormalize``
-            reward scaling, the RL Zoo's ``normalize: true``), clipped to ±``reward_clip``; the statistics are in the
-            checkpoint. The environments and the episode metrics keep the task's rewards.
-        reward_clip: the scaled rewards' bound.
+        network: what reads the observation, for actor and critic alike (:class:`~modules.networks.NetworkOptions`):
+            ``mlp`` (flattened; the actor and the critic each have their own), ``nature_cnn`` (images: one
+            :class:`~modules.networks.NatureCNN` that both read, each with a linear head, as Stable-Baselines3's
+            ``CnnPolicy`` and CleanRL's Atari PPO; the update runs it once for both) or ``auto``. With
+            ``orthogonal_init`` the gains are √2 on hidden layers, 0.01 on the actor's output, 1 on the critic's;
+            without, PyTorch's default initialisation, the actor's output layer of a Gaussian policy scaled by 0.01.
+        gaussian: the Gaussian policy of Box actions (:class:`GaussianOptions`); unused for discrete actions.
+        normalize: running normalisation of observations and rewards (:class:`NormalizationOptions`).
         gamma: discount.
         gae_lambda: GAE's λ.
-        clip_epsilon: PPO's ratio clip.
-        clip_decay_frames: with a value, the clip falls linearly from ``clip_epsilon`` to 0 over this many frames,
-            set at each rollout (the RL Zoo's ``clip_range: lin_0.2``); None: constant.
-        entropy_coef: weight of the entropy bonus.
-        critic_coef: weight of the value loss.
-        critic_loss: the value loss: ``smooth_l1`` (Huber: a return far from the estimate pulls no harder than one at
-            distance 1) or ``l2`` (the squared error of Stable-Baselines3's and CleanRL's PPO).
-        normalize_advantage: standardise advantages within each minibatch.
+        loss: the clipped objective's terms (:class:`PPOLossOptions`).
         optimizer, compile, check_finite_every: see :class:`~modules.base.RLModule` (PPO usually clips the gradient's
             norm at 0.5: ``optimizer: {max_grad_norm: 0.5}``).
     """
@@ -166,69 +222,44 @@ class PPO(RLModule):
         self,
         observation_spec: Any,
         action_spec: TensorSpec,
-        hidden_sizes: Sequence[int] = (256, 256),
-        network: Literal["auto", "mlp", "nature_cnn"] = "auto",
-        activation: Literal["relu", "tanh"] = "relu",
-        orthogonal_init: bool = False,
-        distribution: Literal["normal", "tanh_normal"] = "normal",
-        scale: Literal["state_independent", "state_dependent"] = "state_independent",
-        init_scale: float = 1.0,
-        normalize_observations: bool = False,
-        observation_clip: float = 10.0,
-        normalize_rewards: bool = False,
-        reward_clip: float = 10.0,
+        network: NetworkOptions = NetworkOptions(),
+        gaussian: GaussianOptions = GaussianOptions(),
+        normalize: NormalizationOptions = NormalizationOptions(),
         gamma: float = 0.99,
         gae_lambda: float = 0.95,
-        clip_epsilon: float = 0.2,
-        clip_decay_frames: int | None = None,
-        entropy_coef: float = 0.01,
-        critic_coef: float = 0.5,
-        critic_loss: Literal["smooth_l1", "l2"] = "smooth_l1",
-        normalize_advantage: bool = True,
+        loss: PPOLossOptions = PPOLossOptions(),
         optimizer: OptimizerOptions = OptimizerOptions(lr=3e-4),
         compile: bool | str = False,
         check_finite_every: int = 1,
     ) -> None:
         super().__init__(observation_spec, action_spec, optimizer, compile, check_finite_every)
         self.save_hyperparameters(ignore=["observation_spec", "action_spec"])
-        check_ppo_options(gamma, gae_lambda, clip_epsilon)
-        for name, value, choices in (
-            ("distribution", distribution, DISTRIBUTIONS),
-            ("scale", scale, SCALES),
-            ("activation", activation, tuple(ACTIVATIONS)),
-            ("critic_loss", critic_loss, CRITIC_LOSSES),
-        ):
-            if value not in choices:
-                raise ValueError(f"model.{name} must be one of {', '.join(choices)}, got {value!r}")
+        check_advantage_options(gamma, gae_lambda)
+        if network.kind == "batch_norm_cnn":
+            raise ValueError("model.network.kind batch_norm_cnn is DQN's; PPO reads with auto, mlp or nature_cnn")
         kind = check_action_space(self, action_spec, (DISCRETE, BOX))
-        if clip_decay_frames is not None and clip_decay_frames < 1:
-            raise ValueError(f"model.clip_decay_frames must be >= 1 (or null), got {clip_decay_frames}")
-        if not init_scale > 0:
-            raise ValueError(f"model.init_scale must be > 0, got {init_scale}")
+        self.loss_options, self.distribution = loss, gaussian.distribution
+        distribution = gaussian.distribution
         if kind == BOX and distribution == "tanh_normal":
-            squashes = "model.distribution tanh_normal squashes actions into a bounded box"
+            squashes = "model.gaussian.distribution tanh_normal squashes actions into a bounded box"
             check_bounded(action_spec, squashes, "use normal")
         observation = observation_entry(self, observation_spec)
         self.observation_normalizer = None
-        if normalize_observations:
-            self.observation_normalizer = make_normalizer(observation, observation_clip)
-        self.reward_scaler = None
-        if normalize_rewards:
-            if not reward_clip > 0:
-                raise ValueError(f"model.reward_clip must be > 0, got {reward_clip}")
-            self.reward_scaler = RewardScaler(gamma, reward_clip)
+        if normalize.observations:
+            self.observation_normalizer = make_normalizer(observation, normalize.observation_clip)
+        self.reward_scaler = RewardScaler(gamma, normalize.reward_clip) if normalize.rewards else None
 
-        outputs = action_spec.space.n if kind == DISCRETE else gaussian_outputs(action_spec, scale)
-        hidden = ACTIVATIONS[activation]
-        if is_nature_cnn(observation, network):
+        outputs = action_spec.space.n if kind == DISCRETE else gaussian_outputs(action_spec, gaussian.scale)
+        sizes, hidden = network.hidden_sizes, network.activation_module
+        if is_nature_cnn(observation, network.kind):
             # One Nature CNN for both, a linear head each: Stable-Baselines3's CnnPolicy and CleanRL's Atari PPO.
-            torso = observation_network(observation, network, hidden_sizes, None)
+            torso = observation_network(observation, network.kind, sizes, None)
             self.actor_network = TorsoHead(torso, nn.Linear(NATURE_CNN_FEATURES, outputs))
             self.critic_network = TorsoHead(torso, nn.Linear(NATURE_CNN_FEATURES, 1))
         else:
-            self.actor_network = observation_network(observation, network, hidden_sizes, outputs, hidden)
-            self.critic_network = observation_network(observation, network, hidden_sizes, 1, hidden)
-        if orthogonal_init:
+            self.actor_network = observation_network(observation, network.kind, sizes, outputs, hidden)
+            self.critic_network = observation_network(observation, network.kind, sizes, 1, hidden)
+        if network.orthogonal_init:
             orthogonal_init_(self.actor_network, output_gain=0.01)
             orthogonal_init_(self.critic_network, output_gain=1.0)
         elif kind == BOX:
@@ -242,18 +273,18 @@ class PPO(RLModule):
             logits = TensorDictModule(self.actor_network, in_keys=["observation"], out_keys=["logits"])
             self.actor = CategoricalActor(logits, action_spec)
         else:
-            self.actor = gaussian_actor(self.actor_network, action_spec, distribution, scale, init_scale)
-        self.gaussian = kind == BOX
+            self.actor = gaussian_actor(
+                self.actor_network, action_spec, distribution, gaussian.scale, gaussian.init_scale
+            )
+        self.box_actions = kind == BOX
         # The box of a Gaussian's actions, for the update's log-densities (not saved: the action spec gives it).
-        bounds = box_bounds(action_spec) if self.gaussian else None
+        bounds = box_bounds(action_spec) if self.box_actions else None
         self.register_buffer("action_low", None if bounds is None else bounds[0], persistent=False)
         self.register_buffer("action_high", None if bounds is None else bounds[1], persistent=False)
         # CleanRL's ClipAction: the environment receives a normal sample clipped into the box (the rollout keeps it).
-        self.clips_actions = self.gaussian and distribution == "normal" and bounds is not None
+        self.clips_actions = self.box_actions and distribution == "normal" and bounds is not None
         self.critic = ValueOperator(self.critic_network, in_keys=["observation"])
-        self.loss_module = clip_ppo_loss(
-            self.actor, self.critic, clip_epsilon, entropy_coef, critic_coef, normalize_advantage, critic_loss
-        )
+        self.loss_module = clip_ppo_loss(self.actor, self.critic, loss)
         # GAE on the values postprocess computes (rollout_values): no value network of its own.
         self.advantage = GAE(gamma=gamma, lmbda=gae_lambda, value_network=None, average_gae=False)
 
@@ -269,8 +300,8 @@ class PPO(RLModule):
         """Raw observation → the actor's logits (their argmax is the greedy action), or a Gaussian policy's
         deterministic action as the environment receives it; normalised first with ``normalize_observations``."""
         head = self.actor_network
-        if self.gaussian:
-            head = DeterministicAction(head, self.action_spec, self.hparams.distribution).to(self.device)
+        if self.box_actions:
+            head = DeterministicAction(head, self.action_spec, self.distribution).to(self.device)
         return head if self.observation_normalizer is None else nn.Sequential(self.observation_normalizer, head)
 
     def env_transform(self) -> Transform | None:
@@ -294,10 +325,8 @@ class PPO(RLModule):
         ``normalize_rewards`` the rewards are scaled first, in place (the advantages are of the scaled rewards); with
         ``clip_decay_frames`` the clip this rollout's updates use is set from the frames so far, this rollout's
         included (as Stable-Baselines3 sets it after collecting)."""
-        if self.hparams.clip_decay_frames is not None:
-            frames = self.datamodule.frames + rollout.numel()
-            left = max(0.0, 1.0 - frames / self.hparams.clip_decay_frames)
-            self.loss_module.clip_epsilon.fill_(self.hparams.clip_epsilon * left)
+        if self.loss_options.clip_decay_frames is not None:
+            decay_clip(self.loss_module, self.loss_options, self.datamodule.frames + rollout.numel())
         if self.reward_scaler is not None:
             self.reward_scaler.scale_(rollout["next", "reward"], rollout["next", "done"])
         value, next_value = rollout_values(self.critic_network, rollout)
@@ -317,16 +346,16 @@ class PPO(RLModule):
         draws (tests/agents/test_ppo_continuous.py); it also builds distribution objects, copies the batch and
         computes diagnostics at every update, which cost a small network's update more than its arithmetic
         (BENCHMARKS.md, "Against Stable-Baselines3")."""
-        ppo, hp, keys = self.loss_module, self.hparams, self.loss_module.tensor_keys
-        log_prob_and_entropy = gaussian_log_prob_and_entropy if self.gaussian else categorical_log_prob_and_entropy
-        squash = hp.distribution == "tanh_normal"
+        ppo, options, keys = self.loss_module, self.loss_options, self.loss_module.tensor_keys
+        log_prob_and_entropy = gaussian_log_prob_and_entropy if self.box_actions else categorical_log_prob_and_entropy
+        squash = self.distribution == "tanh_normal"
         actor, critic, features = heads_on_features(self.actor_layers(), self.critic_network, batch["observation"])
         inputs = {"observation": features, "action": batch["action"]}
         log_prob, entropy = log_prob_and_entropy(actor, inputs, squash, self.action_bounds)
-        if not hp.entropy_coef:  # a term weighted 0 (logged, not trained on): no backward through it
+        if not options.entropy_coef:  # a term weighted 0 (logged, not trained on): no backward through it
             entropy = entropy.detach()
         advantage = batch[keys.advantage].squeeze(-1)
-        if hp.normalize_advantage and advantage.numel() > 1:
+        if options.normalize_advantage and advantage.numel() > 1:
             advantage = (advantage - advantage.mean()) / advantage.std().clamp_min(1e-6)
         log_weight = log_prob - batch[keys.sample_log_prob]
         clip = ppo.clip_epsilon  # a buffer: clip_decay_frames lowers it rollout by rollout
@@ -339,9 +368,9 @@ class PPO(RLModule):
             "clip_fraction": (clipped != log_weight).float().mean(),
             "kl_approx": -log_weight.detach().mean(),
         }
-        if hp.critic_coef:  # ClipPPOLoss has no value loss with a zero weight
+        if options.critic_coef:  # ClipPPOLoss has no value loss with a zero weight
             value = critic(features)
-            value_loss = F.mse_loss if hp.critic_loss == "l2" else F.smooth_l1_loss
+            value_loss = F.mse_loss if options.critic_loss == "l2" else F.smooth_l1_loss
             losses["loss_critic"] = ppo.critic_coeff * value_loss(value, batch[keys.value_target])
         return TensorDict(losses, batch_size=[])
 
@@ -356,14 +385,12 @@ class PPO(RLModule):
 
 
 def make_normalizer(observation: TensorSpec, clip: float) -> ObservationNormalizer:
-    """The running normaliser of ``normalize_observations``: float observations only (images are scaled by their
+    """The running normaliser of ``normalize.observations``: float observations only (images are scaled by their
     network; integer planes and one-hot codes need none)."""
-    if not clip > 0:
-        raise ValueError(f"model.observation_clip must be > 0, got {clip}")
     if not observation.dtype.is_floating_point:
         raise SpaceError(
-            f"model.normalize_observations standardises float observations; {SpaceError.ENV}'s are "
-            f"{observation.dtype} (images are scaled by their network): use normalize_observations false"
+            f"model.normalize.observations standardises float observations; {SpaceError.ENV}'s are "
+            f"{observation.dtype} (images are scaled by their network): use observations false"
         )
     return ObservationNormalizer(observation.shape, clip)
 

@@ -19,6 +19,7 @@ Usage::
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -35,7 +36,7 @@ from modules.actors import CategoricalActor
 from modules.base import RLModule
 from modules.networks import TokenEncoder
 from modules.optim import OptimizerOptions
-from modules.ppo import check_ppo_options, clip_ppo_loss, ppo_batch_keys, ppo_update
+from modules.ppo import PPOLossOptions, check_advantage_options, clip_ppo_loss, decay_clip, ppo_batch_keys, ppo_update
 
 _STATE_KEYS = ("recurrent_state_h", "recurrent_state_c")
 
@@ -54,6 +55,31 @@ class EagerLSTMModule(LSTMModule):
         return super().forward(tensordict)
 
 
+@dataclass(frozen=True)
+class RecurrentNetworkOptions:
+    """The recurrent network's sizes: ``network:`` in a RecurrentPPO's ``init_args``.
+
+    Args:
+        lstm_hidden: the LSTM's hidden size (128; 256 in the ultra-fast preset).
+        trunk_features: width of the two linear layers between the convolutions and the LSTM.
+        grid_features: feature channels of the token grid; at least the environment's number of observation
+            features (checked when training starts).
+        grid_size: the view's side in cells (MettaGrid: 13, or ``obs.width``).
+    """
+
+    lstm_hidden: int = 128
+    trunk_features: int = 128
+    grid_features: int = 64
+    grid_size: int = 13
+
+    def __post_init__(self) -> None:
+        for name in ("lstm_hidden", "trunk_features", "grid_features"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"model.network.{name} must be > 0, got {getattr(self, name)}")
+        if not 5 <= self.grid_size <= 16:
+            raise ValueError(f"model.network.grid_size must be in [5, 16] (a packed token cell), got {self.grid_size}")
+
+
 class RecurrentPPO(RLModule):
     """Clipped PPO with a token-grid CNN, an LSTM and action and value heads on its output
     (docs/reference_systems.md §5).
@@ -61,17 +87,10 @@ class RecurrentPPO(RLModule):
     Args:
         observation_spec: linked from the data module (token observations ``[num_tokens, 3]`` uint8).
         action_spec: linked from the data module (a discrete ``Categorical`` spec, one agent's).
-        lstm_hidden: the LSTM's hidden size (128; 256 in the ultra-fast preset).
-        trunk_features: width of the two linear layers between the convolutions and the LSTM.
-        grid_features: feature channels of the token grid; at least the environment's number of observation
-            features (checked when training starts).
-        grid_size: the view's side in cells (MettaGrid: 13, or ``obs.width``).
+        network: the token grid, trunk and LSTM's sizes (:class:`RecurrentNetworkOptions`).
         gamma: discount.
         gae_lambda: GAE's λ.
-        clip_epsilon: PPO's ratio clip.
-        entropy_coef: weight of the entropy bonus.
-        critic_coef: weight of the value loss.
-        normalize_advantage: standardise advantages within each minibatch.
+        loss: the clipped objective's terms (:class:`~modules.ppo.PPOLossOptions`; here a clip of 0.1).
         optimizer, compile, check_finite_every: see :class:`~modules.base.RLModule` (here Adam 3e-4, the gradient's norm
             clipped at 0.5).
     """
@@ -80,33 +99,23 @@ class RecurrentPPO(RLModule):
         self,
         observation_spec: Any,
         action_spec: TensorSpec,
-        lstm_hidden: int = 128,
-        trunk_features: int = 128,
-        grid_features: int = 64,
-        grid_size: int = 13,
+        network: RecurrentNetworkOptions = RecurrentNetworkOptions(),
         gamma: float = 0.99,
         gae_lambda: float = 0.95,
-        clip_epsilon: float = 0.1,
-        entropy_coef: float = 0.01,
-        critic_coef: float = 0.5,
-        normalize_advantage: bool = True,
+        loss: PPOLossOptions = PPOLossOptions(clip_epsilon=0.1),
         optimizer: OptimizerOptions = OptimizerOptions(lr=3e-4, max_grad_norm=0.5),
         compile: bool | str = False,
         check_finite_every: int = 1,
     ) -> None:
         super().__init__(observation_spec, action_spec, optimizer, compile, check_finite_every)
         self.save_hyperparameters(ignore=["observation_spec", "action_spec"])
-        check_ppo_options(gamma, gae_lambda, clip_epsilon)
-        for name, value in (("lstm_hidden", lstm_hidden), ("trunk_features", trunk_features)):
-            if value < 1:
-                raise ValueError(f"model.{name} must be > 0, got {value}")
-        if not 5 <= grid_size <= 16:
-            raise ValueError(f"model.grid_size must be in [5, 16] (a packed token cell), got {grid_size}")
-        self.gamma, self.gae_lambda = gamma, gae_lambda
+        check_advantage_options(gamma, gae_lambda)
+        self.gamma, self.gae_lambda, self.loss_options = gamma, gae_lambda, loss
 
-        self.encoder = TokenEncoder(grid_features, grid_size, grid_size, trunk_features)
+        grid_size, lstm_hidden = network.grid_size, network.lstm_hidden
+        self.encoder = TokenEncoder(network.grid_features, grid_size, grid_size, network.trunk_features)
         self.lstm = EagerLSTMModule(
-            input_size=trunk_features, hidden_size=lstm_hidden, in_key="embed", out_key="hidden"
+            input_size=network.trunk_features, hidden_size=lstm_hidden, in_key="embed", out_key="hidden"
         )
         self.trunk = TensorDictSequential(TensorDictModule(self.encoder, ["observation"], ["embed"]), self.lstm)
         self.actor_head = nn.Linear(lstm_hidden, action_spec.space.n)
@@ -117,9 +126,7 @@ class RecurrentPPO(RLModule):
         # The critic is the value head alone, on the LSTM output the actor's pass wrote into the batch: the loss runs
         # the trunk once per minibatch, and the value loss trains it too (TorchRL's shared-trunk form of the loss).
         self.critic = ValueOperator(self.value_head, in_keys=["hidden"])
-        self.loss_module = clip_ppo_loss(
-            self.actor, self.critic, clip_epsilon, entropy_coef, critic_coef, normalize_advantage
-        )
+        self.loss_module = clip_ppo_loss(self.actor, self.critic, loss)
 
     # ------------------------------------------------------------------------------------------------ acting
     def policy(self) -> TensorDictModuleBase:
@@ -148,12 +155,13 @@ class RecurrentPPO(RLModule):
         grid, features = self.encoder.grid, layout.num_features
         if features > grid.num_features:
             raise ValueError(
-                f"model.grid_features {grid.num_features} is too small for this environment's "
+                f"model.network.grid_features {grid.num_features} is too small for this environment's "
                 f"{features} observation features"
             )
         if (layout.height, layout.width) != (grid.height, grid.width):
             raise ValueError(
-                f"model.grid_size {grid.height} does not match the environment's {layout.height}x{layout.width} view"
+                f"model.network.grid_size {grid.height} does not match the environment's "
+                f"{layout.height}x{layout.width} view"
             )
 
     def setup(self, stage: str) -> None:
@@ -181,12 +189,15 @@ class RecurrentPPO(RLModule):
 
     @torch.no_grad()
     def postprocess(self, rollout: TensorDictBase) -> None:
-        """GAE along the time dimension (the last) of the ``[*envs, steps]`` rollout, in place.
+        """GAE along the time dimension (the last) of the ``[*envs, steps]`` rollout, in place (and the clip of this
+        rollout's updates, with ``loss.clip_decay_frames``).
 
         The values are those the policy computed while acting. A step's next value is the following step's value,
         except where that step starts a new episode or lies beyond the rollout: there it is the value of the next
         observation under the ending episode's own LSTM state, one extra step of the network for just those entries.
         """
+        if self.loss_options.clip_decay_frames is not None:
+            decay_clip(self.loss_module, self.loss_options, self.datamodule.frames + rollout.numel())
         steps = rollout.shape[-1]
         td = rollout.reshape(-1, steps)
         value = td["state_value"]

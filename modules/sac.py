@@ -10,7 +10,7 @@ SAC.
 
 ``actor_init`` starts the actor from a behaviour-cloning run: its hidden layers, and its output layer as the
 Gaussian's location, so the deterministic action is the clone's from the first step; the scale starts at
-``init_scale`` everywhere and the critics start from scratch. It takes a BC checkpoint, or a BC config: an earlier
+``actor.init_scale`` everywhere and the critics start from scratch. It takes a BC checkpoint, or a BC config: an earlier
 stage, which ``python -m app fit`` runs first (or reuses its finished run: app/stages.py) and replaces with that
 stage's checkpoint before training starts. The model itself only ever reads checkpoints.
 
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -80,42 +81,114 @@ class Location(nn.Module):
         return output.chunk(2, -1)[0]
 
 
+@dataclass(frozen=True)
+class ActorOptions:
+    """The actor: ``actor:`` in a SAC's ``init_args``.
+
+    Args:
+        hidden_sizes: widths of the actor's hidden layers (the reference's 128, 64).
+        lr: the actor's own learning rate; None: ``optimizer.lr``, the critics' and α's. Lower keeps an actor started
+            from behaviour cloning within reach of what its critics have seen while they catch up.
+        init_scale: the Gaussian's scale (before tanh, in [−1, 1] action units) where the scale layer outputs 0.
+        warmup_updates: updates at the start that train the critics (and α) but not the actor. An actor started from
+            behaviour cloning would otherwise follow the gradients of critics that know nothing yet, and unlearn its
+            driving before they do.
+    """
+
+    hidden_sizes: Sequence[int] = field(default=(128, 64), metadata={"formerly": "actor_hidden_sizes"})
+    lr: float | None = field(default=None, metadata={"formerly": "actor_lr"})
+    init_scale: float = 1.0
+    warmup_updates: int = field(default=0, metadata={"formerly": "actor_warmup_updates"})
+
+    def __post_init__(self) -> None:
+        check_widths("model.actor.hidden_sizes", self.hidden_sizes)
+        object.__setattr__(self, "hidden_sizes", tuple(self.hidden_sizes))
+        if self.lr is not None and not self.lr > 0:
+            raise ValueError(f"model.actor.lr must be > 0 (or null for optimizer.lr), got {self.lr}")
+        if not self.init_scale > 0:
+            raise ValueError(f"model.actor.init_scale must be > 0, got {self.init_scale}")
+        if self.warmup_updates < 0:
+            raise ValueError(f"model.actor.warmup_updates must be >= 0, got {self.warmup_updates}")
+
+
+@dataclass(frozen=True)
+class CriticOptions:
+    """The Q critics: ``critics:`` in a SAC's ``init_args``.
+
+    Args:
+        hidden_sizes: widths of each critic's hidden layers (the reference's 128, 64).
+        count: Q-networks (2: the clipped double-Q of the reference). Their minimum is both the target and what the
+            actor climbs, so more critics make both more pessimistic where they disagree: off the states the data
+            covers, where an actor that follows a single critic's optimism leaves the road.
+        tau: Polyak rate of the target critics.
+    """
+
+    hidden_sizes: Sequence[int] = field(default=(128, 64), metadata={"formerly": "critic_hidden_sizes"})
+    count: int = field(default=2, metadata={"formerly": "num_critics"})
+    tau: float = 0.005
+
+    def __post_init__(self) -> None:
+        check_widths("model.critics.hidden_sizes", self.hidden_sizes)
+        object.__setattr__(self, "hidden_sizes", tuple(self.hidden_sizes))
+        if self.count < 1:
+            raise ValueError(f"model.critics.count must be >= 1, got {self.count}")
+        if not 0 < self.tau <= 1:
+            raise ValueError(f"model.critics.tau must be in (0, 1], got {self.tau}")
+
+
+@dataclass(frozen=True)
+class BCTermOptions:
+    """The behaviour-cloning term: ``bc_term:`` in a SAC's ``init_args``.
+
+    ``weight · |tanh(μ(s)) − tanh(μ_clone(s))|²`` over the batch's states, in [−1, 1] action units, keeps the actor's
+    deterministic action near the clone's it started from (``actor_init``), as demonstration-augmented policy
+    gradients do (Rajeswaran et al. 2018). The critics start from scratch, and until they know the clone's
+    neighbourhood, their action gradients lead the actor off the track; the term holds it there and fades.
+
+    Args:
+        weight: the term's weight at frame 0; 0: plain SAC.
+        frames: frames over which the weight falls linearly to ``weight_end``.
+        weight_end: the weight the term keeps after ``frames`` (0: the tether is gone). A floor keeps a weaker hold on
+            the actor for the rest of the run: free of it, the actor follows the critics off the road.
+    """
+
+    weight: float = field(default=0.0, metadata={"formerly": "bc_weight"})
+    frames: int = field(default=500_000, metadata={"formerly": "bc_weight_frames"})
+    weight_end: float = field(default=0.0, metadata={"formerly": "bc_weight_end"})
+
+    def __post_init__(self) -> None:
+        if self.weight < 0:
+            raise ValueError(f"model.bc_term.weight must be >= 0, got {self.weight}")
+        if not 0 <= self.weight_end <= self.weight:
+            raise ValueError(f"model.bc_term.weight_end must be in [0, weight = {self.weight}], got {self.weight_end}")
+        if self.frames < 1:
+            raise ValueError(f"model.bc_term.frames must be >= 1, got {self.frames}")
+
+
+def check_widths(name: str, sizes: Sequence[int]) -> None:
+    if not sizes or min(sizes) < 1:
+        raise ValueError(f"{name} must be widths >= 1, got {list(sizes)}")
+
+
 class SAC(RLModule):
-    """SAC with twin (or ``num_critics``) Q critics, Polyak target critics and automatic entropy tuning.
+    """SAC with twin (or ``critics.count``) Q critics, Polyak target critics and automatic entropy tuning.
 
     Args:
         observation_spec: linked from the data module (``observation`` is a flat vector).
         action_spec: linked from the data module: a Box whose every dimension is bounded (any bounds: asymmetric,
             per dimension), which the tanh-Gaussian's actions are rescaled onto. An unbounded Box is one error line
             (a squashed Gaussian has no box to squash into): PPO's normal distribution acts there.
-        actor_hidden_sizes: widths of the actor's hidden layers (the reference's 128, 64).
-        critic_hidden_sizes: widths of each critic's hidden layers (the reference's 128, 64).
-        actor_lr: the actor's own learning rate; None: ``optimizer.lr``, the critics' and α's. Lower keeps an actor
-            started from behaviour cloning within reach of what its critics have seen while they catch up.
+        actor: the actor's network and start (:class:`ActorOptions`).
+        critics: the Q critics and their targets (:class:`CriticOptions`).
         gamma: discount.
-        tau: Polyak rate of the target critics.
-        num_critics: Q-networks (2: the clipped double-Q of the reference). Their minimum is both the target and what
-            the actor climbs, so more critics make both more pessimistic where they disagree: off the states the data
-            covers, where an actor that follows a single critic's optimism leaves the road.
         alpha_init: the entropy coefficient α at the start.
         target_entropy: the entropy α steers the policy towards; ``auto``: −(action dims).
-        init_scale: the Gaussian's scale (before tanh, in [−1, 1] action units) where the scale layer outputs 0; with
-            ``actor_init`` the scale starts there everywhere.
         actor_init: None (a randomly initialised actor), a behaviour-cloning checkpoint (``.ckpt``) whose network
             has this actor's layer sizes, or a behaviour-cloning config (``.yaml``) that ``python -m app fit`` runs
             first as its own stage (or reuses when that stage already finished) and replaces with the stage's
-            checkpoint (``stage_options``; app/stages.py). Ignored when a run resumes.
-        actor_warmup_updates: updates at the start that train the critics (and α) but not the actor. An actor
-            started from behaviour cloning would otherwise follow the gradients of critics that know nothing yet,
-            and unlearn its driving before they do.
-        bc_weight: weight of a term in the actor's loss that keeps its deterministic action near the clone's it
-            started from (``actor_init``): ``bc_weight · |tanh(μ(s)) − tanh(μ_clone(s))|²`` over the batch's states,
-            in [−1, 1] action units, as demonstration-augmented policy gradients do (Rajeswaran et al. 2018). The
-            critics start from scratch, and until they know the clone's neighbourhood, their action gradients lead
-            the actor off the track; the term holds it there and fades. 0: plain SAC.
-        bc_weight_frames: frames over which ``bc_weight`` falls linearly to ``bc_weight_end``.
-        bc_weight_end: the weight the term keeps after ``bc_weight_frames`` (0: the tether is gone). A floor keeps a
-            weaker hold on the actor for the rest of the run: free of it, the actor follows the critics off the road.
+            checkpoint (``stage_options``; app/stages.py). Ignored when a run resumes. With it the Gaussian's scale
+            starts at ``actor.init_scale`` everywhere.
+        bc_term: a term in the actor's loss that keeps it near the clone it started from (:class:`BCTermOptions`).
         optimizer, compile, check_finite_every: see :class:`~modules.base.RLModule` (the reference: Adam 3e-4,
             unclipped).
     """
@@ -130,20 +203,13 @@ class SAC(RLModule):
         self,
         observation_spec: Any,
         action_spec: TensorSpec,
-        actor_hidden_sizes: Sequence[int] = (128, 64),
-        critic_hidden_sizes: Sequence[int] = (128, 64),
-        actor_lr: float | None = None,
+        actor: ActorOptions = ActorOptions(),
+        critics: CriticOptions = CriticOptions(),
         gamma: float = 0.99,
-        tau: float = 0.005,
-        num_critics: int = 2,
         alpha_init: float = 1.0,
         target_entropy: float | str = "auto",
-        init_scale: float = 1.0,
         actor_init: str | None = None,
-        actor_warmup_updates: int = 0,
-        bc_weight: float = 0.0,
-        bc_weight_frames: int = 500_000,
-        bc_weight_end: float = 0.0,
+        bc_term: BCTermOptions = BCTermOptions(),
         optimizer: OptimizerOptions = OptimizerOptions(lr=3e-4),
         compile: bool | str = False,
         check_finite_every: int = 1,
@@ -152,52 +218,33 @@ class SAC(RLModule):
         self.save_hyperparameters(ignore=["observation_spec", "action_spec"])
         if not 0 <= gamma <= 1:
             raise ValueError(f"model.gamma must be in [0, 1], got {gamma}")
-        if not 0 < tau <= 1:
-            raise ValueError(f"model.tau must be in (0, 1], got {tau}")
-        if num_critics < 1:
-            raise ValueError(f"model.num_critics must be >= 1, got {num_critics}")
         if not alpha_init > 0:
             raise ValueError(f"model.alpha_init must be > 0, got {alpha_init}")
-        if not init_scale > 0:
-            raise ValueError(f"model.init_scale must be > 0, got {init_scale}")
         if target_entropy != "auto" and not isinstance(target_entropy, int | float):
             raise ValueError(f"model.target_entropy must be a number or auto, got {target_entropy!r}")
-        for name, sizes in (("actor_hidden_sizes", actor_hidden_sizes), ("critic_hidden_sizes", critic_hidden_sizes)):
-            if not sizes or min(sizes) < 1:
-                raise ValueError(f"model.{name} must be widths >= 1, got {list(sizes)}")
         if actor_init is not None and Path(actor_init).suffix not in (".ckpt", ".yaml", ".yml"):
             raise ValueError(
                 f"{ACTOR_INIT} must be a behaviour-cloning checkpoint (.ckpt) or config (.yaml): {actor_init!r}"
             )
-        if actor_lr is not None and not actor_lr > 0:
-            raise ValueError(f"model.actor_lr must be > 0 (or null for lr), got {actor_lr}")
-        if bc_weight < 0:
-            raise ValueError(f"model.bc_weight must be >= 0, got {bc_weight}")
-        if bc_weight > 0 and actor_init is None:
-            raise ValueError("model.bc_weight > 0 needs model.actor_init (the clone it keeps near)")
-        if not 0 <= bc_weight_end <= bc_weight:
-            raise ValueError(f"model.bc_weight_end must be in [0, bc_weight = {bc_weight}], got {bc_weight_end}")
-        if bc_weight_frames < 1:
-            raise ValueError(f"model.bc_weight_frames must be >= 1, got {bc_weight_frames}")
-        if actor_warmup_updates < 0:
-            raise ValueError(f"model.actor_warmup_updates must be >= 0, got {actor_warmup_updates}")
-        self.gamma, self.tau, self.actor_init, self.actor_warmup_updates = gamma, tau, actor_init, actor_warmup_updates
-        self.actor_lr = optimizer.lr if actor_lr is None else actor_lr
-        self.bc_weight_initial, self.bc_weight_frames, self.bc_weight_end = bc_weight, bc_weight_frames, bc_weight_end
+        if bc_term.weight > 0 and actor_init is None:
+            raise ValueError("model.bc_term.weight > 0 needs model.actor_init (the clone it keeps near)")
+        self.gamma, self.actor_init, self.bc_term, self.tau = gamma, actor_init, bc_term, critics.tau
+        self.actor_lr = optimizer.lr if actor.lr is None else actor.lr
+        self.actor_warmup_updates = actor.warmup_updates
         observation_dim = check_flat_observation(self, observation_entry(self, observation_spec))
         check_action_space(self, action_spec, (BOX,))
         # Any bounded box: the tanh-Gaussian is rescaled onto it, dimension by dimension (TanhNormal's low and high).
         squashes = f"--model {model_name(self)} squashes its actions into a bounded box (tanh)"
-        low, high = check_bounded(action_spec, squashes, "use modules.ppo.PPO (distribution normal)")
+        low, high = check_bounded(action_spec, squashes, "use modules.ppo.PPO (gaussian.distribution normal)")
         (action_dim,) = action_spec.shape
 
         # Location and scale from one MLP; the scale through softplus shifted so that an output of 0 gives init_scale.
-        network = mlp(observation_dim, actor_hidden_sizes, 2 * action_dim)
+        network = mlp(observation_dim, actor.hidden_sizes, 2 * action_dim)
         self.actor = ProbabilisticActor(
             TensorDictModule(
                 nn.Sequential(
                     network,
-                    NormalParamExtractor(scale_mapping=f"biased_softplus_{init_scale}", scale_lb=1e-4),
+                    NormalParamExtractor(scale_mapping=f"biased_softplus_{actor.init_scale}", scale_lb=1e-4),
                 ),
                 in_keys=["observation"],
                 out_keys=["loc", "scale"],
@@ -213,9 +260,9 @@ class SAC(RLModule):
         # The clone the actor started from (a frozen copy, filled by load_behaviour_cloning), and the BC term's weight
         # now: a tensor the compiled loss reads, set from the frame counter before each update.
         self.clone_network = copy.deepcopy(network).requires_grad_(False)
-        self.register_buffer("bc_weight", torch.tensor(float(bc_weight)))
+        self.register_buffer("bc_weight", torch.tensor(float(bc_term.weight)))
         self.qvalue = TensorDictModule(
-            QNetwork(observation_dim, critic_hidden_sizes, low, high),
+            QNetwork(observation_dim, critics.hidden_sizes, low, high),
             in_keys=["observation", "action"],
             out_keys=["state_action_value"],
         )
@@ -224,7 +271,7 @@ class SAC(RLModule):
         self.loss_module = SACLoss(
             self.actor,
             self.qvalue,
-            num_qvalue_nets=num_critics,
+            num_qvalue_nets=critics.count,
             loss_function="l2",
             alpha_init=alpha_init,
             target_entropy=target_entropy,
@@ -235,7 +282,7 @@ class SAC(RLModule):
         # SACLoss resolves "auto" into a buffer on first use; resolved now, so that a fresh model loads a checkpoint.
         _ = self.loss_module.target_entropy
         # TorchRL's updater of the target critics; the update applies the same Polyak step fused (soft_update).
-        self.target_updater = SoftUpdate(self.loss_module, tau=tau)
+        self.target_updater = SoftUpdate(self.loss_module, tau=critics.tau)
         # The box the actions are squashed into (not saved: the action spec gives it).
         self.register_buffer("action_centre", (high + low) / 2, persistent=False)
         self.register_buffer("action_half_range", (high - low) / 2, persistent=False)
@@ -279,20 +326,21 @@ class SAC(RLModule):
                 "would not repeat; use prefetch false"
             )
         if datamodule.prioritized:
-            raise ValueError(f"data.priority_alpha: {type(self).__name__} gives the replay buffer no priorities; use 0")
+            raise ValueError(f"data.priority.alpha: {type(self).__name__} gives the replay buffer no priorities; use 0")
         super().check_datamodule(
             datamodule, (*cannot_capture, f"{type(self).__name__}'s random draws inside the update")
         )
 
     def follow_frames(self) -> None:
         super().follow_frames()
-        progress = min(self.datamodule.frames / self.bc_weight_frames, 1.0)
-        self.bc_weight.fill_(self.bc_weight_end + (self.bc_weight_initial - self.bc_weight_end) * (1.0 - progress))
+        term = self.bc_term
+        progress = min(self.datamodule.frames / term.frames, 1.0)
+        self.bc_weight.fill_(term.weight_end + (term.weight - term.weight_end) * (1.0 - progress))
 
     def update(self, batches: list[TensorDictBase]) -> tuple[torch.Tensor, TensorDictBase]:
         """One SAC update: the critics' clipped double-Q loss, the actor's ``α·log π − min Q`` (and its term towards
         the clone), α's loss, their backward, gradient clip and Adam step, then the Polyak step of the target critics.
-        During ``actor_warmup_updates`` the actor's terms are computed but held back: it gets no gradient."""
+        During ``actor.warmup_updates`` the actor's terms are computed but held back: it gets no gradient."""
         # From the restored update counter, so a resumed run holds the actor back exactly as long.
         warming_up = self.global_step < self.actor_warmup_updates
         held = frozenset({"loss_actor", "loss_bc"}) if warming_up else frozenset()
@@ -313,7 +361,7 @@ class SAC(RLModule):
         """Copy a behaviour-cloning network into the actor; returns the checkpoint used.
 
         ``source`` is a BC checkpoint. The hidden layers are copied as they are, the output layer into the location's
-        rows; the scale's rows are zeroed (the scale is then ``init_scale`` everywhere).
+        rows; the scale's rows are zeroed (the scale is then ``actor.init_scale`` everywhere).
         """
         checkpoint = Path(source)
         if checkpoint.suffix in (".yaml", ".yml"):  # a stage config the app did not replace with its checkpoint
@@ -358,7 +406,7 @@ class SAC(RLModule):
         if found != expected:
             raise ValueError(
                 f"{ACTOR_INIT} {checkpoint}: its network's layers ({_describe(found)}) do not fit this actor's "
-                f"({_describe(expected)}): the observation, model.actor_hidden_sizes and the actions must "
+                f"({_describe(expected)}): the observation, model.actor.hidden_sizes and the actions must "
                 "match the behaviour-cloning run's"
             )
         return clone
@@ -368,7 +416,7 @@ class SAC(RLModule):
         :meth:`loss`. Another function, not a branch inside one: Dynamo caches compiled code per function, and with
         the guards on the model dropped a branch on the model's options would be decided once for every model in the
         process."""
-        return self.loss_near_clone if self.bc_weight_initial > 0 else self.loss
+        return self.loss_near_clone if self.bc_term.weight > 0 else self.loss
 
     def loss(self, batch: TensorDictBase) -> TensorDictBase:
         """SAC's losses as TorchRL's ``SACLoss`` defines them, from the parameters it holds: the critics' squared error

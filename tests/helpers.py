@@ -39,10 +39,7 @@ def chain_config(agent: str, root: Path, **data: Any) -> dict:
         model = {
             "class_path": "modules.recurrent_ppo.RecurrentPPO",
             "init_args": {
-                "lstm_hidden": 32,
-                "trunk_features": 32,
-                "grid_features": 2,
-                "grid_size": 11,
+                "network": {"lstm_hidden": 32, "trunk_features": 32, "grid_features": 2, "grid_size": 11},
                 "optimizer": {"lr": 0.003},
             },
         }
@@ -56,14 +53,21 @@ def chain_config(agent: str, root: Path, **data: Any) -> dict:
     elif agent == "dqn":
         model = {
             "class_path": "modules.dqn.DQN",
-            "init_args": {"hidden_sizes": [32], "eps_frames": 400, "target_update_interval": 20},
+            "init_args": {
+                "network": {"hidden_sizes": [32]},
+                "exploration": {"eps_frames": 400},
+                "target": {"interval": 20},
+            },
         }
         data_cfg = {
             "class_path": "datamodules.replay.ReplayDataModule",
             "init_args": {"env": CHAIN, "num_envs": 8, "batch_size": 32, "warmup_frames": 64, "frames_per_update": 2},
         }
     else:
-        model = {"class_path": "modules.ppo.PPO", "init_args": {"hidden_sizes": [32], "optimizer": {"lr": 0.003}}}
+        model = {
+            "class_path": "modules.ppo.PPO",
+            "init_args": {"network": {"hidden_sizes": [32]}, "optimizer": {"lr": 0.003}},
+        }
         data_cfg = {
             "class_path": "datamodules.rollout.RolloutDataModule",
             "init_args": {"env": CHAIN, "num_envs": 8, "collect_steps": 16, "minibatch_size": 32, "update_epochs": 2},

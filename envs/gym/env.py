@@ -31,8 +31,8 @@ episode (``terminated``, so values do not bootstrap across a lost life), but the
 ``EpisodicLifeEnv`` (the RL Zoo's Atari wrapper) and envpool's ``episodic_life``; Gymnasium's ``AtariPreprocessing``
 has ``terminal_on_life_loss``, but its reset then restarts the whole game, so an agent would never play past its
 first life. The episode metrics are the whole game's: 0 at a lost life, the game's score and length at game over.
-Evaluation plays whole games with ``eval_env_options: {episodic_life: false}``; the metrics are the whole game's
-(``copies.py``).
+Evaluation plays whole games with ``evaluation: {env_options: {episodic_life: false}}``; the metrics are the whole
+game's (``copies.py``).
 
 **Seeding.** Copy ``i`` of a batch seeded ``seed`` starts its first episode with ``reset(seed=seed + i)`` and its
 later ones continue its own generator, as Gymnasium's vector envs do: a batch plays what

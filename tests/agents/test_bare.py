@@ -27,7 +27,8 @@ def test_bare_dqn_update_computes_the_agents_loss(config):
     pool = batch_pool(data, data.batch_size)
     batch = as_replay_sample(pool[0])  # the bare loop's batch 0
     torch.manual_seed(7)  # the bare loop draws PIRL's collocation points from the global generator
-    points = data.declared.physics and data.declared.physics.collocation(model.collocation_points, batch["observation"])
+    physics = data.declared.physics
+    points = physics and physics.collocation(model.physics_loss.collocation_points, batch["observation"])
     expected = total(model.loss(batch, points) if points else model.loss(batch)).detach()
     torch.manual_seed(7)
     assert step(0) == pytest.approx(expected.item(), rel=1e-5)
@@ -62,7 +63,7 @@ def test_framework_free_update_is_the_agents_update_step(config):
 def test_bare_sac_update_computes_the_agents_loss(critics):
     # With more critics than the twin pair, TorchRL's loss and the written-out one both take the minimum over all.
     overrides = [*SMALL, "--data.init_args.batch_size", "64", "--config", str(ROOT / "configs/bench/sac_update.yaml")]
-    overrides += ["--model.init_args.num_critics", str(critics)]
+    overrides += ["--model.init_args.critics.count", str(critics)]
     model, data = build([str(ROOT / "configs/racing_sac.yaml")], overrides)
     assert model.loss_module.num_qvalue_nets == critics
     step = bare_update(model, data)

@@ -10,7 +10,8 @@ from tensordict import TensorDict
 from tensordict.nn import TensorDictSequential
 from torchrl.data import Binary, Categorical, Composite
 
-from modules.dqn import DQN
+from modules.dqn import DQN, ExplorationOptions, TargetOptions
+from modules.networks import NetworkOptions
 from tests.helpers import AfterUpdate, chain_config, fit, write_config
 
 SPECS = {
@@ -21,7 +22,8 @@ SPECS = {
 
 def make_dqn(**kwargs) -> DQN:
     torch.manual_seed(0)
-    return DQN(**SPECS, hidden_sizes=[], **kwargs)  # no hidden layer: Q(s) = W s + b, easy to compute by hand
+    # no hidden layer: Q(s) = W s + b, easy to compute by hand
+    return DQN(**SPECS, network=NetworkOptions(hidden_sizes=()), **kwargs)
 
 
 def linear_q(dqn: DQN, weight: list[list[float]], bias: list[float]) -> None:
@@ -50,7 +52,7 @@ def transition(obs, action, next_obs, reward, terminated) -> TensorDict:
 
 
 def test_dqn_loss_matches_hand_computed_td_error():
-    dqn = make_dqn(gamma=0.5, loss_function="l2", target_update="hard")
+    dqn = make_dqn(gamma=0.5, loss_function="l2", target=TargetOptions(update="hard"))
     # Q(s) = W s + b with W = [[1, 2], [3, 4]], b = [0.5, -0.5]
     linear_q(dqn, [[1.0, 2.0], [3.0, 4.0]], [0.5, -0.5])
     batch = transition(obs=[1, 0], action=1, next_obs=[0, 1], reward=1.0, terminated=False)
@@ -73,7 +75,7 @@ def test_double_dqn_evaluates_online_argmax_with_target_network():
 
 
 def test_epsilon_anneals_linearly_over_frames():
-    dqn = make_dqn(eps_start=1.0, eps_end=0.1, eps_frames=1000)
+    dqn = make_dqn(exploration=ExplorationOptions(eps_start=1.0, eps_end=0.1, eps_frames=1000))
     assert dqn.epsilon(0) == 1.0
     assert dqn.epsilon(500) == pytest.approx(0.55)
     assert dqn.epsilon(1000) == pytest.approx(0.1)
@@ -83,7 +85,7 @@ def test_epsilon_anneals_linearly_over_frames():
 @pytest.mark.slow
 def test_epsilon_follows_collected_frames_during_training(tmp_path):
     config = chain_config("dqn", tmp_path)
-    config["model"]["init_args"].update(eps_start=1.0, eps_end=0.0, eps_frames=200)
+    config["model"]["init_args"]["exploration"] = {"eps_start": 1.0, "eps_end": 0.0, "eps_frames": 200}
     cli = fit(write_config(config, tmp_path / "c.yaml"), "--trainer.max_steps", "20")
     frames = cli.datamodule.frames
     assert 0 < frames < 200
@@ -94,7 +96,7 @@ def test_epsilon_follows_collected_frames_during_training(tmp_path):
 @pytest.mark.parametrize("interval", [5, 7])
 def test_hard_target_sync_happens_exactly_at_the_interval(tmp_path, interval):
     config = chain_config("dqn", tmp_path)
-    config["model"]["init_args"].update(target_update="hard", target_update_interval=interval)
+    config["model"]["init_args"]["target"] = {"update": "hard", "interval": interval}
     config["trainer"]["callbacks"].append({"class_path": "tests.agents.test_dqn.RecordTargetSyncs"})
     cli = fit(write_config(config, tmp_path / "c.yaml"), "--trainer.max_steps", "30")
     recorder = next(cb for cb in cli.trainer.callbacks if isinstance(cb, RecordTargetSyncs))
@@ -115,7 +117,7 @@ class RecordTargetSyncs(AfterUpdate):
 
 
 def test_soft_update_is_torchrl_soft_update():
-    model = DQN(**SPECS, hidden_sizes=[8], target_update="soft", tau=0.1)
+    model = DQN(**SPECS, network=NetworkOptions(hidden_sizes=(8,)), target=TargetOptions(update="soft", tau=0.1))
     with torch.no_grad():
         for parameter in model.loss_module.value_network_params.values(True, True):
             parameter.add_(torch.randn_like(parameter))  # online and target now differ
@@ -132,7 +134,7 @@ def test_soft_update_is_torchrl_soft_update():
 
 @pytest.mark.parametrize("eps", [0.0, 0.3, 0.9, 1.0])
 def test_acting_evaluates_the_network_on_the_greedy_rows_only_and_chooses_what_egreedy_chooses(eps):
-    dqn = DQN(**SPECS, hidden_sizes=[8])
+    dqn = DQN(**SPECS, network=NetworkOptions(hidden_sizes=(8,)))
     dqn.egreedy.eps.fill_(eps)
     observations = TensorDict({"observation": torch.randint(0, 2, (64, 2), dtype=torch.uint8)}, batch_size=[64])
     rows_seen = []

@@ -14,6 +14,7 @@ from tensordict import TensorDict
 
 from app.cli import main
 from modules.dqn import DQN
+from modules.networks import NetworkOptions
 from modules.ppo import PPO
 from tests.helpers import ROOT, chain_config, fit, write_config
 
@@ -52,7 +53,7 @@ def test_compiled_and_eager_losses_agree_on_the_same_batch(cls):
     from tests.agents.test_dqn import SPECS
 
     torch.manual_seed(0)
-    model = cls(**SPECS, hidden_sizes=[16], compile=True)
+    model = cls(**SPECS, network=NetworkOptions(hidden_sizes=(16,)), compile=True)
     compiled_loss = model.compiled(model.loss)
     assert compiled_loss is not model.loss
     # The compiled loss keeps only the batch's guards: a batch of another size, or with another entry (prioritized
@@ -80,9 +81,8 @@ def test_compiled_update_trains_to_the_same_weights_as_eager(tmp_path):
     for compile_ in ("false", "true", "cudagraph"):
         config = chain_config("dqn", tmp_path / compile_)
         compile_option = {"false": False, "true": True}.get(compile_, compile_)
-        config["model"]["init_args"].update(
-            compile=compile_option, optimizer={"max_grad_norm": 1.0}, target_update="soft"
-        )
+        config["model"]["init_args"].update(compile=compile_option, optimizer={"max_grad_norm": 1.0})
+        config["model"]["init_args"]["target"]["update"] = "soft"
         cli = fit(write_config(config, tmp_path / f"{compile_}.yaml"), "--trainer.max_steps", "40")
         assert cli.trainer.global_step == 40
         assert cli.model._graphed_update is None  # no CUDA graph on a CPU: cudagraph is the compiled update there
@@ -115,7 +115,7 @@ CUDA_GRAPH = ["--model.init_args.compile", "cudagraph"]
             "a learning-rate schedule: the step's lr is captured once",
         ),
         ([], ["--model.init_args.optimizer.weight_decay", "0.01"], "AdamW's step, which is not capturable here"),
-        ([], ["--data.init_args.priority_alpha", "0.6"], "prioritized replay's priorities (priority_alpha 0)"),
+        ([], ["--data.init_args.priority.alpha", "0.6"], "prioritized replay's priorities (priority.alpha 0)"),
         (["configs/pirl_toy.yaml"], [], "PhysicsInformedDQN's loss inputs drawn each update"),
         (["configs/racing_sac.yaml", "configs/bench/sac_scratch.yaml"], [], "SAC's random draws inside the update"),
     ],

@@ -15,10 +15,12 @@ import torch
 from torchrl.data import Composite, Unbounded
 
 from datamodules.collection import CollectorWorkers, EnvWorkers, InProcess
+from datamodules.evaluation import EvaluationOptions
 from datamodules.rollout import RolloutDataModule
 from envs.racing.env import RacingEnv
+from modules.networks import NetworkOptions
 from modules.normalization import RAW_OBSERVATION, ObservationNormalizer, RewardScaler
-from modules.ppo import PPO
+from modules.ppo import PPO, NormalizationOptions
 from tests.agents.test_ppo_continuous import racing_ppo_config
 from tests.helpers import RESEEDED, ROOT, fit, weights, write_config
 
@@ -47,21 +49,27 @@ def test_an_option_that_cannot_apply_is_one_line_naming_the_flag():
     from torchrl.data import Binary, Categorical
 
     uint8 = {"observation_spec": Composite(observation=Binary(n=2, shape=(2,), dtype=torch.uint8))}
-    with pytest.raises(ValueError, match=r"^model.normalize_observations standardises float observations; "):
-        PPO(**uint8, action_spec=Categorical(2), normalize_observations=True)
+    with pytest.raises(ValueError, match=r"^model.normalize.observations standardises float observations; "):
+        PPO(**uint8, action_spec=Categorical(2), normalize=NormalizationOptions(observations=True))
     floats = {"observation_spec": Composite(observation=Unbounded(shape=(3,))), "action_spec": Categorical(2)}
-    with pytest.raises(ValueError, match=r"^model.observation_clip must be > 0, got 0"):
-        PPO(**floats, normalize_observations=True, observation_clip=0)
+    with pytest.raises(ValueError, match=r"^model.normalize.observation_clip must be > 0, got 0"):
+        PPO(**floats, normalize=NormalizationOptions(observations=True, observation_clip=0))
 
 
 def rollout_module(collection) -> tuple[RolloutDataModule, PPO]:
     """PPO with normalisation on the racing cars, 4 of them, rollouts of 8 steps, ready to collect."""
     short = partial(RacingEnv, max_steps=20)  # evaluation episodes of 20 steps
     data = RolloutDataModule(
-        short, num_envs=4, collect_steps=8, minibatch_size=32, collection=collection, eval_episodes=2
+        short,
+        num_envs=4,
+        collect_steps=8,
+        minibatch_size=32,
+        collection=collection,
+        evaluation=EvaluationOptions(episodes=2),
     )
     torch.manual_seed(0)
-    model = PPO(data.observation_spec, data.action_spec, hidden_sizes=[8], normalize_observations=True)
+    network, normalize = NetworkOptions(hidden_sizes=(8,)), NormalizationOptions(observations=True)
+    model = PPO(data.observation_spec, data.action_spec, network=network, normalize=normalize)
     data.setup("fit")
     data.use_env_transform(model.env_transform())
     data.connect(model.policy(), model.postprocess, model.batch_keys())
@@ -103,7 +111,7 @@ class RecordStatistics(pl.Callback):
 
 
 def resume_config(root, collection: str) -> dict:
-    config = racing_ppo_config(root, steps=18, normalize_observations=True)
+    config = racing_ppo_config(root, steps=18, normalize={"observations": True})
     if collection == "collector_workers":
         workers = {"class_path": "datamodules.collection.CollectorWorkers", "init_args": {"workers": 2}}
         config["data"]["init_args"]["collection"] = workers
@@ -156,7 +164,7 @@ class DumpStatistics(pl.Callback):
 @pytest.mark.slow
 def test_ddp_ranks_normalise_with_statistics_of_all_their_rollouts(tmp_path):
     # Each rank collects its own rollouts; the statistics merge every rank's, so both ranks hold the same numbers.
-    config = racing_ppo_config(tmp_path, steps=8, normalize_observations=True)
+    config = racing_ppo_config(tmp_path, steps=8, normalize={"observations": True})
     config["trainer"]["callbacks"].append(
         {"class_path": "tests.agents.test_normalization.DumpStatistics", "init_args": {"dirpath": str(tmp_path)}}
     )

@@ -10,13 +10,14 @@ import torch
 import yaml
 
 from envs.safety.vehicle import VehicleEnv
-from modules.pirl import PhysicsInformedDQN
+from modules.pirl import PhysicsInformedDQN, PhysicsLossOptions
 from tests.app.test_pins import assert_pinned
 from tests.helpers import RESEEDED, ROOT, fit, weights, write_config
 
 
 def small_run(config_name: str, root: Path, **model: object) -> dict:
-    """The shipped config, shortened to a few hundred updates, writing under ``root``."""
+    """The shipped config, shortened to a few hundred updates, writing under ``root``; ``model`` overrides its
+    init_args (an option group's fields, a mapping, join the config's)."""
     config = yaml.safe_load((ROOT / "configs" / config_name).read_text())
     config["trainer"].update(
         {"max_steps": 150, "max_time": None, "default_root_dir": str(root), "enable_progress_bar": False}
@@ -31,7 +32,11 @@ def small_run(config_name: str, root: Path, **model: object) -> dict:
     ]
     config["trainer"]["log_every_n_steps"] = 50
     config["data"]["init_args"].update({"num_envs": 8, "warmup_frames": 256, "batch_size": 64, "buffer_size": 2000})
-    config["model"]["init_args"].update(model)
+    for key, value in model.items():
+        if isinstance(value, dict):
+            config["model"]["init_args"].setdefault(key, {}).update(value)
+        else:
+            config["model"]["init_args"][key] = value
     return config
 
 
@@ -67,7 +72,7 @@ def test_short_fit_logs_every_loss_term_and_writes_the_safety_report(tmp_path, c
 
 @pytest.mark.slow
 def test_pde_weight_zero_drops_the_physics_term(tmp_path):
-    config = write_config(small_run("pirl_toy.yaml", tmp_path, pde_weight=0.0), tmp_path / "c.yaml")
+    config = write_config(small_run("pirl_toy.yaml", tmp_path, physics_loss={"pde_weight": 0.0}), tmp_path / "c.yaml")
     cli = fit(config)
     assert "train/loss_pde" not in cli.trainer.logged_metrics
     assert "train/loss_boundary" in cli.trainer.logged_metrics
@@ -77,8 +82,9 @@ def test_pde_weight_zero_drops_the_physics_term(tmp_path):
 def test_written_out_dqn_error_equals_torchrl_dqn_loss(double_dqn):
     torch.manual_seed(0)
     env = VehicleEnv(num_envs=16)
+    physics_loss = PhysicsLossOptions(pde_weight=0.0, boundary_weight=0.0)
     model = PhysicsInformedDQN(
-        env.observation_spec[0], env.action_spec[0], double_dqn=double_dqn, pde_weight=0.0, boundary_weight=0.0
+        env.observation_spec[0], env.action_spec[0], double_dqn=double_dqn, physics_loss=physics_loss
     )
     model.physics = env.physics
     batch = vehicle_batch(env)
@@ -128,7 +134,8 @@ def test_compiled_loss_equals_eager_while_the_networks_change_in_place():
 def test_boundary_loss_pulls_v_to_one_at_the_horizon_and_to_zero_when_unsafe():
     torch.manual_seed(0)
     env = VehicleEnv()
-    model = PhysicsInformedDQN(env.observation_spec[0], env.action_spec[0], pde_weight=0.0)
+    physics_loss = PhysicsLossOptions(pde_weight=0.0)
+    model = PhysicsInformedDQN(env.observation_spec[0], env.action_spec[0], physics_loss=physics_loss)
     model.physics = env.physics
     optimizer = torch.optim.Adam(model.q_network.parameters(), lr=1e-2)
     # The step size falls to 1/20: at a constant 1e-2 the values still swing by ±0.1 from step to step, so where the

@@ -10,7 +10,8 @@ from torchrl.data import Binary, Categorical, Composite
 from torchrl.objectives.value import GAE
 
 from envs.gym.env import GymnasiumEnv
-from modules.ppo import PPO
+from modules.networks import NetworkOptions
+from modules.ppo import PPO, PPOLossOptions
 from tests.helpers import ROOT, chain_config, fit, write_config
 
 BREAKOUT = yaml.safe_load((ROOT / "configs/gym/breakout_ppo.yaml").read_text())["data"]["init_args"]["env"]["init_args"]
@@ -29,7 +30,7 @@ def constant_critic(ppo: PPO, value: float) -> None:
 
 
 def test_gae_matches_hand_computation():
-    ppo = PPO(**SPECS, hidden_sizes=[4], gamma=0.5, gae_lambda=0.5)
+    ppo = PPO(**SPECS, network=NetworkOptions(hidden_sizes=(4,)), gamma=0.5, gae_lambda=0.5)
     constant_critic(ppo, 1.0)  # V(s) = 1 everywhere
     rewards = torch.tensor([1.0, 0.0, 2.0])
     done = torch.tensor([False, False, True])
@@ -65,7 +66,7 @@ def test_gae_on_shared_values_matches_torchrls_gae_calling_the_critic_twice(task
         ppo, steps = PPO(env.observation_spec[0], env.action_spec[0]), 60
     else:
         env = GymnasiumEnv(num_envs=3, env_id="CartPole-v1", env_kwargs={"max_episode_steps": 10}, seed=0)
-        ppo, steps = PPO(env.observation_spec[0], env.action_spec[0], hidden_sizes=[16]), 80
+        ppo, steps = PPO(env.observation_spec[0], env.action_spec[0], network=NetworkOptions(hidden_sizes=(16,))), 80
     torch.manual_seed(0)
     with torch.no_grad():
         rollout = env.rollout(steps, ppo.policy(), break_when_any_done=False)
@@ -86,7 +87,11 @@ def test_gae_on_shared_values_matches_torchrls_gae_calling_the_critic_twice(task
 
 
 def test_clipped_objective_matches_hand_computation():
-    ppo = PPO(**SPECS, hidden_sizes=[4], clip_epsilon=0.2, entropy_coef=0.0, critic_coef=0.0, normalize_advantage=False)
+    ppo = PPO(
+        **SPECS,
+        network=NetworkOptions(hidden_sizes=(4,)),
+        loss=PPOLossOptions(clip_epsilon=0.2, entropy_coef=0.0, critic_coef=0.0, normalize_advantage=False),
+    )
     obs = torch.tensor([[1, 0], [0, 1]], dtype=torch.uint8)
     batch = TensorDict({"observation": obs, "action": torch.tensor([0, 1])}, batch_size=[2])
     with torch.no_grad():
@@ -142,12 +147,12 @@ def test_next_rollout_is_collected_only_after_the_last_minibatch(tmp_path):
 def test_the_clip_falls_linearly_over_clip_decay_frames_set_at_each_rollout(tmp_path):
     # 32 frames per rollout, 4 updates each: 8 updates are two rollouts, the second set at 64 of 128 frames.
     config = chain_config("ppo", tmp_path, num_envs=4, collect_steps=8, minibatch_size=16, update_epochs=2)
-    config["model"]["init_args"].update(clip_epsilon=0.2, clip_decay_frames=128)
+    config["model"]["init_args"]["loss"] = {"clip_epsilon": 0.2, "clip_decay_frames": 128}
     cli = fit(write_config(config, tmp_path / "c.yaml"), "--trainer.max_steps", "8")
     assert cli.datamodule.frames == 64
     assert cli.model.loss_module.clip_epsilon.item() == pytest.approx(0.2 * (1 - 64 / 128))
-    with pytest.raises(ValueError, match="^model.clip_decay_frames must be >= 1 \\(or null\\), got 0$"):
-        PPO(**SPECS, clip_decay_frames=0)
+    with pytest.raises(ValueError, match="^model.loss.clip_decay_frames must be >= 1 \\(or null\\), got 0$"):
+        PPO(**SPECS, loss=PPOLossOptions(clip_decay_frames=0))
 
 
 def test_the_export_network_gives_the_logits_whose_argmax_the_greedy_policy_acts():
@@ -155,7 +160,7 @@ def test_the_export_network_gives_the_logits_whose_argmax_the_greedy_policy_acts
     from torchrl.envs.utils import ExplorationType, set_exploration_type
 
     torch.manual_seed(0)
-    ppo = PPO(**SPECS, hidden_sizes=[8])
+    ppo = PPO(**SPECS, network=NetworkOptions(hidden_sizes=(8,)))
     observation = torch.randint(0, 2, (64, 2), dtype=torch.uint8)
     with set_exploration_type(ExplorationType.DETERMINISTIC):
         greedy = ppo.greedy_policy()(TensorDict({"observation": observation}, batch_size=[64]))["action"]
@@ -168,7 +173,7 @@ def test_activation_and_orthogonal_init_build_stable_baselines3s_ppo_networks():
     # SB3's MlpPolicy for PPO (and CleanRL's): tanh between layers; orthogonal weights with gain √2 on hidden layers,
     # 0.01 on the policy's output and 1 on the value's; zero biases.
     torch.manual_seed(0)
-    ppo = PPO(**SPECS, hidden_sizes=[16, 8], activation="tanh", orthogonal_init=True)
+    ppo = PPO(**SPECS, network=NetworkOptions(hidden_sizes=(16, 8), activation="tanh", orthogonal_init=True))
     for network, output_gain, outputs in ((ppo.actor_network, 0.01, 2), (ppo.critic_network, 1.0, 1)):
         assert any(isinstance(m, torch.nn.Tanh) for m in network.modules())
         assert not any(isinstance(m, torch.nn.ReLU) for m in network.modules())
@@ -180,14 +185,16 @@ def test_activation_and_orthogonal_init_build_stable_baselines3s_ppo_networks():
             gram = w @ w.T if w.shape[0] <= w.shape[1] else w.T @ w
             assert torch.allclose(gram, gain**2 * torch.eye(gram.shape[0]), atol=1e-5)
             assert torch.equal(layer.bias, torch.zeros_like(layer.bias))
-    relu = PPO(**SPECS, hidden_sizes=[16])  # the defaults: ReLU, PyTorch's own initialisation (non-zero biases)
+    # the defaults: ReLU, PyTorch's own initialisation (non-zero biases)
+    relu = PPO(**SPECS, network=NetworkOptions(hidden_sizes=(16,)))
     assert any(isinstance(m, torch.nn.ReLU) for m in relu.actor_network.modules())
     assert any(m.bias.abs().sum() > 0 for m in relu.actor_network.modules() if isinstance(m, torch.nn.Linear))
 
 
 @pytest.mark.parametrize("critic_loss", ["l2", "smooth_l1"])
 def test_the_value_loss_is_the_squared_or_the_huber_error_by_hand(critic_loss):
-    ppo = PPO(**SPECS, hidden_sizes=[4], critic_loss=critic_loss, critic_coef=0.5, entropy_coef=0.0)
+    loss_options = PPOLossOptions(critic_loss=critic_loss, critic_coef=0.5, entropy_coef=0.0)
+    ppo = PPO(**SPECS, network=NetworkOptions(hidden_sizes=(4,)), loss=loss_options)
     constant_critic(ppo, 1.0)  # V(s) = 1 everywhere
     obs = torch.tensor([[1, 0], [0, 1]], dtype=torch.uint8)
     batch = TensorDict({"observation": obs, "action": torch.tensor([0, 1])}, batch_size=[2])
@@ -201,7 +208,7 @@ def test_the_value_loss_is_the_squared_or_the_huber_error_by_hand(critic_loss):
 
 
 def test_bad_network_and_value_loss_choices_name_the_flag():
-    with pytest.raises(ValueError, match="^model.activation must be one of relu, tanh, got 'gelu'$"):
-        PPO(**SPECS, activation="gelu")
-    with pytest.raises(ValueError, match="^model.critic_loss must be one of smooth_l1, l2, got 'l1'$"):
-        PPO(**SPECS, critic_loss="l1")
+    with pytest.raises(ValueError, match="^model.network.activation must be one of relu, tanh, got 'gelu'$"):
+        PPO(**SPECS, network=NetworkOptions(activation="gelu"))
+    with pytest.raises(ValueError, match="^model.loss.critic_loss must be one of smooth_l1, l2, got 'l1'$"):
+        PPO(**SPECS, loss=PPOLossOptions(critic_loss="l1"))

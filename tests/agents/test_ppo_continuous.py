@@ -15,7 +15,8 @@ from torchrl.data import Bounded, Categorical, Composite, Unbounded
 from torchrl.envs.utils import ExplorationType, set_exploration_type
 
 from modules.gaussian import ClipAction
-from modules.ppo import PPO
+from modules.networks import NetworkOptions
+from modules.ppo import PPO, GaussianOptions, PPOLossOptions
 from tests.helpers import assert_same_losses_and_gradients, fit, write_config
 
 # An asymmetric two-dimensional box: centre (-1, 0), half-range (5, 0.5).
@@ -28,8 +29,10 @@ MU, LOG_STD = torch.tensor([0.3, -0.8]), torch.tensor([-0.5, 0.2])  # in half-ra
 def gaussian_ppo(distribution: str, mu: torch.Tensor = MU, log_std: torch.Tensor = LOG_STD, **options) -> PPO:
     """A PPO whose Gaussian has location ``mu`` and log-σ ``log_std`` (box units) whatever the observation."""
     torch.manual_seed(0)
-    options.setdefault("normalize_advantage", False)  # the objective is then −mean(ratio · A): A's mean at ratio 1
-    ppo = PPO(**SPECS, hidden_sizes=[8], distribution=distribution, **options)
+    # Advantages not standardised: the objective is then −mean(ratio · A), A's mean at ratio 1.
+    options.setdefault("loss", PPOLossOptions(normalize_advantage=False))
+    network, gaussian = NetworkOptions(hidden_sizes=(8,)), GaussianOptions(distribution=distribution)
+    ppo = PPO(**SPECS, network=network, gaussian=gaussian, **options)
     last = [module for module in ppo.actor_network.modules() if isinstance(module, torch.nn.Linear)][-1]
     scale = next(module for module in ppo.actor.modules() if isinstance(module, AddStateIndependentNormalScale))
     with torch.no_grad():
@@ -137,7 +140,7 @@ def test_the_environment_receives_a_normal_sample_clipped_and_the_rollout_keeps_
 def test_an_unbounded_box_takes_the_normal_around_zero_unclipped():
     specs = {"observation_spec": SPECS["observation_spec"], "action_spec": Unbounded(shape=(2,))}
     torch.manual_seed(0)
-    ppo = PPO(**specs, hidden_sizes=[8])
+    ppo = PPO(**specs, network=NetworkOptions(hidden_sizes=(8,)))
     assert ppo.env_transform() is None  # nothing to clip into
     observation = torch.randn(4, 3)
     greedy = act(ppo, 4, ExplorationType.DETERMINISTIC, observation)["action"]
@@ -146,7 +149,7 @@ def test_an_unbounded_box_takes_the_normal_around_zero_unclipped():
 
 def test_state_dependent_scale_starts_at_one_half_range():
     torch.manual_seed(0)
-    ppo = PPO(**SPECS, hidden_sizes=[8], scale="state_dependent")
+    ppo = PPO(**SPECS, network=NetworkOptions(hidden_sizes=(8,)), gaussian=GaussianOptions(scale="state_dependent"))
     batch = act(ppo, 8)
     # The last layer starts 100x smaller: μ near the centre, σ = softplus-biased(≈ 0) ≈ 1 half-range.
     torch.testing.assert_close(batch["scale"], HALF_RANGE.expand(8, 2), rtol=0.05, atol=0)
@@ -171,13 +174,14 @@ def racing_ppo_config(root, steps: int = 12, **model) -> dict:
         },
         "model": {
             "class_path": "modules.ppo.PPO",
-            "init_args": {"hidden_sizes": [32], "optimizer": {"lr": 0.001, "max_grad_norm": 0.5}, **model},
+            "init_args": {"network": {"hidden_sizes": [32]}, "optimizer": {"lr": 0.001, "max_grad_norm": 0.5}, **model},
         },
         "data": {
             "class_path": "datamodules.rollout.RolloutDataModule",
             "init_args": {
                 "env": {"class_path": "envs.racing.env.RacingEnv", "init_args": {"max_steps": 100}},
-                **{"num_envs": 4, "collect_steps": 16, "minibatch_size": 32, "update_epochs": 2, "eval_episodes": 2},
+                **{"num_envs": 4, "collect_steps": 16, "minibatch_size": 32, "update_epochs": 2},
+                "evaluation": {"episodes": 2},
             },
         },
     }
@@ -189,7 +193,7 @@ def test_continuous_ppo_fits_on_the_racing_environment_and_exports(tmp_path, dis
     from app.cli import main
     from app.export import main as export_main
 
-    config = racing_ppo_config(tmp_path, distribution=distribution, normalize_observations=True)
+    config = racing_ppo_config(tmp_path, gaussian={"distribution": distribution}, normalize={"observations": True})
     config["trainer"]["callbacks"].append(
         {"class_path": "callbacks.schedule.PeriodicEvaluation", "init_args": {"every_n_frames": 128, "episodes": 2}}
     )
@@ -211,7 +215,7 @@ def test_continuous_ppo_fits_on_the_racing_environment_and_exports(tmp_path, dis
     greedy = act(model, 4, ExplorationType.DETERMINISTIC, normalised)["action"]
     space = model.action_spec.space
     torch.testing.assert_close(model.export_network()(raw), greedy.clamp(space.low, space.high))
-    assert yaml.safe_load(path.read_text())["model"]["init_args"]["distribution"] == distribution
+    assert yaml.safe_load(path.read_text())["model"]["init_args"]["gaussian"]["distribution"] == distribution
     # `validate` from the checkpoint normalises with the checkpoint's statistics: the same episodes as the fit's model.
     after_fit = cli.datamodule.evaluate(model.greedy_policy())["return_mean"]
     validated = main(["validate", "--config", str(path), "--ckpt_path", str(tmp_path / "checkpoints/last.ckpt")])
@@ -219,18 +223,18 @@ def test_continuous_ppo_fits_on_the_racing_environment_and_exports(tmp_path, dis
 
 
 @pytest.mark.parametrize(
-    ("action", "options"),
+    ("action", "gaussian", "loss"),
     [
-        ("discrete", {"critic_loss": "smooth_l1"}),
-        ("discrete", {"entropy_coef": 0.0}),  # an entropy weighted 0: logged, not back-propagated through
-        ("images", {"critic_loss": "l2"}),  # the actor and the critic on one Nature CNN
-        ("box", {"distribution": "normal", "critic_loss": "l2"}),
-        ("box", {"distribution": "normal", "scale": "state_dependent", "normalize_advantage": False}),
-        ("box", {"distribution": "tanh_normal", "critic_loss": "l2"}),
-        ("unbounded", {"distribution": "normal"}),
+        ("discrete", {}, {"critic_loss": "smooth_l1"}),
+        ("discrete", {}, {"entropy_coef": 0.0}),  # an entropy weighted 0: logged, not back-propagated through
+        ("images", {}, {"critic_loss": "l2"}),  # the actor and the critic on one Nature CNN
+        ("box", {"distribution": "normal"}, {"critic_loss": "l2"}),
+        ("box", {"distribution": "normal", "scale": "state_dependent"}, {"normalize_advantage": False}),
+        ("box", {"distribution": "tanh_normal"}, {"critic_loss": "l2"}),
+        ("unbounded", {"distribution": "normal"}, {}),
     ],
 )
-def test_the_update_loss_is_torchrls_clip_ppo_loss_in_values_and_gradients(action, options):
+def test_the_update_loss_is_torchrls_clip_ppo_loss_in_values_and_gradients(action, gaussian, loss):
     # The update computes ClipPPOLoss's terms from the networks: the same terms, the same gradient for every parameter
     # and the same random draws (the tanh-normal's entropy is a sampled estimate), for each distribution, on a
     # minibatch whose ratios are away from 1 (the weights moved after acting), some beyond the clip, which has decayed.
@@ -247,7 +251,13 @@ def test_the_update_loss_is_torchrls_clip_ppo_loss_in_values_and_gradients(actio
     if action == "images":
         observation_spec = Composite(observation=Bounded(0, 255, (2, 36, 36), dtype=torch.uint8))
         observation = torch.randint(0, 256, (256, 2, 36, 36), dtype=torch.uint8)
-    ppo = PPO(observation_spec, action_spec, hidden_sizes=[16], **{"entropy_coef": 0.03, **options})
+    ppo = PPO(
+        observation_spec,
+        action_spec,
+        network=NetworkOptions(hidden_sizes=(16,)),
+        gaussian=GaussianOptions(**gaussian),
+        loss=PPOLossOptions(**{"entropy_coef": 0.03, **loss}),
+    )
     if action == "images":
         assert ppo.actor_network.torso is ppo.critic_network.torso
     batch = act(ppo, 256, observation=observation)

@@ -11,7 +11,8 @@ from torchrl.modules import set_recurrent_mode
 
 from envs.testing.recall import CueRecallEnv
 from modules.networks import TokenGrid
-from modules.recurrent_ppo import RecurrentPPO
+from modules.ppo import PPOLossOptions
+from modules.recurrent_ppo import RecurrentNetworkOptions, RecurrentPPO
 from tests.helpers import chain_config, fit, write_config
 
 PAD = 255
@@ -39,8 +40,8 @@ def test_tokens_scatter_into_the_grid_cell_by_cell():
 
 def small_model(**options) -> tuple[RecurrentPPO, CueRecallEnv]:
     env = CueRecallEnv(num_envs=1, num_agents=1, length=4)
-    options = {"lstm_hidden": 16, "trunk_features": 16, "grid_features": 2, "grid_size": 11, **options}
-    model = RecurrentPPO(env.observation_spec[0, 0], env.action_spec[0, 0], **options)
+    network = RecurrentNetworkOptions(lstm_hidden=16, trunk_features=16, grid_features=2, grid_size=11)
+    model = RecurrentPPO(env.observation_spec[0, 0], env.action_spec[0, 0], network=network, **options)
     return model, env
 
 
@@ -74,7 +75,8 @@ def test_the_lstm_state_is_reset_exactly_at_episode_starts_and_carried_everywher
 
 def test_a_bptt_segment_loss_equals_the_loss_of_stepping_the_lstm_one_step_at_a_time():
     torch.manual_seed(0)
-    model, _ = small_model(normalize_advantage=False, entropy_coef=0.01, critic_coef=0.5, clip_epsilon=0.2)
+    loss = PPOLossOptions(normalize_advantage=False, entropy_coef=0.01, critic_coef=0.5, clip_epsilon=0.2)
+    model, _ = small_model(loss=loss)
     rollout = collect(model, calls=1, steps=16)[0]
     model.postprocess(rollout)
     # Segments of 8 steps; episodes of 4, so every segment also crosses an episode start in its middle.
@@ -112,7 +114,7 @@ def test_recurrent_ppo_learns_to_recall_a_cue_that_a_memoryless_policy_cannot(tm
     # The cue is shown on the first of 4 steps and answered on the last: without memory an agent is right half the
     # time (return 0.5); the random policy's return is the same. A carried, reset and BPTT-trained state gets 1.
     config = chain_config("recurrent", tmp_path, update_epochs=4)
-    config["model"]["init_args"]["clip_epsilon"] = 0.2
+    config["model"]["init_args"]["loss"] = {"clip_epsilon": 0.2}
     config["trainer"]["max_steps"] = 480  # 60 rollouts, 31k agent steps
     config["trainer"]["callbacks"].append(
         {"class_path": "callbacks.schedule.PeriodicEvaluation", "init_args": {"every_n_frames": 10**9}}
@@ -145,10 +147,10 @@ def test_bad_segment_options_are_refused_naming_the_flag(tmp_path, capsys, data,
 @pytest.mark.slow
 def test_a_grid_smaller_than_the_environments_features_is_refused(tmp_path, capsys):
     config = chain_config("recurrent", tmp_path)
-    config["model"]["init_args"]["grid_features"] = 1
+    config["model"]["init_args"]["network"]["grid_features"] = 1
     with pytest.raises(SystemExit):
         fit(write_config(config, tmp_path / "c.yaml"))
-    assert "--model.init_args.grid_features 1 is too small for this environment's 2 observation features" in (
+    assert "--model.init_args.network.grid_features 1 is too small for this environment's 2 observation features" in (
         capsys.readouterr().err
     )
 

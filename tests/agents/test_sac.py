@@ -21,7 +21,7 @@ from app.stages import MARKER, stage_folder
 from datamodules.evaluation import episode_statistics
 from envs.racing.env import RacingEnv
 from modules.gaussian import tanh_gaussian_sample
-from modules.sac import SAC
+from modules.sac import SAC, ActorOptions, BCTermOptions, CriticOptions
 from tests.app.test_cli import run_app
 from tests.helpers import RESEEDED, ROOT, assert_same_losses_and_gradients, fit, weights, write_config
 
@@ -46,7 +46,7 @@ def bc_config(root: Path, hidden_sizes=(128, 64)) -> Path:
 
 def sac_config(root: Path, actor_init: str | None, shipped: str = "racing_sac.yaml", **model) -> Path:
     """The shipped SAC config (``configs/<shipped>``), shortened: few cars, small buffer and batches, short
-    evaluation episodes."""
+    evaluation episodes; ``model`` overrides its init_args (an option group's fields, a mapping, join the config's)."""
     config = yaml.safe_load((ROOT / "configs" / shipped).read_text())
     config["trainer"].update(max_steps=40, max_time=None, enable_progress_bar=False, log_every_n_steps=10)
     for callback in config["trainer"]["callbacks"]:
@@ -56,11 +56,20 @@ def sac_config(root: Path, actor_init: str | None, shipped: str = "racing_sac.ya
             callback["init_args"]["every_n_frames"] = 10**9
         if callback["class_path"].endswith(".ModelCheckpoint"):  # best.ckpt, checked every 10 updates here
             callback["init_args"]["every_n_train_steps"] = 10
-    config["model"]["init_args"].update(actor_init=actor_init, compile=False, actor_warmup_updates=20, **model)
+    init_args = config["model"]["init_args"]
+    init_args.update(actor_init=actor_init, compile=False)
+    init_args.setdefault("actor", {})["warmup_updates"] = 20
+    for key, value in model.items():
+        if isinstance(value, dict):
+            init_args.setdefault(key, {}).update(value)
+        else:
+            init_args[key] = value
     if actor_init is None:  # from scratch: no clone to stay near
-        config["model"]["init_args"]["bc_weight"] = 0.0
+        init_args.setdefault("bc_term", {})["weight"] = 0.0
     data = config["data"]["init_args"]
-    data.update(num_envs=4, buffer_size=2000, batch_size=32, warmup_frames=64, frames_per_update=2, eval_episodes=2)
+    data.update(
+        num_envs=4, buffer_size=2000, batch_size=32, warmup_frames=64, frames_per_update=2, evaluation={"episodes": 2}
+    )
     data["env"]["init_args"].update(SHORT_EPISODES)
     return write_config(config, root / "racing_sac.yaml")
 
@@ -90,7 +99,7 @@ def test_actor_init_gives_the_clones_actions_and_the_initial_scale(bc_checkpoint
 
     clone = BehaviourCloning(**SPECS)
     clone.load_state_dict(torch.load(bc_checkpoint, weights_only=True)["state_dict"])
-    model = SAC(**SPECS, init_scale=0.3)
+    model = SAC(**SPECS, actor=ActorOptions(init_scale=0.3))
     model.load_behaviour_cloning(bc_checkpoint)
     observation = ENV.reset()["observation"].expand(64, -1) + torch.randn(64, 11)
     torch.testing.assert_close(deterministic_action(model.actor, observation), clone.actor(observation))
@@ -108,7 +117,7 @@ def test_actor_init_gives_the_clones_actions_and_the_initial_scale(bc_checkpoint
 @pytest.mark.slow
 def test_actor_init_of_another_shape_or_a_bad_file_is_an_error_naming_the_flag(tmp_path, bc_checkpoint, capsys):
     with pytest.raises(ValueError, match=r"model.actor_init .*do not fit this actor's"):
-        SAC(**SPECS, actor_hidden_sizes=[64, 64], actor_init=str(bc_checkpoint))
+        SAC(**SPECS, actor=ActorOptions(hidden_sizes=(64, 64)), actor_init=str(bc_checkpoint))
     corrupt = tmp_path / "corrupt.ckpt"
     corrupt.write_bytes(bc_checkpoint.read_bytes()[:1000])
     with pytest.raises(ValueError, match=r"model.actor_init .*corrupt.ckpt: not a readable"):
@@ -116,7 +125,7 @@ def test_actor_init_of_another_shape_or_a_bad_file_is_an_error_naming_the_flag(t
     with pytest.raises(ValueError, match=r"model.actor_init .*missing.ckpt: no such checkpoint"):
         SAC(**SPECS, actor_init=str(tmp_path / "missing.ckpt"))
     # Through the command line: one line naming the flag, exit code 2, before anything runs.
-    config = sac_config(tmp_path, str(bc_checkpoint), actor_hidden_sizes=[32])
+    config = sac_config(tmp_path, str(bc_checkpoint), actor={"hidden_sizes": [32]})
     with pytest.raises(SystemExit) as exit_info:
         fit(config)
     assert exit_info.value.code == 2
@@ -276,7 +285,7 @@ def test_resume_on_a_circuit_distribution_draws_the_same_circuits(tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("option", [("--trainer.precision", "bf16-mixed"), ("--model.init_args.compile", "true")])
 def test_bf16_mixed_and_compiled_updates_train_with_finite_losses(tmp_path, option):
-    cli = fit(resume_config(tmp_path, None), *option, "--model.init_args.actor_warmup_updates", "0")
+    cli = fit(resume_config(tmp_path, None), *option, "--model.init_args.actor.warmup_updates", "0")
     assert cli.trainer.global_step == 40
     for key in ("train/loss", "train/loss_actor", "train/loss_qvalue", "train/loss_alpha"):
         assert math.isfinite(float(cli.trainer.logged_metrics[key])), key
@@ -285,7 +294,7 @@ def test_bf16_mixed_and_compiled_updates_train_with_finite_losses(tmp_path, opti
 
 def test_compiled_and_eager_losses_agree_on_the_same_batch():
     torch.manual_seed(0)
-    eager = SAC(**SPECS, actor_hidden_sizes=[16], critic_hidden_sizes=[16])
+    eager = SAC(**SPECS, actor=ActorOptions(hidden_sizes=(16,)), critics=CriticOptions(hidden_sizes=(16,)))
     compiled = copy.deepcopy(eager)
     compiled.compile_mode = True
     loss = compiled.compiled(compiled.loss)
@@ -310,7 +319,8 @@ def test_the_update_loss_is_torchrls_sac_loss_in_values_and_gradients(critics):
     # terms, and the same gradient for every parameter, as SACLoss.forward from the same random draws. The racing
     # car's box is asymmetric per dimension; α is off its start, and a third of the transitions end their episode.
     torch.manual_seed(0)
-    model = SAC(**SPECS, actor_hidden_sizes=[16, 8], critic_hidden_sizes=[16, 8], num_critics=critics, gamma=0.9)
+    actor, critic_options = ActorOptions(hidden_sizes=(16, 8)), CriticOptions(hidden_sizes=(16, 8), count=critics)
+    model = SAC(**SPECS, actor=actor, critics=critic_options, gamma=0.9)
     with torch.no_grad():
         model.loss_module.log_alpha.fill_(-0.7)
         for target in model.loss_module.target_qvalue_network_params.values(True, True):
@@ -325,7 +335,7 @@ def test_the_update_loss_is_torchrls_sac_loss_in_values_and_gradients(critics):
 
 
 def test_soft_update_is_torchrl_soft_update():
-    model = SAC(**SPECS, actor_hidden_sizes=[8], critic_hidden_sizes=[8], tau=0.1)
+    model = SAC(**SPECS, actor=ActorOptions(hidden_sizes=(8,)), critics=CriticOptions(hidden_sizes=(8,), tau=0.1))
     with torch.no_grad():
         for parameter in model.loss_module.qvalue_network_params.values(True, True):
             if isinstance(parameter, torch.nn.Parameter):  # not the critics' constant action scaling
@@ -392,9 +402,9 @@ def _main(args: list[str]):
 
 
 def test_bc_term_is_zero_at_the_clone_and_pulls_a_moved_actor_back(bc_checkpoint):
-    with pytest.raises(ValueError, match="model.bc_weight > 0 needs model.actor_init"):
-        SAC(**SPECS, bc_weight=1.0)
-    model = SAC(**SPECS, actor_init=str(bc_checkpoint), bc_weight=5.0)
+    with pytest.raises(ValueError, match="model.bc_term.weight > 0 needs model.actor_init"):
+        SAC(**SPECS, bc_term=BCTermOptions(weight=1.0))
+    model = SAC(**SPECS, actor_init=str(bc_checkpoint), bc_term=BCTermOptions(weight=5.0))
     model.load_behaviour_cloning(bc_checkpoint)
     assert model.training_loss() == model.loss_near_clone  # its own function: its own compiled graphs
     env = RacingEnv(num_envs=64, curvature_ahead=[5, 15, 30])
@@ -412,7 +422,8 @@ def test_bc_term_is_zero_at_the_clone_and_pulls_a_moved_actor_back(bc_checkpoint
 
 
 def test_the_tether_falls_linearly_to_its_floor_and_a_floor_above_it_is_one_error(bc_checkpoint):
-    model = SAC(**SPECS, actor_init=str(bc_checkpoint), bc_weight=50.0, bc_weight_frames=1000, bc_weight_end=10.0)
+    tether = BCTermOptions(weight=50.0, frames=1000, weight_end=10.0)
+    model = SAC(**SPECS, actor_init=str(bc_checkpoint), bc_term=tether)
     data = SimpleNamespace(frames=0)  # the frame counter the schedule reads
     model.trainer = SimpleNamespace(datamodule=data)
     weights = []
@@ -421,13 +432,13 @@ def test_the_tether_falls_linearly_to_its_floor_and_a_floor_above_it_is_one_erro
         model.follow_frames()
         weights.append(float(model.bc_weight))
     assert weights == [50.0, 40.0, 30.0, 10.0, 10.0]
-    with pytest.raises(ValueError, match=r"model.bc_weight_end must be in \[0, bc_weight = 5.0\], got 6.0"):
-        SAC(**SPECS, actor_init=str(bc_checkpoint), bc_weight=5.0, bc_weight_end=6.0)
+    with pytest.raises(ValueError, match=r"model.bc_term.weight_end must be in \[0, weight = 5.0\], got 6.0"):
+        SAC(**SPECS, actor_init=str(bc_checkpoint), bc_term=BCTermOptions(weight=5.0, weight_end=6.0))
 
 
 def test_a_critic_count_below_one_is_one_error_naming_the_flag():
-    with pytest.raises(ValueError, match=r"^model.num_critics must be >= 1, got 0$"):
-        SAC(**SPECS, num_critics=0)
+    with pytest.raises(ValueError, match=r"^model.critics.count must be >= 1, got 0$"):
+        SAC(**SPECS, critics=CriticOptions(count=0))
 
 
 @pytest.mark.slow

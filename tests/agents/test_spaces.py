@@ -13,9 +13,9 @@ from torchrl.envs.utils import ExplorationType, set_exploration_type
 
 from app.errors import environment_name
 from modules.dqn import DQN
-from modules.networks import NatureCNN, observation_network
-from modules.ppo import PPO
-from modules.sac import SAC
+from modules.networks import NatureCNN, NetworkOptions, observation_network
+from modules.ppo import PPO, GaussianOptions
+from modules.sac import SAC, ActorOptions, CriticOptions
 from modules.spaces import SpaceError
 from tests.agents.test_ppo_continuous import racing_ppo_config
 from tests.helpers import fit, write_config
@@ -28,7 +28,7 @@ ASYMMETRIC = Bounded(low=torch.tensor([-6.0, -0.4, 0.0]), high=torch.tensor([4.0
 def sac_with_location(action_spec, location: float) -> SAC:
     """SAC whose actor's Gaussian has location ``location`` (pre-tanh) in every dimension, whatever the state."""
     torch.manual_seed(0)
-    model = SAC(VECTOR, action_spec, actor_hidden_sizes=[8], critic_hidden_sizes=[8])
+    model = SAC(VECTOR, action_spec, actor=ActorOptions(hidden_sizes=(8,)), critics=CriticOptions(hidden_sizes=(8,)))
     last = model.actor_network[-1]
     with torch.no_grad():
         last.weight.zero_()
@@ -99,8 +99,8 @@ SPACE_ERRORS = [
     (
         PPO,
         Unbounded(shape=(2,)),
-        {"distribution": "tanh_normal"},
-        "model.distribution tanh_normal squashes actions into a bounded box; the environment has an "
+        {"gaussian": GaussianOptions(distribution="tanh_normal")},
+        "model.gaussian.distribution tanh_normal squashes actions into a bounded box; the environment has an "
         "unbounded Box action space (Unbounded, shape [2]): use normal",
     ),
     (
@@ -115,7 +115,7 @@ SPACE_ERRORS = [
         Unbounded(shape=(2,)),
         {},
         "--model modules.sac.SAC squashes its actions into a bounded box (tanh); the environment has an unbounded Box "
-        "action space (Unbounded, shape [2]): use modules.ppo.PPO (distribution normal)",
+        "action space (Unbounded, shape [2]): use modules.ppo.PPO (gaussian.distribution normal)",
     ),
 ]
 
@@ -130,7 +130,7 @@ def test_an_action_space_the_agent_cannot_act_in_is_one_line(agent, action_spec,
 
 def test_discrete_agents_act_in_any_categorical_space():
     for agent in (DQN, PPO):
-        model = agent(VECTOR, Categorical(7), hidden_sizes=[8])
+        model = agent(VECTOR, Categorical(7), network=NetworkOptions(hidden_sizes=(8,)))
         with set_exploration_type(ExplorationType.DETERMINISTIC), torch.no_grad():
             action = model.greedy_policy()(TensorDict({"observation": torch.randn(5, 3)}, batch_size=[5]))["action"]
         assert action.shape == (5,) and Categorical(7).is_in(action), agent.__name__
@@ -142,12 +142,12 @@ def test_an_observation_the_network_cannot_read_is_one_line_naming_the_flag():
         PPO(dict_observation, Categorical(2))
     with pytest.raises(SpaceError, match=r"^--model modules.sac.SAC reads a flat observation vector; the environment"):
         SAC(Composite(observation=Unbounded(shape=(3, 4))), PENDULUM)
-    with pytest.raises(SpaceError, match=r"^model.network nature_cnn reads images \[C, H, W\] or \[H, W"):
-        DQN(VECTOR, Categorical(2), network="nature_cnn")
+    with pytest.raises(SpaceError, match=r"^model.network.kind nature_cnn reads images \[C, H, W\] or \[H, W"):
+        DQN(VECTOR, Categorical(2), network=NetworkOptions(kind="nature_cnn"))
     snake = Composite(observation=Bounded(0, 1, shape=(3, 10, 10), dtype=torch.uint8))
-    with pytest.raises(SpaceError, match=r"^model.network nature_cnn reads images of at least 36x36"):
-        PPO(snake, Categorical(4), network="nature_cnn")
-    with pytest.raises(ValueError, match=r"^model.network must be one of auto, mlp, nature_cnn"):
+    with pytest.raises(SpaceError, match=r"^model.network.kind nature_cnn reads images of at least 36x36"):
+        PPO(snake, Categorical(4), network=NetworkOptions(kind="nature_cnn"))
+    with pytest.raises(ValueError, match=r"^model.network.kind must be one of auto, mlp, nature_cnn"):
         observation_network(snake["observation"], "resnet", [8], 4)
 
 
@@ -221,4 +221,5 @@ def test_auto_takes_the_nature_cnn_for_images_only_and_keeps_the_shipped_network
     observation = torch.randint(0, 256, (2, 84, 84, 3), dtype=torch.uint8)
     assert dqn.q_network(observation).shape == (2, 6) and ppo.critic_network(observation).shape == (2, 1)
     # mlp explicitly on an image flattens it; batch_norm_cnn stays DQN's.
-    assert not isinstance(PPO(image, Categorical(6), network="mlp", hidden_sizes=[8]).actor_network, NatureCNN)
+    mlp = NetworkOptions(kind="mlp", hidden_sizes=(8,))
+    assert not isinstance(PPO(image, Categorical(6), network=mlp).actor_network, NatureCNN)

@@ -8,6 +8,7 @@ import pydoc
 import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -93,8 +94,8 @@ def test_print_config_resolves_composed_configs_and_overrides(tmp_path):
         (["--threads", "0"], "--threads must be >= 1, got 0"),
         (["--model.init_args.n_steps", "0"], "--model.init_args.n_steps must be >= 1, got 0"),
         (
-            ["--data.init_args.collection.prefetch", "true", "--data.init_args.priority_alpha", "0.6"],
-            "--data.init_args.collection.init_args.prefetch: not with prioritized replay (priority_alpha > 0)",
+            ["--data.init_args.collection.prefetch", "true", "--data.init_args.priority.alpha", "0.6"],
+            "--data.init_args.collection.init_args.prefetch: not with prioritized replay (priority.alpha > 0)",
         ),
         (  # prefetch is no option of collector workers: the combination cannot be written
             ["--data.init_args.collection", "CollectorWorkers", "--data.init_args.collection.workers", "2"]
@@ -399,7 +400,7 @@ def test_an_old_class_path_of_the_project_finds_the_class_where_it_is_now(old, n
             "--data.init_args.collection.init_args.workers (3) must divide --data.init_args.num_envs (4)",
         ),
         ("data.env.size must be >= 3", "--data.init_args.env.init_args.size must be >= 3"),  # a class's option
-        ("data.eval_env_options: bad", "--data.init_args.eval_env_options: bad"),
+        ("data.evaluation.env_options: bad", "--data.init_args.evaluation.env_options: bad"),
         # Not options: a file name, another object's keys, a flag already spelled, a path
         ("wrote model.pt and data.npz", "wrote model.pt and data.npz"),
         ("--model.init_args.gamma stays", "--model.init_args.gamma stays"),
@@ -530,15 +531,175 @@ def test_an_old_optimizer_option_is_one_line_naming_the_new_flag(tmp_path, capsy
     if where == "config":  # a run folder's saved config.yaml from before the optimizer group
         config["model"]["init_args"][old] = value
         args = []
+    written = write_config(config, tmp_path / "c.yaml")
     with pytest.raises(SystemExit) as exited:
-        main(["fit", "--config", str(write_config(config, tmp_path / "c.yaml")), *args])
+        main(["fit", "--config", str(written), *args])
     assert exited.value.code == 2
     lines = capsys.readouterr().err.strip().splitlines()
-    assert lines == [
-        f"error: --model.init_args.{old} moved: give --model.init_args.optimizer.{old} "
-        f"(optimizer: {{{old}: ...}} in a config)"
-    ]
+    if where == "flag":
+        assert lines == [
+            f"error: --model.init_args.{old} moved: give --model.init_args.optimizer.{old} "
+            f"(optimizer: {{{old}: ...}} in a config)"
+        ]
+    else:  # the config's group, with the value that moves into it, to write in place of the old option
+        group = {**config["model"]["init_args"].get("optimizer", {}), old: value}
+        write = yaml.safe_dump({"optimizer": group}, default_flow_style=True, sort_keys=False).strip()[1:-1]
+        assert lines == [
+            f"error: {written}: options moved into option groups; under model.init_args write {write} in place of {old}"
+        ]
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    ("agent", "old", "value", "new"),
+    [
+        ("dqn", "hidden_sizes", "[16]", "network.hidden_sizes"),
+        ("dqn", "target_update", "soft", "target.update"),
+        ("dqn", "target_update_interval", "5", "target.interval"),
+        ("dqn", "tau", "0.1", "target.tau"),
+        ("dqn", "eps_frames", "10", "exploration.eps_frames"),
+        ("ppo", "normalize_observations", "true", "normalize.observations"),
+        ("ppo", "init_scale", "0.5", "gaussian.init_scale"),
+        ("ppo", "clip_epsilon", "0.1", "loss.clip_epsilon"),
+        ("recurrent", "lstm_hidden", "64", "network.lstm_hidden"),
+        ("recurrent", "entropy_coef", "0.0", "loss.entropy_coef"),
+    ],
+)
+def test_a_flat_option_that_moved_into_a_group_is_one_line_naming_its_new_flag(
+    tmp_path, capsys, agent, old, value, new
+):
+    config = write_config(chain_config(agent, tmp_path / "out"), tmp_path / "c.yaml")
+    with pytest.raises(SystemExit) as exited:
+        main(["fit", "--config", str(config), f"--model.init_args.{old}", value])
+    group, option = new.split(".")
+    message = f"--model.init_args.{old} moved: give --model.init_args.{new} ({group}: {{{option}: ...}} in a config)"
+    assert_one_error_line(exited.value.code, capsys.readouterr().err, message)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_scalar_where_a_group_now_sits_is_one_line_naming_the_groups_field(tmp_path, capsys):
+    config = write_config(chain_config("dqn", tmp_path / "out"), tmp_path / "c.yaml")
+    with pytest.raises(SystemExit) as exited:
+        main(["fit", "--config", str(config), "--model.init_args.network", "mlp"])
+    flag = "--model.init_args.network"
+    message = f"{flag} is an option group: give {flag}.kind mlp (network: {{kind: mlp}} in a config)"
+    assert_one_error_line(exited.value.code, capsys.readouterr().err, message)
+
+
+@pytest.mark.parametrize(
+    ("class_path", "old", "group", "field"),
+    [
+        ("modules.sac.SAC", "actor_hidden_sizes", "actor", "hidden_sizes"),
+        ("modules.sac.SAC", "critic_hidden_sizes", "critics", "hidden_sizes"),
+        ("modules.sac.SAC", "num_critics", "critics", "count"),
+        ("modules.sac.SAC", "tau", "critics", "tau"),
+        ("modules.sac.SAC", "bc_weight_end", "bc_term", "weight_end"),
+        ("modules.pirl.PhysicsInformedDQN", "pde_weight", "physics_loss", "pde_weight"),
+        ("modules.pirl.PhysicsInformedDQN", "tau", "target", "tau"),
+        ("modules.ppo.PPO", "network", "network", "kind"),
+        ("modules.ppo.PPO", "normalize_rewards", "normalize", "rewards"),
+        ("datamodules.replay.ReplayDataModule", "priority_alpha", "priority", "alpha"),
+        ("datamodules.replay.ReplayDataModule", "priority_beta_updates", "priority", "beta_updates"),
+        ("datamodules.replay.ReplayDataModule", "eval_episodes", "evaluation", "episodes"),  # the base's, by **kwargs
+        ("datamodules.rollout.RolloutDataModule", "eval_env_options", "evaluation", "env_options"),
+    ],
+)
+def test_every_former_option_of_the_agents_finds_its_group(class_path, old, group, field):
+    from app.errors import regrouped_options
+
+    assert regrouped_options(class_path, {old: 7}) == {group: {field: 7}}
+    assert regrouped_options(class_path, {"gamma": 0.9}) == {}  # still a flat option
+
+
+def test_former_option_names_are_gone_by_the_version_they_are_removed_in():
+    # The option groups' former names are a migration with an end: the hints for them go in FORMER_NAMES_REMOVED_IN.
+    from importlib.metadata import version
+
+    from packaging.version import Version
+
+    from app.errors import FORMER_NAMES_REMOVED_IN
+
+    distribution = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["name"]
+    assert Version(version(distribution)) < Version(FORMER_NAMES_REMOVED_IN), (
+        "this version removes the option groups' former names: delete the fields' formerly metadata and its reader"
+    )
+
+
+@pytest.mark.slow
+def test_a_saved_config_from_before_the_option_groups_is_one_line_and_its_run_resumes_after_the_edit(
+    tmp_path, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)
+    config = write_config(evaluated_chain_config("dqn", every_n_frames=10**9, max_steps=20), tmp_path / "c.yaml")
+    fit(config)
+    run = tmp_path / "runs/chain/version_0"
+    saved = run / "config.yaml"
+    # What the run folder held before the groups: the model's and the data module's options flat, under their
+    # former names.
+    written = yaml.safe_load(saved.read_text())
+    model, data = written["model"]["init_args"], written["data"]["init_args"]
+    network, target, exploration = (model.pop(name) for name in ("network", "target", "exploration"))
+    assert network["activation"] == "relu" and not network["orthogonal_init"]  # new options, at the old behaviour
+    evaluation, priority = data.pop("evaluation"), data.pop("priority")
+    flat = {
+        "model": {
+            "network": network["kind"],
+            "hidden_sizes": network["hidden_sizes"],
+            "target_update": target["update"],
+            "target_update_interval": target["interval"],
+            "tau": target["tau"],
+            **exploration,
+        },
+        "data": {
+            "eval_episodes": evaluation["episodes"],
+            "eval_env_options": evaluation["env_options"],
+            **{f"priority_{name}": value for name, value in priority.items()},
+        },
+    }
+    model.update(flat["model"])
+    data.update(flat["data"])
+    saved.write_text(yaml.safe_dump(written, sort_keys=False))
+    before = {path.name: path.read_bytes() for path in run.rglob("*") if path.is_file()}
+
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "app",
+            "fit",
+            "--config",
+            str(saved),
+            "--ckpt_path",
+            "last",
+            "--trainer.max_steps",
+            "40",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    head, *parts = result.stderr.strip().removeprefix("error: ").split("; ")
+    assert head == f"{saved}: options moved into option groups"
+    assert {path.name: path.read_bytes() for path in run.rglob("*") if path.is_file()} == before  # nothing touched
+
+    # The edit the line asks for, for the model and the data module: the groups in, the options they replace out
+    # (every moved option at once, in the file's order); the run resumes where it stopped.
+    assert [part.split(".")[0] for part in parts] == ["under model", "under data"]
+    for part, owner, init_args in zip(parts, ("model", "data"), (model, data), strict=True):
+        groups, _, old = part.removeprefix(f"under {owner}.init_args write ").partition(" in place of ")
+        assert old.split(", ") == list(flat[owner])
+        for option in old.split(", "):
+            init_args.pop(option)
+        init_args.update(yaml.safe_load("{" + groups + "}"))
+    assert model["network"] == {"kind": network["kind"], "hidden_sizes": network["hidden_sizes"]}  # new: defaults
+    assert (model["target"], model["exploration"]) == (target, exploration)
+    assert (data["evaluation"], data["priority"]) == (evaluation, priority)
+    saved.write_text(yaml.safe_dump(written, sort_keys=False))
+    cli = fit(saved, "--ckpt_path", "last", "--trainer.max_steps", "40")
+    assert cli.trainer.global_step == 40 and Path(cli.trainer.log_dir).resolve() == run.resolve()
+    assert torch.load(run / "checkpoints/last.ckpt", weights_only=True)["global_step"] == 40
+    assert [path.name for path in run.parent.iterdir()] == ["version_0"]
 
 
 def test_a_composed_config_sets_single_optimizer_options_over_the_agents_defaults(tmp_path, capsys):

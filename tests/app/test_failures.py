@@ -225,11 +225,12 @@ from envs.snake.env import SnakeEnv
 from datamodules.memory import WORKER_POOL
 from datamodules.replay import ReplayDataModule
 from modules.dqn import DQN
+from modules.networks import NetworkOptions
 
 torch.set_num_threads(1)
 env = partial(SnakeEnv, backend="torch")
 data = ReplayDataModule(env, num_envs=8, collection=CollectorWorkers(2), buffer_size=64, batch_size=32)
-model = DQN(data.observation_spec, data.action_spec, hidden_sizes=[256, 256])
+model = DQN(data.observation_spec, data.action_spec, network=NetworkOptions(hidden_sizes=(256, 256)))
 data.setup("fit")
 data.connect(model.policy(), batch_keys=model.batch_keys())
 (need,) = [need.nbytes for need in data.memory_needs(data.device) if need.what.startswith(WORKER_POOL)]
@@ -325,7 +326,8 @@ def test_a_learner_that_cannot_allocate_stops_the_run_and_its_workers_within_sec
     (tmp_path / "learner_limit.py").write_text(LEARNER_LIMIT)
     # One hidden layer of 20,000 units: each activation of a 512-transition batch is 41 MB, above the 32 MB beyond
     # which glibc maps every allocation afresh, so the update's first one fails under the limit.
-    flags = ("--model.init_args.hidden_sizes", "[20000]", "--trainer.callbacks+=learner_limit.LowerAddressSpace")
+    limit = "--trainer.callbacks+=learner_limit.LowerAddressSpace"
+    flags = ("--model.init_args.network.hidden_sizes", "[20000]", limit)
     run = _fit_with_workers(tmp_path, strategy, *flags)
     try:
         _, errors = run.communicate(timeout=180)

@@ -32,7 +32,8 @@ def test_accumulated_batches_update_like_one_batch_of_their_size(tmp_path):
         config = chain_config(
             "dqn", tmp_path / name, batch_size=batch_size, frames_per_update=8 / accumulate, warmup_frames=128
         )
-        config["model"]["init_args"].update(eps_start=1.0, eps_end=1.0, optimizer={"max_grad_norm": 10.0})
+        config["model"]["init_args"]["exploration"].update(eps_start=1.0, eps_end=1.0)
+        config["model"]["init_args"]["optimizer"] = {"max_grad_norm": 10.0}
         config["trainer"]["max_steps"] = 12
         overrides = ["--trainer.accumulate_grad_batches", str(accumulate)] if accumulate > 1 else []
         cli = fit(write_config(config, tmp_path / f"{name}.yaml"), *overrides)
@@ -57,15 +58,14 @@ def test_accumulated_batches_update_like_one_batch_of_their_size(tmp_path):
 
 def mario_config(root: Path, **model) -> dict:
     config = chain_config("dqn", root, env=SMALL_MARIO, num_envs=2, batch_size=16, warmup_frames=32)
-    config["data"]["init_args"].update(buffer_size=400, store_frames_once=True, priority_alpha=0.7)
+    config["data"]["init_args"].update(buffer_size=400, store_frames_once=True, priority={"alpha": 0.7})
     config["model"]["init_args"] = {
-        "network": "batch_norm_cnn",
+        "network": {"kind": "batch_norm_cnn"},
         "loss_function": "smooth_l1",
         "double_dqn": True,
-        "target_update": "soft",
-        "tau": 0.01,
+        "target": {"update": "soft", "tau": 0.01},
         "optimizer": {"weight_decay": 1e-5},
-        "eps_frames": 200,
+        "exploration": {"eps_frames": 200},
         **model,
     }
     return config
@@ -206,14 +206,15 @@ def test_the_shipped_config_trains_from_the_stage_start_and_evaluates_from_no_op
             "--data.init_args.frame_capacity (50000) must be > buffer_size (50000): about one frame per stored",
         ),
         (
-            "--data.init_args.eval_env_options",
+            "--data.init_args.evaluation.env_options",
             "{noop_max: -1}",
-            "--data.init_args.eval_env_options: noop_max must be >= 0, got -1",
+            "--data.init_args.evaluation.env_options: noop_max must be >= 0, got -1",
         ),
         (
-            "--data.init_args.eval_env_options",
+            "--data.init_args.evaluation.env_options",
             "{noop_steps: 4}",
-            "--data.init_args.eval_env_options: MarioEnv.__init__() got an unexpected keyword argument 'noop_steps'",
+            "--data.init_args.evaluation.env_options: MarioEnv.__init__() got an unexpected keyword argument "
+            "'noop_steps'",
         ),
     ],
 )

@@ -31,9 +31,9 @@ SMALL = [
     "--data.init_args.collect_steps=16",
     "--data.init_args.bptt=8",
     "--data.init_args.minibatch_size=32",
-    "--data.init_args.eval_episodes=2",
-    "--model.init_args.lstm_hidden=32",
-    "--model.init_args.trunk_features=32",
+    "--data.init_args.evaluation.episodes=2",
+    "--model.init_args.network.lstm_hidden=32",
+    "--model.init_args.network.trunk_features=32",
     "--trainer.max_time=null",
     "--trainer.log_every_n_steps=2",
     "--trainer.enable_progress_bar=false",
@@ -100,7 +100,8 @@ def test_metta_ppo_trains_logs_and_resumes_exactly_with_its_worker_processes(tmp
     # under Lightning's inference mode) and reports what the run's own last evaluation did.
     checkpoint = str(run / "checkpoints/last.ckpt")
     args = ["validate", "--config", str(ROOT / "configs/metta_ppo.yaml"), "--ckpt_path", checkpoint]
-    validated = main([*args, "--trainer.logger=false", *SMALL, "--data.init_args.eval_episodes=4"])  # the callback's 4
+    episodes = "--data.init_args.evaluation.episodes=4"  # the callback's 4
+    validated = main([*args, "--trainer.logger=false", *SMALL, episodes])
     assert validated.trainer.callback_metrics["eval/return_mean"].item() == pytest.approx(
         float(_last_value(run / "metrics.csv", "eval/return_mean"))
     )
@@ -162,7 +163,7 @@ def test_the_ultra_fast_preset_runs_with_its_batch_geometry(tmp_path):
     assert cli.trainer.global_step == 16 and data.frames == 2 * 4 * 4 * 32
     assert isinstance(data.collection, CollectorWorkers) and data.collection.workers == 2
     shipped = yaml.safe_load((ROOT / "configs/metta_ultra_fast.yaml").read_text())["model"]["init_args"]
-    assert shipped["compile"] is True and shipped["lstm_hidden"] == 256  # what the fit above set smaller
+    assert shipped["compile"] is True and shipped["network"]["lstm_hidden"] == 256  # what the fit above set smaller
 
 
 def test_the_ultra_fast_preset_ships_the_seeds_geometry_and_schedule():
@@ -240,14 +241,13 @@ def test_the_lstm_state_resets_exactly_where_each_environment_starts_an_episode_
     from torchrl.envs import TransformedEnv
 
     from envs.mettagrid.env import MettaGridEnv
-    from modules.recurrent_ppo import RecurrentPPO
+    from modules.recurrent_ppo import RecurrentNetworkOptions, RecurrentPPO
 
     options = {"num_agents": 4, "map_width": 8, "map_height": 8, "objects": {"altar": 4, "wall": 2}, "max_steps": 6}
     torch.manual_seed(0)
     env = MettaGridEnv(num_envs=2, seed=3, **options)
-    model = RecurrentPPO(
-        env.observation_spec[0, 0], env.action_spec[0, 0], lstm_hidden=16, trunk_features=16, grid_features=20
-    )
+    network = RecurrentNetworkOptions(lstm_hidden=16, trunk_features=16, grid_features=20)
+    model = RecurrentPPO(env.observation_spec[0, 0], env.action_spec[0, 0], network=network)
     model._take_feature_scale(env.observation_layout.scale)
     env.reset()
     for _ in range(3):

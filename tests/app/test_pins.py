@@ -54,7 +54,7 @@ SHORT: dict[str, tuple[int, tuple[str, ...]]] = {
         8,
         (
             *_BREAKOUT,
-            *("--trainer.callbacks.init_args.bare_update_seconds", "0", "--data.init_args.eval_env_options"),
+            *("--trainer.callbacks.init_args.bare_update_seconds", "0", "--data.init_args.evaluation.env_options"),
             "{episodic_life: false, "
             "env_kwargs: {frameskip: 1, repeat_action_probability: 0.0, max_episode_steps: 200}}",
         ),
@@ -63,7 +63,7 @@ SHORT: dict[str, tuple[int, tuple[str, ...]]] = {
         8,
         (
             *_BREAKOUT,
-            *("--trainer.callbacks.init_args.bare_update_seconds", "0", "--data.init_args.eval_env_options"),
+            *("--trainer.callbacks.init_args.bare_update_seconds", "0", "--data.init_args.evaluation.env_options"),
             "{episodic_life: false, env_kwargs: {reward_clip: true, max_episode_steps: 50}}",
         ),
     ),

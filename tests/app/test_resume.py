@@ -48,7 +48,7 @@ def test_resumed_run_ends_with_identical_weights(tmp_path, agent):
         if agent == "dqn-3-step":
             config["model"]["init_args"]["n_steps"] = 3
         if agent == "dqn-prioritized":
-            config["data"]["init_args"].update(priority_alpha=0.7, priority_beta=0.4, priority_beta_updates=150)
+            config["data"]["init_args"].update(priority={"alpha": 0.7, "beta": 0.4, "beta_updates": 150})
         if agent == "dqn-prefetch":
             config["data"]["init_args"]["collection"] = PREFETCH
             config["trainer"]["log_every_n_steps"] = 7  # rounds of 4 updates, cut at the logging steps too

@@ -68,7 +68,7 @@ def test_search_prunes_a_poor_trial_and_its_best_config_runs(tmp_path, monkeypat
     main(["fit", "--config", str(config), "--config", str(out / "best.yaml"), "--trainer.max_steps", "4"])
     ran = yaml.safe_load((work / "runs" / "chain" / "version_0" / "config.yaml").read_text())
     assert ran["model"]["init_args"]["optimizer"]["lr"] == 0.003 and ran["data"]["init_args"]["update_epochs"] == 2
-    assert ran["model"]["init_args"]["hidden_sizes"] == [32]  # the rest from the config
+    assert ran["model"]["init_args"]["network"]["hidden_sizes"] == [32]  # the rest from the config
 
 
 @pytest.mark.slow

@@ -100,7 +100,7 @@ def test_a_gymnasium_video_is_drawn_by_an_environment_built_to_be_drawn():
 
     # Training and evaluation copies are not drawn, and LunarLander simulates its exhaust particles, decoration it
     # makes bodies of its physics world, only in an environment that is.
-    trained = data.make_env(2, seed=0, options=data.eval_env_options)
+    trained = data.make_env(2, seed=0, options=data.evaluation.env_options)
     with pytest.raises(ValueError, match="built without render: true, so it draws nothing"):
         trained.render(0)
     assert all(not lander.particles for lander in main_engine(trained))

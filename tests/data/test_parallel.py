@@ -22,10 +22,12 @@ from tensordict import TensorDict, TensorDictBase
 from app.cli import main
 from datamodules.collection import AsyncCollectorWorkers, CollectorWorkers, _Feeder
 from datamodules.episodes import EpisodeStatistics
+from datamodules.evaluation import EvaluationOptions
 from datamodules.replay import ReplayDataModule
 from datamodules.workers import WorkerWatch, worker_death_error
 from envs.testing.chain import ChainEnv
-from modules.dqn import DQN
+from modules.dqn import DQN, ExplorationOptions
+from modules.networks import NetworkOptions
 from tests.helpers import CHAIN, ROOT, chain_config, fit, saved_replay, weights, write_config
 
 
@@ -63,7 +65,8 @@ def test_the_learner_trains_on_what_the_workers_deliver_and_stores_every_frame(t
 def test_the_learners_weights_reach_the_workers_when_pushed_and_on_a_cpu_at_once(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     data = async_replay(2, collect_steps=2, warmup_frames=1, batch_size=1)
-    model = DQN(data.observation_spec, data.action_spec, hidden_sizes=[8], eps_start=0.0, eps_end=0.0)
+    network, exploration = NetworkOptions(hidden_sizes=(8,)), ExplorationOptions(eps_start=0.0, eps_end=0.0)
+    model = DQN(data.observation_spec, data.action_spec, network=network, exploration=exploration)
     data.setup("fit")
     data.connect(model.policy(), batch_keys=model.batch_keys())
     bias = model.q_network[-1][-1].bias
@@ -295,11 +298,11 @@ def _rollout_workers(tmp_path, monkeypatch, **options):
         collect_steps=8,
         minibatch_size=32,
         collection=CollectorWorkers(workers=2),
-        eval_episodes=1,
+        evaluation=EvaluationOptions(episodes=1),
         **options,
     )
     torch.manual_seed(0)  # the same untrained network in every call
-    model = PPO(data.observation_spec, data.action_spec, hidden_sizes=[8])
+    model = PPO(data.observation_spec, data.action_spec, network=NetworkOptions(hidden_sizes=(8,)))
     data.setup("fit")
     data.connect(model.policy())
     data._build_collector()

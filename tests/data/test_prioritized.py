@@ -12,6 +12,7 @@ from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
 
 from datamodules.prioritized import ProportionalSampler
 from datamodules.replay import ReplayDataModule
+from modules.dqn import TargetOptions
 from tests.agents.test_dqn import linear_q, make_dqn, transition
 from tests.agents.test_pirl import small_run
 from tests.helpers import chain_config, fit, write_config
@@ -86,7 +87,7 @@ def test_sampler_state_round_trips_and_refuses_another_capacity():
 
 
 def test_dqn_loss_applies_the_weights_and_returns_the_absolute_td_error():
-    dqn = make_dqn(gamma=0.5, loss_function="l2", target_update="hard")
+    dqn = make_dqn(gamma=0.5, loss_function="l2", target=TargetOptions(update="hard"))
     linear_q(dqn, [[1.0, 2.0], [3.0, 4.0]], [0.5, -0.5])
     batch = torch.cat(
         [
@@ -122,7 +123,7 @@ class RecordingReplay(ReplayDataModule):
 @pytest.mark.slow
 @pytest.mark.parametrize("run", ["dqn", "dqn-compiled", "pirl_vehicle-compiled"])
 def test_fit_writes_each_updates_td_errors_into_the_slots_it_drew(tmp_path, run):
-    priority = {"priority_alpha": ALPHA, "priority_beta": BETA, "priority_beta_updates": 40}
+    priority = {"priority": {"alpha": ALPHA, "beta": BETA, "beta_updates": 40}}
     if run.startswith("pirl"):  # the shipped config (5-step returns, compiled), shortened
         config = small_run("pirl_vehicle.yaml", tmp_path)
         config["data"]["init_args"].update(priority)
@@ -152,7 +153,7 @@ def test_fit_writes_each_updates_td_errors_into_the_slots_it_drew(tmp_path, run)
 @pytest.mark.slow
 def test_bad_priority_options_name_the_flag(tmp_path, capsys):
     config = write_config(chain_config("dqn", tmp_path), tmp_path / "c.yaml")
-    for flag, value in [("priority_alpha", "-0.5"), ("priority_beta", "1.5"), ("priority_beta_updates", "0")]:
+    for flag, value in [("priority.alpha", "-0.5"), ("priority.beta", "1.5"), ("priority.beta_updates", "0")]:
         with pytest.raises(SystemExit):
             fit(config, f"--data.init_args.{flag}", value)
         assert f"--data.init_args.{flag}" in capsys.readouterr().err

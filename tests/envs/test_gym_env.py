@@ -228,7 +228,7 @@ def test_an_unbounded_box_of_actions_is_an_unbounded_spec_that_ppos_normal_polic
             *("--trainer.max_steps", "2", "--trainer.logger.init_args.save_dir", str(tmp_path / "runs")),
             *("--trainer.enable_progress_bar", "false"),
         )
-        assert cli.trainer.global_step == 2 and cli.model.hparams.distribution == "normal"
+        assert cli.trainer.global_step == 2 and cli.model.distribution == "normal"
         assert not cli.model.clips_actions  # nothing to clip to
     finally:
         gymnasium.registry.pop("UnboundedActions-v0", None)
@@ -491,7 +491,7 @@ def test_resuming_a_checkpoint_of_another_environment_is_one_line_and_leaves_its
     # last` of the config finds the other environment's run. The run that writes the checkpoint runs in this process
     # (the refusal, which may end the process, in its own).
     config = ROOT / "configs" / "gym" / "cartpole_dqn.yaml"
-    short = ("--model.init_args.hidden_sizes", "[32]", "--data.init_args.warmup_frames", "64", *collection)
+    short = ("--model.init_args.network.hidden_sizes", "[32]", "--data.init_args.warmup_frames", "64", *collection)
     env_id = "--data.init_args.env.init_args.env_id"
     monkeypatch.chdir(tmp_path)
     fit(config, env_id, written_with, "--trainer.max_steps", "4", *short)

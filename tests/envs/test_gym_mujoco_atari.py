@@ -13,9 +13,9 @@ from torchrl.envs.utils import ExplorationType, set_exploration_type
 
 from datamodules.episodes import EpisodeStatistics
 from envs.gym.env import GymnasiumEnv
-from modules.networks import NatureCNN
-from modules.ppo import PPO
-from modules.sac import SAC
+from modules.networks import NatureCNN, NetworkOptions
+from modules.ppo import PPO, GaussianOptions, NormalizationOptions
+from modules.sac import SAC, ActorOptions, CriticOptions
 from tests.helpers import ROOT, fit
 
 needs_mujoco = pytest.mark.skipif(importlib.util.find_spec("mujoco") is None, reason="MuJoCo: the gym extra")
@@ -31,8 +31,10 @@ def test_halfcheetah_flows_through_ppo_and_sac_with_actions_inside_the_box():
     assert env.observation_spec["observation"].shape == (3, 17)
     assert env.action_spec.shape == (3, 6) and env.action_spec.space.high.eq(1).all()
     spec = (env.observation_spec[0], env.action_spec[0])  # one environment's, as the data module links them
-    ppo = PPO(*spec, hidden_sizes=[32], init_scale=3.0, normalize_observations=True, normalize_rewards=True)
-    sac = SAC(*spec, actor_hidden_sizes=[32], critic_hidden_sizes=[32])
+    network, gaussian = NetworkOptions(hidden_sizes=(32,)), GaussianOptions(init_scale=3.0)
+    normalize = NormalizationOptions(observations=True, rewards=True)
+    ppo = PPO(*spec, network=network, gaussian=gaussian, normalize=normalize)
+    sac = SAC(*spec, actor=ActorOptions(hidden_sizes=(32,)), critics=CriticOptions(hidden_sizes=(32,)))
     torch.manual_seed(0)
     # PPO's Gaussian (σ of 3 half-ranges: most samples leave the box) reaches the environment clipped into it.
     received = []
@@ -59,7 +61,7 @@ def test_breakout_observations_are_stacked_uint8_frames_read_by_the_nature_cnn()
     env = GymnasiumEnv(num_envs=2, seed=0, **BREAKOUT)
     observation = env.reset()["observation"]
     assert observation.shape == (2, 4, 84, 84) and observation.dtype == torch.uint8  # kept bytes, in the rollout too
-    ppo = PPO(env.observation_spec[0], env.action_spec[0])  # network: auto, one Nature CNN for actor and critic
+    ppo = PPO(env.observation_spec[0], env.action_spec[0])  # network.kind auto: one Nature CNN for actor and critic
     torso = ppo.actor_network.torso
     assert isinstance(torso, NatureCNN) and torso is ppo.critic_network.torso
     assert torso.scale == 1 / 255  # scaled in the network
@@ -129,7 +131,7 @@ def test_a_halfcheetah_ppo_run_resumes_with_ckpt_path_last_and_its_reward_statis
     config = ROOT / "configs/gym/halfcheetah_ppo.yaml"
     runs = tmp_path / "runs"
     args = ["--trainer.logger.init_args.save_dir", str(runs), "--trainer.enable_progress_bar", "false"]
-    args += ["--data.init_args.collect_steps", "64", "--data.init_args.eval_episodes", "1"]
+    args += ["--data.init_args.collect_steps", "64", "--data.init_args.evaluation.episodes", "1"]
     fit(config, *args, "--trainer.max_steps", "16")
     saved = torch.load(runs / "gym_halfcheetah_ppo/version_0/checkpoints/last.ckpt", weights_only=True)["state_dict"]
     assert saved["reward_scaler.count"].item() == 64

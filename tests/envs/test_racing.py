@@ -212,11 +212,14 @@ def test_curvature_ahead_joins_the_observation():
 
 @pytest.mark.slow
 def test_evaluation_averages_lap_time_over_the_episodes_that_completed_a_lap():
+    from datamodules.evaluation import EvaluationOptions
     from datamodules.replay import ReplayDataModule
 
     # The expert completes its first lap (about 26 s) from every start of a 40 s episode; a car that stands still
     # completes none. Mixed in one evaluation, lap_time_mean is the lap's time, not half of it.
-    data = ReplayDataModule(lambda **kwargs: RacingEnv(max_steps=2000, **kwargs), eval_episodes=4)
+    data = ReplayDataModule(
+        lambda **kwargs: RacingEnv(max_steps=2000, **kwargs), evaluation=EvaluationOptions(episodes=4)
+    )
     assert data.declared.episode_metric_over == {"lap_time": "laps"}  # the env declares it; the data module reads it
     probe = data.make_env(4, 0)
     expert = TimeOptimalExpert(probe)
