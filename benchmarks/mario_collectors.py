@@ -117,12 +117,12 @@ def collection_alone(workers: int, envs_per_worker: int | None, eps: float | Non
     data.connect(model.policy(), model.postprocess, model.batch_keys(), model.store_transform())  # as DQN.setup does
     data._build_collector()
     try:
-        data.delivered(wait=True)  # the workers' start-up, outside the window
+        data.collection.delivered(wait=True)  # the workers' start-up, outside the window
         experiences = episodes = 0
         start = time.perf_counter()
         while time.perf_counter() - start < seconds:
-            batch = data.delivered(wait=True)
-            data._store(batch)
+            batch, _ = data.collection.delivered(wait=True)
+            data.store(batch)
             experiences += batch.numel()
             episodes += int(batch.get(("next", "done")).sum())
         elapsed = time.perf_counter() - start

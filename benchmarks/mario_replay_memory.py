@@ -50,7 +50,7 @@ def main() -> None:
     for _ in range(args.steps):
         td["action"] = env.action_spec.rand()
         out, td = env.step_and_maybe_reset(td)
-        data._store(out.unsqueeze(1))  # [envs, 1 step], as a collector batch
+        data.store(out.unsqueeze(1))  # [envs, 1 step], as a collector batch
     played = time.perf_counter() - start
     storage = storage_contents(data.buffer.storage)
     store = data.frame_store  # the buffer's transform

@@ -212,11 +212,6 @@ class RLDataModule(EnvSpecs, Evaluation, pl.LightningDataModule):
         self.num_envs = num_envs
         # The default is one object for every data module built without the option: each gets its own strategy.
         self.collection: Collection = InProcess() if collection is DEFAULT_COLLECTION else collection
-        if self.collection.prefetch and not self.accepts_prefetch:
-            raise ValueError(
-                "data.collection.prefetch: prepares replay rounds in the background; "
-                f"{type(self).__name__} has none (datamodules.replay.ReplayDataModule has)"
-            )
         self.collection.check(self)  # e.g. its workers must divide num_envs
         resolve_device(device)  # fail now, before any output folder exists, if the device is missing
         self.env_factory = env
@@ -524,6 +519,6 @@ class RLDataModule(EnvSpecs, Evaluation, pl.LightningDataModule):
         self.collection.load_state_watched(state)
         if "episodes" in state:
             # The running episodes' sums continue only where the environments continue their episodes.
-            continues = self.declared.exact_state and not self.collection.asynchronous
+            continues = self.declared.exact_state and self.collection.continues_episodes
             self.episodes.load_state_dict(state["episodes"], running=continues, device=self.device)
         set_rng_state(state["rng"])

@@ -23,9 +23,12 @@ and on the command line ``--data.init_args.collection CollectorWorkers --data.in
 be written: prefetch is an option of the two strategies that collect in this process only, and each kind of worker
 is its own strategy. The rest is checked against the data module when it is built (:meth:`Collection.check`).
 
-Each strategy builds its collector (:meth:`Collection.build`), hands out batches (:meth:`Collection.collect`), holds
-what continues its collection exactly (:meth:`Collection.state_dict`), stops its processes and threads
-(:meth:`Collection.teardown`) and turns a dead worker into one error naming it (:meth:`Collection.check_workers_alive`).
+Each strategy builds its collector (:meth:`Collection.build`), hands out batches (:meth:`Collection.collect`), chooses
+how a replay data module's rounds reach the updates (:meth:`Collection.replay_delivery`: inline, prepared in the
+background, or as asynchronous workers deliver; ``datamodules/delivery.py``), holds what continues its collection
+exactly (:meth:`Collection.state_dict`), stops its processes and threads (:meth:`Collection.teardown`) and turns a
+dead worker into one error naming it (:meth:`Collection.check_workers_alive`). Nothing outside a strategy and its
+delivery asks which strategy it is (``tests/app/test_layout.py``).
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ from compat.torchrl import (
     parallel_env_lower_done_flags,
     parallel_env_processes,
 )
+from datamodules.delivery import BackgroundRounds, DeliveredRounds, InlineRounds
 from datamodules.workers import (
     ResumableCollector,
     WorkerWatch,
@@ -68,6 +72,7 @@ from datamodules.workers import (
 )
 
 if TYPE_CHECKING:
+    from datamodules.delivery import ReplayHost
     from datamodules.episodes import EpisodeStatistics
     from datamodules.memory import MemoryNeed, WorkerMemory
     from envs.base import EnvDeclaration
@@ -101,6 +106,7 @@ class CollectionHost(Protocol):
         episodes: the training episodes' statistics, which every collected batch updates.
         buffer_size: the replay buffer's transitions (a replay data module's: asynchronous workers feed only those).
         accepts_store_transform: whether the data module stores transitions (a replay buffer).
+        accepts_prefetch: whether the data module makes replay rounds that may be prepared in the background.
     """
 
     declared: EnvDeclaration
@@ -116,6 +122,7 @@ class CollectionHost(Protocol):
     episodes: EpisodeStatistics
     buffer_size: int
     accepts_store_transform: bool
+    accepts_prefetch: bool
 
     @property
     def frames_per_batch(self) -> int: ...
@@ -138,8 +145,9 @@ class Collection:
 
     #: prepares the next round in a background thread (:class:`InProcess`, :class:`EnvWorkers` with ``prefetch``)
     prefetch: bool = False
-    #: delivers batches as workers fill them, beside the learner (:class:`AsyncCollectorWorkers`)
-    asynchronous: bool = False
+    #: whether a resumed run's environments continue the episodes the checkpoint's were playing (where the
+    #: environment's state is exact); asynchronous workers start new ones
+    continues_episodes: bool = True
 
     def __init__(self) -> None:
         self.collector: Collector | MultiSyncCollector | MultiAsyncCollector | None = None
@@ -158,6 +166,16 @@ class Collection:
     # ------------------------------------------------------------------------------------------- lifecycle
     def check(self, data: CollectionHost) -> None:
         """Refuse, with one line naming the flag, what this strategy cannot do for ``data`` (before anything runs)."""
+        if self.prefetch and not data.accepts_prefetch:
+            raise ValueError(
+                f"{OPTION}.prefetch: prepares replay rounds in the background; "
+                f"{type(data).__name__} has none (datamodules.replay.ReplayDataModule has)"
+            )
+
+    def replay_delivery(self, replay: ReplayHost) -> InlineRounds:
+        """How ``replay``'s rounds reach its updates (``datamodules/delivery.py``): in the training thread, or with
+        ``prefetch`` in a background thread."""
+        return BackgroundRounds(replay) if self.prefetch else InlineRounds()
 
     def build(self, data: CollectionHost) -> None:
         """Build the collector for ``data`` (connected: it has the model's policy)."""
@@ -374,6 +392,7 @@ class EnvWorkers(Collection):
         return {"workers": self.workers, **({"prefetch": True} if self.prefetch else {})}
 
     def check(self, data: CollectionHost) -> None:
+        super().check(data)
         self._check_workers(data, self.workers)
 
     def build(self, data: CollectionHost) -> None:
@@ -501,7 +520,7 @@ class AsyncCollectorWorkers(Collection):
             started before, keep theirs. 0: leave it.
     """
 
-    asynchronous = True
+    continues_episodes = False
     uses_workers = True
 
     def __init__(self, workers: int, learner_nice: int = 10) -> None:
@@ -559,6 +578,11 @@ class AsyncCollectorWorkers(Collection):
         if self.learner_nice:  # after the workers and the feeder started: they keep the priority they had
             self._learner_priority = os.getpriority(os.PRIO_PROCESS, 0)  # Linux: this thread's
             os.setpriority(os.PRIO_PROCESS, 0, max(self._learner_priority, self.learner_nice))
+
+    def replay_delivery(self, replay: ReplayHost) -> DeliveredRounds:
+        """Rounds of what the workers delivered: one batch per update, at most one per ``frames_per_update``
+        frames."""
+        return DeliveredRounds(self)
 
     def collect(self) -> TensorDictBase:
         raise RuntimeError("AsyncCollectorWorkers delivers batches as the workers fill them: use delivered()")

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import copy
 import warnings
 from collections.abc import Callable, Container, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 from tensordict import TensorDict, TensorDictBase
@@ -24,9 +22,9 @@ from checkpoints.files import (
     to_plain,
     write_folder_atomically,
 )
-from compat.tensordict import own_interaction_type
 from compat.torchrl import multistep_window, set_multistep_window
 from datamodules.base import RLDataModule, check_positive
+from datamodules.delivery import Round
 from datamodules.frames import FRAME_IDS, FrameStackStore, ring_capacity
 from datamodules.memory import MemoryNeed, spec_bytes, transition_bytes
 from datamodules.prioritized import ProportionalSampler
@@ -37,27 +35,6 @@ BUFFER_FILE = "buffer.pt"  # the replay folder's one file: the buffer's state an
 # The batches of every update one collection earns are drawn in one call, larger than the buffer's batch size (which
 # stays the size of one update's batch); TorchRL warns about the difference on every such call.
 warnings.filterwarnings("ignore", message="Got conflicting batch_sizes in constructor")
-
-
-def _start_background_thread(threads: int) -> None:
-    """The prefetch thread's start: its own interaction type, and the training thread's intra-op thread count (a new
-    thread starts with OpenMP's default, not the one --threads set).
-
-    Every TorchRL loss sets the process-wide interaction type (TorchRL's exploration type) to "deterministic" for the
-    length of its forward pass: a collection running in another thread meanwhile would act greedily (and a loss could
-    read a collector's "random"). The prefetch thread gets a value of its own (compat.tensordict says how); the
-    training thread, and compiled code, read and write the process-wide one as before."""
-    own_interaction_type(None)  # TorchRL's default: explore
-    torch.set_num_threads(threads)
-
-
-class _Round(NamedTuple):
-    """What one collection earns: the batches of its updates, and the frame counter and update credit after it (the
-    credit counts these batches until they are served)."""
-
-    batches: list[TensorDictBase]
-    frames: int
-    credit: float
 
 
 @dataclass(frozen=True)
@@ -116,19 +93,12 @@ class ReplayDataModule(RLDataModule):
             ``buffer_size`` + 4,096 (:func:`datamodules.frames.ring_capacity`).
         **kwargs: the base options (``num_envs``, ``collect_steps``, ``device``, ``seed``, ``collection``, ...).
 
-    **Prefetch** (``collection: InProcess`` or ``EnvWorkers`` with ``prefetch: true``): the next collection's round
-    (collect, write, sample its batches) is prepared in a background thread while the model takes this round's
-    updates, so that on a machine with a spare core the update does not wait for the data path. The round is collected
-    with a copy of the weights (and ε) taken after the current round's first update, where without prefetch it is
-    collected after the round's last: a lag of one round of updates, the same at every run, so runs stay
-    reproducible and resume exactly. Not with prioritized replay (the next round would be drawn before this round's
-    priorities are written), or models whose update draws random numbers from the global generator (SAC: both threads
-    would draw from it in an order that varies). Collector workers take the live weights, so their strategies have no
-    prefetch.
-
-    **Asynchronous collector workers** (``collection: AsyncCollectorWorkers``): the workers' batches are stored as
-    they arrive and the replay ratio is a ceiling (:class:`~datamodules.collection.AsyncCollectorWorkers`); n-step
-    returns are refused (worker batches arrive interleaved).
+    Where and when a round is made is the collection strategy's choice (``datamodules/delivery.py``): in the training
+    thread when the updates need it; with ``prefetch: true``, in a background thread while the updates take the one
+    before (:class:`~datamodules.delivery.BackgroundRounds`; not with models whose update draws random numbers from
+    the global generator, such as SAC: both threads would draw from it in an order that varies); with asynchronous
+    collector workers, from what they delivered, one batch per update at most one per ``frames_per_update`` frames
+    (:class:`~datamodules.delivery.DeliveredRounds`).
     """
 
     accepts_store_transform = True
@@ -175,19 +145,9 @@ class ReplayDataModule(RLDataModule):
         self._buffer_beside: tuple[int, str] | None = None  # (update, folder) of the buffer just written beside
         self.update_credit = 0.0  # updates earned by collected frames and not yet taken
         self.pending: list[TensorDictBase] | None = None  # batches drawn for the coming updates, served in order
-        if self.prefetch and self.prioritized:
-            raise ValueError(
-                "data.collection.prefetch: not with prioritized replay (priority.alpha > 0): the "
-                "next round would be drawn before this round's new priorities are written"
-            )
-        #: the phases of the rounds prepared in the background (the training thread's `collect` is its wait for them)
-        self.background_timer = PhaseTimer()
-        self._background: ThreadPoolExecutor | None = None
-        self._next_round: Future | None = None  # the round being prepared in the background
-        self._prepared: _Round | None = None  # a round prepared and not yet taken
         self._round_updates = 0  # updates taken from the current round
-        self._live_params: TensorDictBase | None = None  # the model's acting policy's weights and buffers (ε) ...
-        self._acting_params: TensorDictBase | None = None  # ... and those of the copy the collector acts with
+        #: how rounds reach the updates: the collection strategy's choice (datamodules/delivery.py)
+        self.delivery = self.collection.replay_delivery(self)
 
     def setup(self, stage: str) -> None:
         super().setup(stage)
@@ -257,18 +217,7 @@ class ReplayDataModule(RLDataModule):
         batch_keys: Any = None,
         store_transform: Transform | None = None,
     ) -> None:
-        if store_transform is not None and self.collection.asynchronous:
-            # TorchRL's MultiStepTransform keeps a window of steps per batch row, and batches of different workers
-            # arrive interleaved: their episodes would be summed together.
-            raise ValueError(
-                "model.n_steps: n-step returns need the in-process collection or workers in step with the "
-                "learner (asynchronous worker batches arrive interleaved); use n_steps 1 with AsyncCollectorWorkers"
-            )
-        if self.prefetch:
-            # The collector acts with a copy, whose weights are set at fixed points (see _start_next_round), never
-            # while an update writes them.
-            live, policy = policy, copy.deepcopy(policy)
-            self._live_params, self._acting_params = TensorDict.from_module(live), TensorDict.from_module(policy)
+        policy = self.delivery.acting_policy(policy, store_transform)
         super().connect(policy, postprocess, batch_keys, store_transform)
 
     @property
@@ -277,9 +226,13 @@ class ReplayDataModule(RLDataModule):
         # collection); the next round is collected through the training stream.
         return len(self.pending) if self.pending is not None else 0
 
+    @property
+    def background_timer(self) -> PhaseTimer | None:
+        """The phases of the rounds prepared off the training thread (prefetch; the training thread's ``collect`` is
+        its wait for them); None when rounds are made in it."""
+        return self.delivery.background_timer
+
     def _batches(self) -> Iterator[TensorDictBase]:
-        if self.collection.asynchronous:
-            yield from self._batches_as_delivered()
         while True:
             if self.pending is None:
                 self.pending = self._take_round()
@@ -299,76 +252,51 @@ class ReplayDataModule(RLDataModule):
         return sample
 
     def _take_round(self) -> list[TensorDictBase]:
-        """The batches of the updates the next collection earns: prepared in the background (prefetch) or now."""
-        if self._next_round is not None:
-            with self.timer.phase("collect"):  # the training thread's wait for the background round
-                self._prepared, self._next_round = self._next_round.result(), None
-        if self._prepared is not None:
-            taken, self._prepared = self._prepared, None
-        else:
-            taken = self._prepare_round(self.frames, self.update_credit, self.timer)
+        """The batches of the updates the next round earns, as the delivery makes it."""
+        taken = self.delivery.take(self)
         self.frames, self.update_credit = taken.frames, taken.credit
         self.episodes.count()  # the round's training episodes count with its frames
         self._round_updates = 0
         return taken.batches
 
-    def _prepare_round(self, frames: int, credit: float, timer: PhaseTimer) -> _Round:
+    def prepare_round(self, frames: int, credit: float, timer: PhaseTimer) -> Round:
         """Collect until an update is earned, write it all to the buffer, and draw the earned updates' batches. Reads
-        and writes no counter of this module (it may run in the background thread): they come in and go out."""
+        and writes no counter of this module (a delivery may call it in a background thread): they come in and go
+        out."""
         while credit < 1.0:
             batch = self.collect_uncounted(timer)
             frames += batch.numel()
             with timer.phase("buffer_write"):
-                self._store(batch)
+                self.store(batch)
             if frames >= self.warmup_frames:
                 credit += batch.numel() / self.frames_per_update
-        # The buffer does not change until the next collection, so the batches of every update this one earned are
-        # drawn in one call: the same uniform draws as one call per update, for a fraction of the replay buffer's
-        # per-call cost, which is the same whatever the batch size and more than the Snake network's forward pass
-        # (BENCHMARKS.md, "The update against its bare arithmetic").
-        updates = int(credit)
+        return Round(self.draw(int(credit), timer), frames, credit)
+
+    def draw(self, updates: int, timer: PhaseTimer) -> list[TensorDictBase]:
+        """The batches of ``updates`` updates, drawn from the buffer in one call: the buffer does not change until
+        the next collection, so these are the same uniform draws as one call per update, for a fraction of the
+        replay buffer's per-call cost, which is the same whatever the batch size and more than the Snake network's
+        forward pass (BENCHMARKS.md, "The update against its bare arithmetic")."""
         if self.prioritized:
             self.buffer.sampler.beta = self.importance_beta(self.trainer.global_step if self.trainer else 0)
         with timer.phase("sample"):
-            batches = list(self.buffer.sample(updates * self.batch_size).split(self.batch_size))
-        return _Round(batches, frames, credit)
+            return list(self.buffer.sample(updates * self.batch_size).split(self.batch_size))
 
-    def _start_next_round(self) -> None:
-        """Prepare the next round in the background, acting with the weights (and ε) the model has now."""
-        with torch.no_grad():
-            self._acting_params.update_(self._live_params)
-        if self._background is None:
-            self._background = ThreadPoolExecutor(
-                max_workers=1,
-                thread_name_prefix="replay-prefetch",
-                initializer=_start_background_thread,
-                initargs=(torch.get_num_threads(),),
-            )
-        # The credit left once this round's batches are served is where the next round's collection starts from.
-        credit = self.update_credit - len(self.pending or ())
-        self._next_round = self._background.submit(self._prepare_round, self.frames, credit, self.background_timer)
+    def stored(self) -> int:
+        """Transitions in the buffer."""
+        return len(self.buffer) if self.buffer is not None else 0
 
     def settle(self) -> None:
-        if self._next_round is not None:
-            with self.timer.phase("collect"):
-                self._prepared, self._next_round = self._next_round.result(), None
+        self.delivery.settle(self.timer)
 
     def teardown(self, stage: str) -> None:
-        if self._next_round is not None:  # after an error too: wait for the thread, without raising its error again
-            self._next_round.exception()
-            self._next_round = None
-        if self._background is not None:
-            self._background.shutdown()
-            self._background = None
+        self.delivery.close()
         super().teardown(stage)
 
     def after_update(self, priority: torch.Tensor | None = None) -> None:
         super().after_update(priority)
         self._round_updates += 1
-        # From the end of a round's first update (not before it: the first update of a process compiles the loss, and
-        # while it compiles, torch.compiler.is_compiling() reads True in every thread, which TorchRL's code consults).
-        if self.prefetch and self._round_updates == 1 and self._next_round is None and self._prepared is None:
-            self._start_next_round()
+        self.delivery.update_taken(self, self._round_updates)
         if self.prioritized:
             if priority is None:
                 raise ValueError(
@@ -378,62 +306,12 @@ class ReplayDataModule(RLDataModule):
             served, self._served_indices = self._served_indices, []
             self.buffer.update_priority(served[0] if len(served) == 1 else torch.cat(served), priority)
 
-    # ------------------------------------------------------------------------ asynchronous collector workers
-    def delivered(self, wait: bool) -> TensorDictBase | None:
-        """The next batch an asynchronous worker delivered (counted in ``frames``, with the frames of batches the
-        feeder dropped); None when none is waiting and ``wait`` is false."""
-        with self.timer.phase("collect"):
-            delivered = self.collection.delivered(wait)
-        if delivered is None:
-            return None
-        batch, dropped_frames = delivered
-        self.frames += batch.numel() + dropped_frames
-        self.episodes.count()  # what the feeder observed, delivered or dropped
-        return batch
-
-    def _batches_as_delivered(self) -> Iterator[TensorDictBase]:
-        """The batches of :class:`~datamodules.collection.AsyncCollectorWorkers`: what the workers delivered since the
-        last update goes into the buffer, and one batch is sampled per update, at most one per ``frames_per_update``
-        frames."""
-        while True:
-            # Everything delivered since the last update goes into the buffer; wait only while the buffer is short
-            # of its warm-up or the learner is a whole update ahead of the frames.
-            while True:
-                wait = self.frames < self.warmup_frames or self.update_credit < 1.0
-                batch = self.delivered(wait)
-                if batch is None:
-                    break
-                with self.timer.phase("buffer_write"):
-                    self._store(batch.to(self.device))
-                if self.frames >= self.warmup_frames:
-                    self.update_credit += batch.numel() / self.frames_per_update
-            # A learner slower than the workers does not owe the updates it could not take: it samples the freshest
-            # buffer instead. (At most one worker batch's worth of updates is kept as credit.)
-            batch_frames = self.collection.batch_frames
-            self.update_credit = min(self.update_credit, max(1.0, batch_frames / self.frames_per_update))
-            if self.prioritized:
-                self.buffer.sampler.beta = self.importance_beta(self.trainer.global_step if self.trainer else 0)
-            with self.timer.phase("sample"):
-                sample = self.buffer.sample(self.batch_size)
-            self.update_credit -= 1.0
-            self.samples += sample.numel()
-            if self.prioritized:
-                self._served_indices.append(sample["index"])
-            yield sample
-
     def monitor(self) -> dict[str, float]:
-        """The training episodes (the base's); with asynchronous collector workers also the reference's monitoring:
-        replay buffer fill, worker batches queued for the buffer and dropped
-        (:meth:`~datamodules.collection.AsyncCollectorWorkers.monitor`), experiences collected."""
-        if not self.collection.asynchronous:
-            return super().monitor()
-        return {
-            "data/buffer": float(len(self.buffer)) if self.buffer is not None else 0.0,
-            **super().monitor(),
-            "data/experiences": float(self.frames),
-        }
+        """The base's figures and the delivery's (asynchronous workers: the buffer's fill, experiences collected)."""
+        return {**super().monitor(), **self.delivery.monitor(self)}
 
-    def _store(self, batch: TensorDictBase) -> None:
+    def store(self, batch: TensorDictBase) -> None:
+        """Write a collected batch's transitions to the buffer (through the model's store transform, if any)."""
         # Only what the update reads (Snake-DQN: 6 of the 14 collected entries): every entry costs memory and an
         # indexing op per write and per sample.
         keep = batch.select(*self.batch_keys, strict=False) if self.batch_keys else batch.exclude("collector")
@@ -451,13 +329,7 @@ class ReplayDataModule(RLDataModule):
         state["update_credit"] = self.update_credit
         state["pending"] = None if self.pending is None else [to_plain(batch) for batch in self.pending]
         state["round_updates"] = self._round_updates
-        if self._prepared is not None:  # the next round, prepared in the background (settled by the base's state_dict)
-            prepared = self._prepared
-            state["prepared"] = {
-                "batches": [to_plain(batch) for batch in prepared.batches],
-                "frames": prepared.frames,
-                "credit": prepared.credit,
-            }
+        state.update(self.delivery.state_dict())  # a round prepared in the background (settled by the base's)
         if self.buffer is not None and len(self.buffer) > 0:
             beside = self._buffer_beside
             if beside is not None and beside[0] == self.trainer.global_step:
@@ -473,11 +345,7 @@ class ReplayDataModule(RLDataModule):
         pending = state_dict["pending"]
         self.pending = None if pending is None else [from_plain(b, batch_dims=1, device=self.device) for b in pending]
         self._round_updates = state_dict.get("round_updates", 0)
-        prepared = state_dict.get("prepared")
-        self._prepared = None
-        if prepared is not None:
-            batches = [from_plain(b, batch_dims=1, device=self.device) for b in prepared["batches"]]
-            self._prepared = _Round(batches, prepared["frames"], prepared["credit"])
+        self.delivery.load_state_dict(state_dict, self.device)
         if ("buffer" in state_dict or "buffer_folder" in state_dict) and self.buffer is None:
             raise RuntimeError("the replay buffer is created in setup(); load the data module state after it")
         if "buffer" in state_dict:

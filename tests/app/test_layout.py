@@ -313,3 +313,73 @@ def test_what_a_worker_process_imports_needs_no_lightning():
     files = [ROOT / "datamodules" / "workers.py", *sorted(set((ROOT / "envs").rglob("*.py")) - learner_only)]
     assert ROOT / "envs" / "mettagrid" / "env.py" in files
     assert offending_chains(files, ("lightning", "pytorch_lightning")) == []
+
+
+#: The strategies' own files: the only ones that may know which strategy collects.
+STRATEGY_FILES = {ROOT / "datamodules" / "collection.py", ROOT / "datamodules" / "delivery.py"}
+
+
+def strategy_questions(path: Path, interface: set[str], strategies: set[str]) -> list[str]:
+    """Where a file asks which collection strategy it has: ``isinstance``/``issubclass``/``type(...) is`` against a
+    strategy class, or a read of ``<x>.collection.<name>`` where ``name`` is no member of the strategies' common
+    ``interface`` (one strategy's own option or method)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        function = node.func.id if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) else None
+        if function in ("isinstance", "issubclass"):
+            named = {n.id for n in ast.walk(node.args[1]) if isinstance(n, ast.Name)} if len(node.args) > 1 else set()
+            found += [f"{path.name}:{node.lineno}: {function} {name}" for name in sorted(named & strategies)]
+        elif isinstance(node, ast.Compare) and isinstance(node.left, ast.Call):
+            call = node.left
+            if isinstance(call.func, ast.Name) and call.func.id == "type":
+                named = {n.id for c in node.comparators for n in ast.walk(c) if isinstance(n, ast.Name)}
+                found += [f"{path.name}:{node.lineno}: type {name}" for name in sorted(named & strategies)]
+        elif isinstance(node, ast.Attribute):
+            owner = node.value
+            owner_name = owner.attr if isinstance(owner, ast.Attribute) else getattr(owner, "id", None)
+            if owner_name == "collection" and node.attr not in interface:
+                found.append(f"{path.name}:{node.lineno}: collection.{node.attr}")
+    return found
+
+
+def strategy_interface() -> tuple[set[str], set[str]]:
+    """The members every strategy has (a base instance's public ones), and the strategies' class names."""
+    import datamodules.collection as collection
+
+    strategies = {
+        name
+        for name, value in vars(collection).items()
+        if isinstance(value, type) and issubclass(value, collection.Collection) and value is not collection.Collection
+    }
+    return {name for name in dir(collection.Collection()) if not name.startswith("_")}, strategies
+
+
+def test_the_strategy_scanner_sees_each_way_of_asking(tmp_path):
+    interface, strategies = strategy_interface()
+    assert {"EnvWorkers", "AsyncCollectorWorkers"} <= strategies and "replay_delivery" in interface
+    sample = tmp_path / "sample.py"
+    sample.write_text(
+        "def f(self, data):\n"
+        "    isinstance(self.collection, (InProcess, EnvWorkers))\n"
+        "    type(data.collection) is AsyncCollectorWorkers\n"
+        "    self.collection.learner_nice\n"
+        "    data.collection.delivered(True)\n"
+        "    self.collection.replay_delivery(self)\n"
+    )
+    assert strategy_questions(sample, interface, strategies) == [
+        "sample.py:2: isinstance EnvWorkers",
+        "sample.py:2: isinstance InProcess",
+        "sample.py:3: type AsyncCollectorWorkers",
+        "sample.py:4: collection.learner_nice",
+        "sample.py:5: collection.delivered",
+    ]
+
+
+def test_nothing_outside_the_strategies_asks_which_strategy_collects():
+    # Prefetch and asynchronous delivery are the strategies' own (datamodules/delivery.py): a data module, an agent or
+    # a callback uses what every strategy offers, and never branches on which one it has.
+    interface, strategies = strategy_interface()
+    rooms = ("app", "callbacks", "checkpoints", "compat", "datamodules", "envs", "export", "modules")
+    files = [path for room in rooms for path in sorted((ROOT / room).rglob("*.py")) if path not in STRATEGY_FILES]
+    questions = [question for path in files for question in strategy_questions(path, interface, strategies)]
+    assert questions == []

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 from lightning.pytorch.callbacks import Callback
-from tensordict import TensorDict, TensorDictBase
+from tensordict import TensorDict
 
 from app.cli import main
 from datamodules.collection import AsyncCollectorWorkers, CollectorWorkers, _Feeder
@@ -91,7 +91,7 @@ def test_the_learners_weights_reach_the_workers_when_pushed_and_on_a_cpu_at_once
             # batches in a row that all act with the new ones. Never seeing them means the change did not arrive.
             in_a_row = 0
             for _ in range(100):
-                batch: TensorDictBase = data.delivered(wait=True)
+                batch, _ = data.collection.delivered(wait=True)
                 in_a_row = in_a_row + 1 if bool((batch["action"] == action).all()) else 0
                 if in_a_row == 3:
                     break

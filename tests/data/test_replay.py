@@ -11,7 +11,7 @@ from torchrl.collectors import RandomPolicy
 from torchrl.envs import ExplorationType, MultiStepTransform, exploration_type, set_exploration_type
 
 from app.cli import build
-from datamodules.replay import _start_background_thread
+from datamodules.delivery import _start_background_thread
 from datamodules.rollout import RolloutDataModule
 from envs.testing.chain import ChainEnv
 from tests.helpers import PREFETCH, ROOT, chain_config, fit, write_config
@@ -59,7 +59,7 @@ def test_n_step_transitions_are_stored_as_summed_by_hand():
     for _ in range(calls):
         batch = data.collect()
         collected.append(batch.clone())
-        data._store(batch)
+        data.store(batch)
     raw = torch.cat(collected, 1)  # [envs, calls]
     stored = data.buffer.storage[: len(data.buffer)]
     assert len(data.buffer) == envs * (calls - n)  # each call completes one window per board, after the first n
