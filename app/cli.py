@@ -8,7 +8,7 @@ Commands::
     python -m app fit --config configs/snake_dqn.yaml --ckpt_path last     # continue its newest run, in its folder
     python -m app validate --config configs/snake_dqn.yaml --ckpt_path runs/snake_dqn/.../last.ckpt
     python -m app fit --config configs/snake_dqn.yaml --print_config       # the fully resolved config
-    python -m app export --checkpoint runs/snake_dqn/.../last.ckpt          # trace the policy (app/export.py)
+    lightrl export --ckpt_path runs/snake_dqn/.../last.ckpt          # trace the policy (app/export.py)
     python -m app watch --ckpt_path runs/snake_dqn/version_0 --episodes 3  # its greedy episodes as MP4 (app/watch.py)
 """
 
@@ -146,10 +146,7 @@ class RLCLI(LightningCLI):
     ) -> None:
         main_kwargs.setdefault(
             "epilog",
-            "Also: python -m app export --help (trace a checkpoint's policy for deployment); "
-            "python -m app seeds --help (a config over several seeds, aggregated); "
-            "python -m app watch --help (play a checkpoint's policy into an MP4 video); "
-            "python -m app tune --help (an Optuna search over a config's options).",
+            "Every command (seeds, tune, watch, export, ...) with one line each: lightrl --help.",
         )
         super().setup_parser(add_subcommands, main_kwargs, subparser_kwargs)
 

@@ -19,6 +19,7 @@ every_n_frames must be >= 1, got 0``.
 
 from __future__ import annotations
 
+import argparse
 import ast
 import collections.abc
 import dataclasses
@@ -247,6 +248,41 @@ def regroup_line(argv: Sequence[str]) -> str | None:
     return None
 
 
+def config_syntax_line(files: Sequence[str]) -> str | None:
+    """One line for the first of the ``--config`` files that is not valid YAML: the file, the line and column where
+    the parser gave up, and why. None when every one parses (or is missing: the caller names a missing file)."""
+    for file in files:
+        try:
+            yaml.safe_load(Path(file).read_text(encoding="utf-8"))
+        except OSError:
+            continue  # a missing file: the parser's own error names it
+        except yaml.MarkedYAMLError as error:
+            mark = error.problem_mark or error.context_mark
+            where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+            return f"--config {file}: not valid YAML at {where}{error.problem or error.context}"
+        except yaml.YAMLError as error:
+            return f"--config {file}: not valid YAML: {_one_line(str(error))}"
+    return None
+
+
+class OneLineArgumentParser(argparse.ArgumentParser):
+    """argparse, printing bad input as the one line ``<prog>: error: ...`` (no usage dump above it), status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def check_config_files(parser: argparse.ArgumentParser, files: Sequence[str]) -> None:
+    """The ``--config`` files of a command outside Lightning's CLI: each exists and is valid YAML, else the
+    parser's one error line names it."""
+    for file in files:
+        if not Path(file).is_file():
+            parser.error(f"--config {file}: no such file")
+    syntax = config_syntax_line(files)
+    if syntax:
+        parser.error(syntax)
+
+
 def _expected(type_text: str, value: str) -> str:
     literal = re.fullmatch(r"typing\.Literal\[(.*)\]", type_text)
     if literal:
@@ -257,6 +293,9 @@ def _expected(type_text: str, value: str) -> str:
 
 def parse_error_line(message: str, error: BaseException | None, argv: Sequence[str]) -> str:
     """One line for a parse failure: the full flag of the deepest key and the reason jsonargparse gave for it."""
+    syntax = config_syntax_line(_config_files(argv))
+    if syntax:  # YAML's own message names no file ("<unicode string>"): the config that does not parse comes first
+        return syntax
     keys: list[str] = []
     class_path = None
     leaf = None
@@ -473,8 +512,8 @@ def fatal_error_line(error: BaseException) -> str | None:
             return (
                 f"out of memory in {_where(cause)}: {_allocator_message(cause)}; make the run "
                 "smaller (--data.init_args.buffer_size, --data.init_args.batch_size or minibatch_size, "
-                "--data.init_args.num_envs), or see the memory estimate printed at start (README, 'Memory and "
-                "worker failures')"
+                "--data.init_args.num_envs), or see the memory estimate printed at start (docs/guide/collection.md, "
+                "'Memory and worker failures')"
             )
     return None
 

@@ -2,8 +2,8 @@
 
 Commands::
 
-    python -m app export --checkpoint runs/pirl_vehicle/version_0/checkpoints/last.ckpt --threads 1
-    python -m app export --checkpoint last.ckpt --config configs/snake_dqn.yaml --batch-sizes 256 --out export
+    lightrl export --ckpt_path runs/pirl_vehicle/version_0/checkpoints/last.ckpt --threads 1
+    lightrl export --ckpt_path last.ckpt --config configs/snake_dqn.yaml --batch-sizes 256 --out export
 
 The model and data module are rebuilt from the run's config (``config.yaml`` beside the checkpoint, or ``--config``)
 as ``fit`` builds them (:func:`app.cli.build`), the checkpoint's weights loaded, and
@@ -14,7 +14,6 @@ config. The work is the export library's (export/); this is its command line.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,6 +21,7 @@ from typing import Any
 
 import torch
 
+from app.errors import OneLineArgumentParser
 from app.trained import load_trained, run_folder_of
 from export.inputs import environment_check_inputs
 from export.loader import METADATA
@@ -29,16 +29,19 @@ from export.report import BENCHMARK
 from export.tracing import BACKENDS, check_options, export_network_of, export_policy, output_kind
 
 
-def main(argv: Sequence[str] | None = None, prog: str = "python -m app export") -> dict[str, Any]:
+def main(argv: Sequence[str] | None = None, prog: str = "lightrl export") -> dict[str, Any]:
     """Parses ``argv`` (default ``sys.argv[1:]``), exports, and returns the metadata written to ``export.json``.
     Bad input exits with status 2 and one line ``<prog>: error: ...`` naming the flag."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(
+    parser = OneLineArgumentParser(
         prog=prog,
         description="Trace a trained policy from a checkpoint, check it against eager and benchmark it.",
         allow_abbrev=False,  # the unknown flags go to the model's config: never guess which of ours they abbreviate
     )
-    parser.add_argument("--checkpoint", required=True, help="a Lightning checkpoint (e.g. .../checkpoints/last.ckpt)")
+    # --ckpt_path as in fit, validate and watch; --checkpoint, its former name, still works.
+    parser.add_argument(
+        "--ckpt_path", "--checkpoint", required=True, help="a Lightning checkpoint (e.g. .../checkpoints/last.ckpt)"
+    )
     parser.add_argument(
         "--config",
         action="append",
@@ -55,9 +58,9 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m app export") 
     parser.add_argument("--no-benchmark", action="store_true", help="skip the benchmark")
     args, overrides = parser.parse_known_args(argv)
 
-    checkpoint = Path(args.checkpoint)
+    checkpoint = Path(args.ckpt_path)
     if not checkpoint.is_file():
-        parser.error(f"--checkpoint {checkpoint}: no such file")
+        parser.error(f"--ckpt_path {checkpoint}: no such file")
     try:
         sizes = check_options(
             args.batch_sizes,
@@ -71,12 +74,12 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m app export") 
         parser.error(str(error))
     if args.threads < 1:
         parser.error(f"--threads must be >= 1, got {args.threads}")
-    model, datamodule, _ = load_trained(parser, "--checkpoint", checkpoint, args.config, overrides)
+    model, datamodule, _ = load_trained(parser, "--ckpt_path", checkpoint, args.config, overrides)
     torch.set_num_threads(args.threads)  # after build, which sets the config's own `threads`
     try:
         network, shape, dtype = export_network_of(model)
     except NotImplementedError as error:  # an agent with no plain network to trace (recurrent PPO's LSTM state)
-        parser.error(f"--checkpoint {checkpoint}: {error}; its policy cannot be exported")
+        parser.error(f"--ckpt_path {checkpoint}: {error}; its policy cannot be exported")
     out = Path(args.out) if args.out else run_folder_of(checkpoint) / "export"
     print(
         f"Exporting {type(model).__name__}.export_network() from {checkpoint} (torch threads: {args.threads}) to {out}"

@@ -26,7 +26,6 @@ result, run at the seed's own seed, so racing's report is behaviour cloning agai
 
 from __future__ import annotations
 
-import argparse
 import csv
 import json
 import math
@@ -42,6 +41,7 @@ from typing import Any
 import torch
 import yaml
 
+from app.errors import OneLineArgumentParser, check_config_files
 from app.stages import stage_configs
 from checkpoints.resume import LAST
 from datamodules.evaluation import episode_statistics
@@ -336,11 +336,11 @@ def plot(result: dict[str, Any], path: Path, title: str) -> None:
     plt.close(figure)
 
 
-def main(argv: Sequence[str] | None = None, prog: str = "python -m app seeds") -> dict[str, Any]:
+def main(argv: Sequence[str] | None = None, prog: str = "lightrl seeds") -> dict[str, Any]:
     """Parses ``argv`` (flags it does not know go to every seed's ``fit``), runs the seeds, writes the aggregate.
     Bad input exits with status 2 and one line ``<prog>: error: ...`` naming the flag."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(
+    parser = OneLineArgumentParser(
         prog=prog, description="Run a config over several seeds and aggregate them.", allow_abbrev=False
     )
     parser.add_argument("--config", action="append", required=True, help="the training config(s), composed in order")
@@ -353,9 +353,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m app seeds") -
     for flag, value in (("--seeds", args.seeds), ("--parallel", args.parallel), ("--threads", args.threads)):
         if value < 1:
             parser.error(f"{flag} must be >= 1, got {value}")
-    for path in args.config:
-        if not Path(path).is_file():
-            parser.error(f"--config {path}: no such file")
+    check_config_files(parser, args.config)
     logger = (_composed(args.config).get("trainer") or {}).get("logger")
     if not isinstance(logger, dict) or "class_path" not in logger:
         parser.error(f"--config {args.config[-1]}: the seeds' runs need the config's trainer.logger (e.g. a CSVLogger)")

@@ -39,6 +39,7 @@ from lightning.pytorch.loggers import CSVLogger, MLFlowLogger, TensorBoardLogger
 
 from app.run_folder import import_class
 from callbacks.tracking import CHECKPOINT_KEY
+from compat.extras import install_command
 from compat.lightning import tensorboard_available
 
 FLAG = "--trainer.logger"
@@ -124,7 +125,7 @@ def check_packages(trainer: Namespace) -> None:
         if not installed:
             raise ValueError(
                 f"{FLAG} {backend}: the {backend} package is not installed; "
-                f'pip install -e ".[{_EXTRAS[backend]}]" (or pip install {backend})'
+                f"{install_command(_EXTRAS[backend])} (or pip install {backend})"
             )
 
 

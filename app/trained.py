@@ -6,16 +6,9 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import torch
-
-
-class OneLineArgumentParser(argparse.ArgumentParser):
-    """argparse, printing bad input as the one line ``<prog>: error: ...`` (no usage dump above it), status 2."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message}\n")
 
 
 def find_config(checkpoint: Path, levels: int = 3) -> Path | None:

@@ -50,13 +50,14 @@ from typing import Any
 
 import yaml
 
+from app.errors import OneLineArgumentParser, check_config_files
 from app.seeds import _composed
+from compat.extras import install_command
 
 STORAGE = "study.db"
 PRUNERS = ("median", "hyperband", "none")
 OBJECTIVE = "eval/return_mean"
 _POLL_S = 0.5  # how often a running trial's evaluations are read
-_INSTALL = 'pip install -e ".[tune]" (or pip install optuna)'
 
 
 @dataclass(frozen=True)
@@ -449,11 +450,11 @@ def _evaluation_interval(configs: Sequence[str]) -> int | None:
     return None
 
 
-def main(argv: Sequence[str] | None = None, prog: str = "python -m app tune") -> None:
+def main(argv: Sequence[str] | None = None, prog: str = "lightrl tune") -> None:
     """Parses ``argv`` (flags it does not know go to every trial's ``fit``), checks the space, runs the search.
     Bad input exits with status 2 and one line ``<prog>: error: ...`` naming the flag."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(
+    parser = OneLineArgumentParser(
         prog=prog, description="Search a config's hyperparameters with Optuna.", allow_abbrev=False
     )
     parser.add_argument("--config", action="append", required=True, help="the training config(s), composed in order")
@@ -479,9 +480,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m app tune") ->
         math.isfinite(args.timeout_per_trial) and args.timeout_per_trial >= 1
     ):
         parser.error(f"--timeout-per-trial must be >= 1 second, got {args.timeout_per_trial:g}")
-    for path in args.config:
-        if not Path(path).is_file():
-            parser.error(f"--config {path}: no such file")
+    check_config_files(parser, args.config)
     try:
         dimensions = read_space(args.space)
     except ValueError as error:
@@ -489,7 +488,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m app tune") ->
     try:
         import optuna
     except ImportError:
-        parser.error(f"the optuna package is not installed; {_INSTALL}")
+        parser.error(f"the optuna package is not installed; {install_command('tune')} (or pip install optuna)")
     logger = (_composed(args.config).get("trainer") or {}).get("logger")
     if not isinstance(logger, dict) or "class_path" not in logger:
         parser.error(

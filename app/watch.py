@@ -17,12 +17,13 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from app.trained import OneLineArgumentParser, load_trained, run_folder_of
+from app.errors import OneLineArgumentParser
+from app.trained import load_trained, run_folder_of
 from callbacks.video import encoder_missing, record_video
 from envs.base import cannot_render
 
 
-def main(argv: Sequence[str] | None = None, prog: str = "python -m app watch") -> Path:
+def main(argv: Sequence[str] | None = None, prog: str = "lightrl watch") -> Path:
     """Parses ``argv`` (default ``sys.argv[1:]``), writes the video and returns its path. Bad input exits with
     status 2 and one line ``<prog>: error: ...`` naming the flag."""
     argv = list(sys.argv[1:] if argv is None else argv)

@@ -32,8 +32,8 @@ between checkpoints and while one is written).
    (``.<name>.tmp-<pid>``) anywhere in the lap's folder; per process, its exit status is the one its fault should give
    and no process of its group outlives it by more than :data:`STRAY_SECONDS`.
 
-Writes ``<out>/soak.json`` and ``<out>/soak.md`` (the figures in BENCHMARKS.md, "Fault-injection soak"), and each
-process's stderr under ``<out>/logs``. Exit status 1 when any check failed.
+Writes ``<out>/soak.json`` and ``<out>/soak.md`` (the figures in docs/results/infrastructure.md, "Fault-injection
+soak"), and each process's stderr under ``<out>/logs``. Exit status 1 when any check failed.
 """
 
 from __future__ import annotations
@@ -97,12 +97,13 @@ COLLECTIONS = {
     "frame_once": Collection(
         "mario_ddqn.yaml", (*MARIO, "--data.init_args.collection", "InProcess"), exact=True, workers=False
     ),
-    # As shipped: asynchronous workers, whose episodes restart on a resume (README "Mario"): resumes, not exactly.
+    # As shipped: asynchronous workers, whose episodes restart on a resume (docs/systems/mario.md, "Asynchronous
+    # collector workers"): resumes, not exactly.
     "async_workers": Collection("mario_ddqn.yaml", (*MARIO,), exact=False, workers=True),
 }
 KINDS = ("sigkill", "sigkill_worker", "sigterm", "disk_full")
-STRAY_SECONDS = 15.0  # README: worker processes stop "within seconds" of the training process
-SIGTERM_STATUS = 128 + signal.SIGTERM  # README "Stopping a run"
+STRAY_SECONDS = 15.0  # docs/guide/resuming.md: worker processes stop "within seconds" of the training process
+SIGTERM_STATUS = 128 + signal.SIGTERM  # docs/guide/resuming.md, "Stopping a run"
 
 
 @dataclass
@@ -317,7 +318,8 @@ def deliver(child: subprocess.Popen, process: Process, cwd: Path, disk: Path | N
 
 
 def expected(process: Process, errors: list[str], traceback: bool) -> bool:
-    """Whether the process ended as its fault should make it end (README "Resuming")."""
+    """Whether the process ended as its fault should make it end (docs/guide/resuming.md, "What survives which
+    fault")."""
     status = process.status
     if process.error_line.startswith("hung") or process.strays:
         return False

@@ -12,7 +12,7 @@ stopped from outside still leaves what it measured:
 
 - ``gpu_suite.json``: per item its status (``ok``, ``failed`` with the error's last lines, ``timed out``), seconds,
   figures, targets with met / not met, GPU utilisation and memory;
-- ``gpu_suite.md``: the same as tables, for BENCHMARKS.md.
+- ``gpu_suite.md``: the same as tables, for docs/results/gpu.md.
 
 The items, in the order they run (each figure's target is the reference reports' where they have one):
 
@@ -311,7 +311,7 @@ def mario(ctx: Context) -> dict:
 
 #: name -> (item, cap in seconds on the GPU). Sized on a fresh H200 (2026-11-28: every sitting starts with cold
 #: compile caches, and there the DQN item took 74 s, SAC 75, Snake env 21 and PIRL's export more than 50). Together
-#: about 14 minutes: a lease of 10-minute commands runs the suite as two (``--only``; BENCHMARKS.md, "GPU suite").
+#: about 14 minutes: a lease of 10-minute commands runs the suite as two (``--only``; docs/results/gpu.md, "GPU suite").
 ITEMS: dict[str, tuple[Callable[[Context], dict], int]] = {
     "snake_env": (snake_env, 30),
     "pirl_export": (pirl_export, 80),

@@ -20,8 +20,8 @@ For each worker count W, in one run:
   updates per second in its steady state (after the first update: the evaluation environments' start and the
   warm-up are left out). The learner updates on batches of
   ``--batch-size`` without accumulation, so that its updates are frequent enough to frame that window (the shipped
-  4 × 512 takes seconds per update on this CPU: BENCHMARKS.md, "Mario", under "The update at the reference's setting
-  on this CPU"); it runs at a lower priority than the workers either way.
+  4 × 512 takes seconds per update on this CPU: docs/results/mario.md, "The update at the reference's setting on
+  this CPU"); it runs at a lower priority than the workers either way.
 
 The figure the issue asks for is ``collection / raw``: the emulator frames the workers turned into experiences per
 second while the learner trained, against the raw speed of W processes. The shipped config's training episodes start
@@ -32,9 +32,9 @@ JSON and a Markdown table beside ``--out``.
 
 ε: the workers draw which rows explore before they act and run the Q-network on the greedy rows only, so acting
 costs in proportion to 1 − ε. By default ε follows the config's schedule from 1: ``alone`` stays at 1, and a short
-``fit`` stays near it, early in the 500k annealing frames, which no run of an hour on this CPU gets past (BENCHMARKS.md,
-"Mario", under "Learning in under an hour on this CPU"). ``--eps 0.05`` holds it at the reference's final value, where
-the network runs for nearly every row.
+``fit`` stays near it, early in the 500k annealing frames, which no run of an hour on this CPU gets past
+(docs/results/mario.md, "Learning in under an hour on this CPU"). ``--eps 0.05`` holds it at the reference's final
+value, where the network runs for nearly every row.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
     python -m app fit --config configs/racing_sac.yaml                                        # from BC
     python -m app fit --config configs/racing_sac.yaml --config configs/bench/sac_scratch.yaml   # from scratch
     python benchmarks/racing_curves.py --runs runs/racing_sac/version_0 runs/racing_sac_scratch/version_0 \
-        --out docs/racing_sac_learning_curves.png
+        --out docs/results/reports/racing_sac_learning_curves.png
 
 Reads each run's ``metrics.csv`` (the ``PeriodicEvaluation`` rows: deterministic return from 16 fixed starts
 against frames) and draws them together with the uniformly random policy's return (measured by the same callback,
@@ -37,7 +37,7 @@ def main() -> None:
     parser.add_argument("--runs", nargs="+", type=Path, required=True, help="run folders (with metrics.csv)")
     parser.add_argument("--labels", nargs="+", help="one label per run (default: the run folders' names)")
     parser.add_argument("--expert", type=float, help="the expert's return from the same starts, drawn as a line")
-    parser.add_argument("--out", type=Path, default=Path("docs/racing_sac_learning_curves.png"))
+    parser.add_argument("--out", type=Path, default=Path("docs/results/reports/racing_sac_learning_curves.png"))
     args = parser.parse_args()
     labels = args.labels or [f"{run.parent.name}/{run.name}" for run in args.runs]
     if len(labels) != len(args.runs):

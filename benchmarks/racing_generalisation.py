@@ -2,7 +2,8 @@
 
     python benchmarks/racing_generalisation.py --config configs/racing_bc_circuits.yaml
     python benchmarks/racing_generalisation.py --checkpoints runs/racing_bc_circuits/version_0/checkpoints/last.ckpt \\
-        --json runs/bench/generalisation.json --markdown runs/bench/generalisation.md --picture docs/racing_lines.png
+        --json runs/bench/generalisation.json --markdown runs/bench/generalisation.md \\
+        --picture docs/results/reports/racing_lines.png
 
 The circuits: the held-out set of the training distribution (``tracks: {split: held_out}`` of the config's or the
 checkpoint's environment, a seed stream training never draws), each driven both ways, and the reference circuit

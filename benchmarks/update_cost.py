@@ -17,7 +17,7 @@ One process measures, side by side:
 The two are interleaved: after the warm-up, the fit runs in segments of about ``--segment-seconds``, and between
 two segments the bare loop runs for ``--bare-seconds`` (a callback, on copies of the networks, under a forked RNG,
 outside the segments' time). This machine's speed drifts within a minute by more than the overheads measured
-(BENCHMARKS.md, "The update against its bare arithmetic"), so a bare time taken before or after the fit does not
+(docs/results/snake.md, "The update against its bare arithmetic"), so a bare time taken before or after the fit does not
 describe the fit; the ratio is each segment's time per update over the bare slice right after it, and the figure
 reported is the median of those ratios. Each segment's time per update is also split into the data module's phases
 (collect, buffer_write, sample, update; other is the rest), without the bare slices.

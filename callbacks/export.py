@@ -7,7 +7,7 @@ The tracing itself is :mod:`export.tracing`, the loader :mod:`export.loader`, th
 Commands::
 
     python -m app fit --config configs/snake_dqn.yaml --trainer.callbacks+=callbacks.export.PolicyExport
-    python -m app export --checkpoint runs/snake_dqn/version_0/checkpoints/last.ckpt --threads 1
+    lightrl export --ckpt_path runs/snake_dqn/version_0/checkpoints/last.ckpt --threads 1
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ class PolicyExport(Callback):
     """After ``fit``, traces the policy network at fixed batch sizes, checks it against eager, and benchmarks it.
 
     Runs :func:`export.tracing.export_policy` on ``pl_module.export_network()`` (a CPU, fp32, eval-mode copy) on
-    rank zero, in ``on_fit_end``, after the final checkpoint: if the export fails, ``python -m app export --checkpoint``
+    rank zero, in ``on_fit_end``, after the final checkpoint: if the export fails, ``lightrl export --ckpt_path``
     redoes it from that checkpoint. Traced and eager outputs are compared on random inputs and on the data module's
     own observations: its environment's start states and, when it exposes its dynamics, its collocation box
     (:mod:`export.inputs`). Load the result with :class:`export.loader.TracedPolicy`.

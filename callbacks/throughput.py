@@ -42,6 +42,13 @@ _PACKAGES = ("torch", "lightning", "torchrl", "tensordict")
 BARE_UPDATE_SHARE = 0.05
 
 
+def program(argv0: str) -> str:
+    """How the run was started, without the machine's paths: ``python -m app`` for a package's ``__main__.py``,
+    else the program's name (``lightrl``, a benchmark script)."""
+    path = Path(argv0)
+    return f"python -m {path.parent.name}" if path.name == "__main__.py" else path.name
+
+
 class ThroughputReport(Callback):
     """Reads the phase timer, logs rates as it goes, and writes a JSON + Markdown report (and plots) at the end.
 
@@ -225,7 +232,7 @@ class ThroughputReport(Callback):
         device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
         return {
             "date": datetime.now().astimezone().isoformat(timespec="seconds"),
-            "command": list(sys.argv),
+            "command": [program(sys.argv[0]), *sys.argv[1:]],
             "run": run_name(trainer, self._dir),
             "machine": {
                 "platform": platform.platform(),

@@ -3,7 +3,7 @@
 
 The frames are the environment's own drawing (``BatchedEnv.render``); environments that cannot draw themselves
 (``can_render`` False) make no video, and asking for one is an error before anything runs. The encoder is an
-optional extra: ``pip install "lightrl[video]"``.
+optional extra: ``pip install -e ".[video]"`` from a checkout.
 
 Encoding: H.264 in yuv420p, the format every player and browser (and W&B) shows, at ``CRF`` 18 (x264's
 "visually lossless"): colours are stored at half resolution and rounded, so a decoded frame is close to, not equal
@@ -21,10 +21,10 @@ import numpy as np
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from callbacks.schedule import FrameSchedule
+from compat.extras import install_command
 from envs.base import cannot_render
 
 #: how to get the encoder, for the error line when it is missing.
-INSTALL = 'pip install "lightrl[video]" (or pip install "imageio[ffmpeg]")'
 #: x264's constant rate factor: 0 lossless … 51 worst; 18 is its "visually lossless".
 CRF = 18
 
@@ -34,7 +34,8 @@ def encoder_missing() -> str | None:
     try:
         import imageio_ffmpeg  # noqa: F401  (the ffmpeg binary comes with it)
     except ImportError:
-        return f"writing MP4 needs imageio-ffmpeg, which is not installed: {INSTALL}"
+        hint = f'{install_command("video")} (or pip install "imageio[ffmpeg]")'
+        return f"writing MP4 needs imageio-ffmpeg, which is not installed: {hint}"
     return None
 
 

@@ -4,7 +4,9 @@
 - :mod:`compat.torchrl`: what an exact resume reads out of TorchRL's collectors, transforms and parallel envs;
 - :mod:`compat.tensordict`: the unchecked TensorDict constructor, the interaction type held per thread;
 - :mod:`compat.lightning`: Lightning's step and batch counters, its checkpoint and CSV-writer internals;
-- :mod:`compat.jsonargparse`: how jsonargparse reads a TorchRL environment's options.
+- :mod:`compat.jsonargparse`: how jsonargparse reads a TorchRL environment's options;
+- :mod:`compat.extras`: the command that installs one of the project's optional extras (no private API: the one place
+  that spells the distribution's name).
 
 Each module names its distribution (``DISTRIBUTION``), the version it was written against (``WRITTEN_AGAINST``) and
 every private name it uses (``PRIVATE_API``: where it lives, the name, the function here that uses it). Each function

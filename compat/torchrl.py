@@ -156,8 +156,8 @@ def storage_contents(storage: Any) -> TensorDictBase:
 class StepOutputComplete:
     """Mixin, before ``EnvBase`` in an environment's bases: its ``_step`` output already holds every reward and done
     entry of the specs, in their shapes and dtypes, so TorchRL's completion pass over it (a large part of what the
-    MettaGrid wrapper added to a step: BENCHMARKS.md, "MettaGrid", under "The wrapper, trimmed") is skipped unless
-    type checks are on."""
+    MettaGrid wrapper added to a step: docs/results/mettagrid.md, "The wrapper, trimmed") is skipped unless type
+    checks are on."""
 
     # EnvBase._step_proc_data (private; torchrl 0.14.1): called by EnvBase.step on _step's output.
     def _step_proc_data(self, next_tensordict: TensorDictBase) -> TensorDictBase:
@@ -169,7 +169,8 @@ class FastStepAndMaybeReset:
     every step, with the same result as TorchRL's in a few dict operations instead of its per-key passes.
 
     TorchRL's version validates each entry it sets and walks key trees entry by entry to build the next step's input
-    (``_StepMDP``): about 20 µs a batch step, more than a cheap task's whole step (BENCHMARKS.md, "Vectorisation").
+    (``_StepMDP``): about 20 µs a batch step, more than a cheap task's whole step (docs/results/gymnasium.md, "The
+    collectors' step without TorchRL's per-key passes").
     Here, in the plain case (a ``TensorDict`` input on the environment's device and batch, no ``"next"`` or
     ``"_step"`` entry in it, ``step_mdp``'s keys all top-level, none of TorchRL's step hooks, native autoreset or
     compiled variant set), the step's output is set as ``"next"`` unchecked, and the next input is one dict: the

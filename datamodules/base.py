@@ -139,7 +139,7 @@ class EnvSpecs:
             probe.close()
             raise ValueError(
                 f"data.env: {type(probe).__module__}.{type(probe).__qualname__} is not a "
-                "envs.base.BatchedEnv (the environment contract: README, 'Adding an environment')"
+                "envs.base.BatchedEnv (the environment contract: docs/extending/environment.md)"
             )
         one_agent = (0,) * len(probe.batch_size)
         self._observation_spec = probe.observation_spec[one_agent].clone()
@@ -184,7 +184,7 @@ class RLDataModule(EnvSpecs, Evaluation, pl.LightningDataModule):
         act_precision: ``"32"``: the collector's policy acts in float32; ``"bf16"``: its forward pass runs under
             bfloat16 autocast (:class:`AutocastPolicy`), what it writes returned in float32. For networks whose
             acting forward pass is a large share of collection, on a CPU with native bfloat16 arithmetic (Mario's
-            CNN: BENCHMARKS.md, "Mario", under "Again, after cheaper frames and bfloat16 acting"); the update and
+            CNN: docs/history/mario.md, "Again, after cheaper frames and bfloat16 acting"); the update and
             evaluation keep the trainer's precision, so acting can pick another action than float32 would only where
             two action values are within bfloat16's rounding.
     """

@@ -38,7 +38,8 @@ from torchrl.envs import Transform
 FRAME_IDS = "frame_ids"  # [stack] ids of the observation's frames, then [stack] of the next observation's
 # Recent next stacks an incoming observation is matched against. A worker's batch continues its environments' episodes
 # from its previous batch, with the other workers' batches in between: 64 was too few for two workers of 64-step
-# batches (each batch's first steps missed, wrote whole stacks, and the ring overflowed; BENCHMARKS.md, "Mario").
+# batches (each batch's first steps missed, wrote whole stacks, and the ring overflowed; docs/history/mario.md, "Two
+# workers, a starved learner").
 _OPEN_ENDS = 8192
 _FINGERPRINT_STRIDE = 61  # bytes of a stack between two that its fingerprint reads
 # Frames beyond one per stored transition that a buffer's store keeps at least. Half of them bounds how old a matched

@@ -7,8 +7,8 @@ the frame ring, the rollout, the collector's batches, the worker processes: :cla
 adds the model and its optimizer, and :func:`check_memory` compares the sum per device with the memory available there:
 ``MemAvailable`` of ``/proc/meminfo`` or, if lower, what the cgroup's limit leaves (``/sys/fs/cgroup/memory.max``); on
 a GPU, ``torch.cuda.mem_get_info``. Refused: one line naming the flag of the largest need. Above
-:data:`WARN_FRACTION` of it: one warning line. ``--memory_check false`` skips the check (README, "Memory and worker
-failures").
+:data:`WARN_FRACTION` of it: one warning line. ``--memory_check false`` skips the check
+(docs/guide/collection.md, "Memory and worker failures").
 
 The stores' estimates count the tensors' bytes only (not the allocator's slack or Python objects), so they are a
 floor: what fits here may still be tight, which is what the warning is for. The worker processes' is measured instead

@@ -10,9 +10,9 @@ with the torch this project pins ("SumSegmentTreeFp32 is not available"). This o
 one tensor and draws with an inclusive prefix sum and ``searchsorted``: O(capacity) work per draw, but a few
 vectorised ops on the storage's device, with no Python loop per sample and no host sync (the same code on CUDA).
 On this 2-core CPU a ``sample()`` of 2,048 transitions from a full 200k-slot buffer, with 512 priorities written
-back, costs a little more than a uniform one (``benchmarks/replay_sample.py``; BENCHMARKS.md, "DQN", under "Prioritized
-replay"); the replay data module draws the batches of every update a collection earns in one call.
-
+back, costs a little more than a uniform one (``benchmarks/replay_sample.py``; docs/history/snake.md, "DQN: four
+learning-side tries, none adopted", under "Prioritized replay"); the replay data module draws the batches of every
+update a collection earns in one call.
 It plugs into ``TensorDictReplayBuffer(sampler=..., priority_key=...)`` like TorchRL's: ``sample`` returns the indices
 and ``{"priority_weight": w}`` (the buffer adds ``index`` to the batch; ``DQNLoss`` averages its per-sample losses with
 these weights, ``Σ w·l / Σ w``), ``extend``/``add`` give new slots the largest priority, ``update_priority(index,

@@ -241,7 +241,8 @@ class ReplayDataModule(RLDataModule):
     def next_ready_batch(self) -> TensorDictBase:
         """The next of the batches already drawn (``batches_ready`` > 0). The training stream serves them one by one;
         a model's step takes the rest of a round here directly, past Lightning's DataLoader wrapping, whose per-batch
-        cost is a noticeable share of a small update (BENCHMARKS.md, "The update against its bare arithmetic")."""
+        cost is a noticeable share of a small update (docs/results/snake.md, "The update against its bare
+        arithmetic")."""
         sample = self.pending.pop(0)
         if not self.pending:
             self.pending = None
@@ -276,7 +277,7 @@ class ReplayDataModule(RLDataModule):
         """The batches of ``updates`` updates, drawn from the buffer in one call: the buffer does not change until
         the next collection, so these are the same uniform draws as one call per update, for a fraction of the
         replay buffer's per-call cost, which is the same whatever the batch size and more than the Snake network's
-        forward pass (BENCHMARKS.md, "The update against its bare arithmetic")."""
+        forward pass (docs/results/snake.md, "The update against its bare arithmetic")."""
         if self.prioritized:
             self.buffer.sampler.beta = self.importance_beta(self.trainer.global_step if self.trainer else 0)
         with timer.phase("sample"):

@@ -34,8 +34,8 @@ An environment is a TorchRL ``EnvBase`` that steps a whole batch of environments
   by an environment built with the class's ``render_options`` on top of the evaluation's (an environment that draws
   only when asked to at construction, as Gymnasium's do, names that option there).
 
-``tests/envs/test_env_contract.py`` checks the contract for every environment in this package; README's "Adding an
-environment" shows a complete one.
+``tests/envs/test_env_contract.py`` checks the contract for every environment in this package;
+``docs/extending/environment.md`` ("Adding an environment") shows a complete one.
 """
 
 from __future__ import annotations

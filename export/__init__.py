@@ -8,6 +8,6 @@
   batch size (needs only torch).
 
 Library code: it imports nothing of the app, the agents, the data modules or the callbacks (tests/app/test_layout.py).
-:class:`callbacks.export.PolicyExport` runs the export after ``fit``, and ``python -m app export --checkpoint ...``
+:class:`callbacks.export.PolicyExport` runs the export after ``fit``, and ``lightrl export --ckpt_path ...``
 (app/export.py) from a checkpoint alone.
 """

@@ -95,7 +95,7 @@ def verify(path: Path, expected: str, remedy: str) -> Path:
 def reexport_command(metadata: dict[str, Any]) -> str:
     """How to rebuild the folder: from the checkpoint the export recorded, else the run's usual one."""
     checkpoint = metadata.get("checkpoint") or "<run folder>/checkpoints/last.ckpt"
-    return f"re-export with python -m app export --checkpoint {checkpoint}"
+    return f"re-export with lightrl export --ckpt_path {checkpoint}"
 
 
 class TracedPolicy:
@@ -145,9 +145,7 @@ class TracedPolicy:
         """
         dirpath = Path(dirpath)
         if not (dirpath / METADATA).is_file():
-            raise FileNotFoundError(
-                f"{dirpath / METADATA}: no such file (python -m app export --checkpoint writes one)"
-            )
+            raise FileNotFoundError(f"{dirpath / METADATA}: no such file (lightrl export --ckpt_path writes one)")
         metadata = json.loads((dirpath / METADATA).read_text())
         shape, dtype = metadata["input"]["shape"], getattr(torch, metadata["input"]["dtype"])
         kind = metadata["output"].get("kind", "scores")  # exports before the field held discrete agents' scores

@@ -5,7 +5,7 @@ by ``training_step`` under Lightning's manual optimization. With ``compile`` the
 compiled the way TorchRL's sota-implementations compile theirs (``torch.compile``), which removes most of the Python
 cost of TorchRL's loss modules; the clip and the Adam step are PyTorch's fused kernels called directly
 (:mod:`modules.optim`), compiled or not. What that leaves of the framework's cost is measured against the update's
-bare arithmetic by ``benchmarks/update_cost.py`` (BENCHMARKS.md, "The update against its bare arithmetic").
+bare arithmetic by ``benchmarks/update_cost.py`` (docs/results/snake.md, "The update against its bare arithmetic").
 """
 
 from __future__ import annotations
@@ -168,17 +168,17 @@ class RLModule(pl.LightningModule):
         inductor_fallback_random()
         mode = "default" if self.compile_mode in (True, "cudagraph") else self.compile_mode
         # Before each call Dynamo checks guards on everything the function touched, which for a TorchRL loss module is
-        # hundreds of attribute and parameter guards: a noticeable share of a small network's update (BENCHMARKS.md,
-        # "The update against its bare arithmetic"). The update calls the loss with the same code, modules and flags
-        # every time, so the guards on the model are dropped (_batch_guards): a batch of another shape, or with other
-        # entries, still recompiles.
+        # hundreds of attribute and parameter guards: a noticeable share of a small network's update
+        # (docs/history/snake.md, "The update against its bare arithmetic: from the first figures to the current ones").
+        # The update calls the loss with the same code, modules and flags every time, so the guards on the model are
+        # dropped (_batch_guards): a batch of another shape, or with other entries, still recompiles.
         options = {**inductor_mode_options(mode), "guard_filter_fn": _batch_guards}
         if self.device.type == "cpu":
             # Inductor's default wrapper is Python: between two of the graph's kernels it returns to the interpreter
             # and takes the GIL back, and while a prefetch thread holds the GIL (its collection is mostly Python) the
             # update waits. The C++ wrapper runs the whole graph without the interpreter, which makes the update faster
-            # beside a prefetch thread and alone, for slightly longer compilation (BENCHMARKS.md, "The update against
-            # its bare arithmetic").
+            # beside a prefetch thread and alone, for slightly longer compilation (docs/history/snake.md, "The update
+            # against its bare arithmetic: what changed before the current figures of 2026-11-25").
             options["cpp_wrapper"] = True
         # dynamic=False: every update sees the same batch shape; a dynamic-shape graph would only be slower.
         return torch.compile(function, options=options, dynamic=False)
@@ -265,10 +265,10 @@ class RLModule(pl.LightningModule):
 
         One Lightning step also takes every further update the data module has batches ready for without collecting
         (``batches_ready``: the rest of a replay round, whose batches a collection earns together, or of a rollout's
-        minibatches): Lightning's own per-step work (its loop, hooks and logger connector; BENCHMARKS.md, "The update
-        against its bare arithmetic") is then paid once per collection, not once per update. Such a step still ends at
-        a logging step, at a step a ``ModelCheckpoint(every_n_train_steps=N)`` saves at, and at ``max_steps``, and
-        ``global_step`` counts updates.
+        minibatches): Lightning's own per-step work (its loop, hooks and logger connector; docs/history/snake.md, "The
+        update against its bare arithmetic: from the first figures to the current ones") is then paid once per
+        collection, not once per update. Such a step still ends at a logging step, at a step a
+        ``ModelCheckpoint(every_n_train_steps=N)`` saves at, and at ``max_steps``, and ``global_step`` counts updates.
         """
         updates_before = self.global_step
         # The step's first batches come through Lightning's iterator (which collects when nothing is ready); the rest
@@ -398,7 +398,7 @@ class RLModule(pl.LightningModule):
     def soft_update(self) -> None:
         """Polyak averaging of the :attr:`target_networks`, ``target ← (1 − τ)·target + τ·online`` with ``self.tau``:
         TorchRL's ``SoftUpdate`` arithmetic as one fused op. Its Python loop of one lerp per parameter was a noticeable
-        share of a small network's update (BENCHMARKS.md, "The update against its bare arithmetic")."""
+        share of a small network's update (docs/results/snake.md, "The update against its bare arithmetic")."""
         pairs = getattr(self, "_soft_pairs", None)
         if pairs is None:  # built on first use, after the model has reached its device
             targets, sources = [], []

@@ -249,7 +249,7 @@ class GreedyRowsEGreedy(TensorDictModuleBase):
 
     TorchRL's ``EGreedyModule`` replaces the actions an actor already chose, so the network runs on every row even
     when ε is near 1 — as it is for all of the Mario reference's first 500k annealing frames, where the forward pass of
-    its CNN is a noticeable share of a collector worker's time (BENCHMARKS.md, "Mario", under "ε-greedy that skips the
+    its CNN is a noticeable share of a collector worker's time (docs/results/mario.md, "ε-greedy that skips the
     network"). This draws what ``EGreedyModule`` draws, in its order (which rows explore, then a random action for
     every row: the same actions for the same generator), and then evaluates the actor on the greedy rows alone; it
     writes ``action`` only, since the rows that explore have no Q-values.

@@ -7,7 +7,8 @@ again. On a small network such as the Snake MLP at the reference's setting, that
 it wraps. ``torch.compile`` does not remove it: the fused optimizer is excluded from tracing (a graph break around
 it), and the traced non-fused Adam compiles to a slower CPU kernel than the fused one. So the step calls the kernels
 directly (:mod:`compat.torch`), on the optimizer's own state: checkpoints, resume and ``optimizer.state_dict()`` are
-those of the plain ``torch.optim.Adam``. The measurements: BENCHMARKS.md, "The update against its bare arithmetic".
+those of the plain ``torch.optim.Adam``. The measurements: docs/results/snake.md, "The update against its bare
+arithmetic".
 """
 
 from __future__ import annotations
@@ -113,8 +114,8 @@ class OptimizerOptions:
             group.setdefault("lr", self.lr)
             group["base_lr"] = group["lr"]  # what lr_end's schedule scales (kept in the optimizer's checkpoint)
         # The fused kernel updates every parameter in one op: on a small network, whose step is mostly per-op overhead,
-        # it is several times faster than the default implementation (BENCHMARKS.md, "The update against its bare
-        # arithmetic").
+        # it is several times faster than the default implementation (docs/results/snake.md, "The update against its
+        # bare arithmetic").
         if self.weight_decay:
             return torch.optim.AdamW(groups, lr=self.lr, weight_decay=self.weight_decay, eps=self.eps, fused=True)
         return torch.optim.Adam(groups, lr=self.lr, eps=self.eps, fused=True)

@@ -170,8 +170,8 @@ class PhysicsInformedDQN(DQN):
         """The DQN error and the physics terms at ``collocation`` (drawn by :meth:`loss_draws` when not given)."""
         # The DQN error with discount 1: Q(s, a) against r + (1 − terminated) · maxₐ' Q_target(s', a') (Double DQN:
         # Q_target(s', argmaxₐ' Q(s', a'))). Written out rather than through DQNLoss.forward, which is markedly slower
-        # on this small network (benchmarks/pirl_step.py; BENCHMARKS.md, "One training step"); the target weights are
-        # still DQNLoss's, updated by TorchRL's HardUpdate or SoftUpdate (tests check both losses agree).
+        # on this small network (benchmarks/pirl_step.py; docs/results/pirl.md, "One training step"); the target weights
+        # are still DQNLoss's, updated by TorchRL's HardUpdate or SoftUpdate (tests check both losses agree).
         q = self.q_network(batch["observation"]).gather(-1, batch["action"].unsqueeze(-1)).squeeze(-1)
         next_observation = batch["next", "observation"]
         with torch.no_grad():

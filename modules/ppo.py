@@ -56,9 +56,10 @@ def rollout_values(critic: nn.Module, rollout: TensorDictBase) -> tuple[torch.Te
 
     The next observation of step ``t`` is step ``t + 1``'s observation except where an episode ended at ``t`` (the
     next step starts another) and at the rollout's last step: only those next observations go through the critic
-    again, so a rollout costs ``steps + 1`` evaluations per environment and a few, not TorchRL's ``2 * steps`` (a
-    Nature CNN's pass over Atari frames: BENCHMARKS.md, "Breakout"). The values are those TorchRL's ``GAE`` computes
-    with the critic as its value network, up to the rounding of other batch sizes (tests/agents/test_ppo.py).
+    again, so a rollout costs ``steps + 1`` evaluations per environment and a few, not TorchRL's ``2 * steps`` (a Nature
+    CNN's pass over Atari frames: docs/results/gymnasium.md, "GAE's values, once per distinct observation"). The values
+    are those TorchRL's ``GAE`` computes with the critic as its value network, up to the rounding of other batch sizes
+    (tests/agents/test_ppo.py).
     """
     observation, next_observation = rollout["observation"], rollout["next", "observation"]
     batch = rollout.batch_size
@@ -345,7 +346,7 @@ class PPO(RLModule):
         approximate KL and the entropy to log. ``ClipPPOLoss.forward`` returns the same numbers from the same random
         draws (tests/agents/test_ppo_continuous.py); it also builds distribution objects, copies the batch and
         computes diagnostics at every update, which cost a small network's update more than its arithmetic
-        (BENCHMARKS.md, "Against Stable-Baselines3")."""
+        (docs/history/gymnasium.md, "Against Stable-Baselines3: what changed before the runs of 10:51–18:32")."""
         ppo, options, keys = self.loss_module, self.loss_options, self.loss_module.tensor_keys
         log_prob_and_entropy = gaussian_log_prob_and_entropy if self.box_actions else categorical_log_prob_and_entropy
         squash = self.distribution == "tanh_normal"

@@ -425,7 +425,8 @@ class SAC(RLModule):
         towards the target entropy. ``SACLoss.forward`` returns the same numbers from the same random draws
         (tests/agents/test_sac.py); here every critic runs in one batched matmul a layer (:meth:`QNetwork.ensemble`)
         and the tanh-Gaussian's density is written out, where its forward spends a third of a batch-256 update on a
-        CPU in ``vmap`` and distribution objects (BENCHMARKS.md, "Against Stable-Baselines3")."""
+        CPU in ``vmap`` and distribution objects (docs/history/gymnasium.md, "Against Stable-Baselines3: what changed
+        before the runs of 10:51–18:32")."""
         sac, critic = self.loss_module, self.qvalue.module
         critics, targets = sac.qvalue_network_params["module"], sac.target_qvalue_network_params["module"]
         alpha = sac.log_alpha.detach().exp()

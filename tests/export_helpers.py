@@ -104,5 +104,5 @@ def assert_each_damaged_file_is_refused(
         with pytest.raises(ExportIntegrityError) as error:
             TracedPolicy.load(folder)
         assert str(error.value).startswith(expected), name
-        assert str(error.value).endswith(f"re-export with python -m app export --checkpoint {checkpoint}")
+        assert str(error.value).endswith(f"re-export with lightrl export --ckpt_path {checkpoint}")
     return files

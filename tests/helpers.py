@@ -106,9 +106,36 @@ def evaluated_chain_config(agent: str, every_n_frames: int, max_steps: int) -> d
     return config
 
 
-def readme_code_blocks(section: str) -> dict[str, str]:
-    """The code blocks of README's section ``section`` (its ``## `` title), by language: the last of each."""
-    text = (ROOT / "README.md").read_text().split(f"\n## {section}\n", 1)[1].split("\n## ", 1)[0]
+DOCS = ROOT / "docs"  # the documentation site's pages (mkdocs.yml at the root)
+
+
+def doc_section(page: str, section: str | None = None) -> str:
+    """The text of ``docs/<page>``, or of its section ``section`` (its ``## `` title) up to the next ``## `` title;
+    a ``#`` line inside a code block is code, not a title."""
+    lines = (DOCS / page).read_text().splitlines(keepends=True)
+    if section is None:
+        return "".join(lines)
+    found: list[str] | None = None
+    fenced = False
+    for line in lines:
+        if line.startswith("```"):
+            fenced = not fenced
+        elif not fenced and line.startswith("## "):
+            if found is not None:
+                break
+            if line.rstrip("\n") == f"## {section}":
+                found = []
+                continue
+        if found is not None:
+            found.append(line)
+    assert found is not None, f"docs/{page} has no section '## {section}'"
+    return "".join(found)
+
+
+def doc_code_blocks(page: str, section: str | None = None) -> dict[str, str]:
+    """The fenced code blocks of ``docs/<page>`` (of its section ``section``, if given), by language: the last of
+    each. What the docs show is what these tests run."""
+    text = doc_section(page, section)
     return dict(re.findall(r"^```(\w+)\n(.*?)^```$", text, flags=re.MULTILINE | re.DOTALL))
 
 
@@ -140,7 +167,7 @@ def app_in_process(capsys, *args: str) -> SimpleNamespace:
 
 
 def short_snake_fit(config_name: str, *overrides: str):
-    """A shipped Snake config (``configs/<config_name>``) run as README runs it, shortened by ``overrides``.
+    """A shipped Snake config (``configs/<config_name>``) run as the docs run it, shortened by ``overrides``.
 
     Run it in a temporary folder (``monkeypatch.chdir``): the config's CSV logger writes ``runs/<name>/version_0``
     there. The torch backend plays the same games as the default C++ kernel (``tests/envs/test_snake_env.py``) without

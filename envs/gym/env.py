@@ -18,8 +18,8 @@ wrappers by name, or any ``gymnasium.Wrapper`` by class path, applied in order t
 whole batch, and TorchRL resets the finished ones (no Gymnasium autoreset: a copy stays at its last step, done,
 until reset, and a reset with a ``_reset`` mask restarts only the masked copies). Parallelism comes from the data
 module's worker processes (``EnvWorkers``, ``CollectorWorkers``), each with its own copies; a Gymnasium vector env
-would add its own per-step work to the same loop, and ``AsyncVectorEnv`` one process per copy (BENCHMARKS.md,
-"Gymnasium environments").
+would add its own per-step work to the same loop, and ``AsyncVectorEnv`` one process per copy
+(docs/results/gymnasium.md, "Gymnasium environments").
 
 **Specs, episode metrics, state**: the family's (``copies.py``). The return is the Gymnasium environment's own: its
 reward before the user's wrappers (e.g. before ``ClipReward``), read from a ``RecordEpisodeStatistics`` under them,

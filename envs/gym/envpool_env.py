@@ -10,7 +10,8 @@ thread pool, as a batched TorchRL environment::
         num_threads: 0                  # envpool's worker threads; 0: one per core, at most one per copy
 
 **Why.** The copies step in envpool's threads, outside Python: 2.2× Gymnasium's vector env on Breakout with 8 copies
-and 2 threads, 1.4–2.1× on HalfCheetah with 8–16 (BENCHMARKS.md, "MuJoCo and Atari: which vectorisation").
+and 2 threads, 1.4–2.1× on HalfCheetah with 8–16 (docs/results/gymnasium.md, "MuJoCo and Atari: which
+vectorisation").
 
 **What differs from** :class:`~envs.gym.env.GymnasiumEnv`: the task is envpool's implementation, so
 the same seed plays other episodes than ``gymnasium.make(id)`` does (and MuJoCo's floating point may differ);
@@ -46,11 +47,11 @@ import numpy as np
 import torch
 from tensordict import TensorDictBase
 
+from compat.extras import install_command
 from envs.counter_rng import episode_seed
 from envs.gym.copies import CopyBatchEnv
 
 #: The command that installs envpool (pyproject.toml's extra).
-INSTALL_EXTRA = 'pip install "lightrl[envpool]"'
 #: envpool's options that the environment sets itself (the batch, the seeds, the threads, the life loss).
 OWN_OPTIONS = ("num_envs", "batch_size", "seed", "env_seed", "num_threads", "episodic_life")
 
@@ -59,7 +60,9 @@ def import_envpool(env_id: str) -> Any:
     try:
         import envpool  # noqa: PLC0415 (an optional extra)
     except ModuleNotFoundError:
-        raise ValueError(f"env_id {env_id} needs envpool, which is not installed: {INSTALL_EXTRA}") from None
+        raise ValueError(
+            f"env_id {env_id} needs envpool, which is not installed: {install_command('envpool')}"
+        ) from None
     return envpool
 
 
@@ -86,7 +89,7 @@ def fire_is_action_1(task: str, env_id: str) -> bool:
         import ale_py  # noqa: PLC0415
     except ModuleNotFoundError:
         raise ValueError(
-            f"env_id {env_id} needs ale-py to know its actions, which is not installed: {INSTALL_EXTRA}"
+            f"env_id {env_id} needs ale-py to know its actions, which is not installed: {install_command('envpool')}"
         ) from None
     gymnasium.register_envs(ale_py)
     game = gymnasium.make(f"ALE/{task}")

@@ -24,8 +24,9 @@ import gymnasium
 from gymnasium.envs.registration import EnvSpec, load_env_creator
 from gymnasium.wrappers import RecordEpisodeStatistics
 
+from compat.extras import install_command
+
 #: The command that installs what Gymnasium's Box2D, MuJoCo and Atari environments need (pyproject.toml's extra).
-INSTALL_EXTRA = 'pip install "lightrl[gym]"'
 #: Modules whose environments' dependencies the ``gym`` extra installs (their entry points start with one of these).
 EXTRA_MODULES = ("gymnasium.envs.box2d", "gymnasium.envs.mujoco", "ale_py")
 #: Namespaces whose ids a package registers when it is imported, and that package's module.
@@ -56,7 +57,9 @@ def find_spec(env_id: str) -> EnvSpec:
         try:
             importlib.import_module(package)
         except ModuleNotFoundError as error:
-            raise ValueError(f"env_id {name} needs {error.name}, which is not installed: {INSTALL_EXTRA}") from None
+            raise ValueError(
+                f"env_id {name} needs {error.name}, which is not installed: {install_command('gym')}"
+            ) from None
     if name not in gymnasium.registry:
         close = difflib.get_close_matches(name, list(gymnasium.registry), n=3, cutoff=0.6)
         hint = "; register it (gymnasium.register) in a module and give 'module:Id' to import it"
@@ -173,7 +176,7 @@ def make_env(
         extra = isinstance(spec.entry_point, str) and spec.entry_point.startswith(EXTRA_MODULES)
         raise ValueError(
             f"env_id {spec.id} needs {missing}, which is not installed"
-            + (f": {INSTALL_EXTRA}" if extra else f" (its entry point: {spec.entry_point})")
+            + (f": {install_command('gym')}" if extra else f" (its entry point: {spec.entry_point})")
         ) from None
     except Exception as error:  # noqa: BLE001 - the environment refused its options (any type): one line naming them
         reason = refusal(error)

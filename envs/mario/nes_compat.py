@@ -68,7 +68,7 @@ class MarioEmulator(SuperMarioBrosEnv):
     def __init__(self, world: int = 1, stage: int = 1) -> None:
         super().__init__(target=(world, stage))
         # nes-py's `screen` is a channel-reversed view of the emulator's 32-bit pixels, which copies byte by byte: a
-        # large part of the frames' cost (BENCHMARKS.md, "Mario", under "Again, after cheaper frames and bfloat16
+        # large part of the frames' cost (docs/history/mario.md, "Again, after cheaper frames and bfloat16
         # acting"). Its base is those pixels as they are, contiguous.
         self.screen_pixels: np.ndarray = self.screen.base.reshape(*self.screen.shape[:2], 4)
 

@@ -15,7 +15,7 @@ last action, last reward) and ``0xFF`` in all three bytes for padding after the 
 walks into it when it is charged: its ``energy`` refills by 1 per step up to ``altar_cooldown`` and a use empties
 it, so an altar gives at most one heart per ``altar_cooldown`` steps. Agents see each altar's energy, and their own
 hearts, in their tokens. Random agents collect a few hearts per episode; a scripted walk to the nearest charged
-altar earns several times more (BENCHMARKS.md, "MettaGrid", under "Baselines"). ``arena``: the package's stock
+altar earns several times more (docs/results/mettagrid.md, "Baselines"). ``arena``: the package's stock
 ``make_arena`` (walls only), which gives no reward at all.
 
 **Episodes** last ``max_steps`` steps (truncated; MettaGrid has no other ending here, so all agents of an
@@ -131,8 +131,8 @@ class MettaGridEnv(StepOutputComplete, BatchedEnv):
         altar_cooldown: steps an altar needs to recharge after a use (``altars``).
         max_steps: episode length (all agents are truncated together).
         num_tokens: observation tokens per agent. MettaGrid lists tokens nearest first and drops those beyond
-            ``num_tokens``; random play of the default task stays well below 200 (BENCHMARKS.md, "MettaGrid"), so
-            200 keeps every token in two fifths of the memory of MettaGrid's default of 500.
+            ``num_tokens``; random play of the default task stays well below 200 (docs/results/mettagrid.md, "Figures
+            quoted in code"), so 200 keeps every token in two fifths of the memory of MettaGrid's default of 500.
         seed: base seed; environment ``i`` plays the episodes of stream ``seed + i``.
         device: where the returned tensors live (the engines run on the CPU).
     """

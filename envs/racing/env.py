@@ -13,8 +13,9 @@ action outside the box is clipped to it (TorchRL's spec check is off on this hot
 car's frame), the track tangent (cos, sin) at the car, cos ψ, sin ψ. With ``curvature_ahead`` (metres, e.g.
 ``[5, 15, 30]``) the track's curvature at those distances ahead of the car, times ``CURVATURE_SCALE``, follows them:
 the reference's 8 numbers show no curve before the car is in it, and a policy cloned from them does not learn to brake
-for one (BENCHMARKS.md, "Racing", under "Behaviour cloning"). The entry ``arc`` (m along the centre line) is
-privileged information for the expert and the metrics; policies read ``observation`` only.
+for one (docs/history/racing.md, "2026-11-24: behaviour cloning, why the two departures from the reference's setup").
+The entry ``arc`` (m along the centre line) is privileged information for the expert and the metrics; policies read
+``observation`` only.
 
 **Road observation** (``observation="road"``). The reference's observation carries the track's tangent and the car's
 heading in world coordinates, so a policy can learn where it is on one circuit instead of how to drive, and it fails

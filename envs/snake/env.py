@@ -256,7 +256,7 @@ class SnakeEnv(BatchedEnv):
 
         ``_reset`` returns every board's current observation, freshly reset or not, so the merge TorchRL performs
         for environments that only return their reset entries would copy the whole batch for nothing, at a cost
-        larger than the step's own on thousands of boards (BENCHMARKS.md, "Snake: speed on the 2-core CPU").
+        larger than the step's own on thousands of boards (docs/results/snake.md, "Snake: speed on the 2-core CPU").
         """
         done = tensordict.get("done")
         # On the CPU the check is free and skips most of a reset; on a GPU it would be a host sync, and the

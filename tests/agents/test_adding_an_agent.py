@@ -1,38 +1,35 @@
-"""README's "Adding an agent", run as written: its agent file and config are taken from the README, put in a
-temporary folder and fitted through ``python -m app fit``, the agent named by its ``class_path``."""
+"""The docs' "Adding an agent" (docs/extending/agent.md), run as written: its agent file and config are taken from
+the page, put in a temporary folder and fitted through ``python -m app fit``, the agent named by its ``class_path``."""
 
 from __future__ import annotations
-
-import re
 
 import pytest
 import torch
 
 from tests.app.test_cli import run_app
-from tests.helpers import ROOT
+from tests.helpers import doc_code_blocks
 
 
-def readme_example() -> dict[str, str]:
-    """The section's code blocks by language: ``python`` (the agent file) and ``yaml`` (its config)."""
-    section = (ROOT / "README.md").read_text().split("\n## Adding an agent\n", 1)[1].split("\n## ", 1)[0]
-    blocks = dict(re.findall(r"^```(\w+)\n(.*?)^```$", section, flags=re.MULTILINE | re.DOTALL))
+def docs_example() -> dict[str, str]:
+    """The page's example by language: ``python`` (the agent file) and ``yaml`` (its config)."""
+    blocks = doc_code_blocks("extending/agent.md", "A complete example")
     assert {"python", "yaml"} <= blocks.keys()
     return blocks
 
 
 @pytest.mark.slow
-def test_the_readme_agent_fits_through_its_class_path(tmp_path):
-    example = readme_example()
+def test_the_documented_agent_fits_through_its_class_path(tmp_path):
+    example = docs_example()
     (tmp_path / "qlearning.py").write_text(example["python"])
     (tmp_path / "chain_qlearning.yaml").write_text(example["yaml"])
-    # As the README runs it (PYTHONPATH=. in the example's folder), shortened to a few updates.
+    # As the docs run it (PYTHONPATH=. in the example's folder), shortened to a few updates.
     result = run_app(
         "fit", "--config", "chain_qlearning.yaml", "--trainer.max_steps", "5", cwd=tmp_path, pythonpath=(tmp_path,)
     )
     assert result.returncode == 0, result.stderr
     checkpoint = (
         tmp_path / "runs" / "qlearning" / "checkpoints" / "last.ckpt"
-    )  # README: runs/qlearning/checkpoints/last.ckpt
+    )  # the docs: runs/qlearning/checkpoints/last.ckpt
     saved = torch.load(checkpoint, map_location="cpu", weights_only=False)
     assert saved["global_step"] == 5
     assert saved["hyper_parameters"]["hidden"] == 32

@@ -1,4 +1,4 @@
-"""Behaviour cloning: the action scaling and loss, and the shipped config run as README runs it (CSV logger on, real
+"""Behaviour cloning: the action scaling and loss, and the shipped config run as the docs run it (CSV logger on, real
 epochs with validation, the closed-loop evaluation, ``--ckpt_path last`` continuing in the same folder, exactly), and
 its policy exported by the fit's callback and from its checkpoint alone."""
 
@@ -134,9 +134,9 @@ def test_fit_export_and_checkpoint_export_trace_the_clones_actions(tmp_path, mon
     torch.testing.assert_close(traced(observation), clone)
     torch.testing.assert_close(traced.act(observation), clone)  # the action itself, not an argmax
 
-    # The same export from last.ckpt and the run's config.yaml alone, as `python -m app export --checkpoint` does.
+    # The same export from last.ckpt and the run's config.yaml alone, as `lightrl export --ckpt_path` does.
     out = tmp_path / "from_checkpoint"
-    argv = ["--checkpoint", str(run / "checkpoints" / "last.ckpt"), "--batch-sizes", "4"]
+    argv = ["--ckpt_path", str(run / "checkpoints" / "last.ckpt"), "--batch-sizes", "4"]
     metadata = export_main([*argv, "--backend", "torchscript", "--no-benchmark", "--out", str(out)])
     assert [artifact["batch_size"] for artifact in metadata["artifacts"]] == [4]
     assert metadata["output"]["kind"] == "actions"

@@ -205,7 +205,7 @@ def test_continuous_ppo_fits_on_the_racing_environment_and_exports(tmp_path, dis
         assert math.isfinite(float(metrics[key])), key
     # The export reads raw observations: the normaliser is part of it, and its action is the clipped (or squashed) mean.
     metadata = export_main(
-        ["--checkpoint", str(tmp_path / "checkpoints/last.ckpt"), "--config", str(path), "--out", str(tmp_path / "x")]
+        ["--ckpt_path", str(tmp_path / "checkpoints/last.ckpt"), "--config", str(path), "--out", str(tmp_path / "x")]
         + ["--batch-sizes", "4", "--backend", "torchscript", "--no-benchmark"]
     )
     assert metadata["output"]["kind"] == "actions" and metadata["checks"]["env_start"]["max_abs_diff"] <= 1e-6

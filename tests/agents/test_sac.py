@@ -134,7 +134,7 @@ def test_actor_init_of_another_shape_or_a_bad_file_is_an_error_naming_the_flag(t
 
 
 def pipeline_configs(tmp_path: Path, monkeypatch) -> tuple[Path, Path]:
-    """The shortened BC and SAC configs in ``tmp_path/configs``, the current folder ``tmp_path/work``. As README runs
+    """The shortened BC and SAC configs in ``tmp_path/configs``, the current folder ``tmp_path/work``. As the docs run
     the pipeline, from a folder that is not the configs': the SAC config names its BC stage by a path relative to
     itself (as the shipped one does), and the runs are written under the current folder."""
     configs, work = tmp_path / "configs", tmp_path / "work"

@@ -154,8 +154,33 @@ def assert_one_error_line(returncode: int, stderr: str, message: str) -> None:
     assert stderr.splitlines() == [f"error: {message}"]
 
 
+@pytest.mark.parametrize(
+    ("text", "where"),
+    [
+        (
+            "trainer:\n  max_steps: 3\n  devices: [1, 2\nmodel: x\n",
+            "line 4, column 6: expected ',' or ']', but got ':'",
+        ),
+        ("trainer:\n  max_steps: 3\n\tlimit_val_batches: 1\n", "line 3, column 1: found character '\\t' that cannot"),
+        ("model:\n  init_args: {gamma: 0.9\n", "line 3, column 1: expected ',' or '}', but got '<stream end>'"),
+    ],
+)
+def test_a_config_that_is_not_yaml_is_one_line_naming_the_file_and_line(tmp_path, capsys, text, where):
+    """YAML's own message names "<unicode string>", not the file: the line names the file given, the line and column,
+    and why, whichever position the file has among the configs and whichever command reads it."""
+    broken = tmp_path / "broken.yaml"
+    broken.write_text(text)
+    result = app_in_process(capsys, *snake_dqn_args(tmp_path), "--config", str(broken))
+    assert result.returncode == 2 and len(result.stderr.splitlines()) == 1, result.stderr
+    assert result.stderr.startswith(f"error: --config {broken}: not valid YAML at {where}")
+    for command in ("seeds", "tune"):
+        other = app_in_process(capsys, command, "--config", str(broken), "--space", "s.yaml", "--trials", "1")
+        assert other.returncode == 2 and len(other.stderr.splitlines()) == 1, other.stderr
+        assert other.stderr.startswith(f"python -m app {command}: error: --config {broken}: not valid YAML at {where}")
+
+
 def snake_dqn_args(tmp_path: Path, *args: str, config: Path = SNAKE_DQN) -> list[str]:
-    """The shipped Snake-DQN config as README runs it (CSV logger on), writing under ``tmp_path/runs``."""
+    """The shipped Snake-DQN config as the docs run it (CSV logger on), writing under ``tmp_path/runs``."""
     save_dir = ("--trainer.logger.init_args.save_dir", str(tmp_path / "runs"))
     return ["fit", "--config", str(config), "--threads", "1", *save_dir, *args]
 
@@ -481,7 +506,7 @@ def test_a_saved_configs_old_checkpoint_plugin_is_one_line_naming_the_new_one(tm
 
 
 def refused_resume(saved: Path, run: Path) -> str:
-    """``saved`` (a run's config.yaml) resumed as README says, in a process of its own from the folder above the
+    """``saved`` (a run's config.yaml) resumed as the docs say, in a process of its own from the folder above the
     runs: refused with exit status 2, and nothing in the run folder touched. Its stderr."""
 
     def files() -> dict[str, bytes]:
@@ -691,9 +716,14 @@ def test_a_composed_config_sets_single_optimizer_options_over_the_agents_default
 
 
 @pytest.mark.slow
-def test_only_the_subcommands_that_work_are_offered_and_help_names_export(tmp_path, capsys):
+def test_help_lists_every_command_and_only_the_subcommands_that_work_are_offered(tmp_path, capsys):
+    from app.__main__ import COMMANDS
+
     help_text = run_app("--help", cwd=tmp_path).stdout
-    assert "fit" in help_text and "validate" in help_text and "python -m app export" in help_text
+    assert help_text.startswith("usage: python -m app <command>")
+    listed = [line.split()[0] for line in help_text.splitlines() if line.startswith("  ") and line.split()]
+    assert listed[: len(COMMANDS)] == list(COMMANDS) == ["fit", "validate", "seeds", "tune", "watch", "export"]
+    assert app_in_process(capsys).stdout == help_text  # no command at all prints the same
     for removed in ("test", "predict"):
         result = app_in_process(capsys, removed, "--config", str(ROOT / "configs/snake_dqn.yaml"))
         assert result.returncode == 2
@@ -711,3 +741,25 @@ def test_seed_everything_seeds_the_environments_unless_their_seed_is_set_apart(f
         ["--seed_everything", "3", *flags] if flags[:1] == ["--data.init_args.seed"] else flags,
     )
     assert data.seed == env_seed
+
+
+@pytest.mark.slow
+def test_the_installed_lightrl_command_lists_its_commands_and_trains_cartpole(tmp_path):
+    """The console script pip installs (pyproject.toml's ``[project.scripts]``), as a user runs it: from a folder that
+    is not the checkout, with the shipped config's logger and run folder."""
+    from app.__main__ import COMMANDS
+
+    script = Path(sys.executable).parent / "lightrl"
+    assert script.is_file(), "no lightrl command beside this Python: pip install -e ."
+    environment = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}  # the installed package
+    overview = subprocess.run([script, "--help"], cwd=tmp_path, env=environment, capture_output=True, text=True)
+    assert overview.returncode == 0 and overview.stdout.startswith("usage: lightrl <command>")
+    for name, (_, text) in COMMANDS.items():
+        assert f"  {name}  " in overview.stdout and text in overview.stdout
+    config = ROOT / "configs" / "gym" / "cartpole_ppo.yaml"
+    fit_ = [script, "fit", "--config", config, "--trainer.max_steps", "40", "--trainer.enable_progress_bar", "false"]
+    done = subprocess.run(fit_, cwd=tmp_path, env=environment, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    run = tmp_path / "runs" / "gym_cartpole_ppo" / "version_0"
+    checkpoint = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    assert checkpoint["global_step"] == 40 and (run / "config.yaml").is_file() and (run / "metrics.csv").is_file()

@@ -296,7 +296,7 @@ def test_an_explicit_damaged_checkpoint_is_one_error(tmp_path, capsys):
 def test_a_short_fault_soak_ends_with_the_uninterrupted_runs_state(tmp_path):
     # One SIGKILL, one SIGTERM and one full disk (a real tmpfs filled by a file) at moments drawn from seed 0, each
     # followed by the same command with --ckpt_path last: the final weights, optimizer, data module, replay buffer
-    # and metrics.csv equal the uninterrupted run's, and every process ended as README says its fault ends it.
+    # and metrics.csv equal the uninterrupted run's, and every process ended as the docs say its fault ends it.
     result = subprocess.run(
         [sys.executable, "benchmarks/fault_soak.py", "--collection", "in_process", "--faults", "3", "--seed", "0"]
         + ["--max-steps", "100", "--out", str(tmp_path)],

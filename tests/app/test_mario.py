@@ -1,5 +1,5 @@
 """Mario's agent on the base: gradient accumulation, the frame-once replay store, mixed precision and compile on the
-BatchNorm CNN, and the shipped config as the README runs it (worker processes, logger on, ``--ckpt_path last``)."""
+BatchNorm CNN, and the shipped config as the docs run it (worker processes, logger on, ``--ckpt_path last``)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The MettaGrid configs as the README runs them: a short fit, exact resume with worker processes, the ultra-fast
+"""The MettaGrid configs as the docs run them: a short fit, exact resume with worker processes, the ultra-fast
 preset's batch geometry, and bad input."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The shipped configs' first evaluations, pinned: a change to the code that moves a shipped config's training
 trajectory fails here until its pin moves with it, so no published learning curve goes stale without a word.
 
-Each config runs as README runs it (its CSV logger on, its own callbacks, its seed, from a folder that is not the
+Each config runs as the docs run it (its CSV logger on, its own callbacks, its seed, from a folder that is not the
 checkout), cut short: ``max_steps`` a few updates and, where one collection or one evaluation episode would take
 minutes, a shorter rollout or episode (``SHORT``). Its first evaluations (frame 0 and the end of the short run: every
 ``eval/*`` figure they log) and the last logged training loss are compared with ``tests/app/pins.json``. Shipped fits
@@ -9,7 +9,7 @@ that other tests run anyway pin theirs with :func:`assert_pinned` (MettaGrid's r
 extra fit there.
 
 When a change moves a trajectory on purpose, rewrite the pins, re-measure the published curves of the configs that
-moved (BENCHMARKS.md names each curve's command) and say in the commit what moved them::
+moved (the docs/results/ pages name each curve's command) and say in the commit what moved them::
 
     LIGHTRL_UPDATE_PINS=1 python -m pytest -n logical tests/app/test_pins.py tests/app/test_metta.py
 
@@ -95,7 +95,7 @@ PINNED_ELSEWHERE = {
 
 #: Shipped configs left out, each with why.
 NOT_PINNED = {
-    "mario_ddqn": "asynchronous collector workers deliver in an order no run repeats (README, Mario)",
+    "mario_ddqn": "asynchronous collector workers deliver in an order no run repeats (docs/systems/mario.md)",
     "metta_ultra_fast": "262,144 agent steps a rollout; its code path is metta_ppo's, which is pinned",
     "racing_bc": "a supervised stage: its epochs are deterministic and test_bc.py resumes them to identical weights",
     "racing_bc_circuits": "as racing_bc",

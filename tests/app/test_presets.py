@@ -34,8 +34,12 @@ GPU_PRESETS = {
     "gpu_mario.yaml": "mario_ddqn.yaml",
 }
 
-#: what the documentation runs: README, BENCHMARKS and the presets' own headers
-DOCUMENTS = [ROOT / "README.md", ROOT / "BENCHMARKS.md", *sorted(BENCH.glob("*.yaml"))]
+#: what the documentation runs: README, BENCHMARKS, the docs' pages and the presets' own headers
+DOCUMENTS = [
+    *(path for path in (ROOT / "README.md", ROOT / "BENCHMARKS.md") if path.is_file()),
+    *sorted((ROOT / "docs").glob("**/*.md")),
+    *sorted(BENCH.glob("*.yaml")),
+]
 
 # `--config A --config B ...`, possibly wrapped over lines (and a YAML header's `#`) as the documents wrap them.
 _COMBINATION = re.compile(r"(?:--config(?:\s|#)+configs/[\w/.-]+\.yaml(?:\s|#)*){2,}")
@@ -95,7 +99,7 @@ def test_each_gpu_preset_is_tested_and_names_its_config():
 
 def test_the_documents_name_their_combinations():
     named = documented_combinations()
-    # the ones the README and BENCHMARKS run (a parser that found none would make the test below vacuous)
+    # the ones the docs and the benchmark results run (a parser that found none would make the test below vacuous)
     for combination in [
         ("configs/snake_ppo.yaml", "configs/bench/throughput.yaml"),
         ("configs/racing_sac.yaml", "configs/bench/sac_scratch.yaml"),

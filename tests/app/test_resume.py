@@ -167,7 +167,7 @@ def test_nan_loss_stops_with_clear_error_and_keeps_last_good_checkpoint(tmp_path
 
 
 # ------------------------------------------------------------------------------------------------------------------
-# Resuming the shipped configs as README runs them: CSV logger on, `--ckpt_path last`, the run's own folder.
+# Resuming the shipped configs as the docs run them: CSV logger on, `--ckpt_path last`, the run's own folder.
 
 # Small enough to run in seconds; everything else (logger, callbacks, model) as shipped.
 SHORT = {

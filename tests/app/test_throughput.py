@@ -390,3 +390,13 @@ def test_a_resumed_run_writes_one_report_and_one_learning_curve_for_the_whole_ru
     assert set(random) == {"eval/random_return_mean", "eval/random_length_mean", *spread}  # the chain env: no food
     assert evaluation_of(first).random == random
     assert (tmp_path / "learning_curve.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_report_names_the_program_without_the_machines_paths():
+    """A report is copied into the documentation: its command says how the run started, not where the checkout or
+    the virtual environment lie."""
+    from callbacks.throughput import program
+
+    assert program("/somewhere/checkout/app/__main__.py") == "python -m app"
+    assert program("/somewhere/.venv/bin/lightrl") == "lightrl"
+    assert program("benchmarks/update_cost.py") == "update_cost.py"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -142,9 +143,10 @@ def test_missing_optuna_is_one_line_with_the_install_command(tmp_path):
         "tune", "--config", str(config), "--space", str(space), "--trials", "2", cwd=tmp_path, pythonpath=(fake.parent,)
     )
     assert result.returncode == 2
+    checkout = os.path.relpath(ROOT, tmp_path)  # the command installs this checkout's extra, from where it ran
     assert result.stderr.strip().splitlines()[-1] == (
-        'python -m app tune: error: the optuna package is not installed; pip install -e ".[tune]" (or pip install '
-        "optuna)"
+        f'python -m app tune: error: the optuna package is not installed; pip install -e "{checkout}[tune]" (or pip '
+        "install optuna)"
     )
 
 

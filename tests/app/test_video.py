@@ -163,7 +163,7 @@ def test_a_missing_encoder_is_one_line_with_the_install_command(tmp_path, monkey
     monkeypatch.setitem(sys.modules, "imageio_ffmpeg", None)  # as if it were not installed: its import fails
     message = (
         "trainer.callbacks[1] (callbacks.video.EvaluationVideo): writing MP4 needs imageio-ffmpeg, which is not "
-        'installed: pip install "lightrl[video]" (or pip install "imageio[ffmpeg]")'
+        f'installed: pip install -e "{os.path.relpath(ROOT)}[video]" (or pip install "imageio[ffmpeg]")'
     )
     assert_one_error_line(2, chain_fit_with_a_video(tmp_path, capsys), message)
     with pytest.raises(SystemExit) as exited:

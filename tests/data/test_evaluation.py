@@ -1,6 +1,6 @@
 """The random-policy baseline: uniform actions on the evaluation boards, repeatable, logged once per run.
 
-The figures pinned here are the ones README.md and BENCHMARKS.md quote for a random policy on Snake.
+The figures pinned here are the ones the Snake results quote for a random policy (docs/results/snake.md).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def test_random_policy_on_the_snake_evaluation_boards(snake_data):
     figures = snake_data.evaluate_random(32)
     assert torch.equal(torch.get_rng_state(), before)  # the training run's random stream is left where it was
     assert snake_data.evaluate_random(32) == figures  # seeded like the boards: the same figure every time
-    # README/BENCHMARKS: 0.19 food and return -0.81 over the 32 boards of snake_dqn.yaml (seed 0).
+    # The Snake results: 0.19 food and return -0.81 over the 32 boards of snake_dqn.yaml (seed 0).
     means = {key: figures[key] for key in ("return_mean", "length_mean", "food_mean")}
     assert means == pytest.approx({"return_mean": -0.8125, "length_mean": 14.1875, "food_mean": 0.1875})
     assert figures["return_ci_low"] < figures["return_mean"] < figures["return_ci_high"]
@@ -57,7 +57,7 @@ def test_shipped_config_logs_the_random_policy_once_beside_the_greedy_one(tmp_pa
     greedy = [row for row in rows if row["eval/food_mean"]]
     random = [row for row in rows if row["eval/random_food_mean"]]
     assert len(greedy) == 2 and len(random) == 1 and random[0] is greedy[0]  # at the first evaluation only
-    # README/BENCHMARKS: 0.16 food and return -0.84 over the 64 boards of snake_ppo.yaml.
+    # The Snake results: 0.16 food and return -0.84 over the 64 boards of snake_ppo.yaml.
     assert float(random[0]["eval/random_food_mean"]) == pytest.approx(0.15625)
     assert float(random[0]["eval/random_return_mean"]) == pytest.approx(-0.84375)
     figures = cli.datamodule.evaluate_random(64)

@@ -1,5 +1,6 @@
-"""README's "Adding an environment", run as written: its environment file and config are taken from the README,
-put in a temporary folder, checked against the environment contract and fitted through ``python -m app fit``."""
+"""The docs' "Adding an environment" (docs/extending/environment.md), run as written: its environment file and config
+are taken from the page, put in a temporary folder, checked against the environment contract and fitted through
+``python -m app fit``."""
 
 from __future__ import annotations
 
@@ -12,19 +13,19 @@ import torch
 
 from tests.app.test_cli import run_app
 from tests.envs import test_env_contract as contract
-from tests.helpers import readme_code_blocks
+from tests.helpers import doc_code_blocks
 
 
-def readme_example() -> dict[str, str]:
-    """The section's code blocks by language: ``python`` (the environment file) and ``yaml`` (its config)."""
-    blocks = readme_code_blocks("Adding an environment")
+def docs_example() -> dict[str, str]:
+    """The page's example by language: ``python`` (the environment file) and ``yaml`` (its config)."""
+    blocks = doc_code_blocks("extending/environment.md", "A complete example")
     assert {"python", "yaml"} <= blocks.keys()
     return blocks
 
 
 @pytest.mark.slow
-def test_the_readme_environment_follows_the_contract_and_fits(tmp_path, monkeypatch):
-    example = readme_example()
+def test_the_documented_environment_follows_the_contract_and_fits(tmp_path, monkeypatch):
+    example = docs_example()
     (tmp_path / "corridor.py").write_text(example["python"])
     (tmp_path / "corridor_dqn.yaml").write_text(example["yaml"])
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -38,10 +39,10 @@ def test_the_readme_environment_follows_the_contract_and_fits(tmp_path, monkeypa
     finally:
         sys.modules.pop("corridor", None)
 
-    fits_as_the_readme_runs_it(tmp_path, "corridor_dqn.yaml")
+    fits_as_the_docs_run_it(tmp_path, "corridor_dqn.yaml")
 
 
-def fits_as_the_readme_runs_it(folder: Path, config: str, updates: int = 5) -> None:
+def fits_as_the_docs_run_it(folder: Path, config: str, updates: int = 5) -> None:
     """``PYTHONPATH=. python -m app fit --config <config>`` in the example's folder, shortened to a few updates, then
     continued with ``--ckpt_path last``; the example's config writes its checkpoints under ``runs/corridor``."""
     for steps, resume in ((updates, ()), (2 * updates, ("--ckpt_path", "last"))):

@@ -18,12 +18,13 @@ from tensordict import TensorDict
 from torchrl.data import Unbounded
 
 from app.cli import main
+from compat.extras import install_command
 from datamodules.rollout import RolloutDataModule
 from envs.counter_rng import episode_seed
 from envs.gym.env import GymnasiumEnv
 from tests.app.test_cli import run_app
-from tests.envs.test_adding_an_environment import fits_as_the_readme_runs_it
-from tests.helpers import ROOT, chain_config, fit, readme_code_blocks, write_config
+from tests.envs.test_adding_an_environment import fits_as_the_docs_run_it
+from tests.helpers import ROOT, chain_config, doc_code_blocks, fit, write_config
 
 GYM_CONFIGS = sorted((ROOT / "configs" / "gym").glob("*.yaml"))
 #: Box2D's tasks (LunarLander) need the gym extra; the suite skips them without it, like the other optional families.
@@ -383,9 +384,7 @@ def test_an_environment_whose_extra_is_not_installed_names_the_install_command(t
     for name in [name for name in sys.modules if name.startswith("gymnasium.envs.box2d")]:
         monkeypatch.delitem(sys.modules, name)
     line = one_error_line(tmp_path, capsys, env_id="LunarLander-v3")
-    assert (
-        line == f'error: {FLAG}.env_id LunarLander-v3 needs Box2D, which is not installed: pip install "lightrl[gym]"'
-    )
+    assert line == f"error: {FLAG}.env_id LunarLander-v3 needs Box2D, which is not installed: {install_command('gym')}"
 
 
 # ------------------------------------------------------------------------------------------ the shipped configs
@@ -434,13 +433,13 @@ def test_the_gym_configs_cite_the_rl_zoo_and_name_the_gymnasium_env():
 
 
 @pytest.mark.slow
-def test_the_readme_gymnasium_environment_of_ones_own_fits_by_module_and_id(tmp_path, monkeypatch):
-    # README's blocks: ``python`` (the environment's module) and ``yaml`` (its config).
-    example = readme_code_blocks("Training on a Gymnasium task")
+def test_the_documented_gymnasium_environment_of_ones_own_fits_by_module_and_id(tmp_path, monkeypatch):
+    # The docs' blocks (docs/systems/gymnasium.md): ``python`` (the environment's module) and ``yaml`` (its config).
+    example = doc_code_blocks("systems/gymnasium.md", "Your own environment")
     (tmp_path / "corridor.py").write_text(example["python"])
     (tmp_path / "corridor_dqn.yaml").write_text(example["yaml"])
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.delitem(sys.modules, "corridor", raising=False)  # README's other corridor (Adding an environment)
+    monkeypatch.delitem(sys.modules, "corridor", raising=False)  # the docs' other corridor (Adding an environment)
     config = yaml.safe_load(example["yaml"])["data"]["init_args"]["env"]["init_args"]
     try:
         env = GymnasiumEnv(num_envs=2, **config)
@@ -450,7 +449,7 @@ def test_the_readme_gymnasium_environment_of_ones_own_fits_by_module_and_id(tmp_
     finally:
         sys.modules.pop("corridor", None)
         gymnasium.registry.pop("Corridor-v0", None)
-    fits_as_the_readme_runs_it(tmp_path, "corridor_dqn.yaml")
+    fits_as_the_docs_run_it(tmp_path, "corridor_dqn.yaml")
 
 
 @pytest.mark.slow

@@ -220,7 +220,7 @@ def test_a_difference_only_on_real_vehicle_states_fails_the_export(vehicle, tmp_
 
 @pytest.mark.slow
 def test_pirl_toy_config_exports_after_fit_checked_on_its_own_states(tmp_path):
-    """The shipped config as README runs it (CSV logger on), shortened by flags; PolicyExport is its last callback."""
+    """The shipped config as the docs run it (CSV logger on), shortened by flags; PolicyExport is its last callback."""
     short = ["--trainer.max_steps", "50", "--trainer.logger.init_args.save_dir", str(tmp_path)]
     short += ["--trainer.enable_progress_bar", "false", "--trainer.callbacks.init_args.backend", "torchscript"]
     short += ["--trainer.callbacks.init_args.batch_sizes", "[64, 128]"]
@@ -327,7 +327,7 @@ def test_export_from_a_checkpoint_alone(trained, tmp_path, capsys):
     # (With the logger off, as in this fixture, the CLI saves config.yaml into the checkpoint folder.)
     shutil.copy(Path(cli.trainer.default_root_dir) / "checkpoints" / "config.yaml", run / "config.yaml")
     shutil.copy(Path(cli.trainer.default_root_dir) / "checkpoints" / "last.ckpt", run / "checkpoints" / "last.ckpt")
-    argv = ["--checkpoint", str(run / "checkpoints" / "last.ckpt"), "--batch-sizes", "4", "16"]
+    argv = ["--ckpt_path", str(run / "checkpoints" / "last.ckpt"), "--batch-sizes", "4", "16"]
     argv += ["--backend", "torchscript", "--benchmark-seconds", "0.05", "--data.init_args.num_envs", "4"]
     metadata = export_main(argv)
 
@@ -339,7 +339,7 @@ def test_export_from_a_checkpoint_alone(trained, tmp_path, capsys):
     folder = run / "export"
     assert json.loads((folder / "export.json").read_text())["artifacts"] == metadata["artifacts"]
     report = json.loads((folder / "export_benchmark.json").read_text())
-    assert report["command"] == ["python -m app export", *argv]
+    assert report["command"] == ["lightrl export", *argv]
     policy = TracedPolicy.load(folder)
     assert_close_to_eager(policy, cli.model.q_network.eval(), torch.randint(0, 2, (21, 6), dtype=torch.uint8))
 
@@ -347,14 +347,15 @@ def test_export_from_a_checkpoint_alone(trained, tmp_path, capsys):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--checkpoint", "{tmp}/nope.ckpt"], "--checkpoint {tmp}/nope.ckpt: no such file"),
-        (["--checkpoint", "{ckpt}", "--batch-sizes", "0", "8"], "--batch-sizes must be positive integers, got [0, 8]"),
-        (["--checkpoint", "{ckpt}", "--threads", "0"], "--threads must be >= 1, got 0"),
-        (["--checkpoint", "{ckpt}"], "--config: no config.yaml next to {ckpt} or in the 2 folders above"),
-        (["--checkpoint", "{ckpt}", "--config", "{tmp}/none.yaml"], "--config {tmp}/none.yaml: no such file"),
+        (["--ckpt_path", "{tmp}/nope.ckpt"], "--ckpt_path {tmp}/nope.ckpt: no such file"),
+        (["--checkpoint", "{tmp}/nope.ckpt"], "--ckpt_path {tmp}/nope.ckpt: no such file"),  # the former name
+        (["--ckpt_path", "{ckpt}", "--batch-sizes", "0", "8"], "--batch-sizes must be positive integers, got [0, 8]"),
+        (["--ckpt_path", "{ckpt}", "--threads", "0"], "--threads must be >= 1, got 0"),
+        (["--ckpt_path", "{ckpt}"], "--config: no config.yaml next to {ckpt} or in the 2 folders above"),
+        (["--ckpt_path", "{ckpt}", "--config", "{tmp}/none.yaml"], "--config {tmp}/none.yaml: no such file"),
         (
-            ["--checkpoint", "{tmp}/junk.ckpt", "--config", "{tmp}/c.yaml"],
-            "--checkpoint {tmp}/junk.ckpt cannot be read",
+            ["--ckpt_path", "{tmp}/junk.ckpt", "--config", "{tmp}/c.yaml"],
+            "--ckpt_path {tmp}/junk.ckpt cannot be read",
         ),
     ],
 )
@@ -369,7 +370,7 @@ def test_cli_bad_input_is_one_line_naming_the_flag(trained, tmp_path, capsys, ar
         export_main([arg.format(tmp=tmp_path, ckpt=ckpt) for arg in args])
     assert exit_.value.code == 2
     error = capsys.readouterr().err.strip().splitlines()[-1]
-    assert error.startswith("python -m app export: error: " + message.format(tmp=tmp_path, ckpt=ckpt))
+    assert error.startswith("lightrl export: error: " + message.format(tmp=tmp_path, ckpt=ckpt))
 
 
 @pytest.mark.slow
@@ -386,13 +387,13 @@ def test_the_export_command_runs_and_its_old_names_say_where_it_went(trained, tm
     def command(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", *args], cwd=ROOT, env=environment, capture_output=True, text=True)
 
-    missing = command("app", "export", "--checkpoint", str(tmp_path / "nope.ckpt"))
+    missing = command("app", "export", "--ckpt_path", str(tmp_path / "nope.ckpt"))
     assert missing.returncode == 2 and "Traceback" not in missing.stderr
     assert (
         missing.stderr.strip().splitlines()[-1]
-        == f"python -m app export: error: --checkpoint {tmp_path}/nope.ckpt: no such file"
+        == f"python -m app export: error: --ckpt_path {tmp_path}/nope.ckpt: no such file"
     )
-    args = ["--checkpoint", str(run / "checkpoints" / "last.ckpt"), "--batch-sizes", "4", "--backend", "torchscript"]
+    args = ["--ckpt_path", str(run / "checkpoints" / "last.ckpt"), "--batch-sizes", "4", "--backend", "torchscript"]
     args += ["--no-benchmark"]
     done = command("app", "export", *args)
     assert done.returncode == 0, done.stderr

@@ -89,7 +89,7 @@ def test_a_missing_export_file_is_refused_naming_it(torchscript_export, tmp_path
 
 
 def test_a_folder_without_export_json_says_so(tmp_path):
-    with pytest.raises(FileNotFoundError, match=r"export\.json: no such file \(python -m app export --checkpoint"):
+    with pytest.raises(FileNotFoundError, match=r"export\.json: no such file \(lightrl export --ckpt_path"):
         TracedPolicy.load(tmp_path)
 
 
