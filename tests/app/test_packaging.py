@@ -67,13 +67,13 @@ def test_the_install_command_names_this_projects_extra(tmp_path, monkeypatch):
 
 
 def test_no_install_hint_names_another_distribution():
-    """Every install hint in the code goes through compat.extras (``pip install "lightrl[...]"`` would fetch the
+    """Every install hint in the code goes through compat.extras (a hint naming ``"lightrl[...]"`` would fetch the
     unrelated project of that name)."""
     hint = re.compile(r"pip install [\"']?lightrl\b(?!-train)")
     offenders = [
         f"{path.relative_to(ROOT)}:{number}"
-        for package in PACKAGES
-        for path in sorted((ROOT / package).rglob("*.py"))
+        for folder in (*PACKAGES, "tests", "benchmarks", "configs")
+        for path in sorted((ROOT / folder).rglob("*.py")) + sorted((ROOT / folder).rglob("*.yaml"))
         for number, line in enumerate(path.read_text().splitlines(), 1)
         if hint.search(line)
     ]

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from app.cli import main
+from compat.extras import install_command
 from datamodules.episodes import EpisodeStatistics
 from datamodules.rollout import RolloutDataModule
 from envs.counter_rng import episode_seed
@@ -279,6 +280,5 @@ def test_without_envpool_installed_the_error_names_the_install_command(tmp_path,
     monkeypatch.setitem(sys.modules, "envpool", None)
     line = one_error_line(tmp_path, capsys, env_id="CartPole-v1")
     assert (
-        line
-        == f'error: {FLAG}.env_id CartPole-v1 needs envpool, which is not installed: pip install "lightrl[envpool]"'
+        line == f"error: {FLAG}.env_id CartPole-v1 needs envpool, which is not installed: {install_command('envpool')}"
     )
