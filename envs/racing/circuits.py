@@ -3,7 +3,9 @@
 **Generator.** A circuit is a ring of ``points`` control points at increasing angles around an origin (evenly spaced,
 each shifted by up to ``jitter`` of the spacing) and random radii within ``radius``; the closed B-spline of
 :class:`~envs.racing.track.Track` through them is the centre line. Radii that differ between neighbours
-give the straights, hairpins and S-bends. A draw is kept only if the track passes the track's own checks (no fold),
+give the straights, hairpins and S-bends. ``stretch`` scales the ring along one axis by a random factor: the
+sides it lengthens become long straights and the ends it leaves become tight corners, as on circuits built around a
+main straight. A draw is kept only if the track passes the track's own checks (no fold),
 its tightest radius is at least ``min_radius`` and no two parts of the road come closer than ``clearance`` m plus the
 road's width and run-off on both sides (a car could otherwise cross onto another part of the circuit); otherwise the
 same random stream draws again. The stream is numpy's PCG64 seeded by ``(seed, split, index)``, so a circuit is a
@@ -11,7 +13,11 @@ pure function of those three numbers.
 
 **Sources** (``RacingEnv(tracks={...})``): the circuits an environment's cars drive. ``split: train`` is a pool of
 ``pool`` circuits ``(seed, 0, 0 … pool − 1)``; ``split: held_out`` is ``held_out`` circuits ``(seed, 1, 0 …)``, a
-seed stream that training never draws (the split is part of the seed, so the two sets are disjoint by construction).
+seed stream that training never draws (the split is part of the seed, so the sets are disjoint by construction);
+``split: validation`` is ``held_out`` circuits more ``(seed, 2, 0 …)``, for choosing among a run's checkpoints
+during training, so that the held-out circuits stay a test set that nothing in training has looked at.
+``split: stress`` is not drawn: it is the hand-drawn circuits of :mod:`envs.racing.stress_circuits` (hairpins,
+chicanes, a tightening bend), a second test set with what the generator rarely makes.
 ``directions: both`` adds each circuit driven the other way; ``reversed`` keeps only that. ``per: episode`` draws a
 circuit of the set at every reset of a car; ``per: env`` gives car ``i`` (stream ``seed + i``) circuit ``(seed + i)
 mod count`` for good, which also spreads an evaluation's cars evenly over a held-out set.
@@ -33,9 +39,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from envs.racing.stress_circuits import STRESS_CIRCUITS, course_points
 from envs.racing.track import Track
 
-SPLITS = {"train": 0, "held_out": 1}  # the second number of a circuit's seed
+SPLITS = {"train": 0, "held_out": 1, "validation": 2, "stress": None}  # the second number of a circuit's seed
 DIRECTIONS = ("forward", "reversed", "both")
 PER = ("episode", "env")
 
@@ -51,6 +58,8 @@ class CircuitGenerator:
             keeps the angles increasing).
         min_radius: the tightest corner allowed (m).
         clearance: metres between the run-offs of two parts of the circuit that pass each other.
+        stretch: the range of the factor the ring is scaled by along its x axis (``[1, 1]``: none; the draws of
+            the other options are the same either way).
         attempts: draws per circuit before giving up (an impossible combination of options).
     """
 
@@ -59,15 +68,19 @@ class CircuitGenerator:
     jitter: float = 0.35
     min_radius: float = 12.0
     clearance: float = 4.0
+    stretch: tuple[float, float] = (1.0, 1.0)
     attempts: int = 200
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "points", tuple(int(p) for p in self.points))
         object.__setattr__(self, "radius", tuple(float(r) for r in self.radius))
+        object.__setattr__(self, "stretch", tuple(float(s) for s in self.stretch))
         if len(self.points) != 2 or not 4 <= self.points[0] <= self.points[1]:
             raise ValueError(f"tracks.generator.points must be [low, high] with 4 <= low <= high, got {self.points}")
         if len(self.radius) != 2 or not 0 < self.radius[0] <= self.radius[1]:
             raise ValueError(f"tracks.generator.radius must be [low, high] with 0 < low <= high, got {self.radius}")
+        if len(self.stretch) != 2 or not 1 <= self.stretch[0] <= self.stretch[1]:
+            raise ValueError(f"tracks.generator.stretch must be [low, high] with 1 <= low <= high, got {self.stretch}")
         if not 0 <= self.jitter < 0.5:
             raise ValueError(f"tracks.generator.jitter must be in [0, 0.5), got {self.jitter}")
         if not self.min_radius > 0 or self.clearance < 0 or self.attempts < 1:
@@ -81,7 +94,10 @@ class CircuitGenerator:
         count = int(rng.integers(self.points[0], self.points[1] + 1))
         angles = 2 * math.pi * (np.arange(count) + self.jitter * rng.uniform(-1, 1, count)) / count
         radii = rng.uniform(*self.radius, count)
-        return np.stack((radii * np.cos(angles), radii * np.sin(angles)), 1)
+        points = np.stack((radii * np.cos(angles), radii * np.sin(angles)), 1)
+        if self.stretch[1] > 1:  # drawn only when asked: the circuits without a stretch stay those of before
+            points[:, 0] *= rng.uniform(*self.stretch)
+        return points
 
     def circuit(self, seed: Sequence[int], width: float, runoff: float) -> Track:
         """The first valid circuit of the random stream ``seed`` for a road ``width`` m wide with ``runoff`` m."""
@@ -161,14 +177,20 @@ class TrackSource:
     @property
     def count(self) -> int:
         """Circuits of the split, before directions."""
-        return self.pool if self.split == "train" else self.held_out
+        if self.split == "stress":
+            return len(STRESS_CIRCUITS)
+        return self.pool if self.split == "train" else self.held_out  # held_out sizes the validation split too
 
     def seeds(self) -> list[tuple[int, int, int]]:
-        """The random streams of the split's circuits."""
+        """The random streams of the split's circuits (none for the stress set: it is drawn by hand)."""
+        if self.split == "stress":
+            return []
         return [(self.seed, SPLITS[self.split], index) for index in range(self.count)]
 
     def tracks(self, width: float, runoff: float) -> list[Track]:
         """The split's circuits (each then its reverse, with ``directions: both``)."""
+        if self.split == "stress":
+            return list(_stress_tracks(self.directions, width))
         return list(_tracks(json.dumps(self.generator.__dict__), tuple(self.seeds()), self.directions, width, runoff))
 
 
@@ -180,6 +202,18 @@ def _tracks(generator: str, seeds: tuple, directions: str, width: float, runoff:
     tracks = []
     for seed in seeds:
         track = maker.circuit(seed, width, runoff)
+        if directions in ("forward", "both"):
+            tracks.append(track)
+        if directions in ("reversed", "both"):
+            tracks.append(track.reversed())
+    return tuple(tracks)
+
+
+@functools.lru_cache(maxsize=4)
+def _stress_tracks(directions: str, width: float) -> tuple[Track, ...]:
+    tracks = []
+    for course in STRESS_CIRCUITS.values():
+        track = Track(course_points(course), width)
         if directions in ("forward", "both"):
             tracks.append(track)
         if directions in ("reversed", "both"):

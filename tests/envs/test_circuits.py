@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
 from envs.racing.circuits import CircuitGenerator, TrackSource
 from envs.racing.env import ROAD_AHEAD, ROAD_FEATURES, RacingEnv, drive_episodes, episode_summary
 from envs.racing.expert import TimeOptimalExpert
+from envs.racing.stress_circuits import STRESS_CIRCUITS, course_points
 from envs.racing.track import DEFAULT_CIRCUIT, Track
 
 WIDTH, RUNOFF = 4.0, 1.0
@@ -22,6 +24,15 @@ def test_the_same_seed_gives_the_same_circuit_and_another_seed_another():
     assert first.control_points == again.control_points and torch.equal(first.xy, again.xy)
     other = generator.circuit((5, 0, 4), WIDTH, RUNOFF)
     assert other.control_points != first.control_points
+
+
+def test_a_stretch_scales_the_same_ring_along_x():
+    plain, doubled = CircuitGenerator(), CircuitGenerator(stretch=(2.0, 2.0))
+    ring = plain.control_points(np.random.default_rng([3, 0, 1]))
+    stretched = doubled.control_points(np.random.default_rng([3, 0, 1]))
+    assert np.array_equal(stretched, ring * np.array([2.0, 1.0]))  # its factor is drawn after the ring's numbers
+    long = CircuitGenerator(stretch=(2.5, 3.0), min_radius=8.0).circuit((0, 0, 0), WIDTH, RUNOFF)
+    assert CircuitGenerator.gap(long) >= WIDTH + 2 * RUNOFF + 4.0 and long.min_radius >= 8.0
 
 
 def test_every_generated_circuit_passes_the_track_checks():
@@ -39,12 +50,30 @@ def test_every_generated_circuit_passes_the_track_checks():
 
 
 @pytest.mark.slow
-def test_held_out_circuits_are_never_in_the_training_pool():
-    train, held_out = TrackSource(pool=64), TrackSource(split="held_out", held_out=8)
+def test_held_out_and_validation_circuits_are_never_in_the_training_pool_nor_in_each_other():
+    train = TrackSource(pool=64)
+    held_out, validation = TrackSource(split="held_out", held_out=8), TrackSource(split="validation", held_out=8)
     assert not set(train.seeds()) & set(held_out.seeds())
+    assert not set(validation.seeds()) & (set(train.seeds()) | set(held_out.seeds()))
     pool = {track.control_points for track in train.tracks(WIDTH, RUNOFF)}
     assert len(pool) == 64
-    assert not pool & {track.control_points for track in held_out.tracks(WIDTH, RUNOFF)}
+    tests = {track.control_points for track in held_out.tracks(WIDTH, RUNOFF)}
+    checks = {track.control_points for track in validation.tracks(WIDTH, RUNOFF)}
+    assert len(tests) == len(checks) == 8 and not pool & tests and not pool & checks and not tests & checks
+
+
+def test_every_stress_circuit_closes_is_a_valid_track_and_is_unlike_the_generators():
+    generator = CircuitGenerator()
+    for name, course in STRESS_CIRCUITS.items():
+        track = Track(course_points(course), WIDTH)
+        assert CircuitGenerator.gap(track) >= WIDTH + 2 * RUNOFF + generator.clearance, name
+        # Its tightest radius is the drawing's (the spline follows the drawn line within a few per cent) ...
+        tightest = min(segment[2] for segment in course if segment[0] != "straight")
+        assert track.min_radius == pytest.approx(tightest, rel=0.06), name
+    # ... and the set holds a corner tighter than any the generator may draw.
+    assert min(Track(course_points(c), WIDTH).min_radius for c in STRESS_CIRCUITS.values()) < generator.min_radius
+    with pytest.raises(ValueError, match="the course does not close: it ends 10.00 m from its start"):
+        course_points((("straight", 100.0), ("left", 180.0, 20.0), ("straight", 90.0), ("left", 180.0, 20.0)))
 
 
 def test_a_reversed_circuit_is_the_same_road_the_other_way():
@@ -141,6 +170,18 @@ def test_per_episode_circuits_are_drawn_from_each_cars_stream_and_checkpointed()
 
 
 @pytest.mark.slow
+def test_the_expert_completes_its_first_lap_on_every_stress_circuit_both_ways():
+    tracks = {"split": "stress", "per": "env", "directions": "both"}
+    env = RacingEnv(num_envs=2 * len(STRESS_CIRCUITS), seed=0, tracks=tracks, observation="road", max_steps=2_400)
+    assert sorted(env.circuit.tolist()) == list(range(2 * len(STRESS_CIRCUITS)))  # a car per circuit and direction
+    assert [track.length for track in env.circuits.tracks[::2]] == [
+        pytest.approx(Track(course_points(course), WIDTH).length) for course in STRESS_CIRCUITS.values()
+    ]
+    summary = episode_summary(drive_episodes(env, TimeOptimalExpert(env)), env.width)
+    assert summary["lap_completed"] == 1.0 and summary["never_off_track"] == 1.0
+
+
+@pytest.mark.slow
 def test_the_expert_completes_its_first_lap_on_held_out_circuits_both_ways():
     tracks = {"split": "held_out", "held_out": 3, "per": "env", "directions": "both"}
     env = RacingEnv(num_envs=6, seed=0, tracks=tracks, observation="road", max_steps=1_800)
@@ -156,9 +197,10 @@ def test_the_expert_completes_its_first_lap_on_held_out_circuits_both_ways():
         ({"observation": "map"}, "observation must be one of reference, road"),
         ({"tracks": {"pools": 4}}, "tracks.pools: unknown option"),
         ({"tracks": {"per": "lap"}}, "tracks.per must be one of episode, env"),
-        ({"tracks": {"split": "test"}}, "tracks.split must be one of train, held_out"),
+        ({"tracks": {"split": "test"}}, "tracks.split must be one of train, held_out, validation, stress"),
         ({"tracks": {"generator": {"radius": [50, 10]}}}, "tracks.generator.radius must be"),
         ({"tracks": {"generator": {"sharpness": 1}}}, "tracks.generator.sharpness: unknown option"),
+        ({"tracks": {"generator": {"stretch": [0.5, 2]}}}, "tracks.generator.stretch must be"),
     ],
 )
 def test_bad_options_are_one_clear_error(options, message):
