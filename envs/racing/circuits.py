@@ -194,28 +194,25 @@ class TrackSource:
         return list(_tracks(json.dumps(self.generator.__dict__), tuple(self.seeds()), self.directions, width, runoff))
 
 
+def _both_ways(tracks: list[Track], directions: str) -> tuple[Track, ...]:
+    """``tracks`` as driven in ``directions``: each, its reverse, or each then its reverse."""
+    driven = []
+    for track in tracks:
+        if directions in ("forward", "both"):
+            driven.append(track)
+        if directions in ("reversed", "both"):
+            driven.append(track.reversed())
+    return tuple(driven)
+
+
 @functools.lru_cache(maxsize=8)
 def _tracks(generator: str, seeds: tuple, directions: str, width: float, runoff: float) -> tuple[Track, ...]:
     # Cached: a run builds several environments of the same options (the probe for the specs, the collection, the
     # evaluation, the expert's), and a pool takes a second or so to build.
     maker = CircuitGenerator(**json.loads(generator))
-    tracks = []
-    for seed in seeds:
-        track = maker.circuit(seed, width, runoff)
-        if directions in ("forward", "both"):
-            tracks.append(track)
-        if directions in ("reversed", "both"):
-            tracks.append(track.reversed())
-    return tuple(tracks)
+    return _both_ways([maker.circuit(seed, width, runoff) for seed in seeds], directions)
 
 
 @functools.lru_cache(maxsize=4)
 def _stress_tracks(directions: str, width: float) -> tuple[Track, ...]:
-    tracks = []
-    for course in STRESS_CIRCUITS.values():
-        track = Track(course_points(course), width)
-        if directions in ("forward", "both"):
-            tracks.append(track)
-        if directions in ("reversed", "both"):
-            tracks.append(track.reversed())
-    return tuple(tracks)
+    return _both_ways([Track(course_points(course), width) for course in STRESS_CIRCUITS.values()], directions)
