@@ -34,8 +34,11 @@ def small_disk(tmp_path):
 
 @pytest.mark.slow
 def test_a_full_disk_at_the_end_of_fit_is_one_error_and_the_previous_checkpoint_resumes(small_disk):
+    # The shipped config's replay folder is what fills the disk; its loss runs eagerly here, which spares the test
+    # three compilations (the compiled loss's checkpoints resume in tests/app/test_resume.py).
+    eager = ("--model.init_args.compile", "false")
     runs = small_disk / "runs"
-    fit_shipped("snake_dqn", runs, "--trainer.max_steps", "20")
+    fit_shipped("snake_dqn", runs, "--trainer.max_steps", "20", *eager)
     folder = runs / "snake_dqn/version_0/checkpoints"
     buffer_bytes = (folder / "last.ckpt.replay-rank0-step20/buffer.pt").stat().st_size
     before = {path.name: path.read_bytes() for path in folder.iterdir() if path.is_file()}
@@ -46,7 +49,7 @@ def test_a_full_disk_at_the_end_of_fit_is_one_error_and_the_previous_checkpoint_
     args += ["--trainer.enable_progress_bar", "false", "--data.init_args.env.init_args.backend", "torch"]
     result = subprocess.run(
         [sys.executable, "-m", "app", "fit", "--config", "configs/snake_dqn.yaml", *args]
-        + ["--trainer.max_steps", "40", "--ckpt_path", "last"],
+        + ["--trainer.max_steps", "40", "--ckpt_path", "last", *eager],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -72,7 +75,7 @@ def test_a_full_disk_at_the_end_of_fit_is_one_error_and_the_previous_checkpoint_
     assert checkpoint_damage(folder / "last.ckpt") is None
 
     filler.unlink()
-    cli = fit_shipped("snake_dqn", runs, "--trainer.max_steps", "40", "--ckpt_path", "last")
+    cli = fit_shipped("snake_dqn", runs, "--trainer.max_steps", "40", "--ckpt_path", "last", *eager)
     assert start_step(cli) == 20 and cli.trainer.global_step == 40
     assert torch.load(folder / "last.ckpt", weights_only=True)["global_step"] == 40
 
