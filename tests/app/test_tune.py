@@ -43,17 +43,17 @@ def load(out):
 
 
 @pytest.mark.slow
-def test_search_prunes_a_poor_trial_and_its_best_config_runs(tmp_path, monkeypatch):
+def test_search_prunes_a_poor_trial_its_best_config_runs_and_a_stopped_search_resumes(tmp_path, monkeypatch):
     config, space = tune_config(tmp_path)
     work = tmp_path / "work"  # a folder that is neither the checkout nor the config's
     out = work / "runs" / "chain_tune"
     queue(out, (0.003, 2), (0.003, 1), (1.0e-12, 1))
-    args = ("tune", "--config", str(config), "--space", str(space), "--trials", "3", "--parallel", "2")
-    result = run_app(*args, *MEDIAN_AFTER_ONE, cwd=work)
+    args = ("tune", "--config", str(config), "--space", str(space), "--parallel", "2", *MEDIAN_AFTER_ONE)
+    result = run_app(*args, "--trials", "3", cwd=work)
     assert result.returncode == 0, result.stderr
     trials = load(out).trials
-    states = [trial.state for trial in trials]
-    assert states == [optuna.trial.TrialState.COMPLETE] * 2 + [optuna.trial.TrialState.PRUNED]
+    states = optuna.trial.TrialState
+    assert [trial.state for trial in trials] == [states.COMPLETE] * 2 + [states.PRUNED]
     assert trials[2].params[LR] == 1.0e-12 and "trial 2: pruned at" in result.stdout
     # Evaluations are the intermediate values, at their scheduled frame counts; the objective is the last one.
     assert set(trials[0].intermediate_values) >= {0, 200, 400} and trials[0].value == 1.0
@@ -71,33 +71,25 @@ def test_search_prunes_a_poor_trial_and_its_best_config_runs(tmp_path, monkeypat
     assert ran["model"]["init_args"]["optimizer"]["lr"] == 0.003 and ran["data"]["init_args"]["update_epochs"] == 2
     assert ran["model"]["init_args"]["network"]["hidden_sizes"] == [32]  # the rest from the config
 
-
-@pytest.mark.slow
-def test_a_stopped_search_resumes_where_it_stopped(tmp_path):
-    config, space = tune_config(tmp_path)
-    out = tmp_path / "runs" / "chain_tune"
-    queue(out, (0.003, 1))
-    args = ("tune", "--config", str(config), "--space", str(space), "--pruner", "none")
-    first = run_app(*args, "--trials", "1", cwd=tmp_path)
-    assert first.returncode == 0, first.stderr
-    log = (out / "trial_0.log").stat().st_mtime_ns
-    # A search killed while trial 1 ran: the trial is left RUNNING in the study, its process gone.
+    # The same search killed while trial 3 ran: the trial is left RUNNING in the study, its process gone. The same
+    # command, one trial more, runs it again and keeps the finished ones (the search above is the stopped one).
+    logs = {number: (out / f"trial_{number}.log").stat().st_mtime_ns for number in range(3)}
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
     study = load(out)
+    study.enqueue_trial({LR: 0.003, EPOCHS: 2})  # trial 0's values: run again, it completes as trial 0 did
     trial = study.ask()
     trial.suggest_categorical(LR, [0.003, 1.0e-12])
     trial.suggest_categorical(EPOCHS, [1, 2])
     trial.set_user_attr("pid", gone.pid)
-    second = run_app(*args, "--trials", "2", cwd=tmp_path)
-    assert second.returncode == 0, second.stderr
-    assert "trial 1: left running by a stopped search; it runs again" in second.stdout
-    assert "trial 0:" not in second.stdout  # a finished trial is kept
-    assert (out / "trial_0.log").stat().st_mtime_ns == log
+    again = run_app(*args, "--trials", "4", cwd=work)
+    assert again.returncode == 0, again.stderr
+    assert "trial 3: left running by a stopped search; it runs again" in again.stdout
+    assert not any(f"trial {number}:" in again.stdout for number in range(3))  # finished trials are kept
+    assert {number: (out / f"trial_{number}.log").stat().st_mtime_ns for number in range(3)} == logs
     trials = load(out).trials
-    states = optuna.trial.TrialState
-    assert [t.state for t in trials] == [states.COMPLETE, states.FAIL, states.COMPLETE]
-    assert trials[2].params == trials[1].params and trials[2].user_attrs["rerun_of"] == 1  # the stopped one, again
+    assert [t.state for t in trials[3:]] == [states.FAIL, states.COMPLETE]
+    assert trials[4].params == trials[3].params and trials[4].user_attrs["rerun_of"] == 3  # the stopped one, again
 
 
 @pytest.mark.parametrize(
