@@ -110,6 +110,10 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def _nested_key_order(key: NestedKey) -> tuple[str, ...]:
+    return (key,) if isinstance(key, str) else tuple(key)
+
+
 def _identity(batch: Any) -> Any:
     # Batches are already whole TensorDicts: the default collate would try to split them into rows.
     return batch
@@ -309,7 +313,9 @@ class RLDataModule(EnvSpecs, Evaluation, pl.LightningDataModule):
         dtype = ACT_DTYPES[self.act_precision]
         self.policy = policy if dtype is None else AutocastPolicy(policy, self.device.type, dtype)
         self.postprocess = postprocess
-        self.batch_keys = None if batch_keys is None else list(batch_keys)
+        # In one order whatever the process's string hashing (a loss's `in_keys` is often a set): a compiled loss's
+        # graph inputs, and so its AOTAutograd cache key, are then the same in every run, and a new process reuses it.
+        self.batch_keys = None if batch_keys is None else sorted(batch_keys, key=_nested_key_order)
         if store_transform is not None and not self.accepts_store_transform:
             raise ValueError(
                 f"{type(self).__name__} stores no transitions: the model's n-step returns (or other store transform) "

@@ -45,6 +45,23 @@ def test_batches_are_whole_tensordicts_from_the_buffer_device(tmp_path):
     assert batch.device == cli.datamodule.device
 
 
+def test_a_stored_batch_has_one_order_of_entries_whatever_order_the_loss_names_them():
+    # A loss's `in_keys` come in the order of a set, which changes with each process's string hashing; a compiled
+    # loss's graph inputs follow the batch's order, and its on-disk cache key with them.
+    orders = []
+    for reverse in (False, True):
+        model, data = build([str(ROOT / "configs/snake_dqn.yaml")], ["--data.init_args.num_envs", "4"])
+        data.setup("fit")
+        keys = model.batch_keys()
+        data.connect(model.policy(), None, keys[::-1] if reverse else keys, model.store_transform())
+        data._build_collector()
+        for _ in range(4):
+            data.store(data.collect())
+        orders.append(list(data.buffer.sample(8).keys(True, True)))
+    assert orders[0] == orders[1]
+    assert {"observation", "action", ("next", "reward")} <= set(orders[0])
+
+
 def test_n_step_transitions_are_stored_as_summed_by_hand():
     # Real Snake boards under the model's exploring policy at ε = 1, i.e. random play (deaths and food in many
     # windows), through the data module's own write path; γ 0.5 so that every term of a sum shows.
