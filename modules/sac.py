@@ -81,6 +81,22 @@ class Location(nn.Module):
         return output.chunk(2, -1)[0]
 
 
+class CloneCorrection(nn.Module):
+    """``observation → [location, scale]`` of an actor that corrects a frozen clone: the clone's location plus
+    ``bound · tanh(correction)``, and the correction network's scale. Where the clone saturates tanh (full throttle,
+    full brake) a bounded correction cannot undo it."""
+
+    def __init__(self, clone: nn.Module, correction: nn.Module, bound: float):
+        super().__init__()
+        self.clone, self.correction, self.bound = clone, correction, bound
+
+    def forward(self, observation: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            clone_location = self.clone(observation).chunk(2, -1)[0]
+        location, scale = self.correction(observation).chunk(2, -1)
+        return torch.cat([clone_location + self.bound * torch.tanh(location), scale], -1)
+
+
 @dataclass(frozen=True)
 class ActorOptions:
     """The actor: ``actor:`` in a SAC's ``init_args``.
@@ -93,15 +109,23 @@ class ActorOptions:
         warmup_updates: updates at the start that train the critics (and α) but not the actor. An actor started from
             behaviour cloning would otherwise follow the gradients of critics that know nothing yet, and unlearn its
             driving before they do.
+        correction_bound: None: the actor is the whole network. A number: the actor is the clone (``actor_init``),
+            frozen, plus a learned correction of its Gaussian's location within ± this bound (before tanh,
+            :class:`CloneCorrection`). Training data covers only the states the actor visits; on a state it never
+            reached (a corner sharper than any it trained on) a free actor acts on whatever its network extrapolates,
+            while a bounded one stays within the bound of the clone, which learned from an expert that drove there.
     """
 
     hidden_sizes: Sequence[int] = field(default=(128, 64), metadata={"formerly": "actor_hidden_sizes"})
     lr: float | None = field(default=None, metadata={"formerly": "actor_lr"})
     init_scale: float = 1.0
     warmup_updates: int = field(default=0, metadata={"formerly": "actor_warmup_updates"})
+    correction_bound: float | None = None
 
     def __post_init__(self) -> None:
         check_widths("model.actor.hidden_sizes", self.hidden_sizes)
+        if self.correction_bound is not None and not self.correction_bound > 0:
+            raise ValueError(f"model.actor.correction_bound must be > 0 (or null), got {self.correction_bound}")
         object.__setattr__(self, "hidden_sizes", tuple(self.hidden_sizes))
         if self.lr is not None and not self.lr > 0:
             raise ValueError(f"model.actor.lr must be > 0 (or null for optimizer.lr), got {self.lr}")
@@ -228,6 +252,8 @@ class SAC(RLModule):
             )
         if bc_term.weight > 0 and actor_init is None:
             raise ValueError("model.bc_term.weight > 0 needs model.actor_init (the clone it keeps near)")
+        if actor.correction_bound is not None and actor_init is None:
+            raise ValueError("model.actor.correction_bound needs model.actor_init (the clone it corrects)")
         self.gamma, self.actor_init, self.bc_term, self.tau = gamma, actor_init, bc_term, critics.tau
         self.actor_lr = optimizer.lr if actor.lr is None else actor.lr
         self.actor_warmup_updates = actor.warmup_updates
@@ -240,6 +266,12 @@ class SAC(RLModule):
 
         # Location and scale from one MLP; the scale through softplus shifted so that an output of 0 gives init_scale.
         network = mlp(observation_dim, actor.hidden_sizes, 2 * action_dim)
+        # The clone the actor starts from (a frozen copy, filled by load_behaviour_cloning): what the BC term keeps the
+        # actor near, or what a bounded actor corrects.
+        self.clone_network = copy.deepcopy(network).requires_grad_(False)
+        self.corrects_clone = actor.correction_bound is not None
+        if self.corrects_clone:
+            network = CloneCorrection(self.clone_network, network, actor.correction_bound)
         self.actor = ProbabilisticActor(
             TensorDictModule(
                 nn.Sequential(
@@ -257,9 +289,7 @@ class SAC(RLModule):
             distribution_kwargs={"low": low, "high": high, "safe_tanh": False},
             default_interaction_type=ExplorationType.RANDOM,
         )
-        # The clone the actor started from (a frozen copy, filled by load_behaviour_cloning), and the BC term's weight
-        # now: a tensor the compiled loss reads, set from the frame counter before each update.
-        self.clone_network = copy.deepcopy(network).requires_grad_(False)
+        # The BC term's weight now: a tensor the compiled loss reads, set from the frame counter before each update.
         self.register_buffer("bc_weight", torch.tensor(float(bc_term.weight)))
         self.qvalue = TensorDictModule(
             QNetwork(observation_dim, critics.hidden_sizes, low, high),
@@ -290,8 +320,9 @@ class SAC(RLModule):
             self.read_clone(Path(actor_init))  # a wrong file fails now, not after the run has started
 
     @property
-    def actor_network(self) -> nn.Sequential:
-        """The actor's MLP, ``observation → [location, scale before its mapping]``."""
+    def actor_network(self) -> nn.Module:
+        """The actor's network, ``observation → [location, scale before its mapping]``: its MLP, or the clone and its
+        bounded correction (:class:`CloneCorrection`)."""
         return self.actor.module[0].module[0]
 
     def policy(self) -> TensorDictModuleBase:
@@ -361,7 +392,8 @@ class SAC(RLModule):
         """Copy a behaviour-cloning network into the actor; returns the checkpoint used.
 
         ``source`` is a BC checkpoint. The hidden layers are copied as they are, the output layer into the location's
-        rows; the scale's rows are zeroed (the scale is then ``actor.init_scale`` everywhere).
+        rows; the scale's rows are zeroed (the scale is then ``actor.init_scale`` everywhere). An actor that corrects
+        the clone gets the clone's hidden layers and a zero output layer: no correction yet.
         """
         checkpoint = Path(source)
         if checkpoint.suffix in (".yaml", ".yml"):  # a stage config the app did not replace with its checkpoint
@@ -370,7 +402,7 @@ class SAC(RLModule):
                 "`python -m app fit`, which passes its checkpoint on; a model trained another way needs the .ckpt"
             )
         clone = self.read_clone(checkpoint)
-        ours = self.actor_network.state_dict(keep_vars=True)
+        ours = self.clone_network.state_dict(keep_vars=True)
         output = list(ours)[-2:]  # the last layer's weight and bias
         action_dim = ours[output[0]].shape[0] // 2
         with torch.no_grad():
@@ -381,7 +413,13 @@ class SAC(RLModule):
                     parameter[action_dim:].zero_()
                 else:
                     parameter.copy_(value)
-        self.clone_network.load_state_dict(self.actor_network.state_dict())
+            if self.corrects_clone:
+                correction = self.actor_network.correction
+                correction.load_state_dict(self.clone_network.state_dict())
+                correction[-1].weight.zero_()
+                correction[-1].bias.zero_()
+            else:
+                self.actor_network.load_state_dict(self.clone_network.state_dict())
         print(f"SAC: actor initialised from behaviour cloning {checkpoint}")
         return checkpoint
 
@@ -396,7 +434,7 @@ class SAC(RLModule):
             raise ValueError(f"{ACTOR_INIT} {checkpoint}: not a readable Lightning checkpoint ({error})") from None
         prefix = "actor.network."  # modules.bc.BehaviourCloning's network
         clone = {key[len(prefix) :]: value for key, value in state.items() if key.startswith(prefix)}
-        ours = self.actor_network.state_dict()
+        ours = self.clone_network.state_dict()
         output = list(ours)[-2:]
         expected = {
             key: torch.Size((value.shape[0] // 2, *value.shape[1:]) if key in output else value.shape)

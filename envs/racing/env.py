@@ -94,6 +94,9 @@ class RacingEnv(BatchedEnv):
         dt: seconds per step.
         lf, lr: distances from the centre of mass to the front and rear axles (m).
         grip: the largest lateral acceleration the tyres hold (m/s²).
+        grip_range: ``[low, high]`` (m/s²): each episode's car holds a grip drawn uniformly from it instead of
+            ``grip``, unobserved. A policy trained so cannot rely on the last tenth of the grip the way a policy tuned
+            to one car does; it learns to keep a margin, which a corner sharper than any it trained on needs (issue 48).
         max_speed: top speed (m/s).
         runoff: metres beyond the track's edge before the car crashes (the episode ends).
         start_lateral, start_heading, start_speed: ranges of the start state (m, rad, m/s).
@@ -122,6 +125,7 @@ class RacingEnv(BatchedEnv):
         lf: float = 1.2,
         lr: float = 1.4,
         grip: float = 8.0,
+        grip_range: Sequence[float] | None = None,
         max_speed: float = 30.0,
         runoff: float = 1.0,
         start_lateral: float = 0.5,
@@ -146,6 +150,8 @@ class RacingEnv(BatchedEnv):
                 raise ValueError(f"{name} must be > 0, got {value}")
         if not max_speed > 0:
             raise ValueError(f"max_speed must be > 0, got {max_speed}")
+        if grip_range is not None and not (len(grip_range) == 2 and 0 < grip_range[0] <= grip_range[1]):
+            raise ValueError(f"grip_range must be [low, high] with 0 < low <= high (m/s²), got {list(grip_range)}")
         for name, value in (("runoff", runoff), ("start_lateral", start_lateral), ("start_speed", start_speed)):
             if value < 0:
                 raise ValueError(f"{name} must be >= 0, got {value}")
@@ -178,6 +184,7 @@ class RacingEnv(BatchedEnv):
         self.control_points = tuple(tuple(float(c) for c in point) for point in control_points)
         self.width, self.max_steps, self.dt = float(width), int(max_steps), float(dt)
         self.lf, self.lr, self.grip, self.max_speed, self.runoff = lf, lr, grip, max_speed, runoff
+        self.grip_range = None if grip_range is None else (float(grip_range[0]), float(grip_range[1]))
         self.start_lateral, self.start_heading, self.start_speed = start_lateral, start_heading, start_speed
         self.weights = {
             "speed": speed,
@@ -201,6 +208,8 @@ class RacingEnv(BatchedEnv):
             "circuit", torch.zeros(n, dtype=torch.long, device=dev), persistent=self.source is not None
         )
         self._assign_circuits_per_env()
+        # Each car's grip this episode: state to save only when it is drawn (other checkpoints keep their old keys).
+        self.register_buffer("car_grip", torch.full((n,), float(grip), device=dev), persistent=grip_range is not None)
         low = torch.tensor([ACCELERATION_RANGE[0], -STEERING_LIMIT], device=dev)
         high = torch.tensor([ACCELERATION_RANGE[1], STEERING_LIMIT], device=dev)
         self.register_buffer("action_low", low, persistent=False)
@@ -248,7 +257,8 @@ class RacingEnv(BatchedEnv):
         beta = torch.atan(self.lr / wheelbase * tan)
         yaw_rate = speed * torch.cos(beta) * tan / wheelbase
         # Lateral acceleration v·ω above the grip: the tyres slide, the car turns only as much as grip allows.
-        scale = (self.grip / (speed * yaw_rate.abs()).clamp_min(1e-6)).clamp_max(1.0)
+        grip = self.grip if self.grip_range is None else self.car_grip
+        scale = (grip / (speed * yaw_rate.abs()).clamp_min(1e-6)).clamp_max(1.0)
         return beta * scale, yaw_rate * scale
 
     # ----------------------------------------------------------------------------------------------- render
@@ -380,6 +390,10 @@ class RacingEnv(BatchedEnv):
             count = len(self.circuits)
             circuit = (draws[:, _START_DRAWS] * count).long().clamp_max(count - 1)
             self.circuit.copy_(torch.where(mask, circuit, self.circuit))
+        if self.grip_range is not None:  # a slot of its own after the others: their draws stay as they were
+            low, high = self.grip_range
+            grip = low + (high - low) * uniform(random_bits(self.stream, self.draws, 1, _START_DRAWS + 1))[:, 0]
+            self.car_grip.copy_(torch.where(mask, grip, self.car_grip))
         arc = self.circuits.length[self.circuit] * draws[:, 0]
         offset = self.start_lateral * (2 * draws[:, 1] - 1)
         centre, track_heading, _ = self.circuits.at(self.circuit, arc)

@@ -116,6 +116,44 @@ def test_actor_init_gives_the_clones_actions_and_the_initial_scale(bc_checkpoint
     assert (sampled >= low).all() and (sampled <= high).all()
 
 
+def test_an_actor_that_corrects_the_clone_starts_as_the_clone_and_stays_within_its_bound_wherever_it_goes(
+    bc_checkpoint,
+):
+    from modules.bc import BehaviourCloning
+
+    with pytest.raises(ValueError, match="model.actor.correction_bound needs model.actor_init"):
+        SAC(**SPECS, actor=ActorOptions(correction_bound=0.5))
+    with pytest.raises(ValueError, match="model.actor.correction_bound must be > 0"):
+        ActorOptions(correction_bound=0.0)
+    clone = BehaviourCloning(**SPECS)
+    clone.load_state_dict(torch.load(bc_checkpoint, weights_only=True)["state_dict"])
+    model = SAC(**SPECS, actor_init=str(bc_checkpoint), actor=ActorOptions(init_scale=0.3, correction_bound=0.5))
+    model.load_behaviour_cloning(bc_checkpoint)
+    observation = ENV.reset()["observation"].expand(256, -1) + 3 * torch.randn(256, 11)
+    torch.testing.assert_close(deterministic_action(model.actor, observation), clone.actor(observation))
+    with torch.no_grad():
+        _, scale = model.actor.module[0].module(observation)
+    torch.testing.assert_close(scale, torch.full_like(scale, 0.3))
+
+    # The update trains the correction, never the clone, and however far the correction's weights go, the location
+    # before tanh stays within the bound of the clone's, on states far outside any it saw (observations of scale 30).
+    batch = ENV.step(ENV.reset().update({"action": ENV.action_spec.rand()}))
+    model.loss(batch)["loss_actor"].backward()
+    correcting = model.actor_network
+    assert all(parameter.grad is None for parameter in correcting.clone.parameters())
+    assert correcting.correction[-1].weight.grad.abs().sum() > 0
+    with torch.no_grad():
+        for parameter in correcting.correction.parameters():
+            parameter.normal_(0, 10)
+    far = 30 * torch.randn(256, 11)
+    location = correcting(far).chunk(2, -1)[0]
+    clone_location = model.clone_network(far).chunk(2, -1)[0]
+    assert (location - clone_location).abs().max() <= 0.5 + 1e-5
+    assert (location - clone_location).abs().max() > 0.4  # the correction does move it, up to the bound
+    # Export and acting compute the same corrected action.
+    torch.testing.assert_close(model.export_network()(far), deterministic_action(model.actor, far))
+
+
 @pytest.mark.slow
 def test_actor_init_of_another_shape_or_a_bad_file_is_an_error_naming_the_flag(tmp_path, bc_checkpoint, capsys):
     with pytest.raises(ValueError, match=r"model.actor_init .*do not fit this actor's"):

@@ -116,6 +116,25 @@ def test_the_grip_limits_the_turn_at_speed():
     assert (speed[1] * yaw_rate[1]).item() == pytest.approx(8.0)  # 25 m/s: lateral acceleration held at the grip
 
 
+def test_a_grip_range_gives_each_episode_its_own_car_and_changes_no_other_draw():
+    with pytest.raises(ValueError, match=r"grip_range must be \[low, high\] with 0 < low <= high"):
+        RacingEnv(grip_range=[8.0, 6.0])
+    plain, varied = RacingEnv(num_envs=64, seed=3), RacingEnv(num_envs=64, seed=3, grip_range=[6.0, 8.0])
+    first = varied.reset()
+    torch.testing.assert_close(first["observation"], plain.reset()["observation"], rtol=0, atol=0)  # the same starts
+    grips = varied.car_grip.clone()
+    assert ((grips >= 6.0) & (grips <= 8.0)).all() and grips.std() > 0.3  # drawn, spread over the range
+    varied._reset(TensorDict({"_reset": torch.arange(64) < 32}, batch_size=[64]))
+    assert (varied.car_grip[:32] != grips[:32]).all() and torch.equal(varied.car_grip[32:], grips[32:])
+    # The car's own grip holds it: at 25 m/s a lateral acceleration of each car's grip.
+    _, yaw_rate = varied.slip_and_yaw_rate(torch.full((64,), 25.0), torch.full((64,), 0.2))
+    torch.testing.assert_close(25.0 * yaw_rate, varied.car_grip)
+    # A checkpoint holds it (a one-grip env's keeps its old keys).
+    restored = RacingEnv(num_envs=64, seed=3, grip_range=[6.0, 8.0])
+    restored.load_state_dict(varied.state_dict())
+    assert torch.equal(restored.car_grip, varied.car_grip) and "car_grip" not in plain.state_dict()
+
+
 def test_off_the_track_costs_and_beyond_the_runoff_ends_the_episode():
     env = RacingEnv(num_envs=1, smoothness=0.0, tracking=0.0)
     place(env, arc=50.0, lateral=2.5, speed=0.0)  # 0.5 m beyond the edge, inside the 1 m run-off
