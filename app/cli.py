@@ -50,6 +50,7 @@ from app.stages import run_stage, stage_configs, stage_folder
 from app.tracking import arrange_loggers, check_packages, continue_runs, expand_short_names
 from callbacks.progress import RLProgressBar
 from callbacks.schedule import FrameCheckpoint
+from callbacks.sigterm import StopTogether
 from callbacks.tracking import TrackingRuns
 from checkpoints.files import CheckpointMismatch, CheckpointWriteError, beside_base, rank_state_path
 from checkpoints.resume import checkpoint_global_step, missing_beside
@@ -207,6 +208,13 @@ class RLCLI(LightningCLI):
         if threads < 1:
             self.parser.error(f"--threads must be >= 1, got {threads}")
         torch.set_num_threads(threads)
+        nodes = config["trainer"].get("num_nodes") or 1
+        if nodes > 1 and not any(name in os.environ for name in RENDEZVOUS_VARIABLES):
+            self.parser.error(
+                f"--trainer.num_nodes {nodes}: no rendezvous to meet the other nodes at; start this command on every "
+                "node with torchrun (--nnodes, --node_rank, --master_addr, --master_port) or srun under SLURM "
+                "(docs/guide/multi-gpu.md)"
+            )
         self._move_gradient_clipping(config)
         self._resolve_stage_paths(config)
         self._seed_environments(config)
@@ -484,6 +492,11 @@ def _is_subclass(component: Any, base: type) -> bool:
     return class_path is not None and issubclass(import_class(class_path), base)
 
 
+#: Variables a cluster launcher sets on each node of a multi-node run (torchrun, SLURM, LSF, MPI; NODE_RANK with
+#: MASTER_ADDR and MASTER_PORT set by hand for Lightning's own): without one, node 0 would wait for the others forever.
+RENDEZVOUS_VARIABLES = ("GROUP_RANK", "SLURM_NTASKS", "LSB_JOBID", "OMPI_COMM_WORLD_RANK", "NODE_RANK")
+
+
 def trainer_defaults() -> dict:
     return {
         "max_epochs": -1,  # an RL stream has no epochs: max_steps (updates) ends training
@@ -491,7 +504,8 @@ def trainer_defaults() -> dict:
         "limit_val_batches": 0,  # `fit` evaluates with the PeriodicEvaluation callback; `validate` overrides this
         "plugins": [{"class_path": "checkpoints.io.AtomicCheckpointIO"}],
         "enable_checkpointing": True,
-        "callbacks": [RLProgressBar()],  # frames, rates and the latest evaluation on the bar, for every config
+        # frames, rates and the latest evaluation on the bar; with several ranks, SIGTERM stops them all at one update
+        "callbacks": [RLProgressBar(), StopTogether()],
     }
 
 

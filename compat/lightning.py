@@ -9,11 +9,15 @@ checkpoint callback, the CSV logger and the CLI that the project's subclasses of
   files around its write and delete (:class:`ModelCheckpointSteps`);
 - ``ResumableCSVLogger`` continues an existing ``metrics.csv`` where Lightning's writer deletes it
   (:func:`set_csv_logger_writer`, :class:`ExperimentWriterLogDirCheck`);
+- several ranks stop on SIGTERM at the same update (:func:`record_sigterm_only`, :func:`stop_on_sigterm`): Lightning
+  2.6's handler broadcasts from inside the signal handler, a collective that meets whatever collective the other ranks
+  are in, and each rank also stops on its own flag (Lightning issue 20806);
 - small helpers: a path's protocol, whether TensorBoard is installed, a CLI config value, the progress bar's ``leave``.
 """
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -62,6 +66,7 @@ PRIVATE_API = (
     ("lightning.pytorch.callbacks.ModelCheckpoint", "_save_checkpoint", "ModelCheckpointSteps"),
     ("lightning.pytorch.callbacks.ModelCheckpoint", "_remove_checkpoint", "ModelCheckpointSteps"),
     ("lightning.pytorch.callbacks.ModelCheckpoint", "_every_n_train_steps", "checkpoint_step_intervals"),
+    ("lightning.pytorch.Trainer", "_signal_connector", "record_sigterm_only, stop_on_sigterm"),
 )
 
 
@@ -107,6 +112,27 @@ def checkpoint_step_intervals(trainer: pl.Trainer) -> list[int]:
     """The ``every_n_train_steps`` of the trainer's ``ModelCheckpoint`` callbacks that save on a step schedule."""
     # ModelCheckpoint._every_n_train_steps (private; lightning 2.6.6): the interval given to its constructor.
     return [n for n in (getattr(c, "_every_n_train_steps", 0) for c in trainer.checkpoint_callbacks) if n and n > 0]
+
+
+def record_sigterm_only(trainer: pl.Trainer, record: Callable[[], None]) -> None:
+    """From now until fit ends, SIGTERM on this rank calls ``record`` and passes the signal on to the processes
+    Lightning's launcher started, as Lightning's handler does, without its broadcast and without stopping this rank
+    alone. Lightning restores the handlers it found when fit ends."""
+    # Trainer._signal_connector (private; lightning 2.6.6): the launcher forwarding of its handler.
+    connector = trainer._signal_connector
+
+    def handler(signum: int, _frame: Any) -> None:
+        if not connector.received_sigterm and trainer.strategy.launcher is not None:
+            trainer.strategy.launcher.kill(signum)
+        record()
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+def stop_on_sigterm(trainer: pl.Trainer) -> None:
+    """Stop this rank at the end of the current update, as Lightning stops on SIGTERM (``SIGTERMException``)."""
+    # Trainer._signal_connector (private; lightning 2.6.6): the flag its loops read after each update.
+    trainer._signal_connector.received_sigterm = True
 
 
 def count_batches_stepped(trainer: pl.Trainer, n: int) -> None:
