@@ -59,7 +59,9 @@ class ThroughputReport(Callback):
 
     Written by rank zero at the end of fit: ``<report_dir>/<name>.json``, ``<name>.md`` and, with ``plots``,
     ``<name>_phases.png`` and ``learning_curve.png`` (from a :class:`PeriodicEvaluation` callback's history, with
-    its random-policy baseline). After a resume the files cover the whole run as well as this process.
+    its random-policy baseline). After a resume the files cover the whole run as well as this process. With several
+    ranks (DDP, on one machine or several) the figures are their total, and ``per_rank`` (a table in the Markdown)
+    has each rank's own frames, rates and phases, gathered from every rank.
 
     Args:
         report_dir: folder for the report; default the trainer's ``log_dir`` (``default_root_dir`` without a logger).
@@ -138,7 +140,10 @@ class ThroughputReport(Callback):
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # on_fit_end, not on_train_end: every callback's on_train_end (the final evaluation) has run by now.
-        if not trainer.is_global_zero or self._start is None:  # None: the loop never started (max_steps reached)
+        if self._start is None:  # the loop never started (max_steps reached): on every rank alike
+            return
+        ranks = self._each_rank(trainer)  # a collective: every rank takes part before rank zero writes
+        if not trainer.is_global_zero:
             return
         this_process = interval(self._start, self._snapshot(trainer))
         whole_run = combine(self._before, this_process)
@@ -148,6 +153,8 @@ class ThroughputReport(Callback):
         if self._steady is not None and self._last_step_end["t"] > self._steady["t"]:
             steady = rates(interval(self._steady, self._last_step_end))
         self.report = self._describe(trainer, pl_module, rates(this_process), rates(whole_run), steady)
+        if ranks is not None:
+            self.report["per_rank"] = ranks
         self.report["bare_update"] = self._bare_update(trainer, pl_module, steady or self.report["this_process"])
         background = getattr(trainer.datamodule, "background_timer", None)
         if background is not None and background.totals:  # prefetch: the data path's phases off the training thread
@@ -174,6 +181,25 @@ class ThroughputReport(Callback):
             f" ({'steady state' if steady else 'this process'}); {100 * best['outside_update_frac']:.1f} % of wall"
             f" time outside the update step{versus_bare}{resumed}. Report: {markdown}"
         )
+
+    def _each_rank(self, trainer: pl.Trainer) -> list[dict[str, Any]] | None:
+        """With several ranks, each rank's own share of this process (its frames and rates, its phases' fractions),
+        gathered from every rank in rank order; None with one."""
+        if trainer.world_size == 1 or not torch.distributed.is_initialized():
+            return None
+        world = trainer.world_size
+        own = rates(interval(self._start, self._snapshot(trainer)))
+        own = {
+            "rank": trainer.global_rank,
+            "wall_s": own["wall_s"],
+            "frames": own["frames"] // world,
+            "frames_per_s": own["frames_per_s"] / world,
+            "updates_per_s": own["updates_per_s"],
+            "fraction": own["fraction"],
+        }
+        gathered: list[Any] = [None] * world
+        torch.distributed.all_gather_object(gathered, own)
+        return gathered
 
     def _bare_update(self, trainer: pl.Trainer, pl_module: pl.LightningModule, figures: dict) -> dict | None:
         """The bare reference update's time on this machine now, and the loop's wall time per update against it."""
@@ -348,8 +374,24 @@ def to_markdown(report: dict[str, Any]) -> str:
         f"| | this process | steady state (after {report['skip_first_steps']} steps) | whole run |",
         "|---|---:|---:|---:|",
         *(f"| {label} | {show(this)} | {show(steady) if steady else 'n/a'} | {show(whole)} |" for label, show in rows),
+        *_rank_lines(report.get("per_rank")),
     ]
     return "\n".join(lines) + "\n"
+
+
+def _rank_lines(ranks: list[dict[str, Any]] | None) -> list[str]:
+    if not ranks:
+        return []
+    lines = ["", "Each rank (this process; the table above is their total):", ""]
+    lines += ["| rank | frames | frames/s | updates/s | " + " | ".join(PHASES) + " |"]
+    lines += ["|---:|---:|---:|---:|" + "---:|" * len(PHASES)]
+    for rank in ranks:
+        phases = " | ".join(f"{100 * rank['fraction'][phase]:.1f} %" for phase in PHASES)
+        lines.append(
+            f"| {rank['rank']} | {rank['frames']:,} | {rank['frames_per_s']:,.0f} | {rank['updates_per_s']:,.1f} | "
+            f"{phases} |"
+        )
+    return lines
 
 
 def _background_lines(seconds: dict[str, float] | None) -> list[str]:

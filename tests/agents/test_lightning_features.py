@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -162,6 +163,8 @@ def test_ddp_on_cpu_keeps_weights_identical_while_ranks_collect_differently(tmp_
     config["trainer"]["callbacks"].append(
         {"class_path": "tests.agents.test_lightning_features.DumpRankState", "init_args": {"dirpath": str(tmp_path)}}
     )
+    report = {"class_path": "callbacks.throughput.ThroughputReport", "init_args": {"bare_update_seconds": 0}}
+    config["trainer"]["callbacks"].append(report)
     path = write_config(config, tmp_path / "c.yaml")
     result = subprocess.run(
         [
@@ -192,6 +195,11 @@ def test_ddp_on_cpu_keeps_weights_identical_while_ranks_collect_differently(tmp_
     assert not torch.equal(rank0["actions"], rank1["actions"])  # each rank explored on its own
     for key, value in rank0["state_dict"].items():
         assert torch.equal(value, rank1["state_dict"][key]), key  # gradients all-reduced: one set of weights
+    # The throughput report: the total over the ranks, and each rank's own share beside it.
+    written = json.loads((tmp_path / "throughput.json").read_text())
+    assert written["machine"]["world_size"] == 2 and [rank["rank"] for rank in written["per_rank"]] == [0, 1]
+    assert sum(rank["frames"] for rank in written["per_rank"]) == written["this_process"]["frames"] > 0
+    assert "| rank | frames | frames/s |" in (tmp_path / "throughput.md").read_text()
 
 
 @pytest.mark.slow
