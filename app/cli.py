@@ -492,9 +492,10 @@ def _is_subclass(component: Any, base: type) -> bool:
     return class_path is not None and issubclass(import_class(class_path), base)
 
 
-#: Variables a cluster launcher sets on each node of a multi-node run (torchrun, SLURM, LSF, MPI; NODE_RANK with
-#: MASTER_ADDR and MASTER_PORT set by hand for Lightning's own): without one, node 0 would wait for the others forever.
-RENDEZVOUS_VARIABLES = ("GROUP_RANK", "SLURM_NTASKS", "LSB_JOBID", "OMPI_COMM_WORLD_RANK", "NODE_RANK")
+#: Variables a cluster launcher sets on each node of a multi-node run (torchrun, SLURM, LSF, MPI, Kubeflow's RANK;
+#: NODE_RANK with MASTER_ADDR and MASTER_PORT set by hand for Lightning's own): without one, node 0 would wait for the
+#: others forever.
+RENDEZVOUS_VARIABLES = ("GROUP_RANK", "RANK", "SLURM_NTASKS", "LSB_JOBID", "OMPI_COMM_WORLD_RANK", "NODE_RANK")
 
 
 def trainer_defaults() -> dict:
