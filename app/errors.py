@@ -47,7 +47,7 @@ from lightning.pytorch.cli import LightningArgumentParser
 from torchrl.envs import EnvBase
 
 from checkpoints.files import CheckpointMismatch
-from datamodules.workers import WorkerDied, error_chain
+from datamodules.workers import CannotCollect, WorkerDied, error_chain
 from modules.spaces import SpaceError
 
 #: The project's packages a moved class is looked for in (:func:`moved_class_path`).
@@ -505,6 +505,8 @@ def fatal_error_line(error: BaseException) -> str | None:
     for cause in error_chain(error):
         if isinstance(cause, WorkerDied):
             return str(cause)
+        if isinstance(cause, CannotCollect):
+            return spell_flags(str(cause), {"data": cause.owner})
         if isinstance(cause, CheckpointMismatch):  # refused by workers, whose shutdown then failed on their deaths
             return checkpoint_mismatch_line(cause)
     for cause in error_chain(error):

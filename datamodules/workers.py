@@ -161,6 +161,16 @@ class WorkerDied(RuntimeError):
     """A worker process died and the run stopped: the command line prints its message as one line (exit status 1)."""
 
 
+class CannotCollect(RuntimeError):
+    """The collection cannot start as configured, which shows only when it starts (a Ray cluster without room for
+    the actors): the command line prints the message as one line (exit status 1), each option it names by its config
+    keys (``data.collection.workers``) spelled as the flag of ``owner``'s (the data module's class) config."""
+
+    def __init__(self, message: str, owner: type) -> None:
+        super().__init__(message)
+        self.owner = owner
+
+
 def worker_death_error(
     error: BaseException | None,
     log_dir: Path | None,

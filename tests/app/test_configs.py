@@ -5,6 +5,7 @@ from __future__ import annotations
 import lightning.pytorch as pl
 import pytest
 import torch
+import yaml
 
 from app.cli import build
 from datamodules.base import RLDataModule
@@ -28,6 +29,16 @@ def test_agent_config_instantiates(config, tmp_path, monkeypatch):
     # Agents train on an RL data module; supervised stages (behaviour cloning) on a dataset's.
     assert isinstance(model, RLModule) == isinstance(data, RLDataModule)
     assert sum(p.numel() for p in model.parameters()) > 0
+
+
+@pytest.mark.parametrize("config", [*AGENT_CONFIGS, *PRESETS], ids=lambda path: str(path.relative_to(ROOT / "configs")))
+def test_no_shipped_config_stops_on_wall_time_so_a_slower_day_trains_the_same_policy(config):
+    # A run stopped by `max_time` ends wherever the day's speed took it (issue 48): every config stops on updates or
+    # epochs, and a time-bounded run is a flag away (--trainer.max_time).
+    trainer = yaml.safe_load(config.read_text()).get("trainer", {})
+    assert trainer.get("max_time") is None, f"{config.name} stops on wall time"
+    if config in AGENT_CONFIGS:
+        assert trainer["max_steps"] > 0 or trainer.get("max_epochs", 0) > 0
 
 
 @pytest.mark.parametrize("preset", PRESETS, ids=lambda path: path.name)

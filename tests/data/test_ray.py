@@ -1,0 +1,133 @@
+"""Collection across machines (datamodules/collection.py's RayCollectors): TorchRL's RayCollector on a real Ray cluster
+that the tests start on this machine, a head node and a worker node whose CPUs hold every collector actor, as a
+cluster of collector machines would."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import sys
+
+import pytest
+import torch
+from lightning.pytorch.callbacks import Callback
+
+from app.errors import fatal_error_line
+from datamodules.workers import CannotCollect, WorkerDied
+from tests.helpers import app_in_process, chain_config, fit, weights, write_config
+
+ray = pytest.importorskip("ray", reason='the distributed extra: pip install -e ".[distributed]"')
+from ray.cluster_utils import Cluster  # noqa: E402 - only once Ray is known to be installed
+
+WORKERS = 2
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """A head node that runs no actors and a worker node with a CPU per collector actor; this process joins it."""
+    nodes = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
+    nodes.add_node(num_cpus=WORKERS)
+    nodes.wait_for_nodes()
+    yield nodes
+    ray.shutdown()
+    nodes.shutdown()
+
+
+def collection(kind: str, address: str | None = None) -> dict:
+    init = {"workers": WORKERS, **({"address": address} if address else {})}
+    return {"class_path": f"datamodules.collection.{kind}", "init_args": init}
+
+
+def ppo_config(tmp_path, name: str, kind: str, address: str | None = None):
+    # 4 environments, 2 per worker; 64 frames a rollout, 4 updates each.
+    config = chain_config("ppo", tmp_path / name, num_envs=4, collection=collection(kind, address))
+    return write_config(config, tmp_path / f"{name}.yaml")
+
+
+@pytest.mark.slow
+def test_ray_collectors_collect_what_collector_workers_do_and_their_checkpoint_continues_with_local_workers(
+    tmp_path, cluster
+):
+    # The actors seed their generators and environments as local collector workers do and get the learner's weights
+    # before each batch, so the same config trains to the same weights with either; the per-worker state in the
+    # checkpoint is the same too, so a run stopped with Ray collectors continues with local workers, to the bit.
+    fit(ppo_config(tmp_path, "local", "CollectorWorkers"), "--trainer.max_steps", "24")
+    on_ray = ppo_config(tmp_path, "ray", "RayCollectors", cluster.address)
+    stopped = fit(on_ray, "--trainer.max_steps", "12")
+    actors = stopped.datamodule.collection
+    assert type(actors).__name__ == "RayCollectors" and actors.collector is None  # the actors are gone at the end
+    # The collectors ran on the worker node: an actor takes a CPU, and the head has none to give.
+    assert sorted(node["Resources"].get("CPU", 0) for node in ray.nodes() if node["Alive"]) == [0, WORKERS]
+
+    saved = torch.load(tmp_path / "ray/checkpoints/last.ckpt", weights_only=True)
+    workers_state = saved["RolloutDataModule"]["workers"]
+    assert sorted(workers_state) == ["frames", "iter", *(f"worker{w}" for w in range(WORKERS))]  # as CollectorWorkers'
+    assert workers_state["frames"] == 3 * 64  # 12 updates: 3 rollouts of 4 environments x 16 steps
+    continued = ppo_config(tmp_path, "ray", "CollectorWorkers")
+    resumed = fit(continued, "--trainer.max_steps", "24", "--ckpt_path", "last")
+    assert resumed.trainer.global_step == 24
+    a, b = weights(tmp_path / "local/checkpoints/last.ckpt"), weights(tmp_path / "ray/checkpoints/last.ckpt")
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+
+
+class KillActorAt(Callback):
+    """SIGKILLs collector actor 1's process after update ``step``, as a lost node or the memory killer would."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer, *args) -> None:
+        if trainer.global_step == self.step:
+            actor = trainer.datamodule.collection.collector.remote_collectors[1]
+            pid, _ = ray.get(actor.where.remote())
+            os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.slow
+def test_a_killed_ray_collector_stops_the_run_with_one_line_naming_it(tmp_path, cluster):
+    config = chain_config("ppo", tmp_path / "run", num_envs=4, collection=collection("RayCollectors", cluster.address))
+    config["trainer"]["callbacks"].append({"class_path": "tests.data.test_ray.KillActorAt", "init_args": {"step": 8}})
+    with pytest.raises(WorkerDied) as stopped:
+        fit(write_config(config, tmp_path / "c.yaml"))
+    line = fatal_error_line(stopped.value)  # what the command line prints, exit status 1 (tests/app/test_failures.py)
+    assert re.fullmatch(
+        r"Ray collector 1 \(process \d+ on [\d.]+\) died: The actor died unexpectedly .* At 128 frames; training "
+        r"stopped: no checkpoint to continue from",
+        line,
+    ), line  # two rollouts of 64 frames: the kill came after the second one's updates; no checkpoint was due yet
+
+
+@pytest.mark.slow
+def test_more_actors_than_the_cluster_has_cpus_for_is_one_line_not_a_wait(tmp_path, cluster):
+    config = chain_config("ppo", tmp_path, num_envs=8, collection=collection("RayCollectors", cluster.address))
+    config["data"]["init_args"]["collection"]["init_args"]["workers"] = 4
+    with pytest.raises(CannotCollect) as refused:
+        fit(write_config(config, tmp_path / "c.yaml"))
+    assert fatal_error_line(refused.value) == (
+        "--data.init_args.collection.init_args.workers 4: 4 actors of 1 CPUs need 4 CPUs, the Ray cluster has 2 "
+        "(fewer workers, a smaller --data.init_args.collection.init_args.cpus_per_worker, or more nodes)"
+    )
+
+
+def test_an_address_where_no_cluster_answers_is_one_line_naming_the_flag(tmp_path, capsys):
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{probe.getsockname()[1]}"
+    config = chain_config("ppo", tmp_path, num_envs=4, collection=collection("RayCollectors", address))
+    done = app_in_process(capsys, "fit", "--config", str(write_config(config, tmp_path / "c.yaml")))
+    assert done.returncode == 2  # refused when the config is read, before anything runs
+    line = done.stderr.strip().splitlines()[-1]
+    assert line.startswith(f"error: --data.init_args.collection.init_args.address {address}: no Ray cluster answers")
+
+
+def test_without_ray_the_strategy_is_one_line_with_the_install_command(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # as if the distributed extra were not installed
+    config = chain_config("ppo", tmp_path, num_envs=4, collection=collection("RayCollectors"))
+    done = app_in_process(capsys, "fit", "--config", str(write_config(config, tmp_path / "c.yaml")))
+    assert done.returncode != 0
+    assert done.stderr.strip().splitlines()[-1] == (
+        'error: --data.init_args.collection RayCollectors: Ray is not installed; pip install -e ".[distributed]"'
+    )
