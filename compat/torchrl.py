@@ -12,6 +12,8 @@ accessor, and two private hooks.
   what the next step's input keeps) and the optional ``_post_step_mdp_hooks``, native autoreset and compiled
   variants, which :class:`FastStepAndMaybeReset` reads to take a shorter road when none is in play;
 - a ``MultiAsyncCollector`` takes each worker's batch, and the worker's index, from its queue in ``_get_from_queue``;
+- a ``RayWeightUpdater`` counts each actor's batches since its last weights in ``_batches_since_weight_update`` and
+  sends them in ``_sync_weights_with_worker`` (:class:`RayPushedWeights`);
 - the multi-process collectors find a dead worker with ``torchrl._utils._check_for_faulty_process``, which this module
   replaces (:func:`install_dead_worker_check`).
 
@@ -27,6 +29,7 @@ from typing import Any
 import torch
 from tensordict import TensorDict, TensorDictBase, is_non_tensor
 from torchrl.collectors import Collector, MultiAsyncCollector
+from torchrl.collectors.weight_update import RayWeightUpdater
 from torchrl.envs import ParallelEnv, Transform
 
 from compat.tensordict import set_unchecked, tensordict_unchecked, top_level_entries
@@ -58,6 +61,8 @@ PRIVATE_API = (
     ("torchrl.collectors", "_multi_async", "install_dead_worker_check"),
     ("torchrl.collectors", "_multi_base", "install_dead_worker_check"),
     ("torchrl.collectors", "_multi_sync", "install_dead_worker_check"),
+    ("torchrl.collectors.weight_update.RayWeightUpdater", "_batches_since_weight_update", "RayPushedWeights"),
+    ("torchrl.collectors.weight_update.RayWeightUpdater", "_sync_weights_with_worker", "RayPushedWeights"),
 )
 
 
@@ -299,3 +304,23 @@ def install_dead_worker_check() -> None:
     for module in (torchrl._utils, _multi_async, _multi_base, _multi_sync):
         if hasattr(module, "_check_for_faulty_process"):
             module._check_for_faulty_process = check_for_dead_worker
+
+
+class RayPushedWeights(RayWeightUpdater):
+    """TorchRL's Ray weight updater (the learner's weights put in Ray's object store, sent to every actor before its
+    next batch), given the collector's weights and actors when the collector registers it: they do not exist before.
+    (RayCollector's default instead opens a gloo group between the learner and the actors, which needs ports between
+    the machines that a cluster's Ray ports do not open.)"""
+
+    def __init__(self) -> None:
+        super().__init__(policy_weights=TensorDict(), remote_collectors=[])
+
+    def register_collector(self, collector: Any) -> None:
+        super().register_collector(collector)
+        self.policy_weights, self.remote_collectors = collector.policy_weights, collector.remote_collectors
+        self._batches_since_weight_update = [0] * len(self.remote_collectors)
+
+    def _sync_weights_with_worker(self, worker_id: int, server_weights: Any) -> None:
+        # RayWeightUpdater's own passes `policy_weights=`, a name TorchRL 0.14 warns is deprecated in every actor.
+        self.remote_collectors[worker_id].update_policy_weights_.remote(policy_or_weights=server_weights)
+        self._batches_since_weight_update[worker_id] = 0

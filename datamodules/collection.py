@@ -39,6 +39,7 @@ import contextlib
 import math
 import os
 import queue
+import signal
 import socket
 import threading
 from collections.abc import Callable
@@ -47,14 +48,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
-from tensordict import TensorDict, TensorDictBase
+from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 from torchrl.collectors import Collector, MultiAsyncCollector, MultiSyncCollector
-from torchrl.collectors.weight_update import RayWeightUpdater
 from torchrl.envs import EnvBase, ParallelEnv, TransformedEnv
 
 from checkpoints.files import CheckpointMismatch, from_plain, to_plain
 from compat.torchrl import (
+    RayPushedWeights,
     WorkerTaggedAsyncCollector,
     collector_carrier,
     parallel_env_load_state,
@@ -524,7 +525,7 @@ class RayCollectors(Collection):
         self.workers, self.address, self.cpus_per_worker = workers, address, cpus_per_worker
         self._started_ray = False  # this run started the cluster (address None): it stops it too
         self._actors: list[Any] = []  # the collector actors' handles
-        self._places: list[tuple[int, str]] = []  # each actor's process id and node address
+        self._places: list[tuple[int, str, str]] = []  # each actor's process id, node address and actor id
 
     def _options(self) -> dict[str, Any]:
         return {"workers": self.workers, "address": self.address, "cpus_per_worker": self.cpus_per_worker}
@@ -581,7 +582,7 @@ class RayCollectors(Collection):
             sync=True,
             remote_configs={"num_cpus": self.cpus_per_worker},
             update_after_each_batch=True,  # the latest weights before every batch: on-policy data
-            weight_updater=_RayPushedWeights(),
+            weight_updater=RayPushedWeights(),
         )
         self.collector.update_policy_weights_()  # the first batch acts with the learner's weights too
         # The actors and where each runs (its process and node), for the line that names one that died.
@@ -592,17 +593,25 @@ class RayCollectors(Collection):
     def _join(self, ray: Any, owner: type) -> None:
         """Join the cluster at ``address`` (one that answers: :meth:`check`), or start one on this machine (``address``
         None)."""
-        if self.address is None:
-            # As many CPUs as the actors reserve, at least: on a small machine they share its cores.
-            cpus = max(os.cpu_count() or 1, math.ceil(self.workers * self.cpus_per_worker))
-            ray.init(num_cpus=cpus, include_dashboard=False, logging_level="warning")
-            self._started_ray = True
-            return
+        # Ray's driver ends the process on SIGTERM (exit status 1): the run's own handler, which stops after the
+        # current update and saves, is put back.
+        handler = signal.getsignal(signal.SIGTERM) if threading.current_thread() is threading.main_thread() else None
         try:
-            ray.init(address=self.address, logging_level="warning")
-        except ConnectionError as error:
-            reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-            raise CannotCollect(f"{OPTION}.address {self.address}: no Ray cluster to join ({reason})", owner) from None
+            if self.address is None:
+                # As many CPUs as the actors reserve, at least: on a small machine they share its cores.
+                cpus = max(os.cpu_count() or 1, math.ceil(self.workers * self.cpus_per_worker))
+                ray.init(num_cpus=cpus, include_dashboard=False, logging_level="warning")
+                self._started_ray = True
+                return
+            try:
+                ray.init(address=self.address, logging_level="warning")
+            except ConnectionError as error:
+                reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+                message = f"{OPTION}.address {self.address}: no Ray cluster to join ({reason})"
+                raise CannotCollect(message, owner) from None
+        finally:
+            if handler is not None:
+                signal.signal(signal.SIGTERM, handler)
 
     def collect(self) -> TensorDictBase:
         try:
@@ -641,7 +650,7 @@ class RayCollectors(Collection):
         if not isinstance(error, ray.exceptions.RayActorError):
             return
         actors = self._actors  # RayCollector empties its own list when an actor dies
-        ids = [actor._actor_id.hex() for actor in actors]
+        ids = [actor_id for _, _, actor_id in self._places]
         dead = ids.index(error.actor_id) if error.actor_id in ids else None
         for index, actor in enumerate(actors if dead is None else []):
             try:
@@ -654,7 +663,7 @@ class RayCollectors(Collection):
         if dead is None:
             name = "a Ray collector"
         else:
-            pid, node = self._places[dead]
+            pid, node, _ = self._places[dead]
             name = f"Ray collector {dead} (process {pid} on {node})"
         # Ray's first line, and how the process ended (not the paragraph of common causes after it).
         lines = [line.strip() for line in str(error).splitlines() if line.strip()] or [type(error).__name__]
@@ -681,34 +690,16 @@ _NO_END = 2**62
 _RAY_CONNECT_S = 5.0
 
 
-class _RayPushedWeights(RayWeightUpdater):
-    """TorchRL's Ray weight updater (the learner's weights put in Ray's object store, sent to every actor before its
-    next batch), given the collector's weights and actors when the collector registers it: they do not exist before.
-    (RayCollector's default instead opens a gloo group between the learner and the actors, which needs ports between
-    the machines that a cluster's Ray ports do not open.)"""
-
-    def __init__(self) -> None:
-        super().__init__(policy_weights=TensorDict(), remote_collectors=[])
-
-    def register_collector(self, collector: Any) -> None:
-        super().register_collector(collector)
-        self.policy_weights, self.remote_collectors = collector.policy_weights, collector.remote_collectors
-        self._batches_since_weight_update = [0] * len(self.remote_collectors)
-
-    def _sync_weights_with_worker(self, worker_id: int, server_weights: Any) -> None:
-        self.remote_collectors[worker_id].update_policy_weights_.remote(policy_or_weights=server_weights)
-        self._batches_since_weight_update[worker_id] = 0
-
-
 class RayActorCollector(ResumableCollector):
     """A Ray actor's collector: a worker's, named in one line (Ray prefixes the actor's log lines with its ``repr``)."""
 
     def __repr__(self) -> str:
         return f"collector worker {self.worker_idx}"
 
-    def where(self) -> tuple[int, str]:
-        """The actor's process id and the address of its node."""
-        return os.getpid(), ray_module().util.get_node_ip_address()
+    def where(self) -> tuple[int, str, str]:
+        """The actor's process id, the address of its node and its Ray actor id."""
+        ray = ray_module()
+        return os.getpid(), ray.util.get_node_ip_address(), ray.get_runtime_context().get_actor_id()
 
 
 def ray_module() -> Any:

@@ -14,9 +14,10 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import Callback
 
+from app.cli import main
 from app.errors import fatal_error_line
 from datamodules.workers import CannotCollect, WorkerDied
-from tests.helpers import app_in_process, chain_config, fit, weights, write_config
+from tests.helpers import AfterUpdate, app_in_process, chain_config, fit, weights, write_config
 
 ray = pytest.importorskip("ray", reason='the distributed extra: pip install -e ".[distributed]"')
 from ray.cluster_utils import Cluster  # noqa: E402 - only once Ray is known to be installed
@@ -26,10 +27,16 @@ WORKERS = 2
 
 @pytest.fixture(scope="module")
 def cluster():
-    """A head node that runs no actors and a worker node with a CPU per collector actor; this process joins it."""
+    """A head node that runs no actors and a worker node with a CPU per collector actor; this process joins it.
+
+    The nodes are started from this process, as ``ray start`` would start them from a shell of their own: a node
+    started in a process sets its SIGTERM handler (drain the node, then exit 1), which a shell's would not pass on to
+    the run, so this process keeps its own."""
+    handler = signal.getsignal(signal.SIGTERM)
     nodes = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
     nodes.add_node(num_cpus=WORKERS)
     nodes.wait_for_nodes()
+    signal.signal(signal.SIGTERM, handler)
     yield nodes
     ray.shutdown()
     nodes.shutdown()
@@ -54,10 +61,12 @@ def test_ray_collectors_collect_what_collector_workers_do_and_their_checkpoint_c
     # before each batch, so the same config trains to the same weights with either; the per-worker state in the
     # checkpoint is the same too, so a run stopped with Ray collectors continues with local workers, to the bit.
     fit(ppo_config(tmp_path, "local", "CollectorWorkers"), "--trainer.max_steps", "24")
+    # Stopped as a scheduler stops a job: SIGTERM after update 12 (Ray's driver would end the process at once; the
+    # run's handler stops after the update and saves).
     on_ray = ppo_config(tmp_path, "ray", "RayCollectors", cluster.address)
-    stopped = fit(on_ray, "--trainer.max_steps", "12")
-    actors = stopped.datamodule.collection
-    assert type(actors).__name__ == "RayCollectors" and actors.collector is None  # the actors are gone at the end
+    with pytest.raises(SystemExit) as exited:
+        main(["fit", "--config", str(on_ray), "--trainer.max_steps", "24"], extra_callbacks=[TerminateAt(12)])
+    assert exited.value.code == 128 + signal.SIGTERM
     # The collectors ran on the worker node: an actor takes a CPU, and the head has none to give.
     assert sorted(node["Resources"].get("CPU", 0) for node in ray.nodes() if node["Alive"]) == [0, WORKERS]
 
@@ -73,6 +82,15 @@ def test_ray_collectors_collect_what_collector_workers_do_and_their_checkpoint_c
         assert torch.equal(a[key], b[key]), key
 
 
+class TerminateAt(AfterUpdate):
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def after_update(self, trainer, pl_module) -> None:
+        if trainer.global_step == self.step:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
 class KillActorAt(Callback):
     """SIGKILLs collector actor 1's process after update ``step``, as a lost node or the memory killer would."""
 
@@ -82,7 +100,7 @@ class KillActorAt(Callback):
     def on_train_batch_end(self, trainer, *args) -> None:
         if trainer.global_step == self.step:
             actor = trainer.datamodule.collection.collector.remote_collectors[1]
-            pid, _ = ray.get(actor.where.remote())
+            pid = ray.get(actor.where.remote())[0]
             os.kill(pid, signal.SIGKILL)
 
 
