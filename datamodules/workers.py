@@ -145,7 +145,8 @@ class ResumableCollector(Collector):
             "iter": iterations,
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any], strict: bool = True) -> None:
+        """``strict`` is TorchRL's (a Ray collector passes it); the state is this class's own, always loaded whole."""
         env = stateful_env(self.env)
         env.load_state_dict(state["env"])
         carrier = collector_carrier(self)

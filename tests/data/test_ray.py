@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import socket
 import sys
@@ -74,6 +75,11 @@ def test_ray_collectors_collect_what_collector_workers_do_and_their_checkpoint_c
     workers_state = saved["RolloutDataModule"]["workers"]
     assert sorted(workers_state) == ["frames", "iter", *(f"worker{w}" for w in range(WORKERS))]  # as CollectorWorkers'
     assert workers_state["frames"] == 3 * 64  # 12 updates: 3 rollouts of 4 environments x 16 steps
+    # The same checkpoint continues with Ray collectors too (a copy of the run folder): it runs to the end, but not
+    # yet to the local run's weights (issue 50: not understood), so only the continuation is asserted here.
+    shutil.copytree(tmp_path / "ray", tmp_path / "ray_again")
+    again = ppo_config(tmp_path, "ray_again", "RayCollectors", cluster.address)
+    assert fit(again, "--trainer.max_steps", "24", "--ckpt_path", "last").trainer.global_step == 24
     continued = ppo_config(tmp_path, "ray", "CollectorWorkers")
     resumed = fit(continued, "--trainer.max_steps", "24", "--ckpt_path", "last")
     assert resumed.trainer.global_step == 24
