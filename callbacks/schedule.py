@@ -87,6 +87,12 @@ class FrameCheckpoint(ModelCheckpointSteps):
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._started_at, self._written = trainer.global_step, set()
+        # A run folder continued in another place (moved, copied, downloaded): Lightning restores this callback's
+        # state only in the folder it was written in, so it would take the `last.ckpt` here for another run's and
+        # write `last-v1.ckpt` beside it, leaving `last.ckpt` at the older update for the next `--ckpt_path last`.
+        last = str(Path(self.dirpath or "") / self._last_name)
+        if trainer.ckpt_path and not self.last_model_path and self.dirpath and self.file_exists(last, trainer):
+            self.last_model_path = last
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any) -> None:
         frames = trainer.datamodule.frames

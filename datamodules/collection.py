@@ -614,12 +614,8 @@ class RayCollectors(Collection):
                 signal.signal(signal.SIGTERM, handler)
 
     def collect(self) -> TensorDictBase:
-        try:
-            batch = next(self._iterator)
-        except Exception as error:
-            self._raise_if_an_actor_died(error)
-            raise
-        return batch.flatten(0, 1)  # [workers, envs per worker, ...] -> [num_envs, ...]: one in-process batch's order
+        # [workers, envs per worker, ...] -> [num_envs, ...]: one in-process batch's order
+        return super().collect().flatten(0, 1)
 
     def sync_weights(self, device: torch.device) -> None:
         """Nothing: the actors get the latest weights before each batch."""
@@ -636,14 +632,7 @@ class RayCollectors(Collection):
             self.collector.load_state_dict([workers[f"worker{w}"] for w in range(self.workers)])
             self.collector.collected_frames = int(workers["frames"])
 
-    def load_state_watched(self, state: dict[str, Any]) -> None:
-        try:
-            self.load_state_dict(state)
-        except Exception as error:
-            self._raise_if_an_actor_died(error)
-            raise
-
-    def _raise_if_an_actor_died(self, error: BaseException) -> None:
+    def check_workers_alive(self, error: BaseException | None, frames: int) -> None:
         """One line naming the actor that died (each is asked whether it is alive: Ray's error may not say which),
         where it ran, and Ray's reason, when ``error`` is Ray's report of a dead actor."""
         ray = ray_module()
@@ -671,7 +660,7 @@ class RayCollectors(Collection):
         reason = " ".join(filter(None, (lines[0], detail)))
         self._died = True
         continuation = "continue with --ckpt_path last" if self._checkpointed() else "no checkpoint to continue from"
-        raise WorkerDied(f"{name} died: {reason} At {self._frames():,} frames; training stopped: {continuation}")
+        raise WorkerDied(f"{name} died: {reason} At {frames:,} frames; training stopped: {continuation}")
 
     def teardown(self) -> None:
         if self.collector is not None:

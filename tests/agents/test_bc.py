@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
+import shutil
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -70,6 +71,24 @@ def test_shipped_config_trains_validates_evaluates_and_resumes_in_its_folder(tmp
     assert expert > 600 and float(evaluations[0]["eval/expert_lap_completed"]) == 1.0  # a lap in 30 s: 805
     for row in evaluations:
         assert float(row["eval/return_vs_expert"]) == pytest.approx(float(row["eval/return_mean"]) / expert)
+    # Continued in a copy of the folder made with its links followed, as a download has them, named by its full path:
+    # the new final checkpoint is `last.ckpt` there too (Lightning would otherwise write `last-v1.ckpt` beside the
+    # copied one, which the next `--ckpt_path last` would take).
+    elsewhere = tmp_path / "elsewhere"
+    shutil.copytree(tmp_path / "runs", elsewhere / "runs")
+    monkeypatch.chdir(elsewhere)
+    cli = fit(
+        config,
+        "--trainer.max_epochs",
+        "5",
+        "--ckpt_path",
+        "last",
+        "--trainer.logger.init_args.save_dir",
+        str(elsewhere / "runs"),
+    )
+    checkpoints = elsewhere / "runs" / "racing_bc" / "version_0" / "checkpoints"
+    assert [path.name for path in checkpoints.glob("last*.ckpt")] == ["last.ckpt"]
+    assert torch.load(checkpoints / "last.ckpt", weights_only=True)["global_step"] == cli.trainer.global_step
 
 
 class DrawsAtFitStart(pl.Callback):

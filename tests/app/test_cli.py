@@ -35,12 +35,13 @@ def run_app(*args: str, cwd: Path, pythonpath: tuple[Path, ...] = ()) -> subproc
     )
 
 
-@pytest.mark.slow
-def test_print_config_resolves_composed_configs_and_overrides(tmp_path):
+def test_print_config_resolves_composed_configs_and_overrides(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
     base = write_config(chain_config("dqn", tmp_path / "out"), tmp_path / "base.yaml")
     preset = tmp_path / "preset.yaml"
     preset.write_text(yaml.safe_dump({"data": {"init_args": {"num_envs": 4}}, "trainer": {"max_steps": 7}}))
-    result = run_app(
+    result = app_in_process(
+        capsys,
         "fit",
         "--config",
         str(base),
@@ -51,7 +52,6 @@ def test_print_config_resolves_composed_configs_and_overrides(tmp_path):
         "--data.init_args.env.init_args.length",
         "9",
         "--print_config",
-        cwd=tmp_path,
     )
     assert result.returncode == 0, result.stderr
     config = yaml.safe_load(result.stdout)

@@ -232,6 +232,28 @@ def test_ckpt_path_last_continues_the_newest_run_of_a_shipped_config_in_its_fold
 
 
 @pytest.mark.slow
+def test_a_run_folder_copied_elsewhere_continues_there_and_its_last_checkpoint_moves_on(tmp_path):
+    # A run folder downloaded, or copied with its links followed (`last.ckpt` then a file of its own, not the link
+    # this project writes), and continued in its new place: each continuation's final checkpoint is the new
+    # `last.ckpt`, so the next `--ckpt_path last` continues from it, not from the update the folder was copied at.
+    fit_shipped("snake_ppo", tmp_path / "runs", "--trainer.max_steps", "20")
+    moved = tmp_path / "elsewhere" / "runs"
+    shutil.copytree(tmp_path / "runs", moved)  # symlinks=False: the linked files' contents
+    checkpoints = moved / "snake_ppo/version_0/checkpoints"
+    assert not (checkpoints / "last.ckpt").is_symlink()
+    for steps in (40, 60):
+        cli = fit_shipped("snake_ppo", moved, "--trainer.max_steps", str(steps), "--ckpt_path", "last")
+        assert start_step(cli) == steps - 20 and cli.trainer.global_step == steps
+        assert torch.load(checkpoints / "last.ckpt", weights_only=True)["global_step"] == steps
+    assert sorted(path.name for path in checkpoints.glob("last*.ckpt")) == [
+        "last-step40.ckpt",
+        "last-step60.ckpt",
+        "last.ckpt",
+    ]  # no `last-v1.ckpt` beside it; the two newest kept, as in the run's own folder
+    assert [path.name for path in (moved / "snake_ppo").iterdir()] == ["version_0"]
+
+
+@pytest.mark.slow
 def test_a_step_takes_every_update_a_collection_earns_and_logs_and_resumes_in_updates(tmp_path):
     # 8 boards and 2 frames per update: each collection earns 4 updates, which one Lightning step takes (with prefetch,
     # the next collection runs beside them). Steps still end at the logging steps (every 5 updates) and at max_steps,

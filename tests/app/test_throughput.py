@@ -15,7 +15,7 @@ import datamodules.timing as timing
 from callbacks.schedule import PeriodicEvaluation
 from callbacks.throughput import BARE_UPDATE_SHARE, ThroughputReport
 from datamodules.timing import PhaseTimer
-from tests.helpers import chain_config, fit, write_config
+from tests.helpers import ROOT, chain_config, evaluated_chain_config, fit, write_config
 
 FRAMES_PER_STEP, SAMPLES_PER_STEP = 180, 36
 
@@ -400,3 +400,31 @@ def test_the_report_names_the_program_without_the_machines_paths():
     assert program("/somewhere/checkout/app/__main__.py") == "python -m app"
     assert program("/somewhere/.venv/bin/lightrl") == "lightrl"
     assert program("benchmarks/update_cost.py") == "update_cost.py"
+
+
+def test_the_ingest_benchmark_feeds_the_learner_its_premade_batches_and_reports_both_fits(tmp_path, monkeypatch):
+    # benchmarks/learner_ingest.py on the chain env (128 frames a batch, 8 updates each): the premade fit trains on
+    # copies of the 4 batches collected when it started, in turn; both fits' reports give the figures of ingest.json.
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import learner_ingest
+
+    monkeypatch.chdir(tmp_path)
+    handed: dict[int, list] = {}  # each PremadeBatches (the warm-up fit's, the measured fit's): what it handed out
+    collect = learner_ingest.PremadeBatches.collect
+
+    def recorded(self):
+        batch = collect(self)
+        handed.setdefault(id(self), []).append((batch, batch.clone()))  # as handed out: the learner adds to it
+        return batch
+
+    monkeypatch.setattr(learner_ingest.PremadeBatches, "collect", recorded)
+    config = write_config(evaluated_chain_config("ppo", every_n_frames=10**9, max_steps=8), tmp_path / "chain.yaml")
+    result = learner_ingest.main(["--config", str(config), "--updates", "240", "--warmup-updates", "4", "--out", "out"])
+    warmup, measured = handed.values()
+    assert len(warmup) == 1 and len(measured) == 30  # 4 and 240 updates
+    assert (measured[4][1] == measured[0][1]).all() and measured[4][0] is not measured[0][0]  # the first, a new copy
+    assert not any((measured[0][1] == other).all() for _, other in measured[1:4])  # four different batches
+    written = json.loads((tmp_path / "out" / "ingest.json").read_text())
+    assert written == result and result["frames_per_batch"] == 128
+    assert result["ingest_frames_per_s"] > 0 and result["collected_frames_per_s"] > 0
+    assert result["ratio"] == result["ingest_frames_per_s"] / result["collected_frames_per_s"]

@@ -125,15 +125,11 @@ def test_bad_tuning_input_is_one_line(tmp_path, capsys, monkeypatch, space, args
     assert not (tmp_path / "runs").exists()
 
 
-@pytest.mark.slow
-def test_missing_optuna_is_one_line_with_the_install_command(tmp_path):
+def test_missing_optuna_is_one_line_with_the_install_command(tmp_path, capsys, monkeypatch):
     config, space = tune_config(tmp_path)
-    fake = tmp_path / "without_optuna" / "optuna"
-    fake.mkdir(parents=True)
-    (fake / "__init__.py").write_text("raise ImportError('No module named optuna')\n")
-    result = run_app(
-        "tune", "--config", str(config), "--space", str(space), "--trials", "2", cwd=tmp_path, pythonpath=(fake.parent,)
-    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setitem(sys.modules, "optuna", None)  # `import optuna` raises ImportError, as where it is not installed
+    result = app_in_process(capsys, "tune", "--config", str(config), "--space", str(space), "--trials", "2")
     assert result.returncode == 2
     checkout = os.path.relpath(ROOT, tmp_path)  # the command installs this checkout's extra, from where it ran
     assert result.stderr.strip().splitlines()[-1] == (

@@ -24,7 +24,7 @@ from envs.counter_rng import episode_seed
 from envs.gym.env import GymnasiumEnv
 from tests.app.test_cli import run_app
 from tests.envs.test_adding_an_environment import fits_as_the_docs_run_it
-from tests.helpers import ROOT, chain_config, doc_code_blocks, fit, write_config
+from tests.helpers import ROOT, app_in_process, chain_config, doc_code_blocks, fit, write_config
 
 GYM_CONFIGS = sorted((ROOT / "configs" / "gym").glob("*.yaml"))
 #: Box2D's tasks (LunarLander) need the gym extra; the suite skips them without it, like the other optional families.
@@ -484,11 +484,12 @@ def test_the_documented_gymnasium_environment_of_ones_own_fits_by_module_and_id(
     ids=["weights", "environment state", "environment state in collector workers", "environment state in env workers"],
 )
 def test_resuming_a_checkpoint_of_another_environment_is_one_line_and_leaves_its_run_folder_as_it_was(
-    tmp_path, monkeypatch, written_with, resumed_with, reason, collection
+    tmp_path, monkeypatch, capsys, written_with, resumed_with, reason, collection
 ):
     # As a user meets it: the env id overridden on the command line keeps the config's run name, so `--ckpt_path
-    # last` of the config finds the other environment's run. The run that writes the checkpoint runs in this process
-    # (the refusal, which may end the process, in its own).
+    # last` of the config finds the other environment's run. The run that writes the checkpoint runs in this process,
+    # and so does the refusal, but where worker processes refuse it: they die of it and the process ends, so there
+    # the command runs in a process of its own.
     config = ROOT / "configs" / "gym" / "cartpole_dqn.yaml"
     short = ("--model.init_args.network.hidden_sizes", "[32]", "--data.init_args.warmup_frames", "64", *collection)
     env_id = "--data.init_args.env.init_args.env_id"
@@ -498,7 +499,11 @@ def test_resuming_a_checkpoint_of_another_environment_is_one_line_and_leaves_its
     before = {path.name: path.read_bytes() for path in folder.iterdir() if path.is_file()}
 
     args = ("fit", "--config", str(config), env_id, resumed_with, "--trainer.max_steps", "8", *short)
-    resumed = run_app(*args, "--ckpt_path", "last", cwd=tmp_path)
+    resumed = (
+        run_app(*args, "--ckpt_path", "last", cwd=tmp_path)
+        if collection
+        else app_in_process(capsys, *args, "--ckpt_path", "last")
+    )
 
     assert resumed.returncode == 1
     (line,) = [line for line in resumed.stderr.splitlines() if line.startswith("error")]

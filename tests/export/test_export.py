@@ -34,7 +34,7 @@ from tests.export_helpers import (
     file_sha256,
     seed_mlp,
 )
-from tests.helpers import ROOT, chain_config, fit, write_config
+from tests.helpers import ROOT, app_in_process, chain_config, fit, write_config
 
 FIT_SIZES = [8, 32]
 REFERENCE_SIZES = [512, 1024, 2048]
@@ -374,9 +374,10 @@ def test_cli_bad_input_is_one_line_naming_the_flag(trained, tmp_path, capsys, ar
 
 
 @pytest.mark.slow
-def test_the_export_command_runs_and_its_old_names_say_where_it_went(trained, tmp_path):
+def test_the_export_command_runs_and_its_old_names_say_where_it_went(trained, tmp_path, capsys):
     """``python -m app export`` as a real process; its old names, ``python -m export`` and
-    ``python -m callbacks.export``, only print the new command, in one line, with exit status 2."""
+    ``python -m callbacks.export``, only print the new command, in one line, with exit status 2. (A missing
+    checkpoint's line, in this process.)"""
     cli, _ = trained
     run = tmp_path / "run"
     (run / "checkpoints").mkdir(parents=True)
@@ -387,7 +388,7 @@ def test_the_export_command_runs_and_its_old_names_say_where_it_went(trained, tm
     def command(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", *args], cwd=ROOT, env=environment, capture_output=True, text=True)
 
-    missing = command("app", "export", "--ckpt_path", str(tmp_path / "nope.ckpt"))
+    missing = app_in_process(capsys, "export", "--ckpt_path", str(tmp_path / "nope.ckpt"))
     assert missing.returncode == 2 and "Traceback" not in missing.stderr
     assert (
         missing.stderr.strip().splitlines()[-1]
