@@ -18,8 +18,12 @@ A short fit before both (``--warmup-updates``, not measured) pays what only a pr
 update). The figures are the reports' steady state, after their first 10 training steps (a step of PPO is a whole
 rollout's updates), so ``--updates`` must hold well more than 10 steps.
 
-The ratio of the two says how far collection is from the learner's limit on this machine; with the frames/s one
-collector machine delivers, it bounds how many such machines one learner can use (``docs/guide/scaling-out.md``).
+The ratio of the two fits' updates/s says how far collection is from the learner's limit on this machine. It is taken
+in updates, not frames, because a replay config's asynchronous collection delivers what it can per update (a few
+frames), while the premade fit hands a whole batch to every update: their frames/s differ by design, their updates/s
+are the learner's pace in both. (For on-policy configs every update takes a whole rollout, so the two ratios are
+equal.) With the frames/s one collector machine delivers, the ingest limit bounds how many such machines one learner
+can use (``docs/guide/scaling-out.md``).
 The policy acting on the premade batches' frames never changes (they were collected once): the learner's arithmetic
 per frame is the same, what it learns is not the point.
 """
@@ -34,7 +38,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import torch
 from tensordict import TensorDictBase
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -112,22 +115,27 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     result = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "command": ["python", "benchmarks/learner_ingest.py", *(argv if argv is not None else sys.argv[1:])],
-        "torch_threads": torch.get_num_threads(),
+        # The fits' own thread count (``--threads`` applies inside each fit), not this process's.
+        "torch_threads": reports["premade"]["machine"]["torch_threads"],
         "ingest_frames_per_s": steady["premade"]["frames_per_s"],
         "collected_frames_per_s": steady["collected"]["frames_per_s"],
+        "premade_updates_per_s": steady["premade"]["updates_per_s"],
+        "collected_updates_per_s": steady["collected"]["updates_per_s"],
         "collected_collect_frac": steady["collected"]["fraction"].get("collect", 0.0),
         "premade_collect_frac": steady["premade"]["fraction"].get("collect", 0.0),
         "frames_per_batch": reports["premade"]["frames_per_batch"],
     }
     result["ingest_batches_per_s"] = result["ingest_frames_per_s"] / result["frames_per_batch"]
-    result["ratio"] = result["ingest_frames_per_s"] / result["collected_frames_per_s"]
+    result["ratio"] = result["premade_updates_per_s"] / result["collected_updates_per_s"]
     (out / "ingest.json").write_text(json.dumps(result, indent=2))
     r = result
     print(
         f"learner ingest limit {r['ingest_frames_per_s']:,.0f} frames/s, {r['ingest_batches_per_s']:.2f} batches of "
-        f"{r['frames_per_batch']:,} frames/s (collection a copy: {r['premade_collect_frac']:.1%} of wall); the config "
-        f"as it ships {r['collected_frames_per_s']:,.0f} frames/s (collection {r['collected_collect_frac']:.1%}): "
-        f"{r['ratio']:.2f}x. Report: {out}/ingest.json"
+        f"{r['frames_per_batch']:,} frames/s, {r['premade_updates_per_s']:.2f} updates/s (collection a copy: "
+        f"{r['premade_collect_frac']:.1%} of wall); the config as it ships "
+        f"{r['collected_frames_per_s']:,.0f} frames/s, {r['collected_updates_per_s']:.2f} updates/s "
+        f"(collection {r['collected_collect_frac']:.1%}): "
+        f"{r['ratio']:.2f}x in updates/s. Report: {out}/ingest.json"
     )
     return result
 

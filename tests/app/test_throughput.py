@@ -427,4 +427,8 @@ def test_the_ingest_benchmark_feeds_the_learner_its_premade_batches_and_reports_
     written = json.loads((tmp_path / "out" / "ingest.json").read_text())
     assert written == result and result["frames_per_batch"] == 128
     assert result["ingest_frames_per_s"] > 0 and result["collected_frames_per_s"] > 0
-    assert result["ratio"] == result["ingest_frames_per_s"] / result["collected_frames_per_s"]
+    assert result["ratio"] == result["premade_updates_per_s"] / result["collected_updates_per_s"]
+    for kind in ("premade", "collected"):
+        report = json.loads(next((tmp_path / "out" / kind).glob("version_*/throughput.json")).read_text())
+        assert result[f"{kind}_updates_per_s"] == report["steady_state"]["updates_per_s"]
+    assert result["torch_threads"] == torch.get_num_threads()  # no --threads: the fits ran on this process's
