@@ -139,6 +139,8 @@ def run(
         *("--trainer.logger.init_args.save_dir", str(out)),
         *("--trainer.logger.init_args.name", f"update_cost_{agent}"),
         *("--trainer.enable_progress_bar", "false"),
+        # The slices are this benchmark's own (segments of --segment-seconds), not the report's as well.
+        *("--trainer.callbacks.init_args.bare_update_seconds", "0"),
         *extra,
     ]
     model, data = build(configs, overrides)

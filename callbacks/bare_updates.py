@@ -1,19 +1,18 @@
 """The bare updates: each agent's update arithmetic in plain eager PyTorch, with no framework around it — the yardstick
 of what the framework's update costs.
 
-``ThroughputReport`` times the agent's bare update at the end of a run (so runs on machines of different speed, or on
-different days, can be compared), and ``benchmarks/update_cost.py`` divides the whole training loop's time per update
-by it. Each reference copies the agent's networks and returns ``step(i)``, one update on the ``i``-th of a few batches
-of real transitions drawn from the agent's environment before timing: the loss maths written out (the same as the
-agent's TorchRL loss computes), backward, gradient clip and a fused Adam step. :func:`bare_update` picks the agent's
-(DQN and PIRL, PPO, SAC); the agents' own files hold the agents only.
+``ThroughputReport`` times the agent's bare update in slices beside the training loop (:class:`BareYardstick`), so
+that runs on machines of different speed, or on different days, can be compared, and divides the loop's time per
+update by it. Each reference copies the agent's networks and returns ``step(i)``, one update on the ``i``-th of a
+few batches of real transitions drawn from the agent's environment before timing: the loss maths written out (the
+same as the agent's TorchRL loss computes), backward, gradient clip and a fused Adam step. :func:`bare_update` picks
+the agent's (DQN and PIRL, PPO, SAC); the agents' own files hold the agents only.
 """
 
 from __future__ import annotations
 
 import copy
 import math
-import statistics
 import time
 from collections.abc import Callable
 from typing import Any
@@ -132,62 +131,73 @@ def framework_free_update(model: Any, data: Any) -> Callable[[int], torch.Tensor
     return step
 
 
-def time_bare(step: Callable[[int], Any], seconds: float) -> float:
-    """Seconds per call of ``step``: the median of 5 runs sharing ``seconds`` (each at least one call), after a
-    warm-up of 20 calls or ``seconds`` (at least 2 calls: an update of the Mario CNN takes seconds on a CPU)."""
-
-    def sync() -> None:  # GPU work is asynchronous: a run ends when its kernels have
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-
-    start = time.perf_counter()
-    for i in range(20):
-        step(i)
-        if i >= 1 and time.perf_counter() - start > seconds:
-            break
-    runs = []
-    for _ in range(5):
-        sync()
-        calls, start = 0, time.perf_counter()
-        while calls == 0 or time.perf_counter() - start < seconds / 5:
-            step(calls)
-            calls += 1
-        sync()
-        runs.append((time.perf_counter() - start) / calls)
-    return statistics.median(runs)
-
-
-def bare_update(model: Any, data: Any) -> Callable[[int], torch.Tensor] | None:
-    """The bare reference update of ``model``'s agent on ``data``'s transitions, or None for an agent without one
-    (behaviour cloning, recurrent PPO)."""
-    if isinstance(model, PhysicsInformedDQN):
-        return reference_dqn_update(model, data, with_physics=True)
-    for agent, reference in ((DQN, reference_dqn_update), (PPO, reference_ppo_update), (SAC, reference_sac_update)):
-        if isinstance(model, agent):
-            return reference(model, data)
-    return None
-
-
-def bare_update_ms(model: Any, data: Any, seconds: float) -> float | None:
-    """Milliseconds per bare reference update of ``model`` on this machine now, on one thread (None when its family
-    has none).
+class BareYardstick:
+    """The bare reference update of ``model`` on ``data``, timed in slices on one thread: :class:`ThroughputReport
+    <callbacks.throughput.ThroughputReport>` takes a slice beside each stretch of the training loop, so that the loop
+    and its yardstick are timed at the same moments (this machine's speed drifts within a minute by more than the
+    overheads they show).
 
     One thread whatever the run uses: the yardstick must not depend on what else the other cores are doing (with two
     threads, an update of the Snake MLP ran several times slower than on one while another process held the second
-    core).
-    Runs on copies of the networks, on the data module's device, where the run's batches live (by ``on_fit_end``,
-    where the throughput report calls this, Lightning has already moved the model back to the CPU); the model is left
-    untouched.
+    core). The update runs on copies of the networks, made at the first slice, on the data module's device, and under
+    a forked generator (SAC samples actions, PIRL draws collocation points): the run's own random draws and weights
+    are untouched. ``step`` is None for an agent without a bare reference (behaviour cloning, recurrent PPO).
     """
-    step = bare_update(model, data)
-    if step is None:
-        return None
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        return 1e3 * time_bare(step, seconds)
-    finally:
-        torch.set_num_threads(threads)
+
+    WARMUP_CALLS = 20  #: before the first slice (first allocations), or ``seconds``' worth if fewer
+
+    def __init__(self, model: Any, data: Any) -> None:
+        self.model, self.data = model, data
+        self.exists = reference_for(model) is not None
+        self.step: Callable[[int], Any] | None = None
+        self.calls = 0  # calls timed so far: each slice goes on through the pre-drawn batches
+
+    def slice_ms(self, seconds: float) -> float | None:
+        """Milliseconds per bare update over about ``seconds`` (at least one call), or None without a reference."""
+        device = torch.device(self.data.device)
+        cuda = device.type == "cuda"
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            with torch.random.fork_rng(devices=[device] if cuda else []):
+                if self.step is None:
+                    self.step = bare_update(self.model, self.data)
+                    if self.step is None:
+                        return None
+                    start = time.perf_counter()
+                    for i in range(self.WARMUP_CALLS):
+                        self.step(i)
+                        if i >= 1 and time.perf_counter() - start > seconds:
+                            break
+                if cuda:  # GPU work is asynchronous: a slice ends when its kernels have
+                    torch.cuda.synchronize(device)
+                calls, start = 0, time.perf_counter()
+                while calls == 0 or time.perf_counter() - start < seconds:
+                    self.step(self.calls + calls)
+                    calls += 1
+                if cuda:
+                    torch.cuda.synchronize(device)
+                self.calls += calls
+                return 1e3 * (time.perf_counter() - start) / calls
+        finally:
+            torch.set_num_threads(threads)
+
+
+def reference_for(model: Any) -> Callable[[Any, Any], Callable[[int], torch.Tensor]] | None:
+    """The function that builds the bare reference update of ``model``'s agent, or None for an agent without one
+    (behaviour cloning, recurrent PPO)."""
+    if isinstance(model, PhysicsInformedDQN):
+        return lambda model, data: reference_dqn_update(model, data, with_physics=True)
+    for agent, reference in ((DQN, reference_dqn_update), (PPO, reference_ppo_update), (SAC, reference_sac_update)):
+        if isinstance(model, agent):
+            return reference
+    return None
+
+
+def bare_update(model: Any, data: Any) -> Callable[[int], torch.Tensor] | None:
+    """The bare reference update of ``model``'s agent on ``data``'s transitions, or None for an agent without one."""
+    reference = reference_for(model)
+    return None if reference is None else reference(model, data)
 
 
 # ----------------------------------------------------------------------------------------------- each agent's

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import statistics
 import sys
 import time
 from datetime import datetime
@@ -27,7 +28,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_warn
 
-from callbacks.bare_updates import bare_update_ms
+from callbacks.bare_updates import BareYardstick
 from callbacks.report_plots import plot_learning_curve, plot_phases, run_name
 from callbacks.schedule import PeriodicEvaluation
 
@@ -38,7 +39,8 @@ TIMED_PHASES = ("collect", "advantage", "buffer_write", "sample", "update", "eva
 PHASES = (*TIMED_PHASES, "other")
 COUNTS = ("frames", "updates", "samples", "steps")
 _PACKAGES = ("torch", "lightning", "torchrl", "tensordict")
-#: The largest share of the fit's wall time that the bare-update yardstick may take.
+#: The share of the fit's wall time the bare-update yardstick takes: a slice of ``bare_update_seconds`` after every
+#: ``bare_update_seconds / BARE_UPDATE_SHARE`` seconds of training.
 BARE_UPDATE_SHARE = 0.05
 
 
@@ -73,11 +75,15 @@ class ThroughputReport(Callback):
         cuda_sync: synchronise the GPU at phase boundaries (sets ``datamodule.timer.cuda_sync``), so that
             asynchronous GPU work is charged to the phase that launched it. Off by default: each sync stalls the
             host, which is what the hot loop is built to avoid.
-        bare_update_seconds: seconds spent at the end of fit timing the agent's bare reference update (its update
-            arithmetic in plain eager PyTorch, :mod:`callbacks.bare_updates`, on 1 thread) on this machine, now: the
-            yardstick that makes runs on machines, or days, of different speed comparable, and the training loop's cost
-            per update a ratio. 0 skips it. It takes at most :data:`BARE_UPDATE_SHARE` of the fit's wall time, so that a
-            short run (a smoke test, a debugging run) is not held up for a yardstick it hardly needs.
+        bare_update_seconds: seconds of each slice of the agent's bare reference update (its update arithmetic in
+            plain eager PyTorch, :mod:`callbacks.bare_updates`, on 1 thread): the yardstick that makes runs on
+            machines, or days, of different speed comparable, and the training loop's cost per update a ratio. After
+            the warm-up steps, a slice follows every ``bare_update_seconds / BARE_UPDATE_SHARE`` seconds of training
+            (5 s at the default), so that the loop and the yardstick are timed side by side as the machine's speed
+            drifts; the report's ratio is the median over these pairs of the stretch's time per update over its
+            slice's. The slices are left out of every other figure (the report's clock stops during them). A run
+            shorter than one stretch, or with several ranks, gets one slice at the end of fit of at most
+            :data:`BARE_UPDATE_SHARE` of its wall time. 0 skips it.
     """
 
     def __init__(
@@ -88,7 +94,7 @@ class ThroughputReport(Callback):
         skip_first_steps: int = 10,
         plots: bool = True,
         cuda_sync: bool = False,
-        bare_update_seconds: float = 2.0,
+        bare_update_seconds: float = 0.25,
     ) -> None:
         if log_every_n_steps < 1:
             raise ValueError(f"log_every_n_steps must be >= 1, got {log_every_n_steps}")
@@ -106,13 +112,20 @@ class ThroughputReport(Callback):
         self._start: dict[str, Any] | None = None
         self._before: dict[str, Any] | None = None  # totals of the processes before this one (from the checkpoint)
         self._trainer: pl.Trainer | None = None
+        self._paused = 0.0  # seconds the report's clock stood still (the bare slices)
 
     # ------------------------------------------------------------------------------------------------ hooks
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._trainer = trainer
         # The clock and the timer start here, so setup and an evaluation at train start count whatever the order of
         # the callbacks' on_train_start hooks.
+        self._paused = 0.0
         self._fit_start = {"t": _clock(), "timer": dict(trainer.datamodule.timer.totals)}
+        yardstick = BareYardstick(pl_module, trainer.datamodule)
+        self._yardstick = yardstick if self.bare_update_seconds > 0 and yardstick.exists else None
+        self._stretch: dict[str, Any] | None = None  # where the training stretch before the next slice began
+        self._pairs: list[dict[str, float]] = []  # each stretch with the bare slice right after it
+        self._bare_error: str | None = None
         if self.cuda_sync and pl_module.device.type == "cuda":
             trainer.datamodule.timer.cuda_sync = True
 
@@ -132,6 +145,8 @@ class ThroughputReport(Callback):
         self._last_step_end = self._snapshot(trainer)
         if self._steps == self.skip_first_steps:
             self._steady = self._last_step_end
+        if self._steady is not None and trainer.world_size == 1 and self._yardstick is not None:
+            self._time_beside(trainer)
         step = trainer.global_step
         # global_step, not a count of this fit's steps: it lines up with the trainer's own logging steps after a resume.
         if step % self.log_every_n_steps == 0 and step != self._window["updates"]:
@@ -155,7 +170,7 @@ class ThroughputReport(Callback):
         self.report = self._describe(trainer, pl_module, rates(this_process), rates(whole_run), steady)
         if ranks is not None:
             self.report["per_rank"] = ranks
-        self.report["bare_update"] = self._bare_update(trainer, pl_module, steady or self.report["this_process"])
+        self.report["bare_update"] = self._bare_update(steady or self.report["this_process"])
         background = getattr(trainer.datamodule, "background_timer", None)
         if background is not None and background.totals:  # prefetch: the data path's phases off the training thread
             self.report["background_phases_s"] = dict(background.totals)
@@ -201,21 +216,59 @@ class ThroughputReport(Callback):
         torch.distributed.all_gather_object(gathered, own)
         return gathered
 
-    def _bare_update(self, trainer: pl.Trainer, pl_module: pl.LightningModule, figures: dict) -> dict | None:
-        """The bare reference update's time on this machine now, and the loop's wall time per update against it."""
-        if self.bare_update_seconds == 0 or figures["updates"] == 0:
-            return None
-        seconds = min(self.bare_update_seconds, BARE_UPDATE_SHARE * figures["wall_s"])
+    def _time_beside(self, trainer: pl.Trainer) -> None:
+        """A bare slice after each stretch of ``bare_update_seconds / BARE_UPDATE_SHARE`` seconds of training."""
+        if self._stretch is None:
+            self._stretch = self._last_step_end
+            return
+        if self._last_step_end["t"] - self._stretch["t"] < self.bare_update_seconds / BARE_UPDATE_SHARE:
+            return
+        # A round made in the background (prefetch) finishes inside the stretch, and runs beside neither the slice
+        # nor the next stretch: the slice is timed alone, as an independent probe would be.
+        trainer.datamodule.settle()
+        end = self._snapshot(trainer)
+        self._pair(end["updates"] - self._stretch["updates"], end["t"] - self._stretch["t"], self.bare_update_seconds)
+        self._stretch = self._snapshot(trainer)
+
+    def _pair(self, updates: int, wall_s: float, seconds: float) -> None:
+        """Times a bare slice of ``seconds`` (the report's clock stopped) against ``updates`` in ``wall_s``."""
+        if self._yardstick is None or updates == 0:
+            return
+        began = _clock()
         try:
-            ms = bare_update_ms(pl_module, trainer.datamodule, seconds)
-        except Exception as error:  # a yardstick that breaks must not take the finished run's report with it
-            failure = f"{type(error).__name__}: {error}".splitlines()[0]
-            rank_zero_warn(f"throughput report: the bare-update yardstick failed ({failure}); the report has no ratio")
-            return {"error": failure}
-        if ms is None:
+            ms = self._yardstick.slice_ms(seconds)
+        except Exception as error:  # a yardstick that breaks must take neither the run nor its report with it
+            self._bare_error = f"{type(error).__name__}: {error}".splitlines()[0]
+            rank_zero_warn(f"throughput report: the bare-update yardstick failed ({self._bare_error}); no ratio")
+            ms = None
+        finally:
+            self._paused += _clock() - began
+        if ms is None:  # no reference for this agent, or it failed: no more slices
+            self._yardstick = None
+            return
+        loop_ms = 1e3 * wall_s / updates
+        self._pairs.append({"updates": updates, "seconds": wall_s, "loop_ms": loop_ms, "bare_ms": ms})
+
+    def _bare_update(self, figures: dict) -> dict | None:
+        """The bare update's time and the loop's time per update against it, over the pairs timed side by side (one
+        now, against ``figures``, when the run made none)."""
+        if not self._pairs and self._yardstick is not None and figures["updates"] > 0:
+            seconds = min(self.bare_update_seconds, BARE_UPDATE_SHARE * figures["wall_s"])
+            self._pair(figures["updates"], figures["wall_s"], seconds)
+        if self._bare_error is not None:
+            return {"error": self._bare_error}
+        if not self._pairs:
             return None
-        loop_ms = 1e3 * figures["wall_s"] / figures["updates"]
-        return {"ms": ms, "loop_ms_per_update": loop_ms, "ratio": loop_ms / ms, "seconds_timed": seconds}
+        ratios = [pair["loop_ms"] / pair["bare_ms"] for pair in self._pairs]
+        return {
+            "ms": statistics.median(pair["bare_ms"] for pair in self._pairs),
+            "loop_ms_per_update": 1e3 * sum(p["seconds"] for p in self._pairs) / sum(p["updates"] for p in self._pairs),
+            "ratio": statistics.median(ratios),
+            "ratio_range": [min(ratios), max(ratios)],
+            "slices": len(self._pairs),
+            "seconds_paused": self._paused,  # the slices, with the first one's warm-up: out of every other figure
+            "pairs": self._pairs,
+        }
 
     # ------------------------------------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict[str, Any]:
@@ -232,7 +285,7 @@ class ThroughputReport(Callback):
     def _snapshot(self, trainer: pl.Trainer) -> dict[str, Any]:
         data = trainer.datamodule
         return {
-            "t": _clock(),
+            "t": _clock() - self._paused,  # the report's clock: the bare slices left out
             # Every rank collects and samples alike (same envs, same schedule): rank zero's counts times world size.
             "frames": data.frames * trainer.world_size,
             "samples": data.samples * trainer.world_size,
@@ -409,8 +462,15 @@ def _bare_lines(bare: dict | None, over: str) -> list[str]:
         return []
     if "error" in bare:
         return [f"- bare update: not timed, its yardstick failed ({bare['error']})"]
+    low, high = bare["ratio_range"]
+    beside = (
+        f"in {bare['slices']} slices, each after a stretch of the training loop"
+        if bare["slices"] > 1
+        else f"in one slice after the training loop ({over})"
+    )
     return [
-        "- bare update (the agent's update arithmetic in plain eager PyTorch, 1 thread, timed at the end of the run): "
-        f"{bare['ms']:.3f} ms; the training loop's wall time per update ({over}): {bare['loop_ms_per_update']:.3f} ms"
-        f" = **{bare['ratio']:.2f}x** the bare update"
+        f"- bare update (the agent's update arithmetic in plain eager PyTorch, 1 thread, timed {beside}): "
+        f"{bare['ms']:.3f} ms (median); the training loop's wall time per update over the same stretches: "
+        f"{bare['loop_ms_per_update']:.3f} ms; **{bare['ratio']:.2f}x** the bare update (median of the stretches' "
+        f"ratios, range {low:.2f}-{high:.2f})"
     ]

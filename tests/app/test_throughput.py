@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 import time
 from types import SimpleNamespace
 
@@ -12,6 +13,8 @@ import torch
 import callbacks.bare_updates as bare_updates
 import callbacks.throughput as throughput
 import datamodules.timing as timing
+from app.cli import build
+from callbacks.bare_updates import BareYardstick
 from callbacks.schedule import PeriodicEvaluation
 from callbacks.throughput import BARE_UPDATE_SHARE, ThroughputReport
 from datamodules.timing import PhaseTimer
@@ -274,13 +277,114 @@ def test_real_fit_through_the_cli_writes_the_report(tmp_path):
     assert "throughput/frames_per_s" in cli.trainer.logged_metrics
     assert "throughput/frames_per_s" not in cli.trainer.progress_bar_metrics  # the progress bar has its own rates
     assert (tmp_path / "out" / "learning_curve.png").exists()
-    # The yardstick: the bare update of this DQN timed at the end, and the loop's time per update against it.
+    # The yardstick: a run shorter than one stretch (5 s) gets one bare slice at the end, against its steady state.
     bare, steady = report["bare_update"], report["steady_state"]
-    # timed for its 2 s, or less in a run so short that 2 s would be more than its share of the run's time
-    assert bare["ms"] > 0 and bare["seconds_timed"] == min(2.0, BARE_UPDATE_SHARE * steady["wall_s"]) > 0
+    assert bare["slices"] == 1 and bare["ms"] > 0 and bare["seconds_paused"] > 0
     assert bare["loop_ms_per_update"] == pytest.approx(1e3 * steady["wall_s"] / steady["updates"])
-    assert bare["ratio"] == pytest.approx(bare["loop_ms_per_update"] / bare["ms"])
+    assert bare["ratio"] == pytest.approx(bare["loop_ms_per_update"] / bare["ms"]) == bare["ratio_range"][0]
     assert f"{bare['ratio']:.2f}x" in (tmp_path / "out" / "throughput.md").read_text()
+
+
+@pytest.mark.slow
+def test_the_yardstick_slices_sit_beside_the_loop_and_leave_its_figures_and_its_weights_alone(tmp_path):
+    # Slices of 5 ms after every 0.1 s of training: several in a run of 400 updates. Each pairs the stretch before it
+    # with its own time; the report's clock stops during them, and the run trains to the same weights as without.
+    config = chain_config("dqn", tmp_path / "out")
+    runs = {}
+    for seconds in ("0.005", "0"):
+        runs[seconds] = fit(
+            write_config(config, tmp_path / f"{seconds}.yaml"),
+            "--trainer.max_steps", "400", "--trainer.default_root_dir", str(tmp_path / seconds),
+            "--trainer.callbacks+=callbacks.throughput.ThroughputReport",
+            "--trainer.callbacks.bare_update_seconds", seconds,
+            "--trainer.callbacks.report_dir", str(tmp_path / seconds),
+        )  # fmt: skip
+    sliced = json.loads((tmp_path / "0.005" / "throughput.json").read_text())
+    bare = sliced["bare_update"]
+    assert bare["slices"] >= 3 and bare["slices"] == len(bare["pairs"])
+    stretch = 0.005 / BARE_UPDATE_SHARE
+    assert all(pair["seconds"] >= stretch and pair["updates"] > 0 for pair in bare["pairs"])
+    assert bare["ratio"] == pytest.approx(statistics.median(p["loop_ms"] / p["bare_ms"] for p in bare["pairs"]))
+    # the stretches lie inside the steady state, whose clock left the slices out
+    assert sum(pair["seconds"] for pair in bare["pairs"]) <= sliced["steady_state"]["wall_s"]
+    assert bare["seconds_paused"] >= 0.005 * bare["slices"]
+    assert json.loads((tmp_path / "0" / "throughput.json").read_text())["bare_update"] is None
+    a, b = (run.model.state_dict() for run in runs.values())
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+
+
+def probe_update(batch_size: int, seed: int = 0):
+    """An independent bare update of the Snake reference's arithmetic, written here from its description: MLP
+    300-256-256-4 on uint8 boards made float, double-DQN target (γ 0.99), MSE, clip 10, fused Adam 1e-3."""
+    generator = torch.Generator().manual_seed(seed)
+
+    def mlp():
+        return torch.nn.Sequential(
+            torch.nn.Flatten(),
+            torch.nn.Linear(300, 256),
+            torch.nn.ReLU(),
+            torch.nn.Linear(256, 256),
+            torch.nn.ReLU(),
+            torch.nn.Linear(256, 4),
+        )
+
+    online, target = mlp(), mlp().requires_grad_(False)
+    target.load_state_dict(online.state_dict())
+    parameters = list(online.parameters())
+    adam = torch.optim.Adam(parameters, lr=1e-3, fused=True)
+
+    def boards():
+        return torch.randint(0, 2, (batch_size, 3, 10, 10), generator=generator, dtype=torch.uint8)
+
+    batches = [
+        (boards(), torch.randint(0, 4, (batch_size,), generator=generator), boards(), torch.randn(batch_size))
+        for _ in range(8)
+    ]
+
+    def step(i: int) -> None:
+        observation, action, next_observation, reward = batches[i % len(batches)]
+        with torch.no_grad():
+            best = online(next_observation.float()).argmax(-1, keepdim=True)
+            y = reward + 0.99 * target(next_observation.float()).gather(-1, best).squeeze(-1)
+        q = online(observation.float()).gather(-1, action.unsqueeze(-1)).squeeze(-1)
+        (q - y).pow(2).mean().backward()
+        torch.nn.utils.clip_grad_norm_(parameters, 10.0, foreach=True)
+        adam.step()
+        adam.zero_grad(set_to_none=True)
+
+    return step
+
+
+@pytest.mark.slow
+def test_the_yardstick_reads_what_an_independent_update_of_the_same_arithmetic_costs():
+    # The built-in yardstick of the Snake reference setting (batch 128) against probe_update, alternated slice by slice
+    # on one thread so that the machine's drift and a neighbour's load fall on both alike: within 10 %.
+    model, data = build(
+        [str(ROOT / "configs" / name) for name in ("snake_dqn.yaml", "bench/dqn_reference_ratio.yaml")], []
+    )
+    assert [tuple(layer.weight.shape) for layer in model.q_network.modules() if hasattr(layer, "weight")] == [
+        (256, 300),
+        (256, 256),
+        (4, 256),
+    ]  # the arithmetic probe_update writes out
+    yardstick, probe = BareYardstick(model, data), probe_update(data.batch_size)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for i in range(20):  # first allocations, as the yardstick's first slice does
+            probe(i)
+        ratios = []
+        for _ in range(9):
+            bare_ms = yardstick.slice_ms(0.15)
+            calls, start = 0, time.perf_counter()
+            while time.perf_counter() - start < 0.15:
+                probe(calls)
+                calls += 1
+            ratios.append(bare_ms / (1e3 * (time.perf_counter() - start) / calls))
+    finally:
+        torch.set_num_threads(threads)
+    assert 0.9 <= statistics.median(ratios) <= 1.1, ratios
 
 
 def broken_yardstick(model, data, **options):
