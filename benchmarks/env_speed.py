@@ -5,10 +5,15 @@
     python benchmarks/env_speed.py --env snake --num-envs 65536 --device cuda --json runs/bench/snake_env_gpu.json
     python benchmarks/env_speed.py --env vehicle --num-envs 4096 --steps 1000 --threads 1
     python benchmarks/env_speed.py --env racing --num-envs 4096 --steps 1000 --threads 1
+    python benchmarks/env_speed.py --env snake --num-envs 4096 --steps 300 --threads 1 --backend torch --count-ops 10
 
 Reports env steps per second (boards × steps / seconds) for two paths: ``torchrl`` (``env.step_and_maybe_reset``,
 auto-reset included) and ``core`` (the environment's own ``_step`` + ``maybe_reset``, without TorchRL's per-step
 spec checks and bookkeeping). Actions are drawn before timing, so the figure is the environment's alone.
+
+``--count-ops N`` also runs ``N`` steps of the ``torchrl`` path under ``torch.profiler`` and reports per step the
+ATen operations it ran and the host reads among them (``aten::_local_scalar_dense``: a tensor's value read by Python,
+a ``bool(mask.any())`` or an ``.item()``; on a GPU, a synchronisation each).
 """
 
 from __future__ import annotations
@@ -53,6 +58,20 @@ def time_loop(step, actions: torch.Tensor, device: torch.device, repeats: int) -
     return best
 
 
+def count_operations(step, actions: torch.Tensor) -> dict[str, float]:
+    """ATen operations and host reads per step over ``actions``, counted by ``torch.profiler`` (every ``aten::``
+    event, nested ones included: what the dispatcher runs, each a kernel launch or more on a GPU)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profiler:
+        for action in actions:
+            step(action)
+    names = [event.name for event in profiler.events()]
+    steps = len(actions)
+    return {
+        "aten_ops": sum(name.startswith("aten::") for name in names) / steps,
+        "host_reads": names.count("aten::_local_scalar_dense") / steps,
+    }
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--env", choices=sorted(ENVS), default="snake")
@@ -62,8 +81,11 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--backend", choices=["auto", "torch", "cpp"], default="auto", help="SnakeEnv backend")
+    parser.add_argument("--count-ops", type=int, default=0, help="profile this many steps: ATen ops and host reads")
     parser.add_argument("--json", type=Path, help="also write the result here")
     args = parser.parse_args(argv)
+    if args.count_ops < 0:
+        parser.error(f"--count-ops must be >= 0, got {args.count_ops}")
     if args.num_envs < 1 or args.steps < 1 or args.repeats < 1 or args.threads < 1:
         parser.error("--num-envs, --steps, --repeats and --threads must be >= 1")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
@@ -96,6 +118,7 @@ def main(argv: list[str] | None = None) -> dict:
         time_loop(step, actions[: min(50, args.steps)], device, 1)  # warm-up
         seconds = time_loop(step, actions, device, args.repeats)
         results[name] = {"seconds": seconds, "steps_per_s": args.num_envs * args.steps / seconds}
+    operations = count_operations(torchrl_step, actions[: args.count_ops]) if args.count_ops else None
     report = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "command": " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]),
@@ -104,6 +127,7 @@ def main(argv: list[str] | None = None) -> dict:
         "steps": args.steps,
         "threads": args.threads,
         "backend": args.backend if args.env == "snake" else None,
+        "per_step": operations,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
         "torch": torch.__version__,
         "results": results,
@@ -113,6 +137,11 @@ def main(argv: list[str] | None = None) -> dict:
             f"{args.env} {name:8s} {args.num_envs} envs, {args.threads} thread(s), {args.device}"
             f"{', backend ' + args.backend if args.env == 'snake' else ''}: "
             f"{result['steps_per_s'] / 1e6:.2f}M steps/s ({result['seconds'] / args.steps * 1e3:.3f} ms per step)"
+        )
+    if operations:
+        print(
+            f"{args.env} torchrl per step ({args.count_ops} profiled): {operations['aten_ops']:.1f} ATen operations, "
+            f"{operations['host_reads']:.1f} host reads"
         )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -536,3 +536,25 @@ def test_the_ingest_benchmark_feeds_the_learner_its_premade_batches_and_reports_
         report = json.loads(next((tmp_path / "out" / kind).glob("version_*/throughput.json")).read_text())
         assert result[f"{kind}_updates_per_s"] == report["steady_state"]["updates_per_s"]
     assert result["torch_threads"] == torch.get_num_threads()  # no --threads: the fits ran on this process's
+
+
+def test_the_env_speed_benchmark_counts_the_operations_and_host_reads_of_a_step(monkeypatch):
+    # benchmarks/env_speed.py --count-ops on a step whose work is known: two host reads (a bool() and an .item()) and
+    # five ATen operations of its own per step; then on the Snake torch backend, whose CPU path reads its masks.
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import env_speed
+
+    x = torch.arange(8)
+
+    def known_step(action: torch.Tensor) -> None:
+        if bool((x > action).any()):  # gt, any, a host read
+            (x + action).sum().item()  # add, sum, a host read
+
+    counted = env_speed.count_operations(known_step, torch.zeros(3, dtype=torch.long))
+    assert counted["host_reads"] == 2
+    assert counted["aten_ops"] >= 5  # the ops above and the reads' own (item, is_nonzero, _local_scalar_dense)
+    report = env_speed.main(
+        ["--env", "snake", "--backend", "torch", "--num-envs", "64", "--steps", "5"]
+        + ["--repeats", "1", "--count-ops", "3"]
+    )
+    assert report["per_step"]["host_reads"] >= 1 and report["per_step"]["aten_ops"] > 100
