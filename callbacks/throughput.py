@@ -82,8 +82,9 @@ class ThroughputReport(Callback):
             (5 s at the default), so that the loop and the yardstick are timed side by side as the machine's speed
             drifts; the report's ratio is the median over these pairs of the stretch's time per update over its
             slice's. The slices are left out of every other figure (the report's clock stops during them). A run
-            shorter than one stretch, or with several ranks, gets one slice at the end of fit of at most
-            :data:`BARE_UPDATE_SHARE` of its wall time. 0 skips it.
+            shorter than one stretch, with several ranks, or with asynchronous collection (its workers would go on
+            during a slice, and the updates after it would see more experiences) gets one slice at the end of fit of
+            at most :data:`BARE_UPDATE_SHARE` of its wall time. 0 skips it.
     """
 
     def __init__(
@@ -126,6 +127,11 @@ class ThroughputReport(Callback):
         self._stretch: dict[str, Any] | None = None  # where the training stretch before the next slice began
         self._pairs: list[dict[str, float]] = []  # each stretch with the bare slice right after it
         self._bare_error: str | None = None
+        # Slices beside the loop with one rank (several would wait for each other's) and collection that waits for
+        # the learner (asynchronous workers would go on collecting during a slice: more experiences per update).
+        collection = getattr(trainer.datamodule, "collection", None)
+        self._beside = self._yardstick is not None and trainer.world_size == 1
+        self._beside &= not getattr(collection, "runs_beside_learner", False)
         if self.cuda_sync and pl_module.device.type == "cuda":
             trainer.datamodule.timer.cuda_sync = True
 
@@ -145,7 +151,7 @@ class ThroughputReport(Callback):
         self._last_step_end = self._snapshot(trainer)
         if self._steps == self.skip_first_steps:
             self._steady = self._last_step_end
-        if self._steady is not None and trainer.world_size == 1 and self._yardstick is not None:
+        if self._steady is not None and self._beside:
             self._time_beside(trainer)
         step = trainer.global_step
         # global_step, not a count of this fit's steps: it lines up with the trainer's own logging steps after a resume.

@@ -156,6 +156,9 @@ class Collection:
     #: whether a resumed run's environments continue the episodes the checkpoint's were playing (where the
     #: environment's state is exact); asynchronous workers start new ones
     continues_episodes: bool = True
+    #: whether collection goes on while the learner pauses (asynchronous workers): a pause of the learner then changes
+    #: what each update sees, so the throughput report times its yardstick only after such a run
+    runs_beside_learner: bool = False
 
     def __init__(self) -> None:
         self.collector: Collector | MultiSyncCollector | MultiAsyncCollector | None = None
@@ -737,6 +740,8 @@ class AsyncCollectorWorkers(Collection):
             wait for it: the reference's rule). Linux gives each thread its own priority, so the workers and the feeder,
             started before, keep theirs. 0: leave it.
     """
+
+    runs_beside_learner = True
 
     continues_episodes = False
     uses_workers = True

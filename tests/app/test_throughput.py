@@ -312,6 +312,19 @@ def test_the_yardstick_slices_sit_beside_the_loop_and_leave_its_figures_and_its_
     a, b = (run.model.state_dict() for run in runs.values())
     for key in a:
         assert torch.equal(a[key], b[key]), key
+    # Asynchronous workers would go on collecting during a slice: such a run gets its one slice at the end only.
+    workers = {"class_path": "datamodules.collection.AsyncCollectorWorkers", "init_args": {"workers": 1}}
+    config["data"]["init_args"].update(num_envs=2, collect_steps=4, collection=workers)
+    fit(
+        write_config(config, tmp_path / "async.yaml"),
+        "--trainer.max_steps", "400", "--trainer.default_root_dir", str(tmp_path / "async"),
+        "--trainer.callbacks+=callbacks.throughput.ThroughputReport",
+        "--trainer.callbacks.bare_update_seconds", "0.005",
+        "--trainer.callbacks.report_dir", str(tmp_path / "async"),
+    )  # fmt: skip
+    report = json.loads((tmp_path / "async" / "throughput.json").read_text())
+    assert report["bare_update"]["slices"] == 1
+    assert report["bare_update"]["pairs"][0]["seconds"] == pytest.approx(report["steady_state"]["wall_s"])
 
 
 def probe_update(batch_size: int, seed: int = 0):
