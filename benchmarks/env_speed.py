@@ -84,8 +84,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--count-ops", type=int, default=0, help="profile this many steps: ATen ops and host reads")
     parser.add_argument("--json", type=Path, help="also write the result here")
     args = parser.parse_args(argv)
-    if args.count_ops < 0:
-        parser.error(f"--count-ops must be >= 0, got {args.count_ops}")
+    if not 0 <= args.count_ops <= args.steps:
+        parser.error(f"--count-ops must be between 0 and --steps ({args.steps}), got {args.count_ops}")
     if args.num_envs < 1 or args.steps < 1 or args.repeats < 1 or args.threads < 1:
         parser.error("--num-envs, --steps, --repeats and --threads must be >= 1")
     if args.device.startswith("cuda") and not torch.cuda.is_available():

@@ -21,9 +21,9 @@ rollout's updates), so ``--updates`` must hold well more than 10 steps.
 The ratio of the two fits' updates/s says how far collection is from the learner's limit on this machine. It is taken
 in updates, not frames, because a replay config's asynchronous collection delivers what it can per update (a few
 frames), while the premade fit hands a whole batch to every update: their frames/s differ by design, their updates/s
-are the learner's pace in both. (For on-policy configs every update takes a whole rollout, so the two ratios are
-equal.) With the frames/s one collector machine delivers, the ingest limit bounds how many such machines one learner
-can use (``docs/guide/scaling-out.md``).
+are the learner's pace in both. (For on-policy configs the frames per update are fixed, a rollout's share, so the
+two ratios are equal.) With the frames/s one collector machine delivers, the ingest limit bounds how many such
+machines one learner can use (``docs/guide/scaling-out.md``).
 The policy acting on the premade batches' frames never changes (they were collected once): the learner's arithmetic
 per frame is the same, what it learns is not the point.
 """

@@ -34,7 +34,7 @@ from modules.sac import SAC
 
 POOL = 16  # at most this many distinct pre-drawn batches the bare loop cycles through ...
 POOL_TRANSITIONS = 1024  # ... and at most this many transitions in all (Mario's are 256 KiB each, and its emulators
-#                          slow to build and step: the pool is drawn at the end of a run), but 2 batches
+#                          slow to build and step), but 2 batches
 MAX_ENVS = 16  # environments that play them: an emulator is slow to build ...
 MAX_STEPS = 64  # ... unless that takes more steps than this: a step of a batched env on a GPU costs milliseconds
 
@@ -141,7 +141,7 @@ class BareYardstick:
     threads, an update of the Snake MLP ran several times slower than on one while another process held the second
     core). The update runs on copies of the networks, made at the first slice, on the data module's device, and under
     a forked generator (SAC samples actions, PIRL draws collocation points): the run's own random draws and weights
-    are untouched. ``step`` is None for an agent without a bare reference (behaviour cloning, recurrent PPO).
+    are untouched. ``exists`` is False for an agent without a bare reference (behaviour cloning, recurrent PPO).
     """
 
     WARMUP_CALLS = 20  #: before the first slice (first allocations), or ``seconds``' worth if fewer

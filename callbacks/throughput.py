@@ -39,9 +39,9 @@ TIMED_PHASES = ("collect", "advantage", "buffer_write", "sample", "update", "eva
 PHASES = (*TIMED_PHASES, "other")
 COUNTS = ("frames", "updates", "samples", "steps")
 _PACKAGES = ("torch", "lightning", "torchrl", "tensordict")
-#: The share of the fit's wall time the bare-update yardstick takes: a slice of ``bare_update_seconds`` after every
-#: ``bare_update_seconds / BARE_UPDATE_SHARE`` seconds of training.
-BARE_UPDATE_SHARE = 0.05
+#: The default share of the fit's wall time the bare-update yardstick takes (``bare_update_share``): small, as every
+#: shipped config runs the report; the benchmark preset (``configs/bench/throughput.yaml``) takes 5 %.
+BARE_UPDATE_SHARE = 0.01
 
 
 def program(argv0: str) -> str:
@@ -78,13 +78,16 @@ class ThroughputReport(Callback):
         bare_update_seconds: seconds of each slice of the agent's bare reference update (its update arithmetic in
             plain eager PyTorch, :mod:`callbacks.bare_updates`, on 1 thread): the yardstick that makes runs on
             machines, or days, of different speed comparable, and the training loop's cost per update a ratio. After
-            the warm-up steps, a slice follows every ``bare_update_seconds / BARE_UPDATE_SHARE`` seconds of training
-            (5 s at the default), so that the loop and the yardstick are timed side by side as the machine's speed
+            the warm-up steps, a slice follows every ``bare_update_seconds / bare_update_share`` seconds of training
+            (25 s at the defaults), so that the loop and the yardstick are timed side by side as the machine's speed
             drifts; the report's ratio is the median over these pairs of the stretch's time per update over its
             slice's. The slices are left out of every other figure (the report's clock stops during them). A run
             shorter than one stretch, with several ranks, or with asynchronous collection (its workers would go on
             during a slice, and the updates after it would see more experiences) gets one slice at the end of fit of
-            at most :data:`BARE_UPDATE_SHARE` of its wall time. 0 skips it.
+            at most ``bare_update_share`` of its wall time. 0 skips it.
+        bare_update_share: the share of the training time the slices take (a stretch is the last slice's duration
+            over it); what a run loses to its yardstick, and what other clocks (``max_time``, the evaluations'
+            ``eval/time_s``) still count.
     """
 
     def __init__(
@@ -96,6 +99,7 @@ class ThroughputReport(Callback):
         plots: bool = True,
         cuda_sync: bool = False,
         bare_update_seconds: float = 0.25,
+        bare_update_share: float = BARE_UPDATE_SHARE,
     ) -> None:
         if log_every_n_steps < 1:
             raise ValueError(f"log_every_n_steps must be >= 1, got {log_every_n_steps}")
@@ -103,10 +107,12 @@ class ThroughputReport(Callback):
             raise ValueError(f"skip_first_steps must be >= 0, got {skip_first_steps}")
         if bare_update_seconds < 0:
             raise ValueError(f"bare_update_seconds must be >= 0, got {bare_update_seconds}")
+        if not 0 < bare_update_share <= 0.5:
+            raise ValueError(f"bare_update_share must be in (0, 0.5], got {bare_update_share}")
         if not name or os.sep in name:
             raise ValueError(f"name must be a non-empty file name stem, got {name!r}")
         self.report_dir, self.name, self.plots, self.cuda_sync = report_dir, name, plots, cuda_sync
-        self.bare_update_seconds = bare_update_seconds
+        self.bare_update_seconds, self.bare_update_share = bare_update_seconds, bare_update_share
         self.log_every_n_steps, self.skip_first_steps = log_every_n_steps, skip_first_steps
         self.report: dict[str, Any] | None = None  # the last report written, for callers and tests
         self.files: list[Path] = []  # the files it wrote (callbacks.tracking logs them as artifacts)
@@ -120,8 +126,9 @@ class ThroughputReport(Callback):
         self._trainer = trainer
         # The clock and the timer start here, so setup and an evaluation at train start count whatever the order of
         # the callbacks' on_train_start hooks.
-        self._paused = 0.0
-        self._fit_start = {"t": _clock(), "timer": dict(trainer.datamodule.timer.totals)}
+        self._paused, self._slice_took = 0.0, self.bare_update_seconds
+        self._start = None  # set when the loop starts: a fit whose loop never starts (max_steps reached) writes nothing
+        self._fit_start = {"t": _clock() - self._paused, "timer": dict(trainer.datamodule.timer.totals)}
         yardstick = BareYardstick(pl_module, trainer.datamodule)
         self._yardstick = yardstick if self.bare_update_seconds > 0 and yardstick.exists else None
         self._stretch: dict[str, Any] | None = None  # where the training stretch before the next slice began
@@ -223,20 +230,27 @@ class ThroughputReport(Callback):
         return gathered
 
     def _time_beside(self, trainer: pl.Trainer) -> None:
-        """A bare slice after each stretch of ``bare_update_seconds / BARE_UPDATE_SHARE`` seconds of training."""
+        """A bare slice after each stretch of training ``1 / bare_update_share`` times as long as the last slice took
+        (``bare_update_seconds`` at first), so that the slices keep to their share even where one call outlasts its
+        ``bare_update_seconds`` (a large network on a CPU) or the first slice draws its batches."""
         if self._stretch is None:
             self._stretch = self._last_step_end
             return
-        if self._last_step_end["t"] - self._stretch["t"] < self.bare_update_seconds / BARE_UPDATE_SHARE:
+        if self._last_step_end["t"] - self._stretch["t"] < self._slice_took / self.bare_update_share:
             return
         # A round made in the background (prefetch) finishes inside the stretch, and runs beside neither the slice
-        # nor the next stretch: the slice is timed alone, as an independent probe would be.
+        # nor the next stretch: the slice is timed alone, as an independent probe would be. On a GPU the loop's queued
+        # kernels finish inside the stretch too, not inside the slice's paused clock.
         trainer.datamodule.settle()
+        device = trainer.strategy.root_device
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
         end = self._snapshot(trainer)
-        self._pair(end["updates"] - self._stretch["updates"], end["t"] - self._stretch["t"], self.bare_update_seconds)
+        updates, wall_s = end["updates"] - self._stretch["updates"], end["t"] - self._stretch["t"]
+        self._pair(updates, wall_s, self.bare_update_seconds, beside=True)
         self._stretch = self._snapshot(trainer)
 
-    def _pair(self, updates: int, wall_s: float, seconds: float) -> None:
+    def _pair(self, updates: int, wall_s: float, seconds: float, beside: bool) -> None:
         """Times a bare slice of ``seconds`` (the report's clock stopped) against ``updates`` in ``wall_s``."""
         if self._yardstick is None or updates == 0:
             return
@@ -245,26 +259,27 @@ class ThroughputReport(Callback):
             ms = self._yardstick.slice_ms(seconds)
         except Exception as error:  # a yardstick that breaks must take neither the run nor its report with it
             self._bare_error = f"{type(error).__name__}: {error}".splitlines()[0]
-            rank_zero_warn(f"throughput report: the bare-update yardstick failed ({self._bare_error}); no ratio")
+            rank_zero_warn(f"throughput report: the bare-update yardstick failed ({self._bare_error}); no more slices")
             ms = None
         finally:
-            self._paused += _clock() - began
+            self._slice_took = _clock() - began
+            self._paused += self._slice_took
         if ms is None:  # no reference for this agent, or it failed: no more slices
-            self._yardstick = None
+            self._yardstick, self._beside = None, False
             return
         loop_ms = 1e3 * wall_s / updates
-        self._pairs.append({"updates": updates, "seconds": wall_s, "loop_ms": loop_ms, "bare_ms": ms})
+        pair = {"updates": updates, "seconds": wall_s, "loop_ms": loop_ms, "bare_ms": ms, "slice_seconds": seconds}
+        self._pairs.append({**pair, "beside_the_loop": beside})
 
     def _bare_update(self, figures: dict) -> dict | None:
         """The bare update's time and the loop's time per update against it, over the pairs timed side by side (one
         now, against ``figures``, when the run made none)."""
         if not self._pairs and self._yardstick is not None and figures["updates"] > 0:
-            seconds = min(self.bare_update_seconds, BARE_UPDATE_SHARE * figures["wall_s"])
-            self._pair(figures["updates"], figures["wall_s"], seconds)
-        if self._bare_error is not None:
-            return {"error": self._bare_error}
+            # One slice in place of the run's: as long as 8 of them (2 s at the default), within the share.
+            seconds = min(8 * self.bare_update_seconds, self.bare_update_share * figures["wall_s"])
+            self._pair(figures["updates"], figures["wall_s"], seconds, beside=False)
         if not self._pairs:
-            return None
+            return {"error": self._bare_error} if self._bare_error is not None else None
         ratios = [pair["loop_ms"] / pair["bare_ms"] for pair in self._pairs]
         return {
             "ms": statistics.median(pair["bare_ms"] for pair in self._pairs),
@@ -272,8 +287,9 @@ class ThroughputReport(Callback):
             "ratio": statistics.median(ratios),
             "ratio_range": [min(ratios), max(ratios)],
             "slices": len(self._pairs),
-            "seconds_paused": self._paused,  # the slices, with the first one's warm-up: out of every other figure
+            "seconds_paused": self._paused,  # the slices, with the first one's warm-up: out of the report's figures
             "pairs": self._pairs,
+            **({"error": self._bare_error} if self._bare_error is not None else {}),  # pairs before it failed
         }
 
     # ------------------------------------------------------------------------------------------- checkpoints
@@ -466,17 +482,18 @@ def _background_lines(seconds: dict[str, float] | None) -> list[str]:
 def _bare_lines(bare: dict | None, over: str) -> list[str]:
     if not bare:
         return []
-    if "error" in bare:
+    if "pairs" not in bare:
         return [f"- bare update: not timed, its yardstick failed ({bare['error']})"]
     low, high = bare["ratio_range"]
     beside = (
-        f"in {bare['slices']} slices, each after a stretch of the training loop"
-        if bare["slices"] > 1
+        f"in {bare['slices']} slice{'s' if bare['slices'] > 1 else ''}, each after a stretch of the training loop"
+        if bare["pairs"][0]["beside_the_loop"]
         else f"in one slice after the training loop ({over})"
     )
+    failed = f"; then its yardstick failed ({bare['error']})" if "error" in bare else ""
     return [
         f"- bare update (the agent's update arithmetic in plain eager PyTorch, 1 thread, timed {beside}): "
         f"{bare['ms']:.3f} ms (median); the training loop's wall time per update over the same stretches: "
         f"{bare['loop_ms_per_update']:.3f} ms; **{bare['ratio']:.2f}x** the bare update (median of the stretches' "
-        f"ratios, range {low:.2f}-{high:.2f})"
+        f"ratios, range {low:.2f}-{high:.2f}){failed}"
     ]
