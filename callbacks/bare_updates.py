@@ -151,6 +151,7 @@ class BareYardstick:
         self.exists = reference_for(model) is not None
         self.step: Callable[[int], Any] | None = None
         self.calls = 0  # calls timed so far: each slice goes on through the pre-drawn batches
+        self.timed_seconds = 0.0  # the last slice's timed calls, without the first slice's batches and warm-up
 
     def slice_ms(self, seconds: float) -> float | None:
         """Milliseconds per bare update over about ``seconds`` (at least one call), or None without a reference."""
@@ -178,7 +179,8 @@ class BareYardstick:
                 if cuda:
                     torch.cuda.synchronize(device)
                 self.calls += calls
-                return 1e3 * (time.perf_counter() - start) / calls
+                self.timed_seconds = time.perf_counter() - start
+                return 1e3 * self.timed_seconds / calls
         finally:
             torch.set_num_threads(threads)
 

@@ -230,9 +230,10 @@ class ThroughputReport(Callback):
         return gathered
 
     def _time_beside(self, trainer: pl.Trainer) -> None:
-        """A bare slice after each stretch of training ``1 / bare_update_share`` times as long as the last slice took
-        (``bare_update_seconds`` at first), so that the slices keep to their share even where one call outlasts its
-        ``bare_update_seconds`` (a large network on a CPU) or the first slice draws its batches."""
+        """A bare slice after each stretch of training ``1 / bare_update_share`` times as long as the last slice's timed
+        calls took (``bare_update_seconds`` at first), so that the slices keep to their share even where one call
+        outlasts ``bare_update_seconds`` (a large network on a CPU); the first slice's one-off batches and warm-up do
+        not lengthen the stretches."""
         if self._stretch is None:
             self._stretch = self._last_step_end
             return
@@ -262,11 +263,11 @@ class ThroughputReport(Callback):
             rank_zero_warn(f"throughput report: the bare-update yardstick failed ({self._bare_error}); no more slices")
             ms = None
         finally:
-            self._slice_took = _clock() - began
-            self._paused += self._slice_took
+            self._paused += _clock() - began
         if ms is None:  # no reference for this agent, or it failed: no more slices
             self._yardstick, self._beside = None, False
             return
+        self._slice_took = self._yardstick.timed_seconds
         loop_ms = 1e3 * wall_s / updates
         pair = {"updates": updates, "seconds": wall_s, "loop_ms": loop_ms, "bare_ms": ms, "slice_seconds": seconds}
         self._pairs.append({**pair, "beside_the_loop": beside})
@@ -486,7 +487,8 @@ def _bare_lines(bare: dict | None, over: str) -> list[str]:
         return [f"- bare update: not timed, its yardstick failed ({bare['error']})"]
     low, high = bare["ratio_range"]
     beside = (
-        f"in {bare['slices']} slice{'s' if bare['slices'] > 1 else ''}, each after a stretch of the training loop"
+        (f"in {bare['slices']} slices, each" if bare["slices"] > 1 else "in one slice,")
+        + " after a stretch of the training loop"
         if bare["pairs"][0]["beside_the_loop"]
         else f"in one slice after the training loop ({over})"
     )

@@ -257,7 +257,7 @@ def test_the_slices_stop_the_reports_clock_and_keep_to_their_share(tmp_path, clo
     # the 1 s stretch before it with its 1 ms, and after a 0.5 s slice the next stretch waits 0.5 / 0.1 = 5 s: none in
     # the 3 s left.
     class FakeYardstick:
-        exists = True
+        exists, timed_seconds = True, 0.5
 
         def __init__(self, model, data) -> None:
             pass
