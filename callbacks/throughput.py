@@ -85,9 +85,9 @@ class ThroughputReport(Callback):
             shorter than one stretch, with several ranks, or with asynchronous collection (its workers would go on
             during a slice, and the updates after it would see more experiences) gets one slice at the end of fit of
             at most ``bare_update_share`` of its wall time. 0 skips it.
-        bare_update_share: the share of the training time the slices take (a stretch is the last slice's duration
-            over it); what a run loses to its yardstick, and what other clocks (``max_time``, the evaluations'
-            ``eval/time_s``) still count.
+        bare_update_share: the share of the training time the slices take (a stretch is the last slice's timed
+            calls over it; the first slice's one-off batches and warm-up come on top); what a run loses to its
+            yardstick, and what other clocks (``max_time``, the evaluations' ``eval/time_s``) still count.
     """
 
     def __init__(
