@@ -41,6 +41,14 @@ episode by leaving the track's run-off (|e| > half width + ``runoff``). Episodes
 centre line (fractional); ``laps`` — laps completed; ``lap_time`` — the time of the first completed lap (s; 0 if
 none). A lap is a full track length of progress from where the episode started.
 
+**Speed limiter** (``speed_limiter``, off by default). A driver aid of the car, the same for every driver (the expert,
+a clone, SAC): the fastest speed from which the car can still brake, at ``braking`` m/s², to the grip's corner speed
+(``margin`` of the grip) at every point of the centre line up to ``horizon`` m ahead (read every ``spacing`` m), and
+to a corner of ``unseen_radius`` m just beyond it; an acceleration that would pass that speed is lowered to meet
+it (down to the car's full braking). A policy keeps every choice of line, steering and throttle under the limit; what
+it cannot do is arrive at a corner faster than the road ahead allows, on any circuit, however long the straight
+before it (issue 48). The reward's smoothness term reads the policy's action, not the limited one.
+
 **Starts.** Each episode starts at a uniformly drawn point of the track, within ``start_lateral`` m of the centre
 line, heading within ``start_heading`` rad of the track's, at a speed in [0, ``start_speed``] m/s. Randomness is
 counter-based (:mod:`envs.counter_rng`): car ``i`` of a batch seeded ``seed`` drives the episodes of a
@@ -51,6 +59,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
@@ -82,6 +91,37 @@ CAR_REAR, CAR_FRONT = (220, 40, 40), (250, 220, 40)
 CAR_LENGTH, CAR_WIDTH = 4.5, 2.0
 
 
+@dataclass(frozen=True)
+class SpeedLimiter:
+    """The car's speed limiter (module docstring): what it reads of the road and how it plans to brake."""
+
+    margin: float = 1.0  # the share of the grip a corner's speed may use
+    braking: float = 5.0  # m/s² it plans to brake with: below the car's 6, which keeps the last metre in hand
+    horizon: float = 70.0  # m of road ahead it reads: the road observation's farthest look-ahead
+    spacing: float = 2.0  # m between the points it reads: finer than any corner's length
+    unseen_radius: float = 8.0  # m: the corner it assumes just beyond the horizon (no generated one is tighter)
+
+    @staticmethod
+    def parse(options: Mapping[str, Any]) -> SpeedLimiter:
+        if not isinstance(options, Mapping):
+            raise ValueError(f"speed_limiter must be a mapping of options (margin, braking, …), got {options!r}")
+        known = sorted(SpeedLimiter.__dataclass_fields__)
+        unknown = sorted(set(options) - set(known))
+        if unknown:
+            raise ValueError(f"speed_limiter.{unknown[0]}: unknown option; the options are {', '.join(known)}")
+        limiter = SpeedLimiter(**{name: float(value) for name, value in options.items()})
+        for name, value in asdict(limiter).items():
+            if not value > 0:
+                raise ValueError(f"speed_limiter.{name} must be > 0, got {value}")
+        if limiter.margin > 1:
+            raise ValueError(f"speed_limiter.margin must be <= 1 (a share of the grip), got {limiter.margin}")
+        if limiter.braking > -ACCELERATION_RANGE[0]:
+            raise ValueError(
+                f"speed_limiter.braking must be <= the car's {-ACCELERATION_RANGE[0]:g} m/s², got {limiter.braking}"
+            )
+        return limiter
+
+
 class RacingEnv(BatchedEnv):
     """Batched race cars on a closed track.
 
@@ -97,6 +137,8 @@ class RacingEnv(BatchedEnv):
         grip_range: ``[low, high]`` (m/s²): each episode's car holds a grip drawn uniformly from it instead of
             ``grip``, unobserved. A policy trained so cannot rely on the last tenth of the grip the way a policy tuned
             to one car does; it learns to keep a margin, which a corner sharper than any it trained on needs (issue 48).
+        speed_limiter: the car's speed limiter (:class:`SpeedLimiter` options: ``margin``, ``braking``,
+            ``horizon``, ``spacing``, ``unseen_radius``; ``{}`` for its defaults); None: none.
         max_speed: top speed (m/s).
         runoff: metres beyond the track's edge before the car crashes (the episode ends).
         start_lateral, start_heading, start_speed: ranges of the start state (m, rad, m/s).
@@ -126,6 +168,7 @@ class RacingEnv(BatchedEnv):
         lr: float = 1.4,
         grip: float = 8.0,
         grip_range: Sequence[float] | None = None,
+        speed_limiter: Mapping[str, float] | None = None,
         max_speed: float = 30.0,
         runoff: float = 1.0,
         start_lateral: float = 0.5,
@@ -168,6 +211,7 @@ class RacingEnv(BatchedEnv):
         if observation not in OBSERVATIONS:
             raise ValueError(f"observation must be one of {', '.join(OBSERVATIONS)}, got {observation!r}")
         source = None if tracks is None else TrackSource.parse(tracks)
+        limiter = None if speed_limiter is None else SpeedLimiter.parse(speed_limiter)
         super().__init__(batch_size=torch.Size([num_envs]), device=device)
         self.source = source
         if self.source is None:
@@ -185,6 +229,9 @@ class RacingEnv(BatchedEnv):
         self.width, self.max_steps, self.dt = float(width), int(max_steps), float(dt)
         self.lf, self.lr, self.grip, self.max_speed, self.runoff = lf, lr, grip, max_speed, runoff
         self.grip_range = None if grip_range is None else (float(grip_range[0]), float(grip_range[1]))
+        self.speed_limiter = limiter
+        reads = torch.arange(0.0, limiter.horizon + 1e-6, limiter.spacing) if limiter else torch.zeros(0)
+        self.register_buffer("limiter_ahead", reads.to(self.device), persistent=False)
         self.start_lateral, self.start_heading, self.start_speed = start_lateral, start_heading, start_speed
         self.weights = {
             "speed": speed,
@@ -441,6 +488,9 @@ class RacingEnv(BatchedEnv):
     def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
         action = torch.maximum(torch.minimum(tensordict["action"], self.action_high), self.action_low)
         acceleration, steering = action.unbind(1)
+        if self.speed_limiter is not None:
+            limited = (self.speed_limit() - self.speed) / self.dt
+            acceleration = torch.minimum(acceleration, limited).clamp_min(ACCELERATION_RANGE[0])
         beta, yaw_rate = self.slip_and_yaw_rate(self.speed, steering)
         direction = self.yaw + beta
         self.x.add_(self.dt * self.speed * torch.cos(direction))
@@ -489,6 +539,20 @@ class RacingEnv(BatchedEnv):
             }
         )
         return out
+
+    def speed_limit(self) -> torch.Tensor:
+        """Each car's speed limit (m/s) where it is now: the speed limiter's (module docstring)."""
+        limiter = self.speed_limiter
+        if limiter is None:
+            raise RuntimeError("this RacingEnv has no speed limiter (speed_limiter=None)")
+        # The grip it can count on: with a range of cars, the least of them.
+        grip = limiter.margin * (self.grip if self.grip_range is None else self.grip_range[0])
+        ahead = self.arc.unsqueeze(1) + self.limiter_ahead
+        curvature = self.circuits.interpolate(self.circuits.curvature, self.circuit, ahead)
+        # The squared speed from which braking reaches each read point's corner speed by that point.
+        reach = grip / curvature.abs().clamp_min(1e-9) + 2 * limiter.braking * self.limiter_ahead
+        beyond = grip * limiter.unseen_radius + 2 * limiter.braking * limiter.horizon
+        return reach.min(1).values.clamp_max(beyond).sqrt()
 
     def _set_seed(self, seed: int | None) -> None:
         seed = 0 if seed is None else seed

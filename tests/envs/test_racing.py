@@ -10,8 +10,9 @@ import torch
 from tensordict import TensorDict
 from torchrl.envs.utils import check_env_specs
 
-from envs.racing.env import STEERING_LIMIT, RacingEnv
+from envs.racing.env import ACCELERATION_RANGE, STEERING_LIMIT, RacingEnv
 from envs.racing.expert import TimeOptimalExpert, speed_profile
+from envs.racing.stress_circuits import STRESS_CIRCUITS, course_points
 from envs.racing.track import Track
 
 
@@ -253,3 +254,58 @@ def test_evaluation_averages_lap_time_over_the_episodes_that_completed_a_lap():
     assert 24 < metrics["lap_time_mean"] < 30
     standing = data.evaluate(lambda td: td.set("action", torch.tensor([-6.0, 0.0]).expand(4, 2).clone()))
     assert math.isnan(standing["lap_time_mean"]) and standing["laps_mean"] == 0
+
+
+class FlooredThrottle(TimeOptimalExpert):
+    """The expert's steering with the throttle floored: a driver who never brakes, as an actor that has only seen
+    short straights may drive a long one."""
+
+    def forward(self, tensordict):
+        tensordict = super().forward(tensordict)
+        action = tensordict["action"].clone()
+        action[:, 0] = ACCELERATION_RANGE[1]
+        return tensordict.set("action", action)
+
+
+def test_the_speed_limiter_brings_a_driver_who_never_brakes_round_hairpins_after_long_straights():
+    # The stress set's paperclip: 160 m straights into 10 m hairpins. Without the limiter the floored throttle leaves
+    # the road at the first hairpin; with it every car completes its lap and is never far over its limit.
+    points = course_points(STRESS_CIRCUITS["paperclip"])
+    laps = {}
+    for limiter in (None, {}):
+        env = RacingEnv(num_envs=8, seed=5, control_points=points, observation="road", speed_limiter=limiter)
+        driver, td = FlooredThrottle(env), env.reset()
+        ended, completed, fastest_over = torch.zeros(8, dtype=torch.bool), torch.zeros(8), 0.0
+        for _ in range(2_500):  # 50 s: a lap of the 381 m circuit takes about 25 s
+            limit = env.speed_limit() if limiter is not None else None
+            td = env.step(driver(td))
+            if limit is not None:  # how far over its limit a step ends: only where the limit falls faster than braking
+                fastest_over = max(fastest_over, float((env.speed - limit).max()))
+            completed += td["next", "laps"].view(-1) * ~ended
+            ended |= td["next", "done"].view(-1)
+            td = td["next"]
+            if bool((ended | (completed >= 1)).all()):
+                break
+        laps[limiter is not None] = (completed, ended, fastest_over)
+    completed, ended, _ = laps[False]
+    assert ended.all() and (completed == 0).all()  # off at the first hairpin, every car
+    completed, ended, fastest_over = laps[True]
+    assert not ended.any() and (completed >= 1).all() and fastest_over < 0.5  # m/s; the hairpins' limit is 8.9
+
+
+def test_the_speed_limiter_leaves_a_car_under_its_limit_alone_and_its_options_are_checked():
+    env = RacingEnv(num_envs=4, seed=1, observation="road", speed_limiter={"horizon": 50})
+    free = RacingEnv(num_envs=4, seed=1, observation="road")
+    env.reset(), free.reset()
+    # Rolling off at the start: far under any corner's speed, the limiter changes nothing.
+    action = TensorDict({"action": torch.tensor([[2.0, 0.0]] * 4)}, batch_size=[4])
+    torch.testing.assert_close(env.step(action.clone())["next"], free.step(action.clone())["next"], rtol=0, atol=0)
+    assert env.init_kwargs()["speed_limiter"] == {"horizon": 50}  # rebuilt as given (workers, evaluation)
+    for options, message in (
+        ({"brake": 5}, r"speed_limiter.brake: unknown option; the options are braking, horizon, margin"),
+        ({"braking": 7}, r"speed_limiter.braking must be <= the car's 6 m/s², got 7.0"),
+        ({"margin": 1.5}, r"speed_limiter.margin must be <= 1"),
+        ({"spacing": 0}, r"speed_limiter.spacing must be > 0, got 0.0"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            RacingEnv(speed_limiter=options)
