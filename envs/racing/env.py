@@ -99,7 +99,7 @@ class SpeedLimiter:
     braking: float = 5.0  # m/s² it plans to brake with: below the car's 6, which keeps the last metre in hand
     horizon: float = 70.0  # m of road ahead it reads: the road observation's farthest look-ahead
     spacing: float = 2.0  # m between the points it reads: finer than any corner's length
-    unseen_radius: float = 8.0  # m: the corner it assumes just beyond the horizon (no generated one is tighter)
+    unseen_radius: float = 8.0  # m: the corner it assumes just beyond the horizon (the default generator's are >= 12)
 
     @staticmethod
     def parse(options: Mapping[str, Any]) -> SpeedLimiter:
