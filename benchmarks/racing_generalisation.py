@@ -21,9 +21,11 @@ against its baseline (``--seeds-folder``: the pairs of a ``seeds`` command's run
 ``last.ckpt`` and its SAC run's ``--sac-checkpoint``, found as the runs found them; run it from the same folder): on
 every circuit where the baseline completes at least ``--completion`` of its first laps, does the candidate too, and
 how much faster is its mean first lap (over the circuits where both completed one)? Then the mean and a 95 %
-interval of that speed-up over the pairs. ``--picture`` draws the lines driven by the expert and each checkpoint's
-policy from the same start on the first held-out circuit. Each checkpoint's model is built from its run's
-``config.yaml`` and drives its deterministic action.
+interval of that speed-up over the pairs. ``--ceiling`` also drives the expert's steering with the throttle floored
+(``FlooredThrottle``) and judges it against the expert: on a car with a speed limiter, which then does all the
+braking, the fastest lap the limiter allows on the expert's line. ``--picture`` draws the lines driven by the expert
+and each checkpoint's policy from the same start on the first held-out circuit. Each checkpoint's model is built
+from its run's ``config.yaml`` and drives its deterministic action.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.racing_expert import checkpoint_policy  # noqa: E402
 from datamodules.evaluation import episode_statistics  # noqa: E402
 from envs.racing.env import RacingEnv, drive_episodes  # noqa: E402
-from envs.racing.expert import TimeOptimalExpert  # noqa: E402
+from envs.racing.expert import FlooredThrottle, TimeOptimalExpert  # noqa: E402
 from envs.racing.stress_circuits import STRESS_CIRCUITS  # noqa: E402
 from envs.racing.track import DEFAULT_CIRCUIT  # noqa: E402
 
@@ -186,6 +188,17 @@ def markdown(report: dict[str, Any]) -> str:
                 )
         lines.append(f"- Every candidate keeps every circuit its baseline completes: {pairs['passes']}.")
         lines.append("")
+    if report.get("ceiling"):
+        (pair,) = report["ceiling"]["pairs"]
+        faster = {k: "—" if v is None else f"{100 * v:+.1f} %" for k, v in pair["faster"].items()}
+        lines += [
+            "### Ceiling: the expert's steering with the throttle floored, against the expert",
+            "",
+            f"Faster: held-out {faster['held_out']}, stress {faster['stress']}; circuits the expert drives that it "
+            f"misses: {', '.join(pair['missed']) or 'none'}. With a speed limiter in the car this is the fastest the "
+            "limiter allows on the expert's line.",
+            "",
+        ]
     return "\n".join(lines)
 
 
@@ -283,6 +296,12 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument(
         "--completion", type=float, default=0.95, help="with --pairs: the share of first laps that counts as driven"
     )
+    parser.add_argument(
+        "--ceiling",
+        action="store_true",
+        help="also drive the expert's steering with the throttle floored and judge it against the expert: with a "
+        "speed limiter in the car, the fastest lap the limiter allows on the expert's line",
+    )
     parser.add_argument("--starts", type=int, default=16, help="cars per circuit and direction")
     parser.add_argument("--seconds", type=float, default=60.0, help="episode length (s)")
     parser.add_argument("--threads", type=int, default=1)
@@ -319,6 +338,8 @@ def main(argv: list[str] | None = None) -> dict:
         expert_options = config["data"]["init_args"]["env"].get("init_args", {})
     traces = {}
     policies["expert"], traces["expert"] = evaluate("expert", expert_options, TimeOptimalExpert, args)
+    if args.ceiling:
+        policies["floored"], _ = evaluate("floored", expert_options, FlooredThrottle, args)
     for name, options, policy in checkpoints:
         policies[name], traces[Path(name).parents[2].name + "/" + Path(name).name] = evaluate(
             name, options, lambda env, policy=policy: policy, args
@@ -332,6 +353,7 @@ def main(argv: list[str] | None = None) -> dict:
         "wall_s": time.perf_counter() - start,
         "policies": policies,
         "pairs": judge_pairs(policies, [name for name, _, _ in checkpoints], args.completion) if args.pairs else None,
+        "ceiling": judge_pairs(policies, ["expert", "floored"], args.completion) if args.ceiling else None,
     }
     for path, text in ((args.json, json.dumps(report, indent=2, default=_plain)), (args.markdown, None)):
         if path is not None:

@@ -131,3 +131,16 @@ class TimeOptimalExpert(TensorDictModuleBase):
         ).clamp(-STEERING_LIMIT, STEERING_LIMIT)
         tensordict.set("action", torch.stack((acceleration, steering), -1))
         return tensordict
+
+
+class FlooredThrottle(TimeOptimalExpert):
+    """The expert's steering with the throttle floored: a driver who never brakes. On a car with a speed limiter
+    (``RacingEnv(speed_limiter=...)``) the limiter does all its braking, so its lap is the fastest the limiter allows
+    on the expert's line (``benchmarks/racing_generalisation.py --ceiling``); without one it arrives at corners as an
+    actor that has only seen short straights may drive a long one."""
+
+    def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+        tensordict = super().forward(tensordict)
+        action = tensordict["action"].clone()
+        action[..., 0] = ACCELERATION_RANGE[1]
+        return tensordict.set("action", action)

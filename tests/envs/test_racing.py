@@ -10,8 +10,8 @@ import torch
 from tensordict import TensorDict
 from torchrl.envs.utils import check_env_specs
 
-from envs.racing.env import ACCELERATION_RANGE, STEERING_LIMIT, RacingEnv
-from envs.racing.expert import TimeOptimalExpert, speed_profile
+from envs.racing.env import STEERING_LIMIT, RacingEnv
+from envs.racing.expert import FlooredThrottle, TimeOptimalExpert, speed_profile
 from envs.racing.stress_circuits import STRESS_CIRCUITS, course_points
 from envs.racing.track import Track
 
@@ -254,17 +254,6 @@ def test_evaluation_averages_lap_time_over_the_episodes_that_completed_a_lap():
     assert 24 < metrics["lap_time_mean"] < 30
     standing = data.evaluate(lambda td: td.set("action", torch.tensor([-6.0, 0.0]).expand(4, 2).clone()))
     assert math.isnan(standing["lap_time_mean"]) and standing["laps_mean"] == 0
-
-
-class FlooredThrottle(TimeOptimalExpert):
-    """The expert's steering with the throttle floored: a driver who never brakes, as an actor that has only seen
-    short straights may drive a long one."""
-
-    def forward(self, tensordict):
-        tensordict = super().forward(tensordict)
-        action = tensordict["action"].clone()
-        action[:, 0] = ACCELERATION_RANGE[1]
-        return tensordict.set("action", action)
 
 
 def test_the_speed_limiter_brings_a_driver_who_never_brakes_round_hairpins_after_long_straights():

@@ -36,9 +36,8 @@ def test_a_candidate_misses_a_circuit_only_where_its_baseline_drives_it():
 
 @pytest.mark.slow
 def test_the_report_drives_every_set_both_ways_and_pairs_need_an_even_count(tmp_path, capsys):
-    report = main(
-        ["--starts", "1", "--seconds", "4", "--json", str(tmp_path / "g.json"), "--markdown", str(tmp_path / "g.md")]
-    )
+    files = ["--json", str(tmp_path / "g.json"), "--markdown", str(tmp_path / "g.md")]
+    report = main(["--starts", "1", "--seconds", "4", "--ceiling", *files])
     circuits = [row["circuit"] for row in report["policies"]["expert"]["circuits"]]
     stress = [f"stress {name}{way}" for name in STRESS_CIRCUITS for way in ("", " reversed")]
     assert [c for c in circuits if c.startswith("stress")] == stress
@@ -51,6 +50,9 @@ def test_the_report_drives_every_set_both_ways_and_pairs_need_an_even_count(tmp_
     assert summary["stress"]["first_lap_completed"] == 0.0 and summary["stress"]["first_lap_time_s"] is None
     assert json.loads((tmp_path / "g.json").read_text())["policies"]["expert"]["summary"] == summary
     assert "- stress circuits: 0 % of first laps completed, mean first lap —" in (tmp_path / "g.md").read_text()
+    # The floored throttle beside the expert, judged against it (4 s: no first laps to compare, nothing missed).
+    assert report["ceiling"]["pairs"][0]["baseline"] == "expert" and report["ceiling"]["pairs"][0]["missed"] == []
+    assert "### Ceiling: the expert's steering with the throttle floored" in (tmp_path / "g.md").read_text()
     with pytest.raises(SystemExit):
         main(["--pairs", "--checkpoints", str(tmp_path / "g.json")])
     assert "--pairs needs an even number of --checkpoints" in capsys.readouterr().err
