@@ -195,8 +195,12 @@ def markdown(report: dict[str, Any]) -> str:
             "### Ceiling: the expert's steering with the throttle floored, against the expert",
             "",
             f"Faster: held-out {faster['held_out']}, stress {faster['stress']}; circuits the expert drives that it "
-            f"misses: {', '.join(pair['missed']) or 'none'}. With a speed limiter in the car this is the fastest the "
-            "limiter allows on the expert's line.",
+            f"misses: {', '.join(pair['missed']) or 'none'}. "
+            + (
+                "The car has a speed limiter: this is the fastest lap it allows on the expert's line."
+                if report["ceiling"]["speed_limiter"]
+                else "The car has no speed limiter: this is what arriving at corners unbraked costs."
+            ),
             "",
         ]
     return "\n".join(lines)
@@ -353,7 +357,12 @@ def main(argv: list[str] | None = None) -> dict:
         "wall_s": time.perf_counter() - start,
         "policies": policies,
         "pairs": judge_pairs(policies, [name for name, _, _ in checkpoints], args.completion) if args.pairs else None,
-        "ceiling": judge_pairs(policies, ["expert", "floored"], args.completion) if args.ceiling else None,
+        "ceiling": {
+            **judge_pairs(policies, ["expert", "floored"], args.completion),
+            "speed_limiter": expert_options.get("speed_limiter"),
+        }
+        if args.ceiling
+        else None,
     }
     for path, text in ((args.json, json.dumps(report, indent=2, default=_plain)), (args.markdown, None)):
         if path is not None:

@@ -53,6 +53,7 @@ def test_the_report_drives_every_set_both_ways_and_pairs_need_an_even_count(tmp_
     # The floored throttle beside the expert, judged against it (4 s: no first laps to compare, nothing missed).
     assert report["ceiling"]["pairs"][0]["baseline"] == "expert" and report["ceiling"]["pairs"][0]["missed"] == []
     assert "### Ceiling: the expert's steering with the throttle floored" in (tmp_path / "g.md").read_text()
+    assert "The car has no speed limiter" in (tmp_path / "g.md").read_text()  # the default config's car has none
     with pytest.raises(SystemExit):
         main(["--pairs", "--checkpoints", str(tmp_path / "g.json")])
     assert "--pairs needs an even number of --checkpoints" in capsys.readouterr().err
