@@ -6,6 +6,7 @@
     python benchmarks/env_speed.py --env vehicle --num-envs 4096 --steps 1000 --threads 1
     python benchmarks/env_speed.py --env racing --num-envs 4096 --steps 1000 --threads 1
     python benchmarks/env_speed.py --env snake --num-envs 4096 --steps 300 --threads 1 --backend torch --count-ops 10
+    python benchmarks/env_speed.py --env snake --num-envs 4096 --steps 300 --threads 1 --compile-step --count-ops 10
 
 Reports env steps per second (boards × steps / seconds) for two paths: ``torchrl`` (``env.step_and_maybe_reset``,
 auto-reset included) and ``core`` (the environment's own ``_step`` + ``maybe_reset``, without TorchRL's per-step
@@ -13,12 +14,14 @@ spec checks and bookkeeping). Actions are drawn before timing, so the figure is 
 
 ``--count-ops N`` also runs ``N`` steps of the ``torchrl`` path under ``torch.profiler`` and reports per step the
 ATen operations it ran and the host reads among them (``aten::_local_scalar_dense``: a tensor's value read by Python,
-a ``bool(mask.any())`` or an ``.item()``; on a GPU, a synchronisation each).
+a ``bool(mask.any())`` or an ``.item()``; on a GPU, a synchronisation each). ``--compile-step`` builds the environment
+with its ``compile_step`` option: its step and reset arithmetic compiled into one graph each, with no host read.
 """
 
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import platform
 import sys
@@ -59,8 +62,9 @@ def time_loop(step, actions: torch.Tensor, device: torch.device, repeats: int) -
 
 
 def count_operations(step, actions: torch.Tensor) -> dict[str, float]:
-    """ATen operations and host reads per step over ``actions``, counted by ``torch.profiler`` (every ``aten::``
-    event, nested ones included: what the dispatcher runs, each a kernel launch or more on a GPU)."""
+    """ATen operations, host reads and compiled graphs per step over ``actions``, counted by ``torch.profiler``
+    (every ``aten::`` event, nested ones included: what the dispatcher runs, each a kernel launch or more on a GPU; a
+    compiled graph's generated kernels are not ATen operations, so a compiled step's work shows as its graph calls)."""
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profiler:
         for action in actions:
             step(action)
@@ -69,6 +73,7 @@ def count_operations(step, actions: torch.Tensor) -> dict[str, float]:
     return {
         "aten_ops": sum(name.startswith("aten::") for name in names) / steps,
         "host_reads": names.count("aten::_local_scalar_dense") / steps,
+        "compiled_graphs": sum(name.startswith("## Call CompiledFxGraph") for name in names) / steps,
     }
 
 
@@ -82,6 +87,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--backend", choices=["auto", "torch", "cpp"], default="auto", help="SnakeEnv backend")
     parser.add_argument("--count-ops", type=int, default=0, help="profile this many steps: ATen ops and host reads")
+    parser.add_argument("--compile-step", action="store_true", help="the environment's compile_step option")
     parser.add_argument("--json", type=Path, help="also write the result here")
     args = parser.parse_args(argv)
     if not 0 <= args.count_ops <= args.steps:
@@ -94,6 +100,10 @@ def main(argv: list[str] | None = None) -> dict:
     device = torch.device(args.device)
 
     options = {"backend": args.backend} if args.env == "snake" else {}
+    if args.compile_step:
+        if "compile_step" not in inspect.signature(ENVS[args.env].__init__).parameters:
+            parser.error(f"--compile-step: the {args.env} environment has no compile_step option")
+        options["compile_step"] = True
     env = ENVS[args.env](num_envs=args.num_envs, device=device, **options)
     spec = env.action_spec
     if isinstance(spec, Categorical):
@@ -127,6 +137,7 @@ def main(argv: list[str] | None = None) -> dict:
         "steps": args.steps,
         "threads": args.threads,
         "backend": args.backend if args.env == "snake" else None,
+        "compile_step": args.compile_step,
         "per_step": operations,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
         "torch": torch.__version__,
@@ -135,13 +146,14 @@ def main(argv: list[str] | None = None) -> dict:
     for name, result in results.items():
         print(
             f"{args.env} {name:8s} {args.num_envs} envs, {args.threads} thread(s), {args.device}"
-            f"{', backend ' + args.backend if args.env == 'snake' else ''}: "
+            f"{', backend ' + args.backend if args.env == 'snake' and not args.compile_step else ''}"
+            f"{', compiled step' if args.compile_step else ''}: "
             f"{result['steps_per_s'] / 1e6:.2f}M steps/s ({result['seconds'] / args.steps * 1e3:.3f} ms per step)"
         )
     if operations:
         print(
             f"{args.env} torchrl per step ({args.count_ops} profiled): {operations['aten_ops']:.1f} ATen operations, "
-            f"{operations['host_reads']:.1f} host reads"
+            f"{operations['host_reads']:.1f} host reads, {operations['compiled_graphs']:.1f} compiled graphs"
         )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

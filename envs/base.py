@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import torch
+from tensordict import TensorDict, TensorDictBase
 from torchrl.data import Categorical, Composite
 from torchrl.envs import EnvBase
 
@@ -67,7 +68,9 @@ class BatchedEnv(FastStepAndMaybeReset, EnvBase):
     for a collector without TorchRL's per-key passes (:class:`~compat.torchrl.FastStepAndMaybeReset`).
 
     A subclass calls ``super().__init__(batch_size=torch.Size([num_envs]), device=device)``, then sets its
-    observation, action and reward specs; it overrides the class attributes below that it has.
+    observation, action and reward specs; it overrides the class attributes below that it has. One whose ``_step``
+    and ``_reset`` are tensor arithmetic with fixed shapes offers the option ``compile_step`` (passed on here): both
+    compiled into one graph each. Its step then skips work only where :attr:`skips_idle_work` holds.
     """
 
     #: per-step entries (``[*batch, 1]``, 0 except where an episode ends, so an episode's sum is its value) that the
@@ -94,11 +97,22 @@ class BatchedEnv(FastStepAndMaybeReset, EnvBase):
         if "__init__" in cls.__dict__:
             cls.__init__ = _recording_options(cls.__init__)
 
-    def __init__(self, *, batch_size: torch.Size, device: str | torch.device, **kwargs: Any) -> None:
+    def __init__(
+        self, *, batch_size: torch.Size, device: str | torch.device, compile_step: bool = False, **kwargs: Any
+    ) -> None:
         super().__init__(batch_size=batch_size, device=device, **kwargs)
         batch, dev = self.batch_size, self.device
         flag = Categorical(2, shape=(*batch, 1), dtype=torch.bool, device=dev)
         self.done_spec = Composite(done=flag, terminated=flag.clone(), truncated=flag.clone(), shape=batch, device=dev)
+        #: whether the step may read a mask back to the host to skip work no environment of the batch needs: free on
+        #: a CPU, a synchronisation on a GPU, and a graph break for the compiler.
+        self.skips_idle_work = self.device.type == "cpu" and not compile_step
+        if compile_step:
+            # Each a single graph (fullgraph: a graph break is an error, not a silent fallback), so that the step is a
+            # few fused kernels and a CUDA graph can capture it. TorchRL's ``compile=`` compiles its own bookkeeping
+            # around the step as well, which is not needed for this.
+            self._step = torch.compile(self._step, fullgraph=True)
+            self._reset = torch.compile(self._reset, fullgraph=True)
 
     def init_kwargs(self) -> dict[str, Any]:
         """The constructor's options (all but ``num_envs``, ``seed`` and ``device``), defaults included: what rebuilds
@@ -131,6 +145,26 @@ class BatchedEnv(FastStepAndMaybeReset, EnvBase):
         if not 0 <= index < self.batch_size[0]:
             raise ValueError(f"index must be in [0, {self.batch_size[0]}) (the batch's environments), got {index}")
         return index
+
+
+class MaskedResets:
+    """Mixin, before :class:`BatchedEnv` in an environment's bases, for an environment whose ``_reset`` resets the
+    rows its ``_reset`` mask names and returns every row (the others as they are): ``maybe_reset`` then resets the
+    finished rows without ``EnvBase``'s per-key masked merge, which would copy the whole batch for nothing, at a cost
+    larger than the step's own on thousands of environments (docs/results/snake.md, "Snake: speed on the 2-core
+    CPU")."""
+
+    def maybe_reset(self, tensordict: TensorDictBase) -> TensorDictBase:
+        done = tensordict.get("done")
+        # Free on the CPU, and it skips most of a reset; a synchronisation on a GPU and a graph break in a compiled
+        # step, where the masked reset runs every step and leaves the rows that are not done as they were.
+        if self.skips_idle_work and not bool(done.any()):  # type: ignore[attr-defined]
+            return tensordict
+        reset = self._reset(TensorDict({"_reset": done}, batch_size=self.batch_size, device=self.device))  # type: ignore[attr-defined]
+        # The episode metrics are per step: every row keeps the value of the step it just took, reset or not, so the
+        # result does not depend on whether another row of the batch reset.
+        tensordict.update(reset.exclude(*self.episode_metric_keys))  # type: ignore[attr-defined]
+        return tensordict
 
 
 @dataclass(frozen=True)

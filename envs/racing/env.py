@@ -67,7 +67,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from torchrl.data import Bounded, Composite, Unbounded
 
-from envs.base import BatchedEnv
+from envs.base import BatchedEnv, MaskedResets
 from envs.counter_rng import random_bits, uniform
 from envs.drawing import fill_polygon
 from envs.racing.circuits import TrackSource
@@ -122,7 +122,7 @@ class SpeedLimiter:
         return limiter
 
 
-class RacingEnv(BatchedEnv):
+class RacingEnv(MaskedResets, BatchedEnv):
     """Batched race cars on a closed track.
 
     Args:
@@ -151,6 +151,7 @@ class RacingEnv(BatchedEnv):
         speed, tracking, heading, smoothness, off_track, crash: the reward's weights.
         seed: base seed; car ``i`` draws from stream ``seed + i``.
         device: where the batch lives.
+        compile_step: the step and reset each compiled into one graph (:class:`~envs.base.BatchedEnv`).
     """
 
     episode_metric_keys = ("progress", "laps", "lap_time")
@@ -185,6 +186,7 @@ class RacingEnv(BatchedEnv):
         crash: float = 10.0,
         seed: int = 0,
         device: str | torch.device = "cpu",
+        compile_step: bool = False,
     ) -> None:
         if num_envs < 1:
             raise ValueError(f"num_envs must be > 0, got {num_envs}")
@@ -212,7 +214,7 @@ class RacingEnv(BatchedEnv):
             raise ValueError(f"observation must be one of {', '.join(OBSERVATIONS)}, got {observation!r}")
         source = None if tracks is None else TrackSource.parse(tracks)
         limiter = None if speed_limiter is None else SpeedLimiter.parse(speed_limiter)
-        super().__init__(batch_size=torch.Size([num_envs]), device=device)
+        super().__init__(batch_size=torch.Size([num_envs]), device=device, compile_step=compile_step)
         self.source = source
         if self.source is None:
             self._track = Track(control_points, width).to(self.device)  # raises on an impossible track
@@ -473,17 +475,6 @@ class RacingEnv(BatchedEnv):
         out.update({key: zero.clone() for key in self.episode_metric_keys})
         out.update({"done": false, "terminated": false.clone(), "truncated": false.clone()})
         return out
-
-    def maybe_reset(self, tensordict: TensorDictBase) -> TensorDictBase:
-        """Reset finished cars without EnvBase's per-key masked merge (``_reset`` returns every row, the unfinished
-        ones unchanged)."""
-        done = tensordict.get("done")
-        if self.device.type == "cpu" and not bool(done.any()):  # free on the CPU; a host sync on a GPU
-            return tensordict
-        reset = self._reset(TensorDict({"_reset": done}, batch_size=self.batch_size, device=self.device))
-        # The metrics are per step: a car that did not reset keeps the values of the step it just took.
-        tensordict.update(reset.exclude(*self.episode_metric_keys))
-        return tensordict
 
     def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
         action = torch.maximum(torch.minimum(tensordict["action"], self.action_high), self.action_low)

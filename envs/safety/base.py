@@ -20,11 +20,11 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from torchrl.data import Categorical, Composite, Unbounded
 
-from envs.base import BatchedEnv
+from envs.base import BatchedEnv, MaskedResets
 from envs.counter_rng import normal, random_bits, uniform
 
 
-class SafetyEnv(BatchedEnv):
+class SafetyEnv(MaskedResets, BatchedEnv):
     """Base class: the state vector (the observation) and the random streams live in buffers.
 
     Args:
@@ -35,6 +35,7 @@ class SafetyEnv(BatchedEnv):
         tau_max: initial horizons are drawn from U(0, tau_max).
         seed: base seed; environment ``i`` draws from stream ``seed + i``.
         device: where the batch lives.
+        compile_step: the step and reset each compiled into one graph (:class:`~envs.base.BatchedEnv`).
     """
 
     #: buffers with one row per environment that make up an environment's state (besides ``state``).
@@ -49,6 +50,7 @@ class SafetyEnv(BatchedEnv):
         tau_max: float,
         seed: int,
         device: str | torch.device,
+        compile_step: bool = False,
     ) -> None:
         if num_envs < 1:
             raise ValueError(f"num_envs must be > 0, got {num_envs}")
@@ -56,7 +58,7 @@ class SafetyEnv(BatchedEnv):
             raise ValueError(f"dt must be > 0, got {dt}")
         if tau_max <= 0:
             raise ValueError(f"tau_max must be > 0, got {tau_max}")
-        super().__init__(batch_size=torch.Size([num_envs]), device=device)
+        super().__init__(batch_size=torch.Size([num_envs]), device=device, compile_step=compile_step)
         self.dt, self.tau_max = dt, tau_max
         n, dev = num_envs, self.device
         self.register_buffer("state", torch.zeros(n, state_dim, device=dev))
@@ -101,7 +103,7 @@ class SafetyEnv(BatchedEnv):
     def _reset(self, tensordict: TensorDictBase | None = None, **kwargs: Any) -> TensorDictBase:
         mask = None if tensordict is None else tensordict.get("_reset", None)
         mask = torch.ones(self.batch_size, dtype=torch.bool, device=self.device) if mask is None else mask.view(-1)
-        if self.device.type == "cpu":
+        if self.skips_idle_work:
             # Only the finished rows, a few percent of the batch per step (nonzero is free on the CPU).
             rows = mask.nonzero().squeeze(1)
             fresh = self._initial_state(uniform(random_bits(self.stream[rows], self.draws[rows], self.initial_draws)))
@@ -121,14 +123,6 @@ class SafetyEnv(BatchedEnv):
             batch_size=self.batch_size,
             device=self.device,
         )
-
-    def maybe_reset(self, tensordict: TensorDictBase) -> TensorDictBase:
-        """Reset finished environments without EnvBase's per-key masked merge (``_reset`` returns every row)."""
-        done = tensordict.get("done")
-        if self.device.type == "cpu" and not bool(done.any()):  # free on the CPU; a host sync on a GPU
-            return tensordict
-        tensordict.update(self._reset(TensorDict({"_reset": done}, batch_size=self.batch_size, device=self.device)))
-        return tensordict
 
     def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
         noise = normal(self.stream, self.draws, self.noise_dims, first_slot=self.initial_draws)

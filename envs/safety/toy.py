@@ -25,6 +25,7 @@ class ToyEnv(SafetyEnv):
         dt: seconds per step.
         seed: base seed; environment ``i`` draws from stream ``seed + i``.
         device: where the batch lives.
+        compile_step: the step and reset each compiled into one graph (:class:`~envs.base.BatchedEnv`).
     """
 
     initial_draws = 3
@@ -39,12 +40,13 @@ class ToyEnv(SafetyEnv):
         dt: float = 0.05,
         seed: int = 0,
         device: str | torch.device = "cpu",
+        compile_step: bool = False,
     ) -> None:
         if len(controls) < 2:
             raise ValueError(f"controls must list at least 2 values of u, got {controls}")
         if sigma < 0:
             raise ValueError(f"sigma must be >= 0, got {sigma}")
-        super().__init__(num_envs, 3, len(controls), dt, tau_max, seed, device)
+        super().__init__(num_envs, 3, len(controls), dt, tau_max, seed, device, compile_step)
         self.controls, self.sigma = tuple(controls), sigma
         #: the dynamics and collocation domain the PIRL loss uses: the same model as this environment.
         self.physics = ToyPhysics(controls=self.controls, tau_max=tau_max)

@@ -77,6 +77,7 @@ class VehicleEnv(SafetyEnv):
         waypoint_spacing: metres between the 5 waypoints ahead (the first one ``waypoint_spacing`` ahead).
         seed: base seed; car ``i`` draws from stream ``seed + i``.
         device: where the batch lives.
+        compile_step: the step and reset each compiled into one graph (:class:`~envs.base.BatchedEnv`).
     """
 
     extra_state = ("arc",)
@@ -96,6 +97,7 @@ class VehicleEnv(SafetyEnv):
         waypoint_spacing: float = 2.0,
         seed: int = 0,
         device: str | torch.device = "cpu",
+        compile_step: bool = False,
     ) -> None:
         if lateral_bound <= 0:
             raise ValueError(f"lateral_bound must be > 0, got {lateral_bound}")
@@ -109,7 +111,7 @@ class VehicleEnv(SafetyEnv):
             raise ValueError(f"substeps must be >= 1, got {substeps}")
         if waypoint_spacing <= 0:
             raise ValueError(f"waypoint_spacing must be > 0, got {waypoint_spacing}")
-        super().__init__(num_envs, VEHICLE_STATE_DIM, 25, dt, tau_max, seed, device)
+        super().__init__(num_envs, VEHICLE_STATE_DIM, 25, dt, tau_max, seed, device, compile_step)
         self.lateral_bound, self.min_speed = lateral_bound, min_speed
         self.start_spread, self.noise_std = start_spread, tuple(noise_std)
         self.substeps, self.waypoint_spacing = substeps, waypoint_spacing

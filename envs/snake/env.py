@@ -34,7 +34,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from torchrl.data import Bounded, Categorical, Composite, Unbounded
 
-from envs.base import BatchedEnv
+from envs.base import BatchedEnv, MaskedResets
 from envs.counter_rng import random_bits
 from envs.drawing import grid_image, palette
 from envs.snake import cpu_kernel
@@ -53,7 +53,7 @@ RENDER_COLOURS = palette((24, 24, 32), (40, 160, 60), (250, 220, 40), (220, 50, 
 RENDER_CELL = 16
 
 
-class SnakeEnv(BatchedEnv):
+class SnakeEnv(MaskedResets, BatchedEnv):
     """Batched Snake. All state lives in registered buffers, so ``state_dict`` captures a game exactly.
 
     Args:
@@ -67,6 +67,10 @@ class SnakeEnv(BatchedEnv):
         device: where the boards live.
         backend: ``torch`` (tensor ops, any device), ``cpp`` (one compiled loop over the boards, CPU only, the same
             games draw for draw) or ``auto`` (``cpp`` on CPU when it builds, else ``torch``).
+        compile_step: the ``torch`` backend's step and reset each compiled by ``torch.compile`` into one graph
+            (no host reads, so a CUDA graph can capture them; :class:`~envs.base.BatchedEnv`); the same games as
+            eager. It pays where a step is launch-bound (thousands of boards on a GPU); on a CPU the eager step,
+            which skips the work no board needs, is faster.
     """
 
     episode_metric_keys = ("food",)
@@ -81,6 +85,7 @@ class SnakeEnv(BatchedEnv):
         seed: int = 0,
         device: str | torch.device = "cpu",
         backend: Literal["auto", "torch", "cpp"] = "auto",
+        compile_step: bool = False,
     ) -> None:
         if num_envs < 1:
             raise ValueError(f"num_envs must be > 0, got {num_envs}")
@@ -101,11 +106,16 @@ class SnakeEnv(BatchedEnv):
             raise ValueError(f"max_steps must be > 0, got {max_steps}")
         if backend not in ("auto", "torch", "cpp"):
             raise ValueError(f"backend must be auto, torch or cpp, got {backend!r}")
-        super().__init__(batch_size=torch.Size([num_envs]), device=device)
+        if compile_step and backend == "cpp":
+            raise ValueError(
+                "compile_step compiles the torch backend: set backend torch (or auto), or compile_step false"
+            )
+        super().__init__(batch_size=torch.Size([num_envs]), device=device, compile_step=compile_step)
         self.size, self.cells, self.max_steps, self.spawn_margin = size, size * size, max_steps, spawn_margin
         if backend == "cpp" and self.device.type != "cpu":
             raise ValueError(f"backend 'cpp' runs on the CPU only, got device {self.device}")
-        self._kernel = cpu_kernel.load() if backend != "torch" and self.device.type == "cpu" else None
+        use_kernel = backend != "torch" and self.device.type == "cpu" and not compile_step
+        self._kernel = cpu_kernel.load() if use_kernel else None
         if backend == "cpp" and self._kernel is None:
             raise RuntimeError("backend 'cpp': the C++ kernel could not be built (see the warning above)")
         n, dev, cells = num_envs, self.device, size * size
@@ -191,20 +201,28 @@ class SnakeEnv(BatchedEnv):
         """Put food on a uniformly drawn empty cell of each board where ``where`` holds (none left: food = −1).
 
         Computed for every board and kept where ``where`` holds: no data-dependent shapes, so no host sync on a GPU.
-        On the CPU the two ``any`` checks are free and skip work that is rarely needed.
+        The eager CPU step's two ``any`` checks are free there and skip work that is rarely needed.
         """
-        on_cpu = self.device.type == "cpu"
-        if on_cpu and not bool(where.any()):
+        if self.skips_idle_work and not bool(where.any()):
             return
         body = self.board[:, : self.cells]
         candidates = self._random(_FOOD_CANDIDATES) % self.cells
         free = body.gather(1, candidates) == 0
-        # The first free candidate is uniform over the free cells, as every candidate is.
-        choice = candidates.gather(1, free.to(torch.uint8).argmax(1, keepdim=True)).squeeze(1)
+        # The first free candidate is uniform over the free cells, as every candidate is. Its index is a minimum
+        # over distinct values, not an argmax over tied ones: which of tied maxima a reduction returns is the
+        # kernel's choice (a vectorised compiled one need not return the first).
+        slots = torch.arange(_FOOD_CANDIDATES, device=self.device)
+        first = torch.where(free, slots, _FOOD_CANDIDATES - 1).amin(1, keepdim=True)
+        choice = candidates.gather(1, first).squeeze(1)
         missed = where & ~free.any(1)
-        if not on_cpu or bool(missed.any()):  # a crowded board whose 16 candidates all missed: draw exhaustively
-            keys = torch.where(body == 0, self._random(self.cells, _FOOD_CANDIDATES), -1).max(1)
-            choice = torch.where(missed, torch.where(keys.values >= 0, keys.indices, -1), choice)
+        if not self.skips_idle_work or bool(missed.any()):
+            # A crowded board whose 16 candidates all missed draws exhaustively: the free cell with the largest draw,
+            # equal draws going to the lower cell (as the C++ kernel's strict comparison does). Each key is unique,
+            # so the maximum is, whichever kernel reduces it.
+            lower_first = self.cells - 1 - torch.arange(self.cells, device=self.device)
+            keys = self._random(self.cells, _FOOD_CANDIDATES) * self.cells + lower_first
+            best = torch.where(body == 0, keys, -1).amax(1)
+            choice = torch.where(missed, torch.where(best >= 0, self.cells - 1 - best % self.cells, -1), choice)
         self.food.copy_(torch.where(where, choice, self.food))
         self._set(2, self.food, 1, where & (self.food >= 0))
         self.draws.add_(where)
@@ -250,21 +268,6 @@ class SnakeEnv(BatchedEnv):
             batch_size=self.batch_size,
             device=self.device,
         )
-
-    def maybe_reset(self, tensordict: TensorDictBase) -> TensorDictBase:
-        """Reset the finished boards (EnvBase's contract), without EnvBase's per-key masked merge.
-
-        ``_reset`` returns every board's current observation, freshly reset or not, so the merge TorchRL performs
-        for environments that only return their reset entries would copy the whole batch for nothing, at a cost
-        larger than the step's own on thousands of boards (docs/results/snake.md, "Snake: speed on the 2-core CPU").
-        """
-        done = tensordict.get("done")
-        # On the CPU the check is free and skips most of a reset; on a GPU it would be a host sync, and the
-        # masked reset is a no-op for boards that are not done.
-        if self.device.type == "cpu" and not bool(done.any()):
-            return tensordict
-        tensordict.update(self._reset(TensorDict({"_reset": done}, batch_size=self.batch_size, device=self.device)))
-        return tensordict
 
     # ------------------------------------------------------------------------------------------------ step
     def _state(self) -> tuple:

@@ -1,0 +1,98 @@
+"""``compile_step``: the environments whose step is tensor arithmetic, compiled into one graph each for step and
+reset, play what their eager step plays (Snake to the bit; the float dynamics within rounding), with no host read."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from envs.racing.env import RacingEnv
+from envs.safety.toy import ToyEnv
+from envs.safety.vehicle import VehicleEnv
+from envs.snake.env import SnakeEnv
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# Short episodes, so that resets and crashes happen within the steps below.
+CASES = {
+    # Boards of 16 cells: the food draw's 16 candidates cover the board, with many free ones tied, where an argmax
+    # compiled for the CPU once picked another candidate than the eager one (the draw now reduces distinct values).
+    "snake": (SnakeEnv, {"size": 4, "max_steps": 30, "backend": "torch"}),
+    "vehicle": (VehicleEnv, {}),
+    "toy": (ToyEnv, {}),
+    "racing": (
+        RacingEnv,
+        {
+            "observation": "road",
+            "max_steps": 40,
+            "tracks": {"generator": {}, "per": "episode", "pool": 4},
+            "speed_limiter": {},
+        },
+    ),
+}
+
+
+def random_actions(env, steps: int) -> list[torch.Tensor]:
+    generator = torch.Generator().manual_seed(1)
+    space = env.action_spec.space
+    if env.action_spec.dtype.is_floating_point:
+        low, high = space.low, space.high
+        return [low + (high - low) * torch.rand(low.shape, generator=generator) for _ in range(steps)]
+    return [torch.randint(0, space.n, env.batch_size, generator=generator) for _ in range(steps)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_compiled_step_plays_what_the_eager_step_plays(case):
+    cls, options = CASES[case]
+    eager, compiled = (cls(num_envs=32, seed=5, compile_step=flag, **options) for flag in (False, True))
+    assert eager.skips_idle_work and not compiled.skips_idle_work
+    exact = cls is SnakeEnv  # integer rules; the float dynamics are fused by the compiler, so equal up to rounding
+    inputs = [eager.reset(), compiled.reset()]
+    resets = 0
+    for action in random_actions(eager, 120):
+        outputs = []
+        for index, env in enumerate((eager, compiled)):
+            inputs[index]["action"] = action.clone()
+            out, inputs[index] = env.step_and_maybe_reset(inputs[index])
+            outputs.append(out)
+        for key in outputs[0].keys(True, True):
+            a, b = outputs[0][key], outputs[1][key]
+            if exact or not a.dtype.is_floating_point:
+                assert torch.equal(a, b), (case, key)
+            else:
+                torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-3)
+        resets += int(outputs[0]["next", "done"].sum())
+    assert resets > 0  # the masked reset ran where rows finished
+    for name, a in eager.state_dict().items():
+        b = compiled.state_dict()[name]
+        if cls is SnakeEnv and name in ("board", "trail"):  # the last column is a write-only scratch slot
+            a, b = a[:, :-1], b[:, :-1]
+        if exact or not a.dtype.is_floating_point:
+            assert torch.equal(a, b), (case, name)
+        else:
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-3)
+
+
+def test_the_compiled_snake_needs_the_torch_backend():
+    with pytest.raises(ValueError, match="^compile_step compiles the torch backend"):
+        SnakeEnv(num_envs=2, backend="cpp", compile_step=True)
+
+
+@pytest.mark.slow
+def test_the_compiled_step_reads_nothing_back_to_the_host(monkeypatch):
+    # benchmarks/env_speed.py --count-ops, as the results page runs it: the eager Snake step reads its masks back to
+    # skip idle work (the test of the counter itself is in tests/app/test_throughput.py); compiled, it reads nothing.
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import env_speed
+
+    common = ["--env", "snake", "--num-envs", "64", "--steps", "5", "--repeats", "1", "--count-ops", "3"]
+    eager = env_speed.main([*common, "--backend", "torch"])
+    compiled = env_speed.main([*common, "--compile-step"])
+    assert eager["per_step"]["host_reads"] >= 1
+    assert compiled["per_step"]["host_reads"] == 0 and compiled["compile_step"] is True
+    assert compiled["per_step"]["aten_ops"] < eager["per_step"]["aten_ops"]
+    # One graph for the step and one for the masked reset, every step; none in the eager step.
+    assert compiled["per_step"]["compiled_graphs"] == 2 and eager["per_step"]["compiled_graphs"] == 0
