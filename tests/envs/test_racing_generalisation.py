@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from benchmarks.racing_generalisation import judge, judge_pairs, main
+from benchmarks.racing_generalisation import judge, judge_pairs, main, markdown
 from envs.racing.stress_circuits import STRESS_CIRCUITS
 
 
@@ -53,7 +53,12 @@ def test_the_report_drives_every_set_both_ways_and_pairs_need_an_even_count(tmp_
     # The floored throttle beside the expert, judged against it (4 s: no first laps to compare, nothing missed).
     assert report["ceiling"]["pairs"][0]["baseline"] == "expert" and report["ceiling"]["pairs"][0]["missed"] == []
     assert "### Ceiling: the expert's steering with the throttle floored" in (tmp_path / "g.md").read_text()
-    assert "The car has no speed limiter" in (tmp_path / "g.md").read_text()  # the default config's car has none
+    # The default config (configs/racing_bc_circuits.yaml) drives a car with a speed limiter; on one without, the
+    # floored throttle measures something else, and the report says which.
+    assert report["ceiling"]["speed_limiter"] == {"braking": 6.0}
+    assert "The car has a speed limiter: this is the fastest lap" in (tmp_path / "g.md").read_text()
+    without = {**report, "ceiling": {**report["ceiling"], "speed_limiter": None}}
+    assert "The car has no speed limiter: this is what arriving at corners unbraked costs." in markdown(without)
     with pytest.raises(SystemExit):
         main(["--pairs", "--checkpoints", str(tmp_path / "g.json")])
     assert "--pairs needs an even number of --checkpoints" in capsys.readouterr().err
