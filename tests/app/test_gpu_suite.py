@@ -69,6 +69,7 @@ def test_an_item_in_its_own_process_reports_what_it_measured(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     (item,) = json.loads((out / "gpu_suite.json").read_text())["items"].values()
     assert item["status"] == "ok" and item["figures"]["steps_per_s"]["racing"]["torchrl"] > 0
+    assert item["figures"]["steps_per_s"]["racing"]["compiled_torchrl"] > 0  # the compiled step beside the eager one
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
