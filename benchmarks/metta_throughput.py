@@ -41,7 +41,7 @@ from metta_env_speed import main as env_speed  # noqa: E402
 
 from app.cli import build  # noqa: E402
 
-CONFIG = "configs/metta_ppo.yaml"
+CONFIG = "configs/metta_ppo.yaml"  # relative to the checkout, as the report shows it; read from ROOT / CONFIG
 MODES = ("in-process", "env_workers", "collector_workers")
 
 
@@ -56,7 +56,9 @@ def mode_flags(mode: str, workers: int) -> list[str]:
     return flags if mode == "in-process" else [*flags, "--data.init_args.collection.workers", str(workers)]
 
 
-def collection(mode: str, workers: int, batches: int, configs: tuple[str, ...] = (CONFIG,), flags: tuple = ()) -> float:
+def collection(
+    mode: str, workers: int, batches: int, configs: tuple[str, ...] = (str(ROOT / CONFIG),), flags: tuple = ()
+) -> float:
     """Agent steps per second of the data module's ``collect`` over ``batches`` rollouts, after one untimed (worker
     start, first reset), with the untrained policy on the data module's device (``--data.init_args.device``)."""
     model, data = build(list(configs), [*flags, *mode_flags(mode, workers)])
@@ -80,7 +82,7 @@ def collection(mode: str, workers: int, batches: int, configs: tuple[str, ...] =
 
 def fit(mode: str, workers: int, seconds: int) -> dict:
     with tempfile.TemporaryDirectory() as runs:
-        command = [sys.executable, "-m", "app", "fit", "--config", CONFIG, *mode_flags(mode, workers)]
+        command = [sys.executable, "-m", "app", "fit", "--config", str(ROOT / CONFIG), *mode_flags(mode, workers)]
         command += ["--trainer.max_time", f"00:00:{seconds // 60:02d}:{seconds % 60:02d}"]
         command += ["--trainer.logger.init_args.save_dir", runs, "--trainer.enable_progress_bar", "false"]
         subprocess.run(command, cwd=ROOT, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
