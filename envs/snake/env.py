@@ -134,6 +134,9 @@ class SnakeEnv(MaskedResets, BatchedEnv):
         self.register_buffer("draws", torch.zeros(n, dtype=torch.long, device=dev))
         self.register_buffer("drow", torch.tensor(_DROW, device=dev), persistent=False)
         self.register_buffer("dcol", torch.tensor(_DCOL, device=dev), persistent=False)
+        # The food draw's constant operands (_place_food), made once rather than at every draw.
+        self.register_buffer("candidate_index", torch.arange(_FOOD_CANDIDATES, device=dev), persistent=False)
+        self.register_buffer("lower_first", cells - 1 - torch.arange(cells, device=dev), persistent=False)
         self.register_buffer("board_base", torch.arange(n, device=dev) * (3 * cells + 1), persistent=False)
         for name, table in zip(("layout_cells", "layout_heading", "layout_board"), self._start_layouts(), strict=True):
             self.register_buffer(name, table.to(dev), persistent=False)
@@ -211,16 +214,14 @@ class SnakeEnv(MaskedResets, BatchedEnv):
         # The first free candidate is uniform over the free cells, as every candidate is. Its index is a minimum
         # over distinct values, not an argmax over tied ones: which of tied maxima a reduction returns is the
         # kernel's choice (a vectorised compiled one need not return the first).
-        slots = torch.arange(_FOOD_CANDIDATES, device=self.device)
-        first = torch.where(free, slots, _FOOD_CANDIDATES - 1).amin(1, keepdim=True)
+        first = torch.where(free, self.candidate_index, _FOOD_CANDIDATES - 1).amin(1, keepdim=True)
         choice = candidates.gather(1, first).squeeze(1)
         missed = where & ~free.any(1)
         if not self.skips_idle_work or bool(missed.any()):
             # A crowded board whose 16 candidates all missed draws exhaustively: the free cell with the largest draw,
             # equal draws going to the lower cell (as the C++ kernel's strict comparison does). Each key is unique,
             # so the maximum is, whichever kernel reduces it.
-            lower_first = self.cells - 1 - torch.arange(self.cells, device=self.device)
-            keys = self._random(self.cells, _FOOD_CANDIDATES) * self.cells + lower_first
+            keys = self._random(self.cells, _FOOD_CANDIDATES) * self.cells + self.lower_first
             best = torch.where(body == 0, keys, -1).amax(1)
             choice = torch.where(missed, torch.where(best >= 0, self.cells - 1 - best % self.cells, -1), choice)
         self.food.copy_(torch.where(where, choice, self.food))
