@@ -14,13 +14,14 @@ One process measures, side by side:
 - **fit**: ``python -m app fit`` with the agent's config and ``configs/bench/throughput.yaml`` (collection, replay
   writes, sampling, Lightning's loop and the target update all included), its wall time per update.
 
-The two are interleaved: after the warm-up, the fit runs in segments of about ``--segment-seconds``, and between
-two segments the bare loop runs for ``--bare-seconds`` (a callback, on copies of the networks, under a forked RNG,
-outside the segments' time). This machine's speed drifts within a minute by more than the overheads measured
-(docs/results/snake.md, "The update against its bare arithmetic"), so a bare time taken before or after the fit does not
-describe the fit; the ratio is each segment's time per update over the bare slice right after it, and the figure
-reported is the median of those ratios. Each segment's time per update is also split into the data module's phases
-(collect, buffer_write, sample, update; other is the rest), without the bare slices.
+The two are interleaved by the run's own yardstick, the throughput report's (``callbacks/throughput.py``): after
+the warm-up, a slice of ``--bare-seconds`` of the bare loop (on copies of the networks, under a forked RNG, the
+report's clock stopped) follows every ``--segment-seconds`` of training. This machine's speed drifts within a minute
+by more than the overheads measured (docs/results/snake.md, "The update against its bare arithmetic"), so a bare time
+taken before or after the fit does not describe the fit; the ratio is each stretch's time per update over the bare
+slice right after it, and the figure reported is the median of those ratios: the report's own figure, so that the
+benchmark and every run's report read one yardstick. The steady state's time per update is also split into the data
+module's phases (collect, buffer_write, sample, update; other is the rest), without the bare slices.
 The DQN runs at the reference's setting (``configs/bench/dqn_reference_ratio.yaml``: batch 128, one update per 4 frames,
 1 thread). Writes ``update_cost_<agent>_compile-<c>.json`` and prints one summary line.
 
@@ -39,20 +40,18 @@ import platform
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
-import lightning.pytorch as pl
 import torch
-from lightning.pytorch.callbacks import Callback
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from app.cli import build, main  # noqa: E402
 from callbacks.bare_updates import bare_update, framework_free_update  # noqa: E402
+from callbacks.throughput import ThroughputReport  # noqa: E402
 
 CONFIGS = {
     "dqn": ["configs/snake_dqn.yaml", "configs/bench/throughput.yaml", "configs/bench/dqn_reference_ratio.yaml"],
@@ -63,127 +62,61 @@ CONFIGS = {
 WARMUP_STEPS = 200  # updates left out: compilation, first allocations
 
 
-class InterleavedBare(Callback):
-    """Alternates fit segments of about ``segment_seconds`` with ``bare_seconds`` of the bare update, after
-    ``skip_first_steps`` updates of warm-up (compilation, buffer warm-up)."""
-
-    def __init__(self, step: Callable[[int], Any], segment_seconds: float, bare_seconds: float, skip_first_steps: int):
-        self.step, self.segment_seconds, self.bare_seconds = step, segment_seconds, bare_seconds
-        self.skip_first_steps = skip_first_steps
-        self.segments: list[dict[str, float]] = []  # one per fit segment, with the bare slice that followed it
-        self._start: tuple[float, int, int, dict[str, float]] | None = None  # time, updates, frames, phase totals
-        self._bare_calls = 0
-
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any) -> None:
-        if trainer.global_step < self.skip_first_steps:
-            return
-        now, frames, timer = time.perf_counter(), trainer.datamodule.frames, trainer.datamodule.timer
-        if self._start is None:
-            self._start = (now, trainer.global_step, frames, dict(timer.totals))
-            return
-        began, updates_before, frames_before, phases_before = self._start
-        if now - began < self.segment_seconds:
-            return
-        # A round being prepared in the background (prefetch) finishes now, inside this segment's time (the wait the
-        # loop would otherwise pay after the bare slice), and runs beside neither the bare slice nor the next segment.
-        trainer.datamodule.settle()
-        now = time.perf_counter()
-        updates = trainer.global_step - updates_before
-        fit_ms = 1e3 * (now - began) / updates
-        # The data module's phases over the segment (the throughput report's figures count the bare slices in
-        # "other"; these do not).
-        phases = {name: 1e3 * (total - phases_before.get(name, 0.0)) / updates for name, total in timer.totals.items()}
-        phases["other"] = fit_ms - sum(phases.values())
-        bare_ms = self._bare_slice()
-        self.segments.append(
-            {
-                "updates": updates,
-                "frames": frames - frames_before,
-                "seconds": now - began,
-                "fit_ms": fit_ms,
-                "phases_ms": phases,
-                "bare_ms": bare_ms,
-                "ratio": fit_ms / bare_ms,
-            }
-        )
-        self._start = (time.perf_counter(), trainer.global_step, trainer.datamodule.frames, dict(timer.totals))
-
-    def _bare_slice(self) -> float:
-        with torch.random.fork_rng(devices=[]):  # PIRL's bare update draws collocation points
-            if self._bare_calls == 0:
-                for i in range(20):  # first allocations
-                    self.step(i)
-            calls, start = 0, time.perf_counter()
-            while time.perf_counter() - start < self.bare_seconds:
-                self.step(self._bare_calls + calls)
-                calls += 1
-            self._bare_calls += calls
-            return 1e3 * (time.perf_counter() - start) / calls
-
-
 def run(
-    agent: str,
+    configs: list[str],
+    name: str,
     compile_: str,
     updates: int,
     threads: int,
     segment: float,
     bare: float,
     out: Path,
-    extra: list[str] = (),
+    extra: Sequence[str] = (),
 ) -> dict:
-    configs = [str(ROOT / path) for path in CONFIGS[agent]]
+    """The fit of ``configs`` with its own yardstick (the throughput report's bare slices,
+    :class:`callbacks.throughput.ThroughputReport`): a slice of ``bare`` seconds after every ``segment`` seconds of
+    training past the warm-up, and the report's steady-state figures."""
     overrides = [
         *("--model.init_args.compile", compile_),
         *("--threads", str(threads)),
         *("--trainer.max_steps", str(updates)),
         *("--trainer.logger.init_args.save_dir", str(out)),
-        *("--trainer.logger.init_args.name", f"update_cost_{agent}"),
+        *("--trainer.logger.init_args.name", name),
         *("--trainer.enable_progress_bar", "false"),
-        # The slices are this benchmark's own (segments of --segment-seconds), not the report's as well.
-        *("--trainer.callbacks.init_args.bare_update_seconds", "0"),
+        *("--trainer.callbacks.init_args.skip_first_steps", str(WARMUP_STEPS)),
+        *("--trainer.callbacks.init_args.bare_update_seconds", str(bare)),
+        *("--trainer.callbacks.init_args.bare_update_share", str(min(0.5, bare / segment))),
         *extra,
     ]
-    model, data = build(configs, overrides)
-    torch.set_num_threads(threads)
-    interleaved = InterleavedBare(bare_update(model, data), segment, bare, skip_first_steps=WARMUP_STEPS)
-    main(["fit", *(arg for path in configs for arg in ("--config", path)), *overrides], extra_callbacks=[interleaved])
-    segments = interleaved.segments
-    if len(segments) < 3:
-        raise SystemExit(f"only {len(segments)} fit segments were timed: raise --updates")
-    seconds = sum(s["seconds"] for s in segments)
-    timed_updates = sum(s["updates"] for s in segments)
+    cli = main(["fit", *(arg for path in configs for arg in ("--config", path)), *overrides])
+    (report,) = [callback.report for callback in cli.trainer.callbacks if isinstance(callback, ThroughputReport)]
+    yardstick, steady = report["bare_update"], report["steady_state"] or report["this_process"]
+    if not yardstick or "pairs" not in yardstick:
+        raise SystemExit(f"the run timed no bare update ({(yardstick or {}).get('error', 'no reference')})")
+    if len(yardstick["pairs"]) < 3:
+        timed = len(yardstick["pairs"])
+        raise SystemExit(f"only {timed} stretches were timed against the bare update: raise --updates")
+    bare_ms = [pair["bare_ms"] for pair in yardstick["pairs"]]
+    phases = {phase: 1e3 * seconds / steady["updates"] for phase, seconds in steady["seconds"].items() if seconds}
     return {
         "date": datetime.now().astimezone().isoformat(timespec="seconds"),
         "command": ["python", "benchmarks/update_cost.py", *sys.argv[1:]],
-        "machine": {
-            "platform": platform.platform(),
-            "cpu_count": os.cpu_count(),
-            "torch_threads": threads,
-            "load_average_1min_at_end": round(os.getloadavg()[0], 2),
-        },
+        "machine": {**report["machine"], "load_average_1min_at_end": round(os.getloadavg()[0], 2)},
         "torch": torch.__version__,
-        "agent": agent,
-        "configs": CONFIGS[agent],
+        "configs": [str(Path(path).relative_to(ROOT)) if Path(path).is_relative_to(ROOT) else path for path in configs],
         "compile": compile_,
-        "batch_size": getattr(data, "batch_size", None) or data.minibatch_size,
+        "report": report["run"],
         "fit": {
-            "updates_timed": timed_updates,
-            "ms_per_update": 1e3 * seconds / timed_updates,
-            "frames_per_s": sum(s["frames"] for s in segments) / seconds,
-            "updates_per_s": timed_updates / seconds,
-            "phases_ms_per_update": {
-                name: sum(s["phases_ms"].get(name, 0.0) * s["updates"] for s in segments) / timed_updates
-                for name in segments[-1]["phases_ms"]
-            },
+            "updates_timed": sum(pair["updates"] for pair in yardstick["pairs"]),
+            "ms_per_update": yardstick["loop_ms_per_update"],
+            "frames_per_s": steady["frames_per_s"],
+            "updates_per_s": steady["updates_per_s"],
+            "phases_ms_per_update": phases,  # the steady state's, the slices left out
         },
-        "bare_ms_per_update": {
-            "median": statistics.median(s["bare_ms"] for s in segments),
-            "min": min(s["bare_ms"] for s in segments),
-            "max": max(s["bare_ms"] for s in segments),
-        },
-        "ratio": statistics.median(s["ratio"] for s in segments),
-        "ratio_range": [min(s["ratio"] for s in segments), max(s["ratio"] for s in segments)],
-        "segments": segments,
+        "bare_ms_per_update": {"median": yardstick["ms"], "min": min(bare_ms), "max": max(bare_ms)},
+        "ratio": yardstick["ratio"],
+        "ratio_range": yardstick["ratio_range"],
+        "segments": yardstick["pairs"],
     }
 
 
@@ -272,9 +205,11 @@ if __name__ == "__main__":
             f"-> {path}"
         )
         raise SystemExit(0)
-    result = run(
-        args.agent, args.compile, args.updates, args.threads, args.segment_seconds, args.bare_seconds, out, args.fit
-    )
+    configs = [str(ROOT / path) for path in CONFIGS[args.agent]]
+    name = f"update_cost_{args.agent}"
+    seconds = args.segment_seconds, args.bare_seconds
+    result = run(configs, name, args.compile, args.updates, args.threads, *seconds, out, args.fit)
+    result["agent"] = args.agent
     path = out / f"update_cost_{args.agent}_compile-{args.compile}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2) + "\n")

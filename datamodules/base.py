@@ -182,7 +182,8 @@ class RLDataModule(EnvSpecs, Evaluation, pl.LightningDataModule):
         weight_sync_interval: updates between pushes of the latest weights to the collector's policy. The policy is
             shared in memory when collector and model are on the same device, so this only matters across devices.
         collection: how experience is collected (``datamodules/collection.py``): ``InProcess`` (the default; with
-            ``prefetch``), ``EnvWorkers``, ``CollectorWorkers`` or ``AsyncCollectorWorkers``, each with its own
+            ``prefetch``), ``EnvWorkers``, ``CollectorWorkers``, ``AsyncCollectorWorkers``, ``RayCollectors`` or
+            ``AsyncRayCollectors``, each with its own
             options (``class_path`` + ``init_args`` in YAML; ``--data.init_args.collection CollectorWorkers
             --data.init_args.collection.workers 2`` on the command line).
         act_precision: ``"32"``: the collector's policy acts in float32; ``"bf16"``: its forward pass runs under

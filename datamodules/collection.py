@@ -10,6 +10,8 @@
   learner: a feeder thread queues what they deliver for the replay buffer (emulators: Mario). Replay modules only.
 - :class:`RayCollectors`: ``workers`` Ray actors as collector workers are, on any machine of a Ray cluster (TorchRL's
   ``RayCollector``), in step with the learner; their checkpoint state is collector workers' own.
+- :class:`AsyncRayCollectors`: the same Ray actors, delivering as asynchronous collector workers do. Replay modules
+  only.
 
 In a config::
 
@@ -55,6 +57,7 @@ from torchrl.envs import EnvBase, ParallelEnv, TransformedEnv
 
 from checkpoints.files import CheckpointMismatch, from_plain, to_plain
 from compat.torchrl import (
+    WORKER_KEY,
     RayPushedWeights,
     WorkerTaggedAsyncCollector,
     collector_carrier,
@@ -547,6 +550,13 @@ class RayCollectors(Collection):
                 raise ValueError(f"{OPTION}.address {self.address}: no Ray cluster answers there ({error})") from None
 
     def build(self, data: CollectionHost) -> None:
+        self._build_ray_collector(data, sync=True, frames_per_batch=data.frames_per_batch)
+        self._iterator = iter(self.collector)
+
+    def _build_ray_collector(self, data: CollectionHost, sync: bool, frames_per_batch: int) -> None:
+        """TorchRL's ``RayCollector`` over ``workers`` actors: in step (``sync``, ``frames_per_batch`` all actors'
+        together) or each on its own (``frames_per_batch`` each, the batch tagged with the actor's index); the learner's
+        weights go to an actor before each of its batches."""
         from torchrl.collectors.distributed import RayCollector
 
         ray = ray_module()
@@ -577,21 +587,20 @@ class RayCollectors(Collection):
         self.collector = RayCollector(
             make_envs,
             data.policy,
-            frames_per_batch=data.frames_per_batch,
+            frames_per_batch=frames_per_batch,
             total_frames=_NO_END,  # RayCollector takes -1 for no frames at all, not for no end
             device=data.device,
             collector_class=RayActorCollector,
-            collector_kwargs={"trust_policy": True, "auto_register_policy_transforms": False},
-            sync=True,
+            collector_kwargs={"trust_policy": True, "auto_register_policy_transforms": False, "tag_worker": not sync},
+            sync=sync,
             remote_configs={"num_cpus": self.cpus_per_worker},
-            update_after_each_batch=True,  # the latest weights before every batch: on-policy data
+            update_after_each_batch=True,  # the latest weights before every batch
             weight_updater=RayPushedWeights(),
         )
         self.collector.update_policy_weights_()  # the first batch acts with the learner's weights too
         # The actors and where each runs (its process and node), for the line that names one that died.
         self._actors = list(self.collector.remote_collectors)
         self._places = ray.get([actor.where.remote() for actor in self._actors])
-        self._iterator = iter(self.collector)
 
     def _join(self, ray: Any, owner: type) -> None:
         """Join the cluster at ``address`` (one that answers: :meth:`check`), or start one on this machine (``address``
@@ -683,10 +692,22 @@ _RAY_CONNECT_S = 5.0
 
 
 class RayActorCollector(ResumableCollector):
-    """A Ray actor's collector: a worker's, named in one line (Ray prefixes the actor's log lines with its ``repr``)."""
+    """A Ray actor's collector: a worker's, named in one line (Ray prefixes the actor's log lines with its ``repr``).
+    With ``tag_worker`` its batches say which actor delivered them, in :data:`~compat.torchrl.WORKER_KEY`, as an
+    asynchronous collector worker's do (:class:`~compat.torchrl.WorkerTaggedAsyncCollector`)."""
+
+    def __init__(self, *args: Any, tag_worker: bool = False, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.tag_worker = tag_worker
 
     def __repr__(self) -> str:
         return f"collector worker {self.worker_idx}"
+
+    def next(self) -> TensorDictBase | None:
+        batch = super().next()
+        if self.tag_worker and batch is not None:
+            batch.set(WORKER_KEY, torch.full(batch.shape, self.worker_idx, dtype=torch.long, device=batch.device))
+        return batch
 
     def where(self) -> tuple[int, str, str]:
         """The actor's process id, the address of its node and its Ray actor id."""
@@ -711,58 +732,36 @@ def _ray_worker_env(env_class: type, transform: Any, **options: Any) -> EnvBase:
     return env if transform is None else TransformedEnv(env, transform.clone())
 
 
-class AsyncCollectorWorkers(Collection):
-    """``workers`` processes, each stepping ``num_envs / workers`` environments with its own copy of the policy, one
-    thread each (TorchRL's ``MultiAsyncCollector``), that never wait for the learner: for environments that cost
-    milliseconds a step (emulators). Replay data modules only.
-
-    A feeder thread in the training process takes their batches as they arrive and queues them (the reference's "a queue
-    per collector, merged by a consolidation thread"); before each update the learner moves every queued batch into
-    the replay buffer. The replay ratio is then a ceiling: at most one batch per ``frames_per_update`` frames (a
-    learner faster than collection waits; a slower one samples the freshest buffer and never holds the workers up).
-    The queue holds at most a replay buffer's worth of transitions: a learner so far behind that more are waiting
-    would overwrite the oldest of them in the buffer before it could sample them, so the feeder drops those oldest
-    batches instead (counted in ``data/dropped``, and in the frame counter: they were collected).
-
-    The workers act on the CPU whatever the learner's device; with the learner on a CPU its parameters themselves
-    live in shared memory, so every update reaches them at once; with the learner on a GPU the weights are copied
-    to them every ``weight_sync_interval`` updates. The feeder hands every batch, dropped ones too, to the data
-    module's training-episode statistics (``datamodules/episodes.py``), tagged with the worker that delivered it.
+class AsynchronousDelivery:
+    """What the strategies whose collectors never wait for the learner share (:class:`AsyncCollectorWorkers`,
+    :class:`AsyncRayCollectors`): a feeder thread takes each worker's batch as it arrives and queues it (the
+    reference's "a queue per collector, merged by a consolidation thread"); before each update the learner moves every
+    queued batch into the replay buffer (:class:`~datamodules.delivery.DeliveredRounds`). The replay ratio is then a
+    ceiling: at most one batch per ``frames_per_update`` frames (a learner faster than collection waits; a slower one
+    samples the freshest buffer and never holds the workers up). The queue holds at most a replay buffer's worth of
+    transitions: a learner so far behind that more are waiting would overwrite the oldest of them in the buffer before
+    it could sample them, so the feeder drops those oldest batches instead (counted in ``data/dropped``, and in the
+    frame counter: they were collected). The feeder hands every batch, dropped ones too, to the data module's
+    training-episode statistics (``datamodules/episodes.py``), tagged with the worker that delivered it.
 
     **Resume** restores the replay buffer, the frame and update counters and the learner's RNG, not the workers'
     episodes: a resumed run's workers start new episodes (the order in which asynchronous workers deliver is not
-    reproducible anyway; the other strategies resume exactly).
-
-    Args:
-        workers: collector worker processes; must divide ``num_envs``.
-        learner_nice: the training thread's niceness while the workers run (restored at the end), so that on a
-            machine without a spare core the learner takes only the CPU time the collectors leave (they must never
-            wait for it: the reference's rule). Linux gives each thread its own priority, so the workers and the feeder,
-            started before, keep theirs. 0: leave it.
-    """
+    reproducible anyway)."""
 
     runs_beside_learner = True
-
     continues_episodes = False
-    uses_workers = True
+    workers: int
+    collector: Any
+    _data: CollectionHost | None
+    _watch: WorkerWatch | None
+    _feeder: _Feeder | None = None
 
-    def __init__(self, workers: int, learner_nice: int = 10) -> None:
-        super().__init__()
-        self.workers, self.learner_nice = workers, learner_nice
-        self._feeder: _Feeder | None = None
-        self._learner_priority: int | None = None  # the training thread's niceness before collection started
-
-    def _options(self) -> dict[str, Any]:
-        return {"workers": self.workers, "learner_nice": self.learner_nice}
-
-    def check(self, data: CollectionHost) -> None:
-        self._check_workers(data, self.workers)
-        if self.learner_nice < 0:
-            raise ValueError(f"{OPTION}.learner_nice must be >= 0, got {self.learner_nice}")
+    def _check_replay(self, data: CollectionHost) -> None:
         if not data.accepts_store_transform:
+            name = type(self).__name__
             raise ValueError(
-                f"{OPTION} AsyncCollectorWorkers: {type(data).__name__} has no replay buffer to feed (asynchronous "
-                "workers need datamodules.replay.ReplayDataModule; CollectorWorkers collects in step with the learner)"
+                f"{OPTION} {name}: {type(data).__name__} has no replay buffer to feed (asynchronous workers need "
+                f"datamodules.replay.ReplayDataModule; {name.removeprefix('Async')} collects in step with the learner)"
             )
 
     @property
@@ -774,33 +773,11 @@ class AsyncCollectorWorkers(Collection):
         """Frames of one worker's batch."""
         return self.envs_per_worker * self._data.collect_steps * self._data.agents_per_env
 
-    def build(self, data: CollectionHost) -> None:
-        self._data = data
-        self._log_dir = workers_log_dir(data.trainer)
-        make_envs = worker_env_factories(
-            self._log_dir,
-            data.declared.env_class,
-            dict(data.declared.options),
-            data.env_transform,
-            self.workers,
-            self.envs_per_worker,
-            data.rank_seed,
-            WORKER_DEVICE,
-        )
-        self.collector = multi_process_collector(
-            WorkerTaggedAsyncCollector,  # the episode statistics continue each worker's environments' sums
-            make_envs,
-            data.policy,
-            frames_per_batch=self.envs_per_worker * data.collect_steps,
-            device=WORKER_DEVICE,
-        )
+    def _start_feeder(self, data: CollectionHost) -> None:
         self._feeder = _Feeder(
             self.collector, max_batches=-(-data.buffer_size // self.batch_frames), observe=data.episodes.observe
         )
         self._feeder.start()
-        if self.learner_nice:  # after the workers and the feeder started: they keep the priority they had
-            self._learner_priority = os.getpriority(os.PRIO_PROCESS, 0)  # Linux: this thread's
-            os.setpriority(os.PRIO_PROCESS, 0, max(self._learner_priority, self.learner_nice))
 
     def replay_delivery(self, replay: ReplayHost) -> DeliveredRounds:
         """Rounds of what the workers delivered: one batch per update, at most one per ``frames_per_update``
@@ -808,7 +785,7 @@ class AsyncCollectorWorkers(Collection):
         return DeliveredRounds(self)
 
     def collect(self) -> TensorDictBase:
-        raise RuntimeError("AsyncCollectorWorkers delivers batches as the workers fill them: use delivered()")
+        raise RuntimeError(f"{type(self).__name__} delivers batches as the workers fill them: use delivered()")
 
     def delivered(self, wait: bool) -> tuple[TensorDictBase, int] | None:
         """The next batch a worker delivered, shaped ``[num_envs / workers, collect_steps]``, and the frames of the
@@ -840,9 +817,6 @@ class AsyncCollectorWorkers(Collection):
             report = None
         self.check_workers_alive(report if isinstance(report, BaseException) else None, self._frames())
 
-    def sync_weights(self, device: torch.device) -> None:
-        self.collector.update_policy_weights_()
-
     @property
     def queued_batches(self) -> int:
         """Worker batches delivered and not yet in the replay buffer."""
@@ -856,16 +830,115 @@ class AsyncCollectorWorkers(Collection):
         }
 
     def teardown(self) -> None:
+        """The strategy's own teardown, the feeder told first that what breaks now is not an error, and joined after
+        the collector's shutdown ended it."""
         if self._feeder is not None:
             self._feeder.stopping = True
-        super().teardown()  # shuts the collector down, which ends the feeder
+        super().teardown()
         if self._feeder is not None:
             self._feeder.join(timeout=5 * _POLL_S)
             self._feeder = None
+
+
+class AsyncCollectorWorkers(AsynchronousDelivery, Collection):
+    """``workers`` processes, each stepping ``num_envs / workers`` environments with its own copy of the policy, one
+    thread each (TorchRL's ``MultiAsyncCollector``), that never wait for the learner: for environments that cost
+    milliseconds a step (emulators). Replay data modules only; delivery and resume as :class:`AsynchronousDelivery`
+    says.
+
+    The workers act on the CPU whatever the learner's device; with the learner on a CPU its parameters themselves
+    live in shared memory, so every update reaches them at once; with the learner on a GPU the weights are copied
+    to them every ``weight_sync_interval`` updates.
+
+    Args:
+        workers: collector worker processes; must divide ``num_envs``.
+        learner_nice: the training thread's niceness while the workers run (restored at the end), so that on a
+            machine without a spare core the learner takes only the CPU time the collectors leave (they must never
+            wait for it: the reference's rule). Linux gives each thread its own priority, so the workers and the feeder,
+            started before, keep theirs. 0: leave it.
+    """
+
+    uses_workers = True
+
+    def __init__(self, workers: int, learner_nice: int = 10) -> None:
+        super().__init__()
+        self.workers, self.learner_nice = workers, learner_nice
+        self._learner_priority: int | None = None  # the training thread's niceness before collection started
+
+    def _options(self) -> dict[str, Any]:
+        return {"workers": self.workers, "learner_nice": self.learner_nice}
+
+    def check(self, data: CollectionHost) -> None:
+        self._check_workers(data, self.workers)
+        if self.learner_nice < 0:
+            raise ValueError(f"{OPTION}.learner_nice must be >= 0, got {self.learner_nice}")
+        self._check_replay(data)
+
+    def build(self, data: CollectionHost) -> None:
+        self._data = data
+        self._log_dir = workers_log_dir(data.trainer)
+        make_envs = worker_env_factories(
+            self._log_dir,
+            data.declared.env_class,
+            dict(data.declared.options),
+            data.env_transform,
+            self.workers,
+            self.envs_per_worker,
+            data.rank_seed,
+            WORKER_DEVICE,
+        )
+        self.collector = multi_process_collector(
+            WorkerTaggedAsyncCollector,  # the episode statistics continue each worker's environments' sums
+            make_envs,
+            data.policy,
+            frames_per_batch=self.envs_per_worker * data.collect_steps,
+            device=WORKER_DEVICE,
+        )
+        self._start_feeder(data)
+        if self.learner_nice:  # after the workers and the feeder started: they keep the priority they had
+            self._learner_priority = os.getpriority(os.PRIO_PROCESS, 0)  # Linux: this thread's
+            os.setpriority(os.PRIO_PROCESS, 0, max(self._learner_priority, self.learner_nice))
+
+    def sync_weights(self, device: torch.device) -> None:
+        self.collector.update_policy_weights_()
+
+    def teardown(self) -> None:
+        super().teardown()
         if self._learner_priority is not None:
             with contextlib.suppress(PermissionError):  # only a privileged user may lower a niceness again
                 os.setpriority(os.PRIO_PROCESS, 0, self._learner_priority)
             self._learner_priority = None
+
+
+class AsyncRayCollectors(AsynchronousDelivery, RayCollectors):
+    """``workers`` Ray actors as :class:`RayCollectors` runs them, on any machine of a Ray cluster, that never wait
+    for the learner, as :class:`AsyncCollectorWorkers` do: each actor starts its next batch of ``num_envs / workers
+    × collect_steps`` frames as soon as it delivered one, with the learner's latest weights sent to it first. Delivery
+    and resume as :class:`AsynchronousDelivery` says (a resumed run's actors start new episodes); a dead actor ends
+    the run with one line naming it, as with :class:`RayCollectors`. Replay data modules only.
+
+    Needs the ``distributed`` extra (``pip install -e ".[distributed]"``).
+
+    Args:
+        workers: Ray collector actors; must divide ``num_envs``.
+        address: the Ray cluster to join, as :class:`RayCollectors`' (None: a cluster on this machine for the run).
+        cpus_per_worker: CPUs each actor reserves in the cluster.
+    """
+
+    def check(self, data: CollectionHost) -> None:
+        super().check(data)
+        self._check_replay(data)
+
+    def build(self, data: CollectionHost) -> None:
+        self._data = data
+        self._build_ray_collector(data, sync=False, frames_per_batch=self.envs_per_worker * data.collect_steps)
+        self._start_feeder(data)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}  # the actors' episodes do not continue (AsynchronousDelivery)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Nothing: the actors start new episodes."""
 
 
 class _Feeder(threading.Thread):

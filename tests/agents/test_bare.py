@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import importlib.util
+import json
+import statistics
 
 import pytest
 import torch
 from tensordict import TensorDict
 
-from app.cli import build, main
+from app.cli import build
 from callbacks.bare_updates import as_replay_sample, bare_update, batch_pool, framework_free_update, ppo_batches
 from tests.helpers import ROOT, chain_config, write_config
 
@@ -93,31 +95,35 @@ def test_bare_ppo_update_computes_clip_ppo_loss():
 
 
 @pytest.mark.slow
-def test_update_cost_interleaves_bare_slices_between_timed_fit_segments(tmp_path):
-    # benchmarks/update_cost.py's instrument on a tiny run: segments of the fit alternate with slices of a stand-in
-    # bare step, and the segments' time per update leaves the bare slices out.
+def test_update_cost_reads_the_runs_own_yardstick_its_stretches_and_its_phases(tmp_path):
+    # benchmarks/update_cost.py on a tiny run: the fit's own throughput report times the bare slices between stretches
+    # of training, and the benchmark's figures are the report's (one yardstick, not a second one beside it).
+    update_cost = load_update_cost()
+    config = write_config(chain_config("dqn", tmp_path), tmp_path / "c.yaml")
+    bench = str(ROOT / "configs" / "bench" / "throughput.yaml")  # the report as the benchmarks compose it
+    extra = ["--trainer.callbacks.init_args.skip_first_steps", "5"]  # after the benchmark's 200: a short warm-up
+    result = update_cost.run([str(config), bench], "cost", "false", 600, 1, 0.05, 0.02, tmp_path / "out", extra)
+    report = json.loads((tmp_path / "out" / "cost" / "version_0" / "throughput.json").read_text())
+    pairs = report["bare_update"]["pairs"]
+    assert len(pairs) >= 3 and result["segments"] == pairs and result["report"] == "cost/version_0"
+    assert all(pair["beside_the_loop"] and pair["updates"] > 0 and pair["seconds"] >= 0.05 for pair in pairs)
+    assert result["ratio"] == statistics.median(pair["loop_ms"] / pair["bare_ms"] for pair in pairs)
+    assert result["bare_ms_per_update"]["median"] == statistics.median(pair["bare_ms"] for pair in pairs)
+    # The steady state's time per update, split into the data module's phases and the rest, the slices left out.
+    steady, phases = report["steady_state"], result["fit"]["phases_ms_per_update"]
+    assert phases["update"] > 0 and phases["collect"] > 0
+    assert sum(phases.values()) == pytest.approx(1e3 * steady["wall_s"] / steady["updates"])
+
+
+def load_update_cost():
     spec = importlib.util.spec_from_file_location("update_cost", ROOT / "benchmarks" / "update_cost.py")
     update_cost = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(update_cost)
-    calls = []
-    interleaved = update_cost.InterleavedBare(calls.append, segment_seconds=0.05, bare_seconds=0.02, skip_first_steps=5)
-    config = write_config(chain_config("dqn", tmp_path), tmp_path / "c.yaml")
-    main(["fit", "--config", str(config), "--trainer.max_steps", "400"], extra_callbacks=[interleaved])
-    segments = interleaved.segments
-    assert len(segments) >= 2 and calls
-    assert all(s["updates"] > 0 and s["bare_ms"] > 0 and s["ratio"] == s["fit_ms"] / s["bare_ms"] for s in segments)
-    # The warm-up goes untimed; so does the last segment unless it happened to end on the last step (CI saw 395).
-    assert sum(s["updates"] for s in segments) <= 400 - 5
-    assert all(s["seconds"] >= 0.05 for s in segments)
-    for s in segments:  # the segment's time per update, split into the data module's phases and the rest
-        assert s["phases_ms"]["update"] > 0 and s["phases_ms"]["other"] >= 0
-        assert sum(s["phases_ms"].values()) == pytest.approx(s["fit_ms"])
+    return update_cost
 
 
 def test_update_cost_arithmetic_mode_alternates_the_two_update_steps():
-    spec = importlib.util.spec_from_file_location("update_cost", ROOT / "benchmarks" / "update_cost.py")
-    update_cost = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(update_cost)
+    update_cost = load_update_cost()
     result = update_cost.arithmetic("dqn", "false", threads=1, rounds=3, seconds=0.02)
     assert [len(result["rounds"][name]) for name in ("bare", "update")] == [3, 3]
     ratios = [u / b for u, b in zip(result["rounds"]["update"], result["rounds"]["bare"], strict=True)]

@@ -15,12 +15,14 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from lightning.pytorch.callbacks import Callback
 
 from app.cli import main
 from app.errors import fatal_error_line
+from compat.torchrl import WORKER_KEY
 from datamodules.workers import CannotCollect, WorkerDied
-from tests.helpers import ROOT, AfterUpdate, app_in_process, chain_config, fit, weights, write_config
+from tests.helpers import ROOT, AfterUpdate, app_in_process, chain_config, fit, saved_replay, weights, write_config
 
 ray = pytest.importorskip("ray", reason='the distributed extra: pip install -e ".[distributed]"')
 from ray.cluster_utils import Cluster  # noqa: E402 - only once Ray is known to be installed
@@ -98,6 +100,64 @@ def test_ray_collectors_collect_what_collector_workers_do_and_a_checkpoint_of_ei
             assert torch.equal(a[key], b[key]), (run, key)
 
 
+def dqn_config(tmp_path, name: str, kind: str, address: str | None = None):
+    # A replay config: 4 environments, 2 per worker, batches of 4 steps (8 frames) from each worker as it fills one.
+    init = {"workers": WORKERS, **({"address": address} if address else {})}
+    if kind == "AsyncCollectorWorkers":
+        init["learner_nice"] = 0
+    strategy = {"class_path": f"datamodules.collection.{kind}", "init_args": init}
+    config = chain_config("dqn", tmp_path / name, num_envs=4, collect_steps=4, collection=strategy)
+    return write_config(config, tmp_path / f"{name}.yaml")
+
+
+class WatchDeliveries(Callback):
+    """Records which worker delivered each batch the feeder took (its tag: the episode statistics go by it)."""
+
+    def __init__(self) -> None:
+        self.workers: list[list[int]] = []
+
+    def on_train_batch_end(self, trainer, *args) -> None:
+        feeder = trainer.datamodule.collection._feeder
+        if trainer.global_step == 1 and not hasattr(feeder.observe, "watched"):
+            observe = feeder.observe
+
+            def watched(batch):
+                self.workers.append(batch[WORKER_KEY].unique().tolist())
+                observe(batch)
+
+            watched.watched = True
+            feeder.observe = watched
+
+
+@pytest.mark.slow
+def test_async_ray_collectors_feed_the_replay_as_asynchronous_workers_do_and_resume_with_either(tmp_path, cluster):
+    # Ray actors that never wait for the learner: each batch is one actor's, tagged with it; every delivered frame goes
+    # into the buffer; a run stopped by SIGTERM continues from its checkpoint with Ray actors (in a copy of its folder)
+    # and with local asynchronous workers, its buffer and counters kept (the workers start new episodes).
+    watch = WatchDeliveries()
+    on_ray = dqn_config(tmp_path, "ray", "AsyncRayCollectors", cluster.address)
+    with pytest.raises(SystemExit) as exited:
+        main(["fit", "--config", str(on_ray), "--trainer.max_steps", "40"], extra_callbacks=[TerminateAt(20), watch])
+    assert exited.value.code == 128 + signal.SIGTERM
+    assert watch.workers and all(len(tags) == 1 for tags in watch.workers)  # each batch one actor's
+    assert {tags[0] for tags in watch.workers} == set(range(WORKERS))  # both delivered
+    checkpoint = tmp_path / "ray/checkpoints/last.ckpt"
+    saved = torch.load(checkpoint, weights_only=True)["ReplayDataModule"]
+    assert saved["samples"] == 20 * 32 and saved["frames"] % 8 == 0 and saved["frames"] >= 2 * 20
+    stored, _ = saved_replay(checkpoint, saved)
+    shutil.copytree(tmp_path / "ray", tmp_path / "ray_again")
+    continued = {
+        "ray_again": dqn_config(tmp_path, "ray_again", "AsyncRayCollectors", cluster.address),
+        "ray": dqn_config(tmp_path, "ray", "AsyncCollectorWorkers"),
+    }
+    for run, config in continued.items():
+        data = fit(config, "--trainer.max_steps", "40", "--ckpt_path", "last").datamodule
+        assert data.trainer.global_step == 40 and data.samples == 40 * 32, run
+        assert data.frames > saved["frames"] and len(data.buffer) == data.frames, run  # every frame delivered, kept
+        kept = data.buffer.storage._storage["observation"][: saved["frames"]]
+        assert torch.equal(kept, stored["observation"][: saved["frames"]]), run
+
+
 class TerminateAt(AfterUpdate):
     def __init__(self, step: int) -> None:
         self.step = step
@@ -132,6 +192,21 @@ def test_a_killed_ray_collector_stops_the_run_with_one_line_naming_it(tmp_path, 
         r"stopped: no checkpoint to continue from",
         line,
     ), line  # two rollouts of 64 frames: the kill came after the second one's updates; no checkpoint was due yet
+
+
+@pytest.mark.slow
+def test_a_killed_asynchronous_ray_collector_stops_the_run_with_one_line_naming_it(tmp_path, cluster):
+    # The feeder thread meets the dead actor: the learner raises the same line (frames: whatever was delivered).
+    config = yaml.safe_load(dqn_config(tmp_path, "run", "AsyncRayCollectors", cluster.address).read_text())
+    config["trainer"]["callbacks"].append({"class_path": "tests.data.test_ray.KillActorAt", "init_args": {"step": 8}})
+    with pytest.raises(WorkerDied) as stopped:
+        fit(write_config(config, tmp_path / "c.yaml"), "--trainer.max_steps", "100000")
+    line = fatal_error_line(stopped.value)
+    assert re.fullmatch(
+        r"Ray collector 1 \(process \d+ on [\d.]+\) died: The actor died unexpectedly .* At [\d,]+ frames; training "
+        r"stopped: no checkpoint to continue from",
+        line,
+    ), line
 
 
 @pytest.mark.slow
