@@ -540,7 +540,7 @@ class RayCollectors(Collection):
         self._check_workers(data, self.workers)
         if self.cpus_per_worker <= 0:
             raise ValueError(f"{OPTION}.cpus_per_worker must be > 0, got {self.cpus_per_worker}")
-        ray_module()  # the extra is installed: said before anything runs
+        ray_module(type(self).__name__)  # the extra is installed: said before anything runs
         if self.address not in (None, "auto"):  # Ray itself retries an address that does not answer for minutes
             host, _, port = self.address.removeprefix("ray://").rpartition(":")
             try:
@@ -715,12 +715,12 @@ class RayActorCollector(ResumableCollector):
         return os.getpid(), ray.util.get_node_ip_address(), ray.get_runtime_context().get_actor_id()
 
 
-def ray_module() -> Any:
-    """Ray, or one line saying how to install it."""
+def ray_module(strategy: str = "RayCollectors") -> Any:
+    """Ray, or one line saying how to install it (naming ``strategy``)."""
     try:
         import ray
     except ImportError:
-        raise ValueError(f'{OPTION} RayCollectors: Ray is not installed; pip install -e ".[distributed]"') from None
+        raise ValueError(f'{OPTION} {strategy}: Ray is not installed; pip install -e ".[distributed]"') from None
     return ray
 
 

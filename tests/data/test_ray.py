@@ -232,13 +232,25 @@ def test_an_address_where_no_cluster_answers_is_one_line_naming_the_flag(tmp_pat
     assert line.startswith(f"error: --data.init_args.collection.init_args.address {address}: no Ray cluster answers")
 
 
-def test_without_ray_the_strategy_is_one_line_with_the_install_command(tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize("kind", ["RayCollectors", "AsyncRayCollectors"])
+def test_without_ray_the_strategy_is_one_line_with_the_install_command(tmp_path, capsys, monkeypatch, kind):
     monkeypatch.setitem(sys.modules, "ray", None)  # as if the distributed extra were not installed
-    config = chain_config("ppo", tmp_path, num_envs=4, collection=collection("RayCollectors"))
+    config = chain_config("dqn", tmp_path, num_envs=4, collection=collection(kind))
     done = app_in_process(capsys, "fit", "--config", str(write_config(config, tmp_path / "c.yaml")))
     assert done.returncode != 0
     assert done.stderr.strip().splitlines()[-1] == (
-        'error: --data.init_args.collection RayCollectors: Ray is not installed; pip install -e ".[distributed]"'
+        f'error: --data.init_args.collection {kind}: Ray is not installed; pip install -e ".[distributed]"'
+    )
+
+
+def test_asynchronous_ray_collectors_for_an_on_policy_config_are_one_line_saying_why(tmp_path, capsys):
+    config = chain_config("ppo", tmp_path, num_envs=4, collection=collection("AsyncRayCollectors"))
+    done = app_in_process(capsys, "fit", "--config", str(write_config(config, tmp_path / "c.yaml")))
+    assert done.returncode == 2  # refused when the config is read, before Ray or anything else starts
+    assert done.stderr.strip().splitlines()[-1] == (
+        "error: --data.init_args.collection AsyncRayCollectors: RolloutDataModule has no replay buffer to feed "
+        "(asynchronous workers need datamodules.replay.ReplayDataModule; RayCollectors collects in step with the "
+        "learner)"
     )
 
 
