@@ -53,6 +53,7 @@ from datamodules.collection import ACT_DTYPES, AutocastPolicy, Collection, InPro
 from datamodules.episodes import EpisodeStatistics
 from datamodules.evaluation import Evaluation, EvaluationOptions, fixed_seed
 from datamodules.memory import MemoryNeed, WorkerMemory, transition_bytes
+from datamodules.remote import AsyncRayCollectors, RayCollectors  # noqa: F401 - strategies the CLI names
 from datamodules.timing import PhaseTimer
 from envs.base import BatchedEnv, EnvDeclaration
 

@@ -1,6 +1,6 @@
-"""Collection across machines (datamodules/collection.py's RayCollectors): TorchRL's RayCollector on a real Ray cluster
-that the tests start on this machine, a head node and a worker node whose CPUs hold every collector actor, as a
-cluster of collector machines would."""
+"""Collection across machines (datamodules/remote.py's RayCollectors and AsyncRayCollectors): TorchRL's
+RayCollector on a real Ray cluster that the tests start on this machine, a head node and a worker node whose CPUs hold
+every collector actor, as a cluster of collector machines would."""
 
 from __future__ import annotations
 
@@ -28,6 +28,10 @@ ray = pytest.importorskip("ray", reason='the distributed extra: pip install -e "
 from ray.cluster_utils import Cluster  # noqa: E402 - only once Ray is known to be installed
 
 WORKERS = 2
+#: Where each strategy lives: the local ones in datamodules/collection.py, Ray's in datamodules/remote.py.
+MODULES = {"RayCollectors": "remote", "AsyncRayCollectors": "remote"} | dict.fromkeys(
+    ["CollectorWorkers", "AsyncCollectorWorkers"], "collection"
+)
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +53,7 @@ def cluster():
 
 def collection(kind: str, address: str | None = None) -> dict:
     init = {"workers": WORKERS, **({"address": address} if address else {})}
-    return {"class_path": f"datamodules.collection.{kind}", "init_args": init}
+    return {"class_path": f"datamodules.{MODULES[kind]}.{kind}", "init_args": init}
 
 
 def ppo_config(tmp_path, name: str, kind: str, address: str | None = None):
@@ -105,7 +109,7 @@ def dqn_config(tmp_path, name: str, kind: str, address: str | None = None):
     init = {"workers": WORKERS, **({"address": address} if address else {})}
     if kind == "AsyncCollectorWorkers":
         init["learner_nice"] = 0
-    strategy = {"class_path": f"datamodules.collection.{kind}", "init_args": init}
+    strategy = {"class_path": f"datamodules.{MODULES[kind]}.{kind}", "init_args": init}
     config = chain_config("dqn", tmp_path / name, num_envs=4, collect_steps=4, collection=strategy)
     return write_config(config, tmp_path / f"{name}.yaml")
 
