@@ -15,7 +15,9 @@ accessor, and two private hooks.
 - a ``RayWeightUpdater`` counts each actor's batches since its last weights in ``_batches_since_weight_update`` and
   sends them in ``_sync_weights_with_worker`` (:class:`RayPushedWeights`);
 - the multi-process collectors find a dead worker with ``torchrl._utils._check_for_faulty_process``, which this module
-  replaces (:func:`install_dead_worker_check`).
+  replaces (:func:`install_dead_worker_check`);
+- a ``SharedMemTransport`` keeps the shared-memory weight buffers it writes on each push in ``_unique_weights``
+  (:class:`SharedWeights` writes the one buffer the workers share once).
 
 The resume tests (tests/app/test_resume.py, tests/data/test_replay.py, tests/data/test_parallel.py) fail if any of
 these changes meaning; tests/app/test_compat.py fails first, when TorchRL's minor version moves or a name is gone.
@@ -31,6 +33,8 @@ from tensordict import TensorDict, TensorDictBase, is_non_tensor
 from torchrl.collectors import Collector, MultiAsyncCollector
 from torchrl.collectors.weight_update import RayWeightUpdater
 from torchrl.envs import ParallelEnv, Transform
+from torchrl.weight_update import SharedMemWeightSyncScheme
+from torchrl.weight_update._shared import SharedMemTransport
 
 from compat.tensordict import set_unchecked, tensordict_unchecked, top_level_entries
 
@@ -63,6 +67,8 @@ PRIVATE_API = (
     ("torchrl.collectors", "_multi_sync", "install_dead_worker_check"),
     ("torchrl.collectors.weight_update.RayWeightUpdater", "_batches_since_weight_update", "RayPushedWeights"),
     ("torchrl.collectors.weight_update.RayWeightUpdater", "_sync_weights_with_worker", "RayPushedWeights"),
+    ("torchrl.weight_update", "_shared", "SharedWeights"),
+    ("torchrl.weight_update._shared.SharedMemTransport", "_unique_weights", "SharedWeights"),
 )
 
 
@@ -324,3 +330,26 @@ class RayPushedWeights(RayWeightUpdater):
         # RayWeightUpdater's own passes `policy_weights=`, a name TorchRL 0.14 warns is deprecated in every actor.
         self.remote_collectors[worker_id].update_policy_weights_.remote(policy_or_weights=server_weights)
         self._batches_since_weight_update[worker_id] = 0
+
+
+class _OnePushTransport(SharedMemTransport):
+    """TorchRL's shared-memory transport, writing each distinct buffer once per push. TorchRL 0.14.1 keeps one entry
+    per worker even when every worker shares one buffer (its check compares the ids of copies it has just made), so
+    a push wrote the same weights once per worker: on the H200, 14 device-to-host copies of Mario's 38-MB network in
+    every update (docs/results/gpu.md, run E)."""
+
+    def register_weights(self, params_map: dict, init_queues: dict, per_worker: bool = False) -> None:
+        super().register_weights(params_map, init_queues, per_worker)
+        if not per_worker:  # one entry per storage the workers read
+            distinct: dict[tuple[int, ...], TensorDictBase] = {}
+            for weights in self._unique_weights:
+                distinct.setdefault(tuple(t.data_ptr() for t in weights.values(True, True)), weights)
+            self._unique_weights = list(distinct.values())
+
+
+class SharedWeights(SharedMemWeightSyncScheme):
+    """``SharedMemWeightSyncScheme`` whose push writes the workers' shared buffer once (:class:`_OnePushTransport`)."""
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self.shared_transport = _OnePushTransport()

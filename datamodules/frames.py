@@ -19,6 +19,11 @@ processes delivering in any order) and n-step transitions alike:
 - anything else (an episode's first observation, an n-step next observation) writes its frames, each distinct frame
   of the stack once (a reset stack repeats one frame ``S`` times: one frame is written).
 
+The bookkeeping runs on the host. With the ring on a GPU, a copy of it in host memory serves the comparisons (which
+read frames back by content), and each call's new frames go to the device in one non-blocking copy from pinned memory
+at its end: written per transition on the GPU, the comparisons and copies were about a thousand synchronisations per
+update, 60 % of Mario's wall time on the H200 (docs/results/gpu.md, run E).
+
 The ring holds ``capacity`` frames and overwrites the oldest. Each slot remembers the id of the frame in it, so a
 sample whose frames were overwritten (a ring too small for the buffer) is an error naming the option, never a wrong
 picture. As a TorchRL replay-buffer transform: ``extend`` calls :meth:`FrameStackStore.inv` (stacks → ids),
@@ -75,6 +80,8 @@ class FrameStackStore(Transform):
             new transition's frames stay in the ring for as long as the buffer keeps it: at most the ring's room
             beyond one frame per stored transition, ``capacity − transitions``, less what the episodes' first frames
             take of that room (``ReplayDataModule`` uses half of it).
+        host_copy: keep the bookkeeping's copy of the ring in host memory and send new frames to the ring in one copy
+            per call (default: when ``device`` is not the CPU; on the CPU it runs the same path, for tests).
     """
 
     def __init__(
@@ -86,6 +93,7 @@ class FrameStackStore(Transform):
         device: torch.device | str = "cpu",
         *,
         reuse_window: int,
+        host_copy: bool | None = None,
     ) -> None:
         super().__init__(in_keys=[], out_keys=[])
         stack, height, width = frame_shape
@@ -99,6 +107,13 @@ class FrameStackStore(Transform):
         self.register_buffer("open_ends", torch.full((_OPEN_ENDS, stack), -1, dtype=torch.long))
         self.register_buffer("open_keys", torch.zeros(_OPEN_ENDS, dtype=torch.long))  # the open ends' fingerprints
         self.register_buffer("open_count", torch.zeros((), dtype=torch.long))
+        # The host's view of the ring and of its slots' ids: the buffers themselves on a CPU, else copies in host
+        # memory, with the slots written since the last copy to the device (_send_written).
+        self._host_frames, self._host_slot_id = self.frames, self.slot_id
+        self._unsent: list[torch.Tensor] = []
+        if host_copy if host_copy is not None else self.frames.device.type != "cpu":
+            self._host_frames, self._host_slot_id = self.frames.cpu().clone(), self.slot_id.cpu().clone()
+        self.register_load_state_dict_post_hook(FrameStackStore._copy_to_host)
         sampled = len(range(0, stack * height * width, _FINGERPRINT_STRIDE))
         # Fixed odd multipliers (no random state): a weighted sum of the sampled bytes, wrapping in int64.
         self._fingerprint_weights = torch.arange(sampled, dtype=torch.long) * 2_654_435_761 + 1
@@ -122,10 +137,36 @@ class FrameStackStore(Transform):
         first = int(self.written)
         ids = torch.arange(first, first + frames.shape[0], dtype=torch.long)
         slots = ids % self.capacity
-        self.frames[slots.to(self.frames.device)] = frames.to(self.frames.device)
-        self.slot_id[slots.to(self.slot_id.device)] = ids.to(self.slot_id.device)
+        self._host_frames[slots], self._host_slot_id[slots] = frames, ids
+        if self._host_frames is not self.frames:
+            self._unsent.append(slots)
         self.written += frames.shape[0]
         return ids
+
+    def _send_written(self) -> None:
+        """The frames written on the host since the last call, and their slots' ids, to the device ring: one copy each
+        from pinned memory, queued behind the device's work without waiting for it."""
+        if not self._unsent:
+            return
+        slots = torch.cat(self._unsent).unique()  # a slot written twice in one call sends its last frame, once
+        self._unsent = []
+        device = self.frames.device
+
+        def send(values: torch.Tensor) -> torch.Tensor:
+            return values.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else values.to(device)
+
+        on_device = send(slots)
+        self.frames[on_device], self.slot_id[on_device] = (
+            send(self._host_frames[slots]),
+            send(self._host_slot_id[slots]),
+        )
+
+    def _copy_to_host(self, *_: object) -> None:
+        """After a state was loaded into the device ring: the host's copies follow it."""
+        if self._host_frames is not self.frames:
+            self._host_frames.copy_(self.frames)
+            self._host_slot_id.copy_(self.slot_id)
+            self._unsent = []
 
     def _write_stack(self, stack: torch.Tensor) -> torch.Tensor:
         """Write a stack ``[S, H, W]``, each distinct consecutive frame once; returns the stack's ``S`` ids."""
@@ -163,7 +204,8 @@ class FrameStackStore(Transform):
     def _inv_call(self, tensordict: TensorDictBase) -> TensorDictBase:
         """Transitions ``[N]`` with both stacks → the same with ``frame_ids`` ``[N, 2 S]`` instead (on ``extend``; a
         replay buffer's ``Compose`` calls ``_inv_call``)."""
-        observations, nexts = tensordict.get(self.key), tensordict.get(("next", self.key))
+        # The comparisons below read single values: on the host, each is a read, not a device synchronisation.
+        observations, nexts = tensordict.get(self.key).cpu(), tensordict.get(("next", self.key)).cpu()
         ids = torch.empty(observations.shape[0], 2 * self.stack, dtype=torch.long)
         for i, (observation, following) in enumerate(zip(observations, nexts, strict=True)):
             current = self._matching_open_end(observation, self._fingerprint(observation))
@@ -177,13 +219,15 @@ class FrameStackStore(Transform):
                 upcoming = self._write_stack(following) if upcoming is None else upcoming
             ids[i, : self.stack], ids[i, self.stack :] = current, upcoming
             self._remember(upcoming, following_key)
+        self._send_written()
         out = tensordict.exclude(self.key, ("next", self.key))
         out.set(FRAME_IDS, ids.to(tensordict.device) if tensordict.device is not None else ids)
         return out
 
     # ------------------------------------------------------------------------------------------- reading
     def _read(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.frames[(ids % self.capacity).to(self.frames.device)]
+        """The frames ``ids`` on the host (the comparisons' reads)."""
+        return self._host_frames[ids % self.capacity]
 
     @torch.no_grad()
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
@@ -194,7 +238,7 @@ class FrameStackStore(Transform):
                 f"{self.flag} ({self.capacity} frames) is too small for the replay buffer: frames of stored "
                 "transitions were overwritten; raise it (about 1.25 frames per stored transition)"
             )
-        frames = self._read(ids).to(ids.device)
+        frames = self.frames[(ids % self.capacity).to(self.frames.device)].to(ids.device)
         tensordict.set(self.key, frames[..., : self.stack, :, :])
         tensordict.set(("next", self.key), frames[..., self.stack :, :, :])
         return tensordict

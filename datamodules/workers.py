@@ -42,10 +42,15 @@ import torch
 from tensordict import TensorDict
 from torchrl.collectors import Collector, MultiAsyncCollector, MultiSyncCollector
 from torchrl.envs import EnvBase, TransformedEnv
-from torchrl.weight_update import SharedMemWeightSyncScheme
 
 from checkpoints.files import CheckpointMismatch
-from compat.torchrl import collector_carrier, collector_counters, install_dead_worker_check, set_collector_counters
+from compat.torchrl import (
+    SharedWeights,
+    collector_carrier,
+    collector_counters,
+    install_dead_worker_check,
+    set_collector_counters,
+)
 
 # How TorchRL's ParallelEnv and multi-process collectors name a worker process that died.
 DEAD_WORKER = re.compile(r"worker (\d+) \(exit code (-?\d+)\)")
@@ -123,7 +128,7 @@ def multi_process_collector(
         auto_register_policy_transforms=False,
         # The workers' policies hold the shared-memory weights themselves, so a push is visible to them at once;
         # not waiting for acknowledgements keeps a dead worker from hanging the push.
-        weight_sync_schemes={"policy": SharedMemWeightSyncScheme(sync=False)},
+        weight_sync_schemes={"policy": SharedWeights(sync=False)},
         **options,
     )
 

@@ -32,6 +32,12 @@ def hash32(x: torch.Tensor) -> torch.Tensor:
 def random_bits(stream: torch.Tensor, draws: torch.Tensor, slots: int, first_slot: int = 0) -> torch.Tensor:
     """32-bit random values ``[num_envs, slots]`` from each environment's stream at its current draw count."""
     key = hash32((stream * 0x9E3779B1 + draws) & MASK32)
+    if torch.compiler.is_compiling():
+        # The slots' keys as a constant table: compiled for a GPU by torch 2.11's Inductor, an arange's arithmetic
+        # becomes int32 index arithmetic, where Triton rejects these 32-bit constants (the H200, 2026-11-30).
+        slot_keys = [(slot * 0x85EBCA77) & MASK32 for slot in range(first_slot, first_slot + slots)]
+        return hash32(key.unsqueeze(1) ^ torch.tensor(slot_keys, device=stream.device))
+    # Eagerly on the device: a table would be a host-to-device copy, a synchronisation, every step.
     slot = torch.arange(first_slot, first_slot + slots, device=stream.device)
     return hash32(key.unsqueeze(1) ^ ((slot * 0x85EBCA77) & MASK32))
 

@@ -30,14 +30,16 @@ def play():
     return batch
 
 
-def buffer(capacity: int, frames: int) -> TensorDictReplayBuffer:
-    store = FrameStackStore(frames, (4, 40, 40), reuse_window=frames // 4)
+def buffer(capacity: int, frames: int, host_copy: bool | None = None) -> TensorDictReplayBuffer:
+    store = FrameStackStore(frames, (4, 40, 40), reuse_window=frames // 4, host_copy=host_copy)
     return TensorDictReplayBuffer(storage=LazyTensorStorage(capacity), transform=store, batch_size=8)
 
 
 @pytest.mark.slow
-def test_sampled_stacks_equal_the_written_ones_in_any_arrival_order(play):
-    rb = buffer(capacity=1000, frames=1000)
+@pytest.mark.parametrize("host_copy", [False, True], ids=["ring", "host_copy_of_the_ring"])
+def test_sampled_stacks_equal_the_written_ones_in_any_arrival_order(play, host_copy):
+    # host_copy: the path a ring on a GPU takes (bookkeeping on a host copy, new frames sent once per call), on the CPU
+    rb = buffer(capacity=1000, frames=1000, host_copy=host_copy)
     # Batches of 10 steps of one environment, arriving interleaved as worker processes deliver them.
     pieces = [play[env, start : start + 10] for start in range(0, 90, 10) for env in (1, 0)]
     for piece in pieces:
@@ -144,3 +146,22 @@ def test_a_small_buffer_fed_by_interleaved_workers_still_matches_their_continuat
             transitions += 128
     assert int(store.written) == transitions + 16 * 8  # one frame a transition, plus each stream's first stack
     assert rb[torch.arange(len(rb))]["observation"].shape == (1000, 8, 16, 16)  # no stored frame was overwritten
+
+
+def test_a_loaded_state_continues_as_the_store_it_came_from_with_a_host_copy(play):
+    """A ring with a host copy (the GPU's path) loaded from a state: its host copy follows, so the next batches match
+    their continuations in it and write what the store the state came from writes."""
+    pieces = [play[env, start : start + 10] for start in range(0, 90, 10) for env in (1, 0)]
+    keys = ("observation", "action", ("next", "observation"))
+    first, resumed = buffer(1000, 1000, host_copy=True), buffer(1000, 1000, host_copy=True)
+    for piece in pieces[:8]:
+        first.extend(piece.select(*keys))
+    resumed.load_state_dict(first.state_dict())
+    for piece in pieces[8:]:
+        first.extend(piece.select(*keys))
+        resumed.extend(piece.select(*keys))
+    store, continued = first._transform[0], resumed._transform[0]
+    assert int(continued.written) == int(store.written) < 2 * len(first)  # continuations matched, not rewritten
+    assert torch.equal(
+        resumed[torch.arange(len(resumed))]["next", "observation"], torch.cat(pieces)["next", "observation"]
+    )

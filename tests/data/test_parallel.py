@@ -12,19 +12,23 @@ import subprocess
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 import pytest
 import torch
 from lightning.pytorch.callbacks import Callback
 from tensordict import TensorDict
+from torchrl.collectors import MultiAsyncCollector
+from torchrl.envs import GymEnv
+from torchrl.modules import QValueActor
 
 from app.cli import main
 from datamodules.collection import AsyncCollectorWorkers, CollectorWorkers, _Feeder
 from datamodules.episodes import EpisodeStatistics
 from datamodules.evaluation import EvaluationOptions
 from datamodules.replay import ReplayDataModule
-from datamodules.workers import WorkerWatch, worker_death_error
+from datamodules.workers import WorkerWatch, multi_process_collector, worker_death_error
 from envs.testing.chain import ChainEnv
 from modules.dqn import DQN, ExplorationOptions
 from modules.networks import NetworkOptions
@@ -454,3 +458,19 @@ def test_workers_start_from_a_forkserver_although_importing_torchrl_chose_spawn(
     )
     done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.stdout.split() == ["spawn", "forkserver", "fork"], done.stdout + done.stderr
+
+
+def test_a_push_writes_the_weights_the_workers_share_once():
+    """The workers on one device share one shared-memory copy of the policy's weights: a push writes it once, not
+    once per worker (TorchRL 0.14.1 wrote it once per worker: 14 copies of Mario's network from the GPU a push).
+    That the workers act with what a push wrote: test_the_learners_weights_reach_the_workers_when_pushed_..."""
+    policy = QValueActor(torch.nn.Linear(4, 2), in_keys=["observation"], spec=GymEnv("CartPole-v1").action_spec)
+    make_env = partial(GymEnv, "CartPole-v1")
+    collector = multi_process_collector(MultiAsyncCollector, [make_env] * 3, policy, 8, torch.device("cpu"))
+    try:
+        next(iter(collector))
+        with torch.profiler.profile() as profile:
+            collector.update_policy_weights_()
+        assert [event.name for event in profile.events()].count("aten::_foreach_copy_") == 1
+    finally:
+        collector.shutdown()

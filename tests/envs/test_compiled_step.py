@@ -96,3 +96,14 @@ def test_the_compiled_step_reads_nothing_back_to_the_host(monkeypatch):
     assert compiled["per_step"]["aten_ops"] < eager["per_step"]["aten_ops"]
     # One graph for the step and one for the masked reset, every step; none in the eager step.
     assert compiled["per_step"]["compiled_graphs"] == 2 and eager["per_step"]["compiled_graphs"] == 0
+
+
+def test_the_compiled_random_bits_are_the_eager_ones():
+    """Compiled, the slots' keys come from a constant table (an arange's arithmetic did not compile for a GPU); the
+    bits must be the eager arange's, for every slot offset the environments use."""
+    from envs.counter_rng import random_bits
+
+    stream, draws = torch.arange(6) + 11, torch.arange(6) * 7
+    compiled = torch.compile(random_bits, fullgraph=True, dynamic=False)
+    for slots, first_slot in ((4, 0), (6, 16), (3, 40)):
+        assert torch.equal(compiled(stream, draws, slots, first_slot), random_bits(stream, draws, slots, first_slot))
