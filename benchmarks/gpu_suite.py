@@ -85,7 +85,10 @@ def snake_env(ctx: Context) -> dict:
         report = env_speed([*common, *(["--backend", "torch"] if ctx.quick else []), *count])
         rows[str(size)] = steps_per_s(report)
         per_step = per_step or ({"num_envs": size, "eager": report["per_step"]} if count else {})
-        # The step and reset compiled into one graph each (compile_step): no host read, fused kernels.
+        # The step and reset compiled into one graph each (compile_step): no host read, fused kernels. A compilation
+        # per size (dynamic=False); --quick checks the code path at one size (a cold compile takes half a minute).
+        if ctx.quick and size != sizes[0]:
+            continue
         compiled = compiled_speed(env_speed, [*common, "--compile-step", *count], errors, f"snake {size}")
         rows[str(size)].update(steps_per_s(compiled, "compiled_"))
         if count and compiled:

@@ -44,7 +44,7 @@ def test_quick_mode_runs_every_item_from_any_folder_and_writes_both_reports(tmp_
             assert isinstance(target["met"], bool) and target["value"] == target["value"], (name, target)
     figures = {name: item["figures"] for name, item in report["items"].items()}
     assert figures["snake_env"]["steps_per_s"]["256"]["torchrl"] > 0
-    assert figures["snake_env"]["steps_per_s"]["256"]["compiled_torchrl"] > 0
+    assert figures["snake_env"]["steps_per_s"]["64"]["compiled_torchrl"] > 0  # --quick compiles at one size
     snake_step = figures["snake_env"]["per_step"]  # the compiled step reads nothing back; the eager one its masks
     assert snake_step["compiled"]["host_reads"] == 0 < snake_step["eager"]["host_reads"]
     assert figures["pirl_export"]["max_abs_exported_minus_eager"] == 0.0  # the exported files compute the network
