@@ -11,6 +11,7 @@ bare arithmetic by ``benchmarks/update_cost.py`` (docs/results/snake.md, "The up
 from __future__ import annotations
 
 import re
+import types
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -50,14 +51,29 @@ def _batch_guards(entries: list[Any]) -> list[bool]:
     on parameters. Kept: each batch tensor's shape, dtype, stride and device, the batch's key sets, and whatever
     decides the function's Python control flow from its arguments — also in the functions Dynamo resumes after a graph
     break, where a local that is None in one run and a tensor in another (prioritized replay's weights) must not reuse
-    the other run's graph. Dynamo caches compiled code per function, not per model, so this holds across models in
-    one process too."""
+    the other run's graph. Dynamo caches compiled code per code object, so each model compiles a copy of its function's
+    (:func:`own_code`): dropped guards never let one model replay another's graph."""
     return [
         not isinstance(entry.value, nn.Parameter)
         if entry.guard_type == "TENSOR_MATCH"
         else not (_ON_MODEL.search(entry.name) or entry.name.startswith("G["))
         for entry in entries
     ]
+
+
+def own_code(function: Callable) -> Callable:
+    """``function`` (a method, or a plain function) over a copy of its code object. Dynamo caches compiled code per
+    code object, and :func:`_batch_guards` drops the guards on the model: with the code shared, another model in the
+    same process (a notebook, a test, a search) replayed the first one's graph, its parameter shapes and its options
+    baked in (another PPO's entropy weight of 0 detached this one's entropy term; test_lightning_features.py). A copy
+    per model keeps each model's graphs its own."""
+    method = function if isinstance(function, types.MethodType) else None
+    plain = method.__func__ if method is not None else function
+    copy = types.FunctionType(
+        plain.__code__.replace(), plain.__globals__, plain.__name__, plain.__defaults__, plain.__closure__
+    )
+    copy.__kwdefaults__, copy.__qualname__ = plain.__kwdefaults__, plain.__qualname__
+    return types.MethodType(copy, method.__self__) if method is not None else copy
 
 
 #: ``compile``'s string values: torch.compile's modes, and cudagraph (compiled, and on CUDA the whole update graphed).
@@ -181,7 +197,7 @@ class RLModule(pl.LightningModule):
             # against its bare arithmetic: what changed before the current figures of 2026-11-25").
             options["cpp_wrapper"] = True
         # dynamic=False: every update sees the same batch shape; a dynamic-shape graph would only be slower.
-        return torch.compile(function, options=options, dynamic=False)
+        return torch.compile(own_code(function), options=options, dynamic=False)
 
     def check_datamodule(self, datamodule: DataSource, cannot_capture: tuple[str, ...] = ()) -> None:
         """Raise a ValueError naming the flag when this model cannot train on ``datamodule`` (the CLI calls this right

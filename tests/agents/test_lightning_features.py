@@ -16,7 +16,7 @@ from tensordict import TensorDict
 from app.cli import main
 from modules.dqn import DQN
 from modules.networks import NetworkOptions
-from modules.ppo import PPO
+from modules.ppo import PPO, PPOLossOptions
 from tests.helpers import ROOT, chain_config, fit, write_config
 
 
@@ -72,6 +72,33 @@ def test_compiled_and_eager_losses_agree_on_the_same_batch(cls):
         with torch.no_grad():
             for parameter in model.parameters():
                 parameter.add_(0.1)
+
+
+@pytest.mark.slow
+def test_each_model_compiles_its_own_loss_in_a_process_of_several():
+    # The compiled loss drops Dynamo's guards on the model, and Dynamo caches compiled code per function: models in
+    # one process (a notebook, a test, a search) must not replay another's graph, whose constants (gamma) and
+    # parameter shapes are the other's. Same sizes and another gamma; then other sizes.
+    from tests.agents.test_dqn import SPECS
+
+    batch = loss_batch(8)
+    for cls, gamma, hidden, entropy in (
+        (DQN, 0.99, 16, 0),
+        (DQN, 0.5, 16, 0),
+        (DQN, 0.9, 24, 0),
+        (PPO, 0.99, 16, 0.0),
+        (PPO, 0.99, 16, 0.1),
+        (PPO, 0.99, 24, 0.1),
+    ):
+        torch.manual_seed(0)
+        options = {"gamma": gamma} if cls is DQN else {"loss": PPOLossOptions(entropy_coef=entropy)}
+        model = cls(**SPECS, network=NetworkOptions(hidden_sizes=(hidden,)), compile=True, **options)
+        eager, compiled = model.loss(batch.clone()), model.compiled(model.loss)(batch.clone())
+        for key in eager.keys():  # noqa: SIM118 (iterating a TensorDict walks its batch)
+            if key.startswith("loss"):
+                torch.testing.assert_close(compiled[key], eager[key], rtol=1e-5, atol=1e-6, msg=f"{cls.__name__} {key}")
+        if cls is PPO:  # the entropy term trains only with a weight: its gradient must follow the model's option
+            assert compiled["loss_entropy"].requires_grad == eager["loss_entropy"].requires_grad
 
 
 @pytest.mark.slow
