@@ -18,6 +18,7 @@ COMMANDS = {
     "tune": ("app.tune", "search a config's options with Optuna, trials judged by their evaluations"),
     "watch": ("app.watch", "play a checkpoint's policy (--ckpt_path) into an MP4 video"),
     "export": ("app.export", "trace a checkpoint's policy (--ckpt_path) for deployment, check it, benchmark it"),
+    "zoo": ("app.zoo", "write the RL Zoo's tuned hyperparameters for an algorithm and task as a config"),
 }
 
 

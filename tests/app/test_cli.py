@@ -722,7 +722,7 @@ def test_help_lists_every_command_and_only_the_subcommands_that_work_are_offered
     help_text = run_app("--help", cwd=tmp_path).stdout
     assert help_text.startswith("usage: python -m app <command>")
     listed = [line.split()[0] for line in help_text.splitlines() if line.startswith("  ") and line.split()]
-    assert listed[: len(COMMANDS)] == list(COMMANDS) == ["fit", "validate", "seeds", "tune", "watch", "export"]
+    assert listed[: len(COMMANDS)] == list(COMMANDS) == ["fit", "validate", "seeds", "tune", "watch", "export", "zoo"]
     assert app_in_process(capsys).stdout == help_text  # no command at all prints the same
     for removed in ("test", "predict"):
         result = app_in_process(capsys, removed, "--config", str(ROOT / "configs/snake_dqn.yaml"))

@@ -1,0 +1,599 @@
+"""``lightrl zoo``: the RL Zoo's tuned hyperparameters for an (algorithm, environment) pair, written as the lightrl
+config that means the same.
+
+    lightrl zoo --algo dqn --env CartPole-v1 --out cartpole_dqn.yaml
+    python -m app zoo --algo dqn --env Acrobot-v1 --out acrobot_dqn.yaml && python -m app fit --config acrobot_dqn.yaml
+
+It reads ``hyperparams/<algo>.yml`` from the installed ``rl_zoo3`` package (the ``zoo`` extra: never needed to
+train) and writes every mapped field with the Zoo's name beside it. A key it cannot map (an option lightrl lacks, a
+wrapper, an image policy) stops it with one line naming each such key and why: a config that silently meant something
+else would mislead the comparison it exists for. ``configs/gym/cartpole_dqn.yaml`` and ``lunarlander_dqn.yaml`` are
+this command's output, as are ``cartpole_ppo.yaml`` and ``lunarlander_ppo.yaml`` (tests/app/test_zoo.py).
+
+How the Zoo's numbers become lightrl's (Stable-Baselines3's defaults for the keys an entry leaves out). DQN:
+
+- a round is what Stable-Baselines3 collects between two trainings, ``train_freq × n_envs`` frames, and trains on it
+  ``gradient_steps`` updates (``-1``: one per environment step, ``train_freq``); lightrl collects the same frames per
+  round as copies stepped together (``num_envs``: the Zoo's ``n_envs`` when it has several, else up to 8 copies
+  dividing the round) and sets ``frames_per_update`` to the round's frames over its updates;
+- a round of more than 64 updates of batches of at most 64 samples becomes half the updates of twice the batch: the
+  same samples per frame, for about half the cost, where each update costs little more than its launch (lightrl
+  differs here on purpose, chosen by measurement on CartPole: docs/systems/gymnasium.md; ``--exact-updates`` keeps
+  the Zoo's);
+- ``target_update_interval`` counts frames. Shorter than a round, the copies happen while collecting, when the network
+  does not change: once a round in effect, so every round's updates. Else every interval's updates;
+- ``exploration_fraction`` of ``n_timesteps`` is the ε schedule's frames; ``learning_starts`` the warm-up frames;
+  ``lin_X`` learning rates decay linearly from X to 0 over ``n_timesteps``;
+- the budget, ``n_timesteps`` frames, is ``max_steps`` updates after the warm-up.
+
+PPO: a rollout of ``n_steps`` from each of ``n_envs`` copies, ``n_epochs`` passes of minibatches of ``batch_size``;
+the budget is the whole rollouts that fit in ``n_timesteps``; ``clip_range: lin_X`` falls linearly to 0 over it;
+``normalize`` (VecNormalize) is the running normalisation of observations and rewards; ``log_std_init`` the Gaussian's
+initial scale; Stable-Baselines3's policy defaults (64-64 tanh MLPs, orthogonal initialisation, Adam's ε 1e-5, the
+squared-error value loss) are written out. Runs of more than 50,000 updates compile their update.
+
+Both: greedy evaluations every tenth of the budget, checkpoints every fifth; logging every 100 updates below 10,000
+updates, else 500.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import contextlib
+import importlib.util
+import math
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+#: Stable-Baselines3's defaults (its classes' __init__, 2.x) for the keys an entry leaves out; ``policy_kwargs`` as
+#: its policies' defaults (DQN's QNetwork: ReLU; PPO's ActorCriticPolicy: Tanh, orthogonal initialisation).
+SB3_DEFAULTS = {
+    "dqn": {
+        "learning_rate": 1e-4,
+        "buffer_size": 1_000_000,
+        "learning_starts": 100,
+        "batch_size": 32,
+        "tau": 1.0,
+        "gamma": 0.99,
+        "train_freq": 4,
+        "gradient_steps": 1,
+        "target_update_interval": 10_000,
+        "exploration_fraction": 0.1,
+        "exploration_initial_eps": 1.0,
+        "exploration_final_eps": 0.05,
+        "max_grad_norm": 10.0,
+        "n_envs": 1,
+        "policy_kwargs": "dict(net_arch=[64, 64], activation_fn=nn.ReLU)",
+    },
+    "ppo": {
+        "learning_rate": 3e-4,
+        "n_steps": 2048,
+        "batch_size": 64,
+        "n_epochs": 10,
+        "gamma": 0.99,
+        "gae_lambda": 0.95,
+        "clip_range": 0.2,
+        "normalize_advantage": True,
+        "ent_coef": 0.0,
+        "vf_coef": 0.5,
+        "max_grad_norm": 0.5,
+        "n_envs": 1,
+        "policy_kwargs": "dict(net_arch=[64, 64], activation_fn=nn.Tanh, ortho_init=True)",
+    },
+}
+#: Most copies stepped together for a Zoo entry of one environment (its round divided among them).
+MAX_COPIES = 8
+#: Above this many updates a round, DQN's updates of at most this batch are merged in pairs (module docstring).
+MERGED_UPDATES = 64
+#: Runs of more updates than this compile their update: the compilation (seconds) is then a small share.
+COMPILE_ABOVE_UPDATES = 50_000
+#: Keys read for every algorithm and needing nothing: the policy class is checked on its own.
+_READ = {"n_timesteps", "policy"}
+_ACTIVATIONS = {"ReLU": "relu", "Tanh": "tanh"}
+
+
+class ZooError(ValueError):
+    """One line: what of the Zoo's entry cannot be mapped, and why."""
+
+
+@dataclass
+class Node:
+    """A config entry: a value with the comment beside it, or children (a mapping, or a list of mappings)."""
+
+    value: Any = None
+    comment: str = ""
+    children: dict[str, Node] | list[dict[str, Node]] | None = None
+
+
+@dataclass
+class Entry:
+    """The Zoo's entry for one environment with Stable-Baselines3's defaults under it, and what of it cannot be
+    mapped (collected, so that the one error line names every such key)."""
+
+    algo: str
+    env_id: str
+    values: dict[str, Any]
+    problems: list[str] = field(default_factory=list)
+
+    def __getitem__(self, key: str) -> Any:
+        return self.values[key] if key in self.values else SB3_DEFAULTS[self.algo][key]
+
+    def name(self, key: str) -> str:
+        """``key`` as the comment shows it: the Zoo's key, or SB3's default when the entry has none."""
+        return key if key in self.values else f"{key} (Stable-Baselines3's default)"
+
+    def refuse_unknown(self, *known: str) -> None:
+        """Every key of the entry that is neither a default's nor among ``known``: a problem each."""
+        for key in sorted(set(self.values) - set(SB3_DEFAULTS[self.algo]) - _READ - set(known)):
+            self.problems.append(f"{key}: not mapped (no lightrl option for it in this command yet)")
+
+    def check(self) -> None:
+        """Raise the one line naming every problem found (an image policy among them)."""
+        if self.values.get("policy", "MlpPolicy") != "MlpPolicy":
+            self.problems.append(f"policy {self.values['policy']}: only MlpPolicy entries are mapped (image: not yet)")
+        if self.problems:
+            raise ZooError(f"cannot map {self.algo} {self.env_id}: " + "; ".join(self.problems))
+
+
+def zoo_entry(algo: str, env_id: str) -> dict[str, Any]:
+    """The Zoo's hyperparameters for ``env_id`` in ``hyperparams/<algo>.yml`` of the installed ``rl_zoo3``."""
+    import yaml
+
+    # The package's folder, found without importing it (its __init__ imports Stable-Baselines3 and gym).
+    spec = importlib.util.find_spec("rl_zoo3")
+    if spec is None or not spec.submodule_search_locations:
+        raise ZooError('the RL Zoo is not installed: pip install -e ".[zoo]" (rl-zoo3)')
+    table = Path(next(iter(spec.submodule_search_locations))) / "hyperparams" / f"{algo}.yml"
+    if not table.is_file():
+        raise ZooError(f"--algo {algo}: the RL Zoo has no hyperparams/{algo}.yml")
+    entries = yaml.safe_load(table.read_text())
+    if env_id not in entries:
+        raise ZooError(f"--env {env_id}: not in the RL Zoo's hyperparams/{algo}.yml ({len(entries)} entries)")
+    return dict(entries[env_id])
+
+
+def zoo_version() -> str:
+    """The installed RL Zoo's version."""
+    from importlib.metadata import version
+
+    return version("rl_zoo3")
+
+
+def policy_kwargs(text: str) -> dict[str, Any]:
+    """The Zoo's ``policy_kwargs`` string, ``dict(net_arch=[256, 256], activation_fn=nn.Tanh)``, as a dict of
+    literals (activation functions by name): read, never evaluated."""
+    tree = ast.parse(text, mode="eval").body
+    if not (isinstance(tree, ast.Call) and isinstance(tree.func, ast.Name) and tree.func.id == "dict"):
+        raise ZooError(f"policy_kwargs {text!r}: not a dict(...) of literals")
+    kwargs = {}
+    for keyword in tree.keywords:
+        value = keyword.value
+        if isinstance(value, ast.Attribute):  # nn.Tanh
+            kwargs[keyword.arg] = value.attr
+        elif isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id == "dict":
+            kwargs[keyword.arg] = {k.arg: ast.literal_eval(k.value) for k in value.keywords}  # net_arch=dict(pi=..)
+        else:
+            kwargs[keyword.arg] = ast.literal_eval(value)
+    return kwargs
+
+
+def number(value: float) -> int | float:
+    """``value`` as an int when it is whole (the Zoo writes ``5e4``)."""
+    return int(value) if float(value).is_integer() else float(value)
+
+
+def network(zoo: Entry, taken: dict[str, Any] | None = None) -> dict[str, Node]:
+    """``model.network`` from ``policy_kwargs`` over Stable-Baselines3's policy defaults; the keys of ``taken`` are
+    the caller's (their values are put there)."""
+    kwargs = policy_kwargs(SB3_DEFAULTS[zoo.algo]["policy_kwargs"])
+    given = policy_kwargs(zoo.values["policy_kwargs"]) if "policy_kwargs" in zoo.values else {}
+    kwargs.update(given)
+    for key in taken or {}:
+        if key in kwargs:
+            taken[key] = kwargs.pop(key)
+    default = {key: "" if key in given else " (Stable-Baselines3's default)" for key in kwargs}
+    hidden = kwargs.pop("net_arch")
+    if isinstance(hidden, dict):  # separate actor and critic layers: lightrl's are the same sizes
+        if set(hidden) != {"pi", "vf"} or hidden["pi"] != hidden["vf"]:
+            zoo.problems.append(f"policy_kwargs net_arch {hidden}: lightrl's actor and critic have the same sizes")
+        hidden = hidden.get("pi", [64, 64])
+    nodes = {"hidden_sizes": Node(list(hidden), f"policy_kwargs net_arch {list(hidden)}{default['net_arch']}")}
+    activation = _ACTIVATIONS.get(kwargs.pop("activation_fn"))
+    if activation is None:
+        zoo.problems.append("policy_kwargs activation_fn: lightrl's networks use ReLU or Tanh")
+    elif activation != "relu":
+        nodes["activation"] = Node(activation, f"policy_kwargs activation_fn{default['activation_fn']}")
+    if "ortho_init" in kwargs:
+        nodes["orthogonal_init"] = Node(
+            bool(kwargs.pop("ortho_init")), f"policy_kwargs ortho_init{default['ortho_init']}"
+        )
+    zoo.problems += [f"policy_kwargs {key}: not an option of lightrl's {zoo.algo.upper()} network" for key in kwargs]
+    return nodes
+
+
+def rate(zoo: Entry, key: str, budget: int) -> tuple[float, dict[str, Node]]:
+    """A number or a ``lin_X`` schedule of the Zoo's ``key``: its value at the start, and (for lin_X) the
+    ``lr_end``/``lr_decay``/``lr_frames`` nodes of a linear decay to 0 over the budget."""
+    value = zoo[key]
+    if not isinstance(value, str):
+        return float(value), {}
+    if not value.startswith("lin_"):
+        zoo.problems.append(f"{key} {value}: only lin_X schedules are mapped")
+        return 0.0, {}
+    return float(value[4:]), {
+        "lr_end": Node(0.0, f"{key} {value}: linear to 0 ..."),
+        "lr_decay": Node("linear", "... as Stable-Baselines3's linear schedule ..."),
+        "lr_frames": Node(budget, "... over n_timesteps"),
+    }
+
+
+def trainer(max_steps: int, steps_note: str, run_name: str, budget: int) -> Node:
+    """``trainer``: the budget in updates, a CSV logger in ``runs/<run_name>``, checkpoints every fifth of the budget
+    and greedy evaluations every tenth."""
+    evaluation = {"every_n_frames": Node(budget // 10, "a tenth of the budget")}
+    evaluation["episodes"] = Node(16, "greedy episodes, one per evaluation copy")
+    logger = {"save_dir": Node("runs", f"runs/{run_name}/version_N/"), "name": Node(run_name)}
+    return Node(
+        children={
+            "max_steps": Node(max_steps, steps_note),
+            "log_every_n_steps": Node(100 if max_steps < 10_000 else 500),
+            "logger": Node(
+                children={
+                    "class_path": Node("lightning.pytorch.loggers.CSVLogger"),
+                    "init_args": Node(children=logger),
+                }
+            ),
+            "callbacks": Node(
+                children=[
+                    {
+                        "class_path": Node("callbacks.schedule.FrameCheckpoint"),
+                        "init_args": Node(children={"every_n_frames": Node(budget // 5, "a fifth of the budget")}),
+                    },
+                    {
+                        "class_path": Node("callbacks.schedule.PeriodicEvaluation"),
+                        "init_args": Node(children=evaluation),
+                    },
+                    {"class_path": Node("callbacks.throughput.ThroughputReport")},
+                ]
+            ),
+        }
+    )
+
+
+def config(threads_note: str, train: Node, model: str, model_args: dict, data: str, data_args: dict) -> dict:
+    """The whole config: one thread, seed 0, ``train`` (:func:`trainer`), the model and the data module."""
+    env_id = data_args.pop("env_id")
+    data_args = {
+        "env": Node(
+            children={
+                "class_path": Node("envs.gym.env.GymnasiumEnv"),
+                "init_args": Node(
+                    children={"env_id": Node(env_id, "a registered Gymnasium id (Box2D etc.: the gym extra)")}
+                ),
+            }
+        ),
+        **data_args,
+        "seed": Node(0, "environment seed; copy i plays stream seed + i"),
+        "evaluation": Node(children={"episodes": Node(16, "default episodes for `validate`")}),
+    }
+    return {
+        "threads": Node(1, threads_note),
+        "seed_everything": Node(0, "seeds model init and exploration; environments are seeded by data.init_args.seed"),
+        "trainer": train,
+        "model": Node(children={"class_path": Node(model), "init_args": Node(children=model_args)}),
+        "data": Node(children={"class_path": Node(data), "init_args": Node(children=data_args)}),
+    }
+
+
+def map_dqn(entry: dict[str, Any], env_id: str, run_name: str, exact_updates: bool = False) -> dict[str, Node]:
+    """The lightrl config of a DQN entry (module docstring: the rules)."""
+    zoo = Entry("dqn", env_id, entry)
+    zoo.refuse_unknown()
+    budget = number(zoo["n_timesteps"])
+    train_freq = zoo["train_freq"]
+    if not isinstance(train_freq, int):
+        zoo.problems.append(f"train_freq {train_freq}: rounds counted in episodes are not mapped (lightrl's: frames)")
+        train_freq = 1
+    n_envs = zoo["n_envs"]
+    round_frames = train_freq * n_envs
+    updates = zoo["gradient_steps"] if zoo["gradient_steps"] > 0 else train_freq
+    batch, batch_note = zoo["batch_size"], zoo.name("batch_size")
+    if not exact_updates and updates > MERGED_UPDATES and batch <= MERGED_UPDATES and updates % 2 == 0:
+        updates, batch = updates // 2, 2 * batch
+        batch_note = f"batch_size {batch // 2} x gradient_steps {updates * 2}, taken as {batch} x {updates}"
+    copies = n_envs if n_envs > 1 else max(c for c in range(1, MAX_COPIES + 1) if round_frames % c == 0)
+    frames_per_update = number(round_frames / updates)
+    warmup = number(zoo["learning_starts"])
+    interval_frames = zoo["target_update_interval"]
+    interval = updates if interval_frames < round_frames else max(1, round(interval_frames / frames_per_update))
+    net = network(zoo)
+    learning_rate, schedule = rate(zoo, "learning_rate", budget)
+    zoo.check()
+    target = {"update": Node("hard", "Stable-Baselines3 copies the online network (tau 1)")}
+    if zoo["tau"] < 1:
+        target = {"update": Node("soft", "tau < 1: Polyak averaging"), "tau": Node(float(zoo["tau"]), zoo.name("tau"))}
+    once_a_round = "shorter than a round, so once a round in effect"
+    every = once_a_round if interval_frames < round_frames else f"{interval} updates of {frames_per_update} frames"
+    target["interval"] = Node(interval, f"target_update_interval {interval_frames} frames: {every}")
+    max_steps = number(math.ceil((budget - warmup) / frames_per_update))
+    steps_note = f"n_timesteps {budget} frames, less {warmup} of warm-up, {frames_per_update} an update"
+    exploration = {
+        "eps_start": Node(float(zoo["exploration_initial_eps"]), zoo.name("exploration_initial_eps")),
+        "eps_end": Node(float(zoo["exploration_final_eps"]), zoo.name("exploration_final_eps")),
+        "eps_frames": Node(
+            number(round(zoo["exploration_fraction"] * budget)),
+            f"exploration_fraction {zoo['exploration_fraction']} of n_timesteps",
+        ),
+    }
+    optimizer = {
+        "lr": Node(learning_rate, zoo.name("learning_rate")),
+        **schedule,
+        "max_grad_norm": Node(float(zoo["max_grad_norm"]), zoo.name("max_grad_norm")),
+    }
+    model = {
+        "network": Node(children=net),
+        "gamma": Node(float(zoo["gamma"]), zoo.name("gamma")),
+        "loss_function": Node("smooth_l1", "Stable-Baselines3's DQN loss (Huber)"),
+        "target": Node(children=target),
+        "exploration": Node(children=exploration),
+        "optimizer": Node(children=optimizer),
+    }
+    data = {
+        "env_id": env_id,
+        "num_envs": Node(copies, f"copies stepped together (the Zoo: n_envs {n_envs})"),
+        "collect_steps": Node(round_frames // copies, f"a round of train_freq {train_freq} x n_envs {n_envs} frames"),
+        "buffer_size": Node(number(zoo["buffer_size"]), zoo.name("buffer_size")),
+        "batch_size": Node(batch, batch_note),
+        "warmup_frames": Node(warmup, zoo.name("learning_starts")),
+        "frames_per_update": Node(frames_per_update, f"the round's frames over its {updates} updates"),
+    }
+    small = "small MLP updates: one thread is fastest on a shared CPU"
+    train = trainer(max_steps, steps_note, run_name, budget)
+    return config(small, train, "modules.dqn.DQN", model, "datamodules.replay.ReplayDataModule", data)
+
+
+def map_ppo(entry: dict[str, Any], env_id: str, run_name: str, exact_updates: bool = False) -> dict[str, Node]:
+    """The lightrl config of a PPO entry: a rollout of ``n_steps`` from each of ``n_envs`` copies, ``n_epochs``
+    passes of minibatches of ``batch_size``; the budget is the whole rollouts that fit in ``n_timesteps``.
+    ``exact_updates`` changes nothing here (DQN's rule only)."""
+    zoo = Entry("ppo", env_id, entry)
+    zoo.refuse_unknown("normalize")
+    budget = number(zoo["n_timesteps"])
+    n_envs, n_steps, batch, epochs = zoo["n_envs"], zoo["n_steps"], zoo["batch_size"], zoo["n_epochs"]
+    rollout = n_envs * n_steps
+    if rollout % batch:
+        zoo.problems.append(f"batch_size {batch}: lightrl's minibatches divide the rollout ({rollout} frames)")
+    rollouts = int(budget // rollout)
+    updates = epochs * max(rollout // batch, 1)
+    taken: dict[str, Any] = {"log_std_init": None}
+    net = network(zoo, taken)
+    learning_rate, schedule = rate(zoo, "learning_rate", budget)
+    clip, clip_schedule = rate(zoo, "clip_range", budget)
+    normalize = normalization(zoo)
+    zoo.check()
+    loss = {"clip_epsilon": Node(clip, zoo.name("clip_range"))}
+    if clip_schedule:
+        loss["clip_epsilon"].comment = f"clip_range {zoo['clip_range']}: falling linearly to 0 ..."
+        loss["clip_decay_frames"] = Node(budget, "... over n_timesteps")
+    loss.update(
+        {
+            "entropy_coef": Node(float(zoo["ent_coef"]), zoo.name("ent_coef")),
+            "critic_coef": Node(float(zoo["vf_coef"]), zoo.name("vf_coef")),
+            "critic_loss": Node("l2", "Stable-Baselines3's squared-error value loss"),
+            "normalize_advantage": Node(bool(zoo["normalize_advantage"]), zoo.name("normalize_advantage")),
+        }
+    )
+    max_steps = rollouts * updates
+    steps_note = f"n_timesteps {budget} frames: {rollouts} rollouts of {rollout} frames, {updates} updates each"
+    model = {"network": Node(children=net)}
+    if taken["log_std_init"] is not None:  # the Gaussian's initial standard deviation, exp(log_std_init)
+        scale = Node(round(math.exp(taken["log_std_init"]), 4), f"policy_kwargs log_std_init {taken['log_std_init']}")
+        model["gaussian"] = Node(children={"init_scale": scale})
+    if normalize:
+        model["normalize"] = Node(children=normalize)
+    model |= {
+        "gamma": Node(float(zoo["gamma"]), zoo.name("gamma")),
+        "gae_lambda": Node(float(zoo["gae_lambda"]), zoo.name("gae_lambda")),
+        "loss": Node(children=loss),
+        **compiled(max_steps),
+        "optimizer": Node(
+            children={
+                "lr": Node(learning_rate, zoo.name("learning_rate")),
+                **schedule,
+                "max_grad_norm": Node(float(zoo["max_grad_norm"]), zoo.name("max_grad_norm")),
+                "eps": Node(1e-5, "Stable-Baselines3's PPO Adam epsilon"),
+            }
+        ),
+    }
+    data = {
+        "env_id": env_id,
+        "num_envs": Node(n_envs, zoo.name("n_envs")),
+        "collect_steps": Node(n_steps, f"{zoo.name('n_steps')}: {rollout} frames per rollout"),
+        "minibatch_size": Node(batch, f"{zoo.name('batch_size')}: {rollout // batch} minibatches per epoch"),
+        "update_epochs": Node(epochs, zoo.name("n_epochs")),
+    }
+    small = "small MLPs: one thread is fastest on a shared CPU"
+    train = trainer(max_steps, steps_note, run_name, budget)
+    return config(small, train, "modules.ppo.PPO", model, "datamodules.rollout.RolloutDataModule", data)
+
+
+def normalization(zoo: Entry) -> dict[str, Node]:
+    """``model.normalize`` from the Zoo's ``normalize`` (VecNormalize: ``true`` for observations and rewards, or a
+    dict of ``norm_obs`` and ``norm_reward``); its clips are VecNormalize's 10, lightrl's defaults too."""
+    value = zoo.values.get("normalize", False)
+    if isinstance(value, str):
+        text = value.strip()
+        try:
+            value = policy_kwargs(text) if text.startswith("dict(") else ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            zoo.problems.append(f"normalize {value!r}: not a dict of norm_obs and norm_reward")
+            return {}
+    if isinstance(value, bool):
+        value = {"norm_obs": value, "norm_reward": value}
+    unknown = set(value) - {"norm_obs", "norm_reward"}
+    if unknown:
+        zoo.problems.append(f"normalize {sorted(unknown)}: only norm_obs and norm_reward are mapped")
+    nodes = {}
+    if value.get("norm_obs", True):
+        nodes["observations"] = Node(True, "normalize: norm_obs (running mean and variance, clipped at 10)")
+    if value.get("norm_reward", True):
+        nodes["rewards"] = Node(True, "normalize: norm_reward (by the discounted return's deviation)")
+    return nodes if any(value.values()) else {}
+
+
+def compiled(updates: int) -> dict[str, Node]:
+    """``compile: true`` for runs of many updates (a compilation's seconds are then a small share), else nothing."""
+    if updates <= COMPILE_ABOVE_UPDATES:
+        return {}
+    return {"compile": Node(True, f"{updates:,} updates: compiled, each costs about half (docs/guide/zoo.md)")}
+
+
+#: The algorithms this command maps: the function that maps an entry.
+MAPPED = {"dqn": map_dqn, "ppo": map_ppo}
+
+
+def render(config: dict[str, Node], indent: int = 0) -> list[str]:
+    """YAML lines of ``config``, each value's comment beside it (column 32, as the shipped configs)."""
+    lines = []
+    for key, node in config.items():
+        lines += _render_node(f"{' ' * indent}{key}:", node, indent)
+    return lines
+
+
+def _render_node(head: str, node: Node, indent: int) -> list[str]:
+    if isinstance(node.children, dict):
+        return [_commented(head, node.comment), *render(node.children, indent + 2)]
+    if isinstance(node.children, list):
+        lines = [_commented(head, node.comment)]
+        for item in node.children:
+            first, *rest = render(item, indent + 4)
+            lines += [f"{' ' * (indent + 2)}- {first[indent + 4 :]}", *rest]
+        return lines
+    value = node.value
+    text = "[" + ", ".join(map(str, value)) + "]" if isinstance(value, list) else _scalar(value)
+    return [_commented(f"{head} {text}", node.comment)]
+
+
+def _scalar(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        text = repr(value)
+        if "e" in text and "." not in text.split("e")[0]:  # YAML reads 1e-05 as a string: 1.0e-5
+            mantissa, exponent = text.split("e")
+            text = f"{mantissa}.0e{int(exponent)}"
+        return text
+    return str(value)
+
+
+def _commented(line: str, comment: str) -> str:
+    return f"{line:<31} # {comment}" if comment else line
+
+
+def config_text(algo: str, env_id: str, out: Path, exact_updates: bool = False) -> str:
+    """The text of ``out``: the config of the Zoo's ``algo`` entry of ``env_id``, its run named ``gym_<stem>``."""
+    if algo not in MAPPED:
+        raise ZooError(f"--algo {algo}: not mapped yet (this command maps {', '.join(MAPPED)})")
+    config = MAPPED[algo](zoo_entry(algo, env_id), env_id, f"gym_{out.stem}", exact_updates)
+    written_by = f"lightrl zoo --algo {algo} --env {env_id} --out {out}{' --exact-updates' * exact_updates}"
+    header = [
+        f"# {env_id}, {algo.upper()}: python -m app fit --config {out}",
+        f"# Written by: {written_by}",
+        f"# from the RL Zoo's tuned hyperparameters (rl_zoo3 {zoo_version()}, hyperparams/{algo}.yml); the Zoo's names",
+        "# are in the comments, and docs/guide/zoo.md says how each is mapped.",
+    ]
+    return "\n".join([*header, *render(config)]) + "\n"
+
+
+def zoo_tables() -> dict[str, dict[str, Any]]:
+    """Every ``hyperparams/<algo>.yml`` of the installed Zoo: algorithm → its entries by environment id."""
+    import yaml
+
+    zoo_entry("dqn", "CartPole-v1")  # the one error line when the Zoo is not installed
+    folder = Path(next(iter(importlib.util.find_spec("rl_zoo3").submodule_search_locations))) / "hyperparams"
+    return {table.stem: yaml.safe_load(table.read_text()) for table in sorted(folder.glob("*.yml"))}
+
+
+def installed(env_id: str) -> bool:
+    """Whether ``env_id`` is a Gymnasium environment this machine can make (registered, its package present)."""
+    import gymnasium
+
+    try:
+        with warnings.catch_warnings():  # an out-of-date version's deprecation is not this command's to print
+            warnings.simplefilter("ignore")
+            gymnasium.make(env_id).close()
+    except Exception:  # unregistered, or its package (highway-env, pybullet, ...) missing
+        return False
+    return True
+
+
+def coverage() -> list[dict[str, Any]]:
+    """Per algorithm of the Zoo: its (algorithm, environment) pairs, those whose environment is installed here, and
+    those of these this command maps (``atari`` and ``default`` are not environments: not counted)."""
+    import gymnasium
+
+    with contextlib.suppress(ImportError):
+        import ale_py
+
+        gymnasium.register_envs(ale_py)
+    rows = []
+    for algo, table in zoo_tables().items():
+        pairs = [env_id for env_id in table if env_id not in ("atari", "default")]
+        present = [env_id for env_id in pairs if installed(env_id)]
+        mapped = []
+        for env_id in present if algo in MAPPED else []:
+            with contextlib.suppress(ZooError):
+                MAPPED[algo](dict(table[env_id]), env_id, "coverage")
+                mapped.append(env_id)
+        rows.append({"algo": algo, "pairs": len(pairs), "installed": len(present), "mapped": mapped})
+    return rows
+
+
+def coverage_table(rows: list[dict[str, Any]]) -> str:
+    """``coverage()`` as a Markdown table, with the totals."""
+    lines = ["| algorithm | pairs | environment installed | mapped |", "|---|---:|---:|---:|"]
+    lines += [f"| {r['algo']} | {r['pairs']} | {r['installed']} | {len(r['mapped'])} |" for r in rows]
+    totals = [sum(r[key] for r in rows) for key in ("pairs", "installed")] + [sum(len(r["mapped"]) for r in rows)]
+    lines.append(f"| all | {totals[0]} | {totals[1]} | {totals[2]} |")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None, prog: str = "lightrl zoo") -> None:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
+    parser.add_argument("--algo", help=f"the Zoo's algorithm ({', '.join(MAPPED)} are mapped)")
+    parser.add_argument("--env", help="the Zoo's environment id, e.g. CartPole-v1")
+    parser.add_argument("--out", type=Path, help="the config file to write (.yaml)")
+    parser.add_argument(
+        "--coverage",
+        action="store_true",
+        help="instead: per algorithm, the Zoo's pairs, those whose environment is installed, and those mapped",
+    )
+    parser.add_argument(
+        "--exact-updates",
+        action="store_true",
+        help=f"keep the Zoo's gradient_steps and batch_size as they are (default: rounds of more than "
+        f"{MERGED_UPDATES} updates of small batches take half the updates of twice the batch)",
+    )
+    args = parser.parse_args(argv)
+    if args.coverage:
+        try:
+            print(coverage_table(coverage()))
+        except ZooError as error:
+            parser.exit(1, f"{prog}: {error}\n")
+        return
+    missing = [f"--{name}" for name in ("algo", "env", "out") if getattr(args, name) is None]
+    if missing:
+        parser.error(f"{', '.join(missing)} required (or --coverage)")
+    try:
+        text = config_text(args.algo.lower(), args.env, args.out, args.exact_updates)
+    except ZooError as error:
+        parser.exit(1, f"{prog}: {error}\n")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    temporary = args.out.with_name(f".{args.out.name}.tmp")
+    temporary.write_text(text)
+    temporary.replace(args.out)  # atomic: a reader never sees half a config
+    print(f"{args.out}: the RL Zoo's {args.algo} {args.env} as a lightrl config (fit --config {args.out})")

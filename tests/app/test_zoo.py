@@ -1,0 +1,149 @@
+"""``lightrl zoo``: the RL Zoo's tuned DQN and PPO entries, read from the installed ``rl_zoo3``, written as configs
+that mean the same; the shipped DQN and PPO configs of CartPole and LunarLander are its output, every pair it maps
+trains, and what cannot be mapped is one line naming each key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from app.zoo import ZooError, config_text, map_dqn, map_ppo, zoo_entry
+from tests.helpers import ROOT, app_in_process, fit
+
+pytest.importorskip("rl_zoo3")  # the zoo extra (CI installs it)
+
+SHIPPED = {
+    ("dqn", "CartPole-v1"): "configs/gym/cartpole_dqn.yaml",
+    ("dqn", "LunarLander-v3"): "configs/gym/lunarlander_dqn.yaml",
+    ("ppo", "CartPole-v1"): "configs/gym/cartpole_ppo.yaml",
+    ("ppo", "LunarLander-v3"): "configs/gym/lunarlander_ppo.yaml",
+}
+
+
+@pytest.mark.parametrize(("algo", "env_id"), list(SHIPPED))
+def test_the_shipped_configs_are_the_commands_output(algo, env_id, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)  # the command's header names the path it was given, relative to the checkout
+    shipped = Path(SHIPPED[algo, env_id])
+    assert config_text(algo, env_id, shipped) == shipped.read_text()
+    # and as a user runs it, from another folder, atomically into a new one
+    monkeypatch.chdir(tmp_path)
+    result = app_in_process(capsys, "zoo", "--algo", algo, "--env", env_id, "--out", "mine/dqn.yaml")
+    assert result.returncode == 0, result.stderr
+    written, ours = (yaml.safe_load(path.read_text()) for path in (tmp_path / "mine/dqn.yaml", ROOT / shipped))
+    assert written["data"] == ours["data"] and written["model"] == ours["model"]  # the run's name: the file's
+    assert [path.name for path in (tmp_path / "mine").iterdir()] == ["dqn.yaml"]
+
+
+def test_the_rules_follow_the_zoos_numbers():
+    """CartPole: a round of 256 frames and 128 updates of 64, taken as 64 of 128 (the same samples per frame), so the
+    target copy that the Zoo makes every 10 frames while collecting happens once a round; MountainCar: 16 frames and
+    8 updates, copied every 600 frames = 300 updates; --exact-updates keeps the Zoo's 128 of 64."""
+    cartpole = yaml.safe_load("\n".join(_lines(map_dqn(zoo_entry("dqn", "CartPole-v1"), "CartPole-v1", "r"))))
+    data, model = cartpole["data"]["init_args"], cartpole["model"]["init_args"]
+    assert (data["num_envs"], data["collect_steps"], data["frames_per_update"], data["batch_size"]) == (8, 32, 4, 128)
+    assert model["target"]["interval"] == 64 and model["exploration"]["eps_frames"] == 8000
+    assert cartpole["trainer"]["max_steps"] == (50_000 - 1_000) // 4
+    exact = yaml.safe_load("\n".join(_lines(map_dqn(zoo_entry("dqn", "CartPole-v1"), "CartPole-v1", "r", True))))
+    assert (exact["data"]["init_args"]["frames_per_update"], exact["data"]["init_args"]["batch_size"]) == (2, 64)
+    assert exact["model"]["init_args"]["target"]["interval"] == 128
+    car = yaml.safe_load("\n".join(_lines(map_dqn(zoo_entry("dqn", "MountainCar-v0"), "MountainCar-v0", "r"))))
+    data, model = car["data"]["init_args"], car["model"]["init_args"]
+    assert (data["num_envs"], data["collect_steps"], data["frames_per_update"], data["batch_size"]) == (8, 2, 2, 128)
+    assert model["target"]["interval"] == 300 and model["gamma"] == 0.98
+
+
+def test_ppo_follows_the_zoos_numbers():
+    """CartPole: 8 copies x 32 steps, one minibatch of 256 for 20 epochs, the lr and the clip falling linearly to 0;
+    390 whole rollouts in 1e5 frames. HalfCheetah: VecNormalize as both normalisations, log_std_init -2 as the
+    Gaussian's initial scale, ReLU, no orthogonal initialisation."""
+    cartpole = yaml.safe_load("\n".join(_lines(map_ppo(zoo_entry("ppo", "CartPole-v1"), "CartPole-v1", "r"))))
+    data, model = cartpole["data"]["init_args"], cartpole["model"]["init_args"]
+    assert (data["num_envs"], data["collect_steps"], data["minibatch_size"], data["update_epochs"]) == (8, 32, 256, 20)
+    assert cartpole["trainer"]["max_steps"] == 390 * 20 and "compile" not in model
+    assert model["optimizer"]["lr_end"] == 0.0 and model["loss"]["clip_decay_frames"] == 100_000
+    assert model["optimizer"]["eps"] == 1e-5 and model["network"]["orthogonal_init"] is True
+    cheetah = map_ppo(zoo_entry("ppo", "HalfCheetah-v4"), "HalfCheetah-v4", "r")
+    model = yaml.safe_load("\n".join(_lines(cheetah)))["model"]["init_args"]
+    assert model["normalize"] == {"observations": True, "rewards": True}
+    assert model["gaussian"]["init_scale"] == 0.1353 and model["network"]["orthogonal_init"] is False
+    assert model["network"].get("activation", "relu") == "relu"  # ReLU: lightrl's default, not written
+
+
+def mapped_pairs() -> list[tuple[str, str]]:
+    from app.zoo import coverage
+
+    return [(row["algo"], env_id) for row in coverage() for env_id in row["mapped"]]
+
+
+#: Per algorithm: what keeps one update of a mapped config to seconds (the rest of the config as written).
+SHORT = {
+    "dqn": ("--data.init_args.warmup_frames", "64"),
+    "ppo": (
+        "--data.init_args.collect_steps",
+        "8",
+        "--data.init_args.minibatch_size",
+        "8",
+        "--data.init_args.update_epochs",
+        "1",
+    ),
+}
+
+
+@pytest.mark.slow
+def test_every_pair_the_command_maps_builds_and_trains(tmp_path, capsys, monkeypatch):
+    """The coverage figure's pairs: each config written as a user writes it, then one update and its checkpoint."""
+    monkeypatch.chdir(tmp_path)
+    pairs = mapped_pairs()
+    assert len(pairs) >= 17  # DQN's 4, PPO's 13 (2026-11-30)
+    for algo, env_id in pairs:
+        name = f"{algo}_{env_id.lower().replace('-', '_')}"
+        result = app_in_process(capsys, "zoo", "--algo", algo, "--env", env_id, "--out", f"{name}.yaml")
+        assert result.returncode == 0, result.stderr
+        # The throughput report's bare-update yardstick (its last callback) times seconds that check nothing here.
+        no_yardstick = ("--trainer.callbacks.init_args.bare_update_seconds", "0")
+        cli = fit(tmp_path / f"{name}.yaml", "--trainer.max_steps", "1", *SHORT[algo], *no_yardstick)
+        assert cli.trainer.global_step == 1, (algo, env_id)
+        assert (tmp_path / f"runs/gym_{name}/version_0/checkpoints/last.ckpt").is_file(), (algo, env_id)
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (["--algo", "dqn", "--env", "atari"], "; policy CnnPolicy: only MlpPolicy entries are mapped (image: not yet)"),
+        (["--algo", "dqn", "--env", "Pong-v9"], "--env Pong-v9: not in the RL Zoo's hyperparams/dqn.yml"),
+        (["--algo", "a3c", "--env", "CartPole-v1"], "--algo a3c: not mapped yet (this command maps dqn, ppo)"),
+        (["--algo", "ppo", "--env", "Pendulum-v1"], "cannot map ppo Pendulum-v1: sde_sample_freq: not mapped"),
+    ],
+)
+def test_what_cannot_be_mapped_is_one_line_naming_it(args, line, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = app_in_process(capsys, "zoo", *args, "--out", "x.yaml")
+    assert result.returncode == 1 and not (tmp_path / "x.yaml").exists()
+    assert len(result.stderr.strip().splitlines()) == 1 and line in result.stderr
+
+
+def test_every_key_the_mapping_does_not_know_is_named():
+    entry = {**zoo_entry("dqn", "CartPole-v1"), "frame_stack": 4, "normalize": True, "train_freq": [1, "episode"]}
+    with pytest.raises(ZooError) as error:
+        map_dqn(entry, "CartPole-v1", "r")
+    message = str(error.value)
+    assert "frame_stack" in message and "normalize" in message and "episodes are not mapped" in message
+
+
+def _lines(config):
+    from app.zoo import render
+
+    return render(config)
+
+
+def test_the_coverage_counts_every_pair_and_maps_every_installed_dqn_entry(capsys):
+    from app.zoo import coverage, zoo_tables
+
+    rows = {row["algo"]: row for row in coverage()}
+    assert set(rows) == set(zoo_tables()) and rows["dqn"]["installed"] == len(rows["dqn"]["mapped"]) == 4
+    assert {"CartPole-v1", "LunarLander-v3", "HalfCheetah-v4"} <= set(rows["ppo"]["mapped"])
+    assert all(row["mapped"] == [] for algo, row in rows.items() if algo not in ("dqn", "ppo"))  # the others: not yet
+    result = app_in_process(capsys, "zoo", "--coverage")
+    assert result.returncode == 0 and "| dqn | 4 | 4 | 4 |" in result.stdout
