@@ -8,7 +8,8 @@ It reads ``hyperparams/<algo>.yml`` from the installed ``rl_zoo3`` package (the 
 train) and writes every mapped field with the Zoo's name beside it. A key it cannot map (an option lightrl lacks, a
 wrapper, an image policy) stops it with one line naming each such key and why: a config that silently meant something
 else would mislead the comparison it exists for. ``configs/gym/cartpole_dqn.yaml`` and ``lunarlander_dqn.yaml`` are
-this command's output, as are ``cartpole_ppo.yaml`` and ``lunarlander_ppo.yaml`` (tests/app/test_zoo.py).
+this command's output, as are ``cartpole_ppo.yaml``, ``lunarlander_ppo.yaml`` and ``pendulum_sac.yaml``
+(tests/app/test_zoo.py).
 
 How the Zoo's numbers become lightrl's (Stable-Baselines3's defaults for the keys an entry leaves out). DQN:
 
@@ -32,7 +33,10 @@ the budget is the whole rollouts that fit in ``n_timesteps``; ``clip_range: lin_
 initial scale; Stable-Baselines3's policy defaults (64-64 tanh MLPs, orthogonal initialisation, Adam's ε 1e-5, the
 squared-error value loss) are written out. Runs of more than 50,000 updates compile their update.
 
-Both: greedy evaluations every tenth of the budget, checkpoints every fifth; logging every 100 updates below 10,000
+SAC: rounds, warm-up and budget as DQN's; the buffer at most the run's frames; ``ent_coef: auto``/``auto_X`` as α
+learned from 1/X; actor and critics of ``net_arch``.
+
+All: greedy evaluations every tenth of the budget, checkpoints every fifth; logging every 100 updates below 10,000
 updates, else 500.
 """
 
@@ -83,6 +87,21 @@ SB3_DEFAULTS = {
         "max_grad_norm": 0.5,
         "n_envs": 1,
         "policy_kwargs": "dict(net_arch=[64, 64], activation_fn=nn.Tanh, ortho_init=True)",
+    },
+    "sac": {
+        "learning_rate": 3e-4,
+        "buffer_size": 1_000_000,
+        "learning_starts": 100,
+        "batch_size": 256,
+        "tau": 0.005,
+        "gamma": 0.99,
+        "train_freq": 1,
+        "gradient_steps": 1,
+        "ent_coef": "auto",
+        "target_update_interval": 1,
+        "target_entropy": "auto",
+        "n_envs": 1,
+        "policy_kwargs": "dict(net_arch=[256, 256], activation_fn=nn.ReLU)",
     },
 }
 #: Most copies stepped together for a Zoo entry of one environment (its round divided among them).
@@ -294,19 +313,13 @@ def map_dqn(entry: dict[str, Any], env_id: str, run_name: str, exact_updates: bo
     zoo = Entry("dqn", env_id, entry)
     zoo.refuse_unknown()
     budget = number(zoo["n_timesteps"])
-    train_freq = zoo["train_freq"]
-    if not isinstance(train_freq, int):
-        zoo.problems.append(f"train_freq {train_freq}: rounds counted in episodes are not mapped (lightrl's: frames)")
-        train_freq = 1
-    n_envs = zoo["n_envs"]
-    round_frames = train_freq * n_envs
-    updates = zoo["gradient_steps"] if zoo["gradient_steps"] > 0 else train_freq
+    round_frames, updates, copies, frames_per_update = replay_round(zoo)
+    n_envs, train_freq = zoo["n_envs"], round_frames // zoo["n_envs"]
     batch, batch_note = zoo["batch_size"], zoo.name("batch_size")
     if not exact_updates and updates > MERGED_UPDATES and batch <= MERGED_UPDATES and updates % 2 == 0:
         updates, batch = updates // 2, 2 * batch
         batch_note = f"batch_size {batch // 2} x gradient_steps {updates * 2}, taken as {batch} x {updates}"
-    copies = n_envs if n_envs > 1 else max(c for c in range(1, MAX_COPIES + 1) if round_frames % c == 0)
-    frames_per_update = number(round_frames / updates)
+        frames_per_update = number(round_frames / updates)
     warmup = number(zoo["learning_starts"])
     interval_frames = zoo["target_update_interval"]
     interval = updates if interval_frames < round_frames else max(1, round(interval_frames / frames_per_update))
@@ -354,6 +367,76 @@ def map_dqn(entry: dict[str, Any], env_id: str, run_name: str, exact_updates: bo
     small = "small MLP updates: one thread is fastest on a shared CPU"
     train = trainer(max_steps, steps_note, run_name, budget)
     return config(small, train, "modules.dqn.DQN", model, "datamodules.replay.ReplayDataModule", data)
+
+
+def replay_round(zoo: Entry) -> tuple[int, int, int, int | float]:
+    """An off-policy entry's round: its frames (``train_freq × n_envs``), its updates (``gradient_steps``; ``-1``: one
+    per environment step), the copies that step it together, and the frames per update."""
+    train_freq = zoo["train_freq"]
+    if not isinstance(train_freq, int):
+        zoo.problems.append(f"train_freq {train_freq}: rounds counted in episodes are not mapped (lightrl's: frames)")
+        train_freq = 1
+    n_envs = zoo["n_envs"]
+    frames = train_freq * n_envs
+    updates = zoo["gradient_steps"] if zoo["gradient_steps"] > 0 else train_freq
+    copies = n_envs if n_envs > 1 else max(c for c in range(1, MAX_COPIES + 1) if frames % c == 0)
+    return frames, updates, copies, number(frames / updates)
+
+
+def map_sac(entry: dict[str, Any], env_id: str, run_name: str, exact_updates: bool = False) -> dict[str, Node]:
+    """The lightrl config of a SAC entry: rounds, warm-up and budget as DQN's; the replay buffer at most the run's
+    frames (a larger one never overwrites: the same draws, less memory); ``ent_coef: auto`` or ``auto_X`` is α
+    learned from 1 or X; one soft update of the target critics per update (``target_update_interval`` 1)."""
+    zoo = Entry("sac", env_id, entry)
+    zoo.refuse_unknown()
+    budget = number(zoo["n_timesteps"])
+    round_frames, updates, copies, frames_per_update = replay_round(zoo)
+    warmup = number(zoo["learning_starts"])
+    net = network(zoo)
+    learning_rate, schedule = rate(zoo, "learning_rate", budget)
+    ent_coef = str(zoo["ent_coef"])
+    if ent_coef != "auto" and not ent_coef.startswith("auto_"):
+        zoo.problems.append(f"ent_coef {ent_coef}: lightrl's SAC learns α (auto or auto_X)")
+    if zoo["target_update_interval"] != 1:
+        zoo.problems.append("target_update_interval: lightrl's SAC updates its target critics after every update")
+    zoo.check()
+    alpha = 1.0 if ent_coef == "auto" else float(ent_coef[5:])
+    target_entropy = zoo["target_entropy"]
+    layers = net.pop("hidden_sizes")
+    actor = {"hidden_sizes": layers, "init_scale": Node(1.0, "the Gaussian's scale before tanh where its layer is 0")}
+    critics = {"hidden_sizes": Node(layers.value, "the same for each of the two critics")}
+    critics["tau"] = Node(float(zoo["tau"]), zoo.name("tau"))
+    if net:  # an activation other than ReLU: both networks'
+        zoo.problems.append("policy_kwargs activation_fn: lightrl's SAC networks are ReLU MLPs")
+        zoo.check()
+    max_steps = number(math.ceil((budget - warmup) / frames_per_update))
+    steps_note = f"n_timesteps {budget} frames, less {warmup} of warm-up, {frames_per_update} an update"
+    buffer = min(number(zoo["buffer_size"]), budget)
+    model = {
+        "actor": Node(children=actor),
+        "critics": Node(children=critics),
+        "gamma": Node(float(zoo["gamma"]), zoo.name("gamma")),
+        "alpha_init": Node(alpha, f"ent_coef {ent_coef}: α learned, starting at {alpha}"),
+        "target_entropy": Node(
+            target_entropy if target_entropy == "auto" else float(target_entropy), zoo.name("target_entropy")
+        ),
+        "optimizer": Node(
+            children={"lr": Node(learning_rate, zoo.name("learning_rate") + " (actor, critics and α)"), **schedule}
+        ),
+    }
+    buffer_note = zoo.name("buffer_size") + (": at most the run's frames" if buffer < zoo["buffer_size"] else "")
+    data = {
+        "env_id": env_id,
+        "num_envs": Node(copies, f"copies stepped together (the Zoo: n_envs {zoo['n_envs']})"),
+        "collect_steps": Node(round_frames // copies, f"a round of train_freq x n_envs: {round_frames} frames"),
+        "buffer_size": Node(buffer, buffer_note),
+        "batch_size": Node(zoo["batch_size"], zoo.name("batch_size")),
+        "warmup_frames": Node(warmup, zoo.name("learning_starts")),
+        "frames_per_update": Node(frames_per_update, f"the round's frames over its {updates} updates"),
+    }
+    small = "batch-256 updates of small MLPs: one thread is fastest on a shared CPU"
+    train = trainer(max_steps, steps_note, run_name, budget)
+    return config(small, train, "modules.sac.SAC", model, "datamodules.replay.ReplayDataModule", data)
 
 
 def map_ppo(entry: dict[str, Any], env_id: str, run_name: str, exact_updates: bool = False) -> dict[str, Node]:
@@ -453,7 +536,7 @@ def compiled(updates: int) -> dict[str, Node]:
 
 
 #: The algorithms this command maps: the function that maps an entry.
-MAPPED = {"dqn": map_dqn, "ppo": map_ppo}
+MAPPED = {"dqn": map_dqn, "ppo": map_ppo, "sac": map_sac}
 
 
 def render(config: dict[str, Node], indent: int = 0) -> list[str]:
@@ -503,8 +586,9 @@ def config_text(algo: str, env_id: str, out: Path, exact_updates: bool = False) 
     header = [
         f"# {env_id}, {algo.upper()}: python -m app fit --config {out}",
         f"# Written by: {written_by}",
-        f"# from the RL Zoo's tuned hyperparameters (rl_zoo3 {zoo_version()}, hyperparams/{algo}.yml); the Zoo's names",
-        "# are in the comments, and docs/guide/zoo.md says how each is mapped.",
+        f"# from the RL Zoo's tuned hyperparameters (DLR-RM/rl-baselines3-zoo, hyperparams/{algo}.yml, as rl_zoo3",
+        f"# {zoo_version()} ships them); the Zoo's names are in the comments, and docs/guide/zoo.md says how each",
+        "# is mapped.",
     ]
     return "\n".join([*header, *render(config)]) + "\n"
 

@@ -1,6 +1,6 @@
-"""``lightrl zoo``: the RL Zoo's tuned DQN and PPO entries, read from the installed ``rl_zoo3``, written as configs
-that mean the same; the shipped DQN and PPO configs of CartPole and LunarLander are its output, every pair it maps
-trains, and what cannot be mapped is one line naming each key."""
+"""``lightrl zoo``: the RL Zoo's tuned DQN, PPO and SAC entries, read from the installed ``rl_zoo3``, written as
+configs that mean the same; the shipped DQN and PPO configs of CartPole and LunarLander and the Pendulum SAC config
+are its output, every pair it maps trains, and what cannot be mapped is one line naming each key."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from app.zoo import ZooError, config_text, map_dqn, map_ppo, zoo_entry
+from app.zoo import ZooError, config_text, map_dqn, map_ppo, map_sac, zoo_entry
 from tests.helpers import ROOT, app_in_process, fit
 
 pytest.importorskip("rl_zoo3")  # the zoo extra (CI installs it)
@@ -19,6 +19,7 @@ SHIPPED = {
     ("dqn", "LunarLander-v3"): "configs/gym/lunarlander_dqn.yaml",
     ("ppo", "CartPole-v1"): "configs/gym/cartpole_ppo.yaml",
     ("ppo", "LunarLander-v3"): "configs/gym/lunarlander_ppo.yaml",
+    ("sac", "Pendulum-v1"): "configs/gym/pendulum_sac.yaml",
 }
 
 
@@ -71,6 +72,28 @@ def test_ppo_follows_the_zoos_numbers():
     assert model["network"].get("activation", "relu") == "relu"  # ReLU: lightrl's default, not written
 
 
+def test_sac_follows_the_zoos_numbers():
+    """Pendulum: one update per frame after 100 warm-up frames, a buffer of the run's 20,000 frames (the default
+    million never fills), α learned from 1; LunarLanderContinuous: 400-300 networks, tau 0.01, a linear lr."""
+    pendulum = yaml.safe_load("\n".join(_lines(map_sac(zoo_entry("sac", "Pendulum-v1"), "Pendulum-v1", "r"))))
+    data, model = pendulum["data"]["init_args"], pendulum["model"]["init_args"]
+    assert (data["num_envs"], data["frames_per_update"], data["warmup_frames"], data["buffer_size"]) == (
+        1,
+        1,
+        100,
+        20_000,
+    )
+    assert (
+        pendulum["trainer"]["max_steps"] == 19_900 and model["alpha_init"] == 1.0 and model["optimizer"]["lr"] == 1e-3
+    )
+    lander = map_sac(zoo_entry("sac", "LunarLanderContinuous-v3"), "LunarLanderContinuous-v3", "r")
+    model = yaml.safe_load("\n".join(_lines(lander)))["model"]["init_args"]
+    assert model["actor"]["hidden_sizes"] == model["critics"]["hidden_sizes"] == [400, 300]
+    assert model["critics"]["tau"] == 0.01 and model["optimizer"]["lr_decay"] == "linear"
+    with pytest.raises(ZooError, match="ent_coef 0.005: lightrl's SAC learns α"):
+        map_sac(zoo_entry("sac", "BipedalWalkerHardcore-v3"), "BipedalWalkerHardcore-v3", "r")
+
+
 def mapped_pairs() -> list[tuple[str, str]]:
     from app.zoo import coverage
 
@@ -80,6 +103,7 @@ def mapped_pairs() -> list[tuple[str, str]]:
 #: Per algorithm: what keeps one update of a mapped config to seconds (the rest of the config as written).
 SHORT = {
     "dqn": ("--data.init_args.warmup_frames", "64"),
+    "sac": ("--data.init_args.warmup_frames", "64"),
     "ppo": (
         "--data.init_args.collect_steps",
         "8",
@@ -96,7 +120,7 @@ def test_every_pair_the_command_maps_builds_and_trains(tmp_path, capsys, monkeyp
     """The coverage figure's pairs: each config written as a user writes it, then one update and its checkpoint."""
     monkeypatch.chdir(tmp_path)
     pairs = mapped_pairs()
-    assert len(pairs) >= 17  # DQN's 4, PPO's 13 (2026-11-30)
+    assert len(pairs) >= 25  # DQN's 4, PPO's 13, SAC's 8 (2026-11-30)
     for algo, env_id in pairs:
         name = f"{algo}_{env_id.lower().replace('-', '_')}"
         result = app_in_process(capsys, "zoo", "--algo", algo, "--env", env_id, "--out", f"{name}.yaml")
@@ -113,7 +137,7 @@ def test_every_pair_the_command_maps_builds_and_trains(tmp_path, capsys, monkeyp
     [
         (["--algo", "dqn", "--env", "atari"], "; policy CnnPolicy: only MlpPolicy entries are mapped (image: not yet)"),
         (["--algo", "dqn", "--env", "Pong-v9"], "--env Pong-v9: not in the RL Zoo's hyperparams/dqn.yml"),
-        (["--algo", "a3c", "--env", "CartPole-v1"], "--algo a3c: not mapped yet (this command maps dqn, ppo)"),
+        (["--algo", "a3c", "--env", "CartPole-v1"], "--algo a3c: not mapped yet (this command maps dqn, ppo, sac)"),
         (["--algo", "ppo", "--env", "Pendulum-v1"], "cannot map ppo Pendulum-v1: sde_sample_freq: not mapped"),
     ],
 )
@@ -144,6 +168,7 @@ def test_the_coverage_counts_every_pair_and_maps_every_installed_dqn_entry(capsy
     rows = {row["algo"]: row for row in coverage()}
     assert set(rows) == set(zoo_tables()) and rows["dqn"]["installed"] == len(rows["dqn"]["mapped"]) == 4
     assert {"CartPole-v1", "LunarLander-v3", "HalfCheetah-v4"} <= set(rows["ppo"]["mapped"])
-    assert all(row["mapped"] == [] for algo, row in rows.items() if algo not in ("dqn", "ppo"))  # the others: not yet
+    assert {"Pendulum-v1", "HalfCheetah-v4"} <= set(rows["sac"]["mapped"])
+    assert all(row["mapped"] == [] for algo, row in rows.items() if algo not in ("dqn", "ppo", "sac"))  # not yet
     result = app_in_process(capsys, "zoo", "--coverage")
     assert result.returncode == 0 and "| dqn | 4 | 4 | 4 |" in result.stdout
