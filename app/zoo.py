@@ -158,15 +158,20 @@ class Entry:
             raise ZooError(f"cannot map {self.algo} {self.env_id}: " + "; ".join(self.problems))
 
 
+def hyperparams_folder() -> Path:
+    """The installed ``rl_zoo3``'s ``hyperparams`` folder, found without importing the package (its ``__init__``
+    imports Stable-Baselines3 and gym)."""
+    spec = importlib.util.find_spec("rl_zoo3")
+    if spec is None or not spec.submodule_search_locations:
+        raise ZooError('the RL Zoo is not installed: pip install -e ".[zoo]" (rl-zoo3)')
+    return Path(next(iter(spec.submodule_search_locations))) / "hyperparams"
+
+
 def zoo_entry(algo: str, env_id: str) -> dict[str, Any]:
     """The Zoo's hyperparameters for ``env_id`` in ``hyperparams/<algo>.yml`` of the installed ``rl_zoo3``."""
     import yaml
 
-    # The package's folder, found without importing it (its __init__ imports Stable-Baselines3 and gym).
-    spec = importlib.util.find_spec("rl_zoo3")
-    if spec is None or not spec.submodule_search_locations:
-        raise ZooError('the RL Zoo is not installed: pip install -e ".[zoo]" (rl-zoo3)')
-    table = Path(next(iter(spec.submodule_search_locations))) / "hyperparams" / f"{algo}.yml"
+    table = hyperparams_folder() / f"{algo}.yml"
     if not table.is_file():
         raise ZooError(f"--algo {algo}: the RL Zoo has no hyperparams/{algo}.yml")
     entries = yaml.safe_load(table.read_text())
@@ -332,8 +337,7 @@ def map_dqn(entry: dict[str, Any], env_id: str, run_name: str, exact_updates: bo
     once_a_round = "shorter than a round, so once a round in effect"
     every = once_a_round if interval_frames < round_frames else f"{interval} updates of {frames_per_update} frames"
     target["interval"] = Node(interval, f"target_update_interval {interval_frames} frames: {every}")
-    max_steps = number(math.ceil((budget - warmup) / frames_per_update))
-    steps_note = f"n_timesteps {budget} frames, less {warmup} of warm-up, {frames_per_update} an update"
+    max_steps, steps_note = replay_budget(budget, warmup, frames_per_update)
     exploration = {
         "eps_start": Node(float(zoo["exploration_initial_eps"]), zoo.name("exploration_initial_eps")),
         "eps_end": Node(float(zoo["exploration_final_eps"]), zoo.name("exploration_final_eps")),
@@ -369,6 +373,12 @@ def map_dqn(entry: dict[str, Any], env_id: str, run_name: str, exact_updates: bo
     return config(small, train, "modules.dqn.DQN", model, "datamodules.replay.ReplayDataModule", data)
 
 
+def replay_budget(budget: int, warmup: int, frames_per_update: int | float) -> tuple[int, str]:
+    """An off-policy run's ``max_steps`` (the frames after the warm-up, in updates) and its comment."""
+    steps = number(math.ceil((budget - warmup) / frames_per_update))
+    return steps, f"n_timesteps {budget} frames, less {warmup} of warm-up, {frames_per_update} an update"
+
+
 def replay_round(zoo: Entry) -> tuple[int, int, int, int | float]:
     """An off-policy entry's round: its frames (``train_freq × n_envs``), its updates (``gradient_steps``; ``-1``: one
     per environment step), the copies that step it together, and the frames per update."""
@@ -399,6 +409,8 @@ def map_sac(entry: dict[str, Any], env_id: str, run_name: str, exact_updates: bo
         zoo.problems.append(f"ent_coef {ent_coef}: lightrl's SAC learns α (auto or auto_X)")
     if zoo["target_update_interval"] != 1:
         zoo.problems.append("target_update_interval: lightrl's SAC updates its target critics after every update")
+    if "activation" in net:  # network() writes it only when not ReLU
+        zoo.problems.append("policy_kwargs activation_fn: lightrl's SAC networks are ReLU MLPs")
     zoo.check()
     alpha = 1.0 if ent_coef == "auto" else float(ent_coef[5:])
     target_entropy = zoo["target_entropy"]
@@ -406,11 +418,7 @@ def map_sac(entry: dict[str, Any], env_id: str, run_name: str, exact_updates: bo
     actor = {"hidden_sizes": layers, "init_scale": Node(1.0, "the Gaussian's scale before tanh where its layer is 0")}
     critics = {"hidden_sizes": Node(layers.value, "the same for each of the two critics")}
     critics["tau"] = Node(float(zoo["tau"]), zoo.name("tau"))
-    if net:  # an activation other than ReLU: both networks'
-        zoo.problems.append("policy_kwargs activation_fn: lightrl's SAC networks are ReLU MLPs")
-        zoo.check()
-    max_steps = number(math.ceil((budget - warmup) / frames_per_update))
-    steps_note = f"n_timesteps {budget} frames, less {warmup} of warm-up, {frames_per_update} an update"
+    max_steps, steps_note = replay_budget(budget, warmup, frames_per_update)
     buffer = min(number(zoo["buffer_size"]), budget)
     model = {
         "actor": Node(children=actor),
@@ -597,9 +605,7 @@ def zoo_tables() -> dict[str, dict[str, Any]]:
     """Every ``hyperparams/<algo>.yml`` of the installed Zoo: algorithm → its entries by environment id."""
     import yaml
 
-    zoo_entry("dqn", "CartPole-v1")  # the one error line when the Zoo is not installed
-    folder = Path(next(iter(importlib.util.find_spec("rl_zoo3").submodule_search_locations))) / "hyperparams"
-    return {table.stem: yaml.safe_load(table.read_text()) for table in sorted(folder.glob("*.yml"))}
+    return {table.stem: yaml.safe_load(table.read_text()) for table in sorted(hyperparams_folder().glob("*.yml"))}
 
 
 def installed(env_id: str) -> bool:
