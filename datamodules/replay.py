@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import warnings
 from collections.abc import Callable, Container, Iterator
 from dataclasses import dataclass, field
@@ -336,7 +337,7 @@ class ReplayDataModule(RLDataModule):
             if beside is not None and beside[0] == self.trainer.global_step:
                 state["buffer_folder"] = beside[1]
             else:
-                state["buffer"] = self.buffer.state_dict()
+                state["buffer"] = filled_rows(self.buffer.state_dict())
         if self.store_transform is not None:
             state["store_window"] = to_plain(multistep_window(self.store_transform))
         return state
@@ -350,7 +351,7 @@ class ReplayDataModule(RLDataModule):
         if ("buffer" in state_dict or "buffer_folder" in state_dict) and self.buffer is None:
             raise RuntimeError("the replay buffer is created in setup(); load the data module state after it")
         if "buffer" in state_dict:
-            self.buffer.load_state_dict(state_dict["buffer"])
+            self.buffer.load_state_dict(at_capacity(state_dict["buffer"], self.buffer.storage.max_size))
         elif "buffer_folder" in state_dict and self.trainer.state.fn == "fit":  # validation does not replay
             self._load_buffer(Path(self.trainer.ckpt_path).parent / state_dict["buffer_folder"])
         if self.store_transform is not None:
@@ -384,7 +385,7 @@ class ReplayDataModule(RLDataModule):
     def _buffer_contents(self) -> dict[str, Any]:
         # TorchRL's own state of the buffer (the storage, the sampler's priorities, the writer's cursor) and, with
         # store_frames_once, the frame ring: views of the buffer's memory, nothing copied.
-        contents = {"buffer": self.buffer.state_dict()}
+        contents = {"buffer": filled_rows(self.buffer.state_dict())}
         if self.frame_store is not None:
             contents["frames"] = self.frame_store.state_dict()
         return contents
@@ -406,7 +407,7 @@ class ReplayDataModule(RLDataModule):
         if (folder / BUFFER_FILE).is_file():
             # Memory-mapped while read: copied into the buffer's own memory, the file left alone.
             contents = torch.load(folder / BUFFER_FILE, map_location=self.device, mmap=True, weights_only=True)
-            self.buffer.load_state_dict(contents["buffer"])
+            self.buffer.load_state_dict(at_capacity(contents["buffer"], self.buffer.storage.max_size))
             if self.frame_store is not None:
                 self.frame_store.load_state_dict(contents["frames"])
             return
@@ -416,3 +417,53 @@ class ReplayDataModule(RLDataModule):
         self.buffer.writer.loads(folder / "writer")
         if self.frame_store is not None:
             self.frame_store.load_state_dict(TensorDict.load_memmap(folder / "frames").to_dict())
+
+
+def filled_rows(state: dict[str, Any]) -> dict[str, Any]:
+    """A replay buffer's state (``state_dict()``) with its storage cut to the rows written. The writer fills the
+    storage from row 0 until it is full, and the rows beyond are memory never written: an early checkpoint of a run with
+    a million-transition buffer would otherwise write the whole allocation (gigabytes for a MuJoCo humanoid's 376
+    numbers an observation) to keep a few thousand transitions. :func:`at_capacity` grows it back on load."""
+    storage = state["_storage"]
+    rows = storage["_len"]
+    if not isinstance(storage["_storage"], dict) or rows == _leading(storage["_storage"]):
+        return state  # full (or a storage of another form): saved as it is, no copy
+    cut = _map_tensors(storage["_storage"], lambda tensor: tensor[:rows].clone())  # a clone: a view saves it all
+    return {**state, "_storage": {**storage, "_storage": cut}}
+
+
+def at_capacity(state: dict[str, Any], capacity: int) -> dict[str, Any]:
+    """The inverse of :func:`filled_rows`: a saved storage of fewer rows than ``capacity`` grown to it with rows left
+    unset, as a fresh buffer's are (never read: the buffer samples only its first ``_len``), so the restored buffer
+    writes on as the saved one did."""
+    storage = state["_storage"]
+    if not isinstance(storage["_storage"], dict) or _leading(storage["_storage"]) in (None, capacity):
+        return state
+
+    def grow(tensor: torch.Tensor) -> torch.Tensor:
+        full = tensor.new_empty((capacity, *tensor.shape[1:]))
+        full[: tensor.shape[0]] = tensor
+        return full
+
+    return {**state, "_storage": {**storage, "_storage": _map_tensors(storage["_storage"], grow)}}
+
+
+def _map_tensors(tree: dict[str, Any], function: Callable[[torch.Tensor], torch.Tensor]) -> dict[str, Any]:
+    mapped = copy.copy(tree)  # the same mapping type and attributes: a TensorDict's state keeps its `_metadata` there
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            mapped[key] = _map_tensors(value, function)
+        elif isinstance(value, torch.Tensor):
+            mapped[key] = function(value)
+    return mapped
+
+
+def _leading(tree: dict[str, Any]) -> int | None:
+    """The storage's rows: the first dimension of its tensors (None when it holds none)."""
+    for value in tree.values():
+        found = (
+            _leading(value) if isinstance(value, dict) else value.shape[0] if isinstance(value, torch.Tensor) else None
+        )
+        if found is not None:
+            return found
+    return None

@@ -94,9 +94,10 @@ def test_the_space_a_file_needs_is_reserved_before_it_is_written(small_disk):
 def test_a_write_that_fails_after_the_space_check_is_the_same_one_error(tmp_path):
     # A file-size limit (RLIMIT_FSIZE, SIGXFSZ ignored) makes the kernel refuse the replay folder's write with EFBIG
     # after the free-space check has passed: the write itself fails, as on a disk filled by another process meanwhile.
-    config = chain_config("dqn", tmp_path, buffer_size=100_000)
+    # A checkpoint keeps the rows written: 8,192 of warm-up are ~0.4 MB; everything else the run writes is < 0.1 MB.
+    config = chain_config("dqn", tmp_path, buffer_size=100_000, warmup_frames=8192)
     path = write_config(config, tmp_path / "c.yaml")
-    limit = 1 << 20  # the chain buffer of 100,000 rows is several MB; everything else the run writes is far smaller
+    limit = 100_000
     program = (
         "import resource, signal, sys; signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
         f"resource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, {limit})); "

@@ -122,6 +122,12 @@ def test_checkpoint_restores_counters_buffer_and_exploration(tmp_path):
     # The collect that completes the 64 warm-up frames already earns 8 / 2 = 4 updates; each later one 4 more.
     assert state["frames"] == cli.datamodule.frames == 64 + (40 - 4) * 2
     assert saved_replay(tmp_path / "checkpoints/last.ckpt", state)[1]["write_count"] == cli.datamodule.frames
+    # The file holds the rows written, not the 100,000 the buffer allocates (an early checkpoint of a large buffer).
+    saved = torch.load(tmp_path / "checkpoints" / state["buffer_folder"] / "buffer.pt", weights_only=True)["buffer"]
+    tensors = [value for value in saved["_storage"]["_storage"].values() if isinstance(value, torch.Tensor)]
+    assert {tensor.shape[0] for tensor in tensors} == {
+        state["frames"]
+    } and cli.datamodule.buffer.storage.max_size == 10**5
     assert set(state["env"]) == {"position", "steps"}
     assert checkpoint["state_dict"]["egreedy.eps"] == pytest.approx(cli.model.epsilon(state["frames"]))
 
