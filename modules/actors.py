@@ -5,9 +5,9 @@ construction, its sampling through the TensorDict plumbing, each wrapped module'
 times the network's forward (docs/history/gymnasium.md, "Against Stable-Baselines3: the full table of 10:51–18:32").
 These actors keep the ``ProbabilisticActor`` (its modules, keys and spec, what the loss and checkpoints see) and compute
 the same action and log-probability as its forward from the same random draws, written out: :class:`CategoricalActor`
-for a ``Categorical``, :class:`NormalActor` for TorchRL's ``IndependentNormal``. Under an interaction type they do not
-handle, or with an output TensorDict, they are ``ProbabilisticActor.forward``, which is also their specification
-(tests/agents/test_actors.py).
+for a ``Categorical``, :class:`NormalActor` for TorchRL's ``IndependentNormal``, :class:`TanhNormalActor` for its
+``TanhNormal`` (SAC's actor). Under an interaction type they do not handle, or with an output TensorDict, they are
+``ProbabilisticActor.forward``, which is also their specification (tests/agents/test_actors.py).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModule, TensorDictModuleBase, TensorDictSequential
 from torchrl.data import TensorSpec
 from torchrl.envs.utils import ExplorationType, exploration_type, set_exploration_type
-from torchrl.modules import ProbabilisticActor
+from torchrl.modules import ProbabilisticActor, TanhNormal
 from torchrl.modules.distributions import IndependentNormal
 
 #: The interaction types the actors here compute themselves.
@@ -29,11 +29,15 @@ HANDLED = (ExplorationType.RANDOM, ExplorationType.DETERMINISTIC, ExplorationTyp
 
 class DirectActor(ProbabilisticActor):
     """A ``ProbabilisticActor`` whose forward writes the distribution's parameters, then :meth:`act`'s action and
-    log-probability. Modules that are plain ``TensorDictModule``s (a network on its inputs, directly or in a
-    ``TensorDictSequential``) are called as their networks."""
+    log-probability (with ``return_log_prob``). Modules that are plain ``TensorDictModule``s (a network on its
+    inputs, directly or in a ``TensorDictSequential``) are called as their networks."""
 
-    def __init__(self, module: TensorDictModuleBase, **kwargs: Any) -> None:
-        super().__init__(module, return_log_prob=True, **kwargs)
+    #: The interaction types :meth:`act` computes; under others the actor is ``ProbabilisticActor.forward``.
+    handled = HANDLED
+
+    def __init__(self, module: TensorDictModuleBase, return_log_prob: bool = True, **kwargs: Any) -> None:
+        super().__init__(module, return_log_prob=return_log_prob, **kwargs)
+        self._writes_log_prob = return_log_prob
         sampler = self.module[-1]
         self._parameter_keys = list(sampler.in_keys)
         self._action_key, self._log_prob_key = sampler.dist_sample_keys[0], sampler.log_prob_key
@@ -51,7 +55,7 @@ class DirectActor(ProbabilisticActor):
         self, tensordict: TensorDictBase, tensordict_out: TensorDictBase | None = None, **kwargs: Any
     ) -> TensorDictBase:
         mode = exploration_type() or self._default_interaction
-        if tensordict_out is not None or kwargs or mode not in HANDLED:
+        if tensordict_out is not None or kwargs or mode not in self.handled:
             return super().forward(tensordict, tensordict_out, **kwargs)
         if self._plain_writers is not None:
             for writer in self._plain_writers:
@@ -67,7 +71,8 @@ class DirectActor(ProbabilisticActor):
         parameters = [tensordict.get(key) for key in self._parameter_keys]
         action, log_prob = self.act(parameters, sample=mode is ExplorationType.RANDOM)
         tensordict.set(self._action_key, action)
-        tensordict.set(self._log_prob_key, log_prob)
+        if self._writes_log_prob:
+            tensordict.set(self._log_prob_key, log_prob)
         return tensordict
 
 
@@ -114,3 +119,51 @@ class NormalActor(DirectActor):
         # Normal.log_prob, summed over the action's dimensions as Independent sums it.
         log_density = -((action - loc) ** 2) / (2 * scale**2) - scale.log() - math.log(math.sqrt(2 * math.pi))
         return action, log_density.sum(-1)
+
+
+class TanhNormalActor(DirectActor):
+    """A policy sampling Box actions from TorchRL's ``TanhNormal`` of the ``loc`` and ``scale`` its module writes:
+    under ``RANDOM`` its ``rsample``, ``centre + half_range · tanh(loc + ε·scale)`` (ε drawn as
+    ``torch.distributions.Normal`` draws it; the affine step only where the box is not [−1, 1], as ``TanhNormal``
+    composes it), under ``DETERMINISTIC`` its deterministic sample, the same with ε = 0. It records no
+    log-probability: SAC's collection needs none (its loss draws its own actions). ``TanhNormal`` has no mode: under
+    ``MODE`` it is ``ProbabilisticActor.forward``, whose error says so."""
+
+    handled = (ExplorationType.RANDOM, ExplorationType.DETERMINISTIC)
+
+    def __init__(
+        self,
+        module: TensorDictModuleBase,
+        action_spec: TensorSpec,
+        low: torch.Tensor,
+        high: torch.Tensor,
+        **kwargs: Any,
+    ) -> None:
+        distribution_kwargs = {"low": low, "high": high, **kwargs.pop("distribution_kwargs", {})}
+        super().__init__(
+            module,
+            return_log_prob=False,
+            in_keys=["loc", "scale"],
+            spec=action_spec,
+            distribution_class=TanhNormal,
+            distribution_kwargs=distribution_kwargs,
+            **kwargs,
+        )
+        # Not buffers: the actor's parameters and buffers are what SACLoss and checkpoints hold. The box's centre and
+        # half-range as TanhNormal's affine step computes them, kept per device and dtype.
+        self._bounds = (low, high)
+        self._affine = bool((high != 1.0).any() or (low != -1.0).any())
+        self._box: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def act(self, parameters: list[torch.Tensor], sample: bool) -> tuple[torch.Tensor, None]:
+        loc, scale = torch.broadcast_tensors(*parameters)
+        pre_tanh = loc + torch.empty_like(loc).normal_() * scale if sample else loc
+        action = pre_tanh.tanh()
+        if self._affine:
+            key = (action.device, action.dtype)
+            if key not in self._box:
+                low, high = (bound.to(action) for bound in self._bounds)
+                self._box[key] = ((high + low) / 2, (high - low) / 2)
+            centre, half_range = self._box[key]
+            action = centre + half_range * action
+        return action, None

@@ -34,10 +34,10 @@ from tensordict.nn import NormalParamExtractor, TensorDictModule, TensorDictModu
 from torch import nn
 from torchrl.data import TensorSpec
 from torchrl.envs.utils import ExplorationType
-from torchrl.modules import ProbabilisticActor, TanhNormal
 from torchrl.objectives import SACLoss, SoftUpdate
 
 from datamodules.source import DataSource
+from modules.actors import TanhNormalActor
 from modules.base import RLModule
 from modules.gaussian import tanh_gaussian_sample
 from modules.networks import ScaledTanhPolicy, mlp
@@ -272,7 +272,8 @@ class SAC(RLModule):
         self.corrects_clone = actor.correction_bound is not None
         if self.corrects_clone:
             network = CloneCorrection(self.clone_network, network, actor.correction_bound)
-        self.actor = ProbabilisticActor(
+        # TorchRL's ProbabilisticActor over a TanhNormal, acting without building the distribution (modules/actors.py).
+        self.actor = TanhNormalActor(
             TensorDictModule(
                 nn.Sequential(
                     network,
@@ -281,12 +282,12 @@ class SAC(RLModule):
                 in_keys=["observation"],
                 out_keys=["loc", "scale"],
             ),
-            in_keys=["loc", "scale"],
-            spec=action_spec,
-            distribution_class=TanhNormal,
+            action_spec,
+            low,
+            high,
             # safe_tanh clamps inside tanh's inverse, which torch.compile cannot trace; the loss scores the exact
             # pre-tanh sample (rsample_and_log_prob), so the inverse is never taken in training.
-            distribution_kwargs={"low": low, "high": high, "safe_tanh": False},
+            distribution_kwargs={"safe_tanh": False},
             default_interaction_type=ExplorationType.RANDOM,
         )
         # The BC term's weight now: a tensor the compiled loss reads, set from the frame counter before each update.

@@ -5,11 +5,17 @@ from __future__ import annotations
 import pytest
 import torch
 from tensordict import TensorDict
-from tensordict.nn import InteractionType, TensorDictModule, TensorDictSequential, set_interaction_type
+from tensordict.nn import (
+    InteractionType,
+    NormalParamExtractor,
+    TensorDictModule,
+    TensorDictSequential,
+    set_interaction_type,
+)
 from torchrl.data import Bounded, Categorical, Unbounded
 from torchrl.modules import ProbabilisticActor
 
-from modules.actors import CategoricalActor, NormalActor
+from modules.actors import CategoricalActor, NormalActor, TanhNormalActor
 from modules.gaussian import gaussian_actor
 
 MODES = ["random", "deterministic", "mode"]
@@ -74,6 +80,42 @@ def test_the_normal_actor_acts_as_torchrls_probabilistic_actor_from_the_same_dra
     assert_same_outputs(ours, torchrls)
     sampled = not torch.equal(ours["action"], ours["loc"])
     assert sampled == (mode == "random")
+
+
+@pytest.mark.parametrize("box", ["unit", "asymmetric"])
+@pytest.mark.parametrize("mode", ["random", "deterministic"])
+def test_the_tanh_normal_actor_acts_as_torchrls_probabilistic_actor_from_the_same_draws(box, mode):
+    # SAC's actor: the same loc, scale and actions (ε from the same random numbers) as ProbabilisticActor over
+    # TanhNormal, bit for bit, on the [-1, 1] box (tanh alone) and on one the affine step rescales into.
+    torch.manual_seed(0)
+    low, high = (
+        (-torch.ones(3), torch.ones(3))
+        if box == "unit"
+        else (torch.tensor([-2.0, 0.0, -1.0]), torch.tensor([2.0, 1.0, 5.0]))
+    )
+    network = torch.nn.Sequential(torch.nn.Linear(4, 6), NormalParamExtractor(scale_mapping="biased_softplus_0.5"))
+    actor = TanhNormalActor(
+        TensorDictModule(network, in_keys=["observation"], out_keys=["loc", "scale"]),
+        Bounded(low, high, (3,)),
+        low,
+        high,
+        distribution_kwargs={"safe_tanh": False},
+    )
+    ours, torchrls = both_forwards(actor, 2 * torch.randn(64, 4), mode)
+    assert set(ours.keys()) == {"observation", "loc", "scale", "action"}  # SAC's collection stores no log-probability
+    assert_same_outputs(ours, torchrls)
+    assert ((ours["action"] >= low) & (ours["action"] <= high)).all()
+    deterministic = (high + low) / 2 + (high - low) / 2 * ours["loc"].tanh()
+    assert torch.allclose(ours["action"], deterministic) == (mode == "deterministic")
+
+
+def test_the_tanh_normal_actor_has_no_mode_as_torchrls_has_none():
+    low, high = -torch.ones(2), torch.ones(2)
+    network = torch.nn.Sequential(torch.nn.Linear(4, 4), NormalParamExtractor())
+    module = TensorDictModule(network, in_keys=["observation"], out_keys=["loc", "scale"])
+    actor = TanhNormalActor(module, Bounded(low, high, (2,)), low, high)
+    with pytest.raises(RuntimeError, match="has not analytical mode"), set_interaction_type(InteractionType.MODE):
+        actor(TensorDict({"observation": torch.randn(5, 4)}, batch_size=[5]))
 
 
 def test_the_tanh_normal_stays_torchrls_probabilistic_actor():
