@@ -634,21 +634,29 @@ def coverage() -> list[dict[str, Any]]:
     for algo, table in zoo_tables().items():
         pairs = [env_id for env_id in table if env_id not in ("atari", "default")]
         present = [env_id for env_id in pairs if installed(env_id)]
-        mapped = []
+        mapped, refused = [], {}
         for env_id in present if algo in MAPPED else []:
-            with contextlib.suppress(ZooError):
+            try:
                 MAPPED[algo](dict(table[env_id]), env_id, "coverage")
                 mapped.append(env_id)
-        rows.append({"algo": algo, "pairs": len(pairs), "installed": len(present), "mapped": mapped})
+            except ZooError as error:
+                refused[env_id] = str(error)
+        row = {"algo": algo, "pairs": len(pairs), "installed": len(present), "mapped": mapped, "refused": refused}
+        rows.append(row)
     return rows
 
 
 def coverage_table(rows: list[dict[str, Any]]) -> str:
-    """``coverage()`` as a Markdown table, with the totals."""
+    """``coverage()`` as a Markdown table, with the totals, then each installed pair not mapped with its one line."""
     lines = ["| algorithm | pairs | environment installed | mapped |", "|---|---:|---:|---:|"]
     lines += [f"| {r['algo']} | {r['pairs']} | {r['installed']} | {len(r['mapped'])} |" for r in rows]
     totals = [sum(r[key] for r in rows) for key in ("pairs", "installed")] + [sum(len(r["mapped"]) for r in rows)]
     lines.append(f"| all | {totals[0]} | {totals[1]} | {totals[2]} |")
+    lines += ["", "Installed pairs not mapped:"]
+    for r in rows:
+        if r["algo"] not in MAPPED and r["installed"]:
+            lines.append(f"- {r['algo']} ({r['installed']} installed): --algo {r['algo']}: not mapped yet")
+        lines += [f"- {message}" for message in r["refused"].values()]
     return "\n".join(lines)
 
 

@@ -164,12 +164,19 @@ def _lines(config):
 
 
 def test_the_coverage_counts_every_pair_and_maps_every_installed_dqn_entry(capsys):
-    from app.zoo import coverage, zoo_tables
+    from app.zoo import MAPPED, coverage, zoo_tables
 
     rows = {row["algo"]: row for row in coverage()}
     assert set(rows) == set(zoo_tables()) and rows["dqn"]["installed"] == len(rows["dqn"]["mapped"]) == 4
     assert {"CartPole-v1", "LunarLander-v3", "HalfCheetah-v4"} <= set(rows["ppo"]["mapped"])
     assert {"Pendulum-v1", "HalfCheetah-v4"} <= set(rows["sac"]["mapped"])
     assert all(row["mapped"] == [] for algo, row in rows.items() if algo not in ("dqn", "ppo", "sac"))  # not yet
+    # Every installed pair not mapped is one line saying why: the refusal `zoo --algo ... --env ...` gives.
+    assert all(len(row["mapped"]) + len(row["refused"]) == row["installed"] for row in rows.values() if row["mapped"])
+    assert rows["ppo"]["refused"]["Pendulum-v1"].startswith("cannot map ppo Pendulum-v1: sde_sample_freq: not mapped")
     result = app_in_process(capsys, "zoo", "--coverage")
     assert result.returncode == 0 and "| dqn | 4 | 4 | 4 |" in result.stdout
+    listed = result.stdout.split("Installed pairs not mapped:\n")[1].splitlines()
+    unmapped = sum(len(row["refused"]) + (algo not in MAPPED and row["installed"] > 0) for algo, row in rows.items())
+    assert len(listed) == unmapped and f"- {rows['ppo']['refused']['Pendulum-v1']}" in listed
+    assert f"- td3 ({rows['td3']['installed']} installed): --algo td3: not mapped yet" in listed
