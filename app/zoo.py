@@ -8,8 +8,8 @@ It reads ``hyperparams/<algo>.yml`` from the installed ``rl_zoo3`` package (the 
 train) and writes every mapped field with the Zoo's name beside it. A key it cannot map (an option lightrl lacks, a
 wrapper, an image policy) stops it with one line naming each such key and why: a config that silently meant something
 else would mislead the comparison it exists for. ``configs/gym/cartpole_dqn.yaml`` and ``lunarlander_dqn.yaml`` are
-this command's output, as are ``cartpole_ppo.yaml``, ``lunarlander_ppo.yaml`` and ``pendulum_sac.yaml``
-(tests/app/test_zoo.py).
+this command's output, as are ``cartpole_ppo.yaml``, ``lunarlander_ppo.yaml``, ``pendulum_sac.yaml`` and
+``pendulum_td3.yaml`` (tests/app/test_zoo.py).
 
 How the Zoo's numbers become lightrl's (Stable-Baselines3's defaults for the keys an entry leaves out). DQN:
 
@@ -34,7 +34,8 @@ initial scale; Stable-Baselines3's policy defaults (64-64 tanh MLPs, orthogonal 
 squared-error value loss) are written out. Runs of more than 50,000 updates compile their update.
 
 SAC: rounds, warm-up and budget as DQN's; the buffer at most the run's frames; ``ent_coef: auto``/``auto_X`` as α
-learned from 1/X; actor and critics of ``net_arch``.
+learned from 1/X; actor and critics of ``net_arch``. TD3: as SAC's, with ``noise_type: normal``'s ``noise_std`` as the
+acting noise and Stable-Baselines3's target policy smoothing and policy delay.
 
 All: greedy evaluations every tenth of the budget, checkpoints every fifth; logging every 100 updates below 10,000
 updates, else 500.
@@ -102,6 +103,21 @@ SB3_DEFAULTS = {
         "target_entropy": "auto",
         "n_envs": 1,
         "policy_kwargs": "dict(net_arch=[256, 256], activation_fn=nn.ReLU)",
+    },
+    "td3": {
+        "learning_rate": 1e-3,
+        "buffer_size": 1_000_000,
+        "learning_starts": 100,
+        "batch_size": 256,
+        "tau": 0.005,
+        "gamma": 0.99,
+        "train_freq": 1,
+        "gradient_steps": 1,
+        "policy_delay": 2,
+        "target_policy_noise": 0.2,
+        "target_noise_clip": 0.5,
+        "n_envs": 1,
+        "policy_kwargs": "dict(net_arch=[400, 300], activation_fn=nn.ReLU)",
     },
 }
 #: Most copies stepped together for a Zoo entry of one environment (its round divided among them).
@@ -394,13 +410,13 @@ def replay_round(zoo: Entry) -> tuple[int, int, int, int | float]:
 
 
 def map_sac(entry: dict[str, Any], env_id: str, run_name: str, exact_updates: bool = False) -> dict[str, Node]:
-    """The lightrl config of a SAC entry: rounds, warm-up and budget as DQN's; the replay buffer at most the run's
-    frames (a larger one never overwrites: the same draws, less memory); ``ent_coef: auto`` or ``auto_X`` is α
-    learned from 1 or X; one soft update of the target critics per update (``target_update_interval`` 1)."""
+    """The lightrl config of a SAC entry: rounds, warm-up and budget as DQN's, the data as :func:`replay_data`;
+    ``ent_coef: auto`` or ``auto_X`` is α learned from 1 or X; one soft update of the target critics per update
+    (``target_update_interval`` 1)."""
     zoo = Entry("sac", env_id, entry)
     zoo.refuse_unknown()
     budget = number(zoo["n_timesteps"])
-    round_frames, updates, copies, frames_per_update = replay_round(zoo)
+    _, _, _, frames_per_update = replay_round(zoo)
     warmup = number(zoo["learning_starts"])
     net = network(zoo)
     learning_rate, schedule = rate(zoo, "learning_rate", budget)
@@ -419,7 +435,6 @@ def map_sac(entry: dict[str, Any], env_id: str, run_name: str, exact_updates: bo
     critics = {"hidden_sizes": Node(layers.value, "the same for each of the two critics")}
     critics["tau"] = Node(float(zoo["tau"]), zoo.name("tau"))
     max_steps, steps_note = replay_budget(budget, warmup, frames_per_update)
-    buffer = min(number(zoo["buffer_size"]), budget)
     model = {
         "actor": Node(children=actor),
         "critics": Node(children=critics),
@@ -432,19 +447,70 @@ def map_sac(entry: dict[str, Any], env_id: str, run_name: str, exact_updates: bo
             children={"lr": Node(learning_rate, zoo.name("learning_rate") + " (actor, critics and α)"), **schedule}
         ),
     }
+    small = "batch-256 updates of small MLPs: one thread is fastest on a shared CPU"
+    train = trainer(max_steps, steps_note, run_name, budget)
+    data = replay_data(zoo, env_id, budget)
+    return config(small, train, "modules.sac.SAC", model, "datamodules.replay.ReplayDataModule", data)
+
+
+def replay_data(zoo: Entry, env_id: str, budget: int) -> dict[str, Any]:
+    """``data`` of an actor-critic off-policy entry (SAC, TD3): the round of ``train_freq × n_envs`` frames and its
+    ``gradient_steps``, the replay buffer at most the run's frames (a larger one never overwrites: the same draws, less
+    memory), the batch and the warm-up."""
+    round_frames, updates, copies, frames_per_update = replay_round(zoo)
+    buffer = min(number(zoo["buffer_size"]), budget)
     buffer_note = zoo.name("buffer_size") + (": at most the run's frames" if buffer < zoo["buffer_size"] else "")
-    data = {
+    return {
         "env_id": env_id,
         "num_envs": Node(copies, f"copies stepped together (the Zoo: n_envs {zoo['n_envs']})"),
         "collect_steps": Node(round_frames // copies, f"a round of train_freq x n_envs: {round_frames} frames"),
         "buffer_size": Node(buffer, buffer_note),
         "batch_size": Node(zoo["batch_size"], zoo.name("batch_size")),
-        "warmup_frames": Node(warmup, zoo.name("learning_starts")),
+        "warmup_frames": Node(number(zoo["learning_starts"]), zoo.name("learning_starts")),
         "frames_per_update": Node(frames_per_update, f"the round's frames over its {updates} updates"),
+    }
+
+
+def map_td3(entry: dict[str, Any], env_id: str, run_name: str, exact_updates: bool = False) -> dict[str, Node]:
+    """The lightrl config of a TD3 entry: rounds, warm-up, budget and buffer as SAC's; ``noise_type: normal`` with
+    ``noise_std`` is the acting noise (in half-range units, as Stable-Baselines3's); the target policy's smoothing
+    noise, its clip and the policy delay as Stable-Baselines3's (``target_policy_noise``, ``target_noise_clip``,
+    ``policy_delay``); actor and critics of ``net_arch``. During the warm-up lightrl's TD3 acts uniformly at random,
+    as Stable-Baselines3 does before ``learning_starts``."""
+    zoo = Entry("td3", env_id, entry)
+    zoo.refuse_unknown("noise_type", "noise_std")
+    budget = number(zoo["n_timesteps"])
+    _, _, _, frames_per_update = replay_round(zoo)
+    warmup = number(zoo["learning_starts"])
+    net = network(zoo)
+    learning_rate, schedule = rate(zoo, "learning_rate", budget)
+    noise_type, noise_std = zoo.values.get("noise_type"), float(zoo.values.get("noise_std", 0.0))
+    if noise_type not in (None, "normal"):
+        zoo.problems.append(f"noise_type {noise_type}: lightrl's TD3 acts with Gaussian noise (normal)")
+    if "activation" in net:  # network() writes it only when not ReLU
+        zoo.problems.append("policy_kwargs activation_fn: lightrl's TD3 networks are ReLU MLPs")
+    zoo.check()
+    layers = net.pop("hidden_sizes")
+    critics = {"hidden_sizes": Node(layers.value, "the same for each of the two critics")}
+    critics["tau"] = Node(float(zoo["tau"]), zoo.name("tau"))
+    max_steps, steps_note = replay_budget(budget, warmup, frames_per_update)
+    noise_note = f"noise_type normal, noise_std {noise_std}" if noise_type else "no action noise (the Zoo gives none)"
+    model = {
+        "actor": Node(children={"hidden_sizes": layers}),
+        "critics": Node(children=critics),
+        "gamma": Node(float(zoo["gamma"]), zoo.name("gamma")),
+        "action_noise": Node(noise_std, noise_note + " (half-range units)"),
+        "target_noise": Node(float(zoo["target_policy_noise"]), zoo.name("target_policy_noise")),
+        "target_noise_clip": Node(float(zoo["target_noise_clip"]), zoo.name("target_noise_clip")),
+        "policy_delay": Node(zoo["policy_delay"], zoo.name("policy_delay")),
+        "optimizer": Node(
+            children={"lr": Node(learning_rate, zoo.name("learning_rate") + " (actor and critics)"), **schedule}
+        ),
     }
     small = "batch-256 updates of small MLPs: one thread is fastest on a shared CPU"
     train = trainer(max_steps, steps_note, run_name, budget)
-    return config(small, train, "modules.sac.SAC", model, "datamodules.replay.ReplayDataModule", data)
+    data = replay_data(zoo, env_id, budget)
+    return config(small, train, "modules.td3.TD3", model, "datamodules.replay.ReplayDataModule", data)
 
 
 def map_ppo(entry: dict[str, Any], env_id: str, run_name: str, exact_updates: bool = False) -> dict[str, Node]:
@@ -544,7 +610,7 @@ def compiled(updates: int) -> dict[str, Node]:
 
 
 #: The algorithms this command maps: the function that maps an entry.
-MAPPED = {"dqn": map_dqn, "ppo": map_ppo, "sac": map_sac}
+MAPPED = {"dqn": map_dqn, "ppo": map_ppo, "sac": map_sac, "td3": map_td3}
 
 
 def render(config: dict[str, Node], indent: int = 0) -> list[str]:

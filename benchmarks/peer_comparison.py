@@ -60,7 +60,7 @@ class Task:
     zoo_score: str = ""  # the RL Zoo's benchmark.md: mean ± std at its budget
 
 
-#: The RL Zoo's hyperparameters (rl-baselines3-zoo, hyperparams/{dqn,ppo,sac}.yml) and published scores
+#: The RL Zoo's hyperparameters (rl-baselines3-zoo, hyperparams/{dqn,ppo,sac,td3}.yml) and published scores
 #: (benchmark.md). ``lin_X``: a learning rate (or clip range) falling linearly from X to 0 over the run.
 TASKS: dict[str, Task] = {
     "cartpole_dqn": Task(
@@ -154,6 +154,24 @@ TASKS: dict[str, Task] = {
         sb3_algo="SAC",
         sb3_kwargs={"learning_rate": 1e-3},
         zoo_score="-157.0 ± 88.7 at 20k",
+    ),
+    "pendulum_td3": Task(
+        "Pendulum-v1",
+        "configs/gym/pendulum_td3.yaml",
+        threshold=-200,
+        budget=20_000,
+        eval_every=1_000,
+        sb3_algo="TD3",
+        sb3_kwargs={
+            "gamma": 0.98,
+            "buffer_size": 200_000,
+            "learning_starts": 10_000,
+            "action_noise_std": 0.1,  # noise_type normal: NormalActionNoise of this sigma on every action dimension
+            "gradient_steps": 1,
+            "train_freq": 1,
+            "learning_rate": 1e-3,
+            "policy_kwargs": {"net_arch": [400, 300]},
+        },
     ),
     # Short runs: these tasks' budgets (1M-10M frames) are for a GPU machine; here both frameworks train for the same
     # wall time (--seconds) and the report compares their frames/s and returns with the random policy's.
@@ -376,6 +394,12 @@ def sb3_run(task_name: str, seed: int, csv_path: Path, episodes: int, threads: i
         kwargs["policy_kwargs"] = {**kwargs["policy_kwargs"]}
         kwargs["policy_kwargs"]["activation_fn"] = getattr(torch.nn, kwargs["policy_kwargs"]["activation_fn"])
     env, eval_env = sb3_envs(task, seed, episodes)
+    if "action_noise_std" in kwargs:  # the Zoo's noise_type normal: Gaussian noise on every action dimension
+        import numpy as np
+        from stable_baselines3.common.noise import NormalActionNoise
+
+        dims = env.action_space.shape[-1]
+        kwargs["action_noise"] = NormalActionNoise(np.zeros(dims), kwargs.pop("action_noise_std") * np.ones(dims))
     policy = "CnnPolicy" if task.sb3_wrap == "atari" else "MlpPolicy"
     model = getattr(stable_baselines3, task.sb3_algo)(policy, env, seed=seed, verbose=0, **kwargs)
     rows: list[dict[str, float]] = []

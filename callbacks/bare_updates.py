@@ -6,7 +6,7 @@ that runs on machines of different speed, or on different days, can be compared,
 update by it. Each reference copies the agent's networks and returns ``step(i)``, one update on the ``i``-th of a
 few batches of real transitions drawn from the agent's environment before timing: the loss maths written out (the
 same as the agent's TorchRL loss computes), backward, gradient clip and a fused Adam step. :func:`bare_update` picks
-the agent's (DQN and PIRL, PPO, SAC); the agents' own files hold the agents only.
+the agent's (DQN and PIRL, PPO, SAC, TD3); the agents' own files hold the agents only.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from modules.pde import physics_losses
 from modules.pirl import PhysicsInformedDQN
 from modules.ppo import PPO, categorical_log_prob_and_entropy, gaussian_log_prob_and_entropy
 from modules.sac import SAC
+from modules.td3 import TD3
 
 POOL = 16  # at most this many distinct pre-drawn batches the bare loop cycles through ...
 POOL_TRANSITIONS = 1024  # ... and at most this many transitions in all (Mario's are 256 KiB each, and its emulators
@@ -190,7 +191,13 @@ def reference_for(model: Any) -> Callable[[Any, Any], Callable[[int], torch.Tens
     (behaviour cloning, recurrent PPO)."""
     if isinstance(model, PhysicsInformedDQN):
         return lambda model, data: reference_dqn_update(model, data, with_physics=True)
-    for agent, reference in ((DQN, reference_dqn_update), (PPO, reference_ppo_update), (SAC, reference_sac_update)):
+    references = (
+        (DQN, reference_dqn_update),
+        (PPO, reference_ppo_update),
+        (SAC, reference_sac_update),
+        (TD3, reference_td3_update),
+    )
+    for agent, reference in references:
         if isinstance(model, agent):
             return reference
     return None
@@ -359,6 +366,65 @@ def reference_sac_update(model: Any, data: Any) -> Callable[[int], torch.Tensor]
         loss.backward()
         optimizer_step(parameters, optimizer, model.optim.max_grad_norm)
         foreach_lerp_(*target_pairs, tau)
+        return loss.detach()
+
+    return step
+
+
+def reference_td3_update(model: Any, data: Any) -> Callable[[int], torch.Tensor]:
+    """TD3 written out: the clipped double-Q target from the target critics at the target actor's action plus clipped
+    Gaussian noise, both critics' MSE and, every ``policy_delay``-th update, the actor's −Q₁(s, μ(s)) through detached
+    critics; backward, clip, fused Adam, and on those updates the Polyak step of the target actor and critics. The
+    critics run one after the other rather than vmapped. Same weights, same batches and the same random draws in the
+    same order as the agent's loss."""
+    device = data.device
+    loss_module = model.loss_module
+
+    def plain(module: nn.Module, params: TensorDict) -> nn.Module:
+        """A copy of the TensorDictModule ``module`` holding ``params`` (the loss module's), as its plain network."""
+        copied = copy.deepcopy(module).to(device)
+        copied.load_state_dict({key: value.clone() for key, value in params.detach().flatten_keys(".").items()})
+        return copied.module
+
+    actor = plain(model.actor, loss_module.actor_network_params)
+    target_actor = plain(model.actor, loss_module.target_actor_network_params).requires_grad_(False)
+    count = loss_module.num_qvalue_nets
+    critics = [plain(model.qvalue, loss_module.qvalue_network_params[i]) for i in range(count)]
+    targets = [plain(model.qvalue, loss_module.target_qvalue_network_params[i]) for i in range(count)]
+    for target in targets:
+        target.requires_grad_(False)
+    parameters = [*actor.parameters(), *(p for critic in critics for p in critic.parameters())]
+    optimizer = make_adam(parameters, model)
+    gamma, tau, delay = float(loss_module.value_estimator.gamma), model.tau, model.policy_delay
+    noise_scale, noise_clip = loss_module.policy_noise.to(device), loss_module.noise_clip.to(device)
+    low, high = loss_module.min_action.to(device), loss_module.max_action.to(device)
+    target_pairs = (
+        [p.data for net in (target_actor, *targets) for p in net.parameters()],
+        [p.data for net in (actor, *critics) for p in net.parameters()],
+    )
+    batches = batch_pool(data, data.batch_size)
+
+    def step(i: int) -> torch.Tensor:
+        batch = batches[i % len(batches)]
+        delayed = (i + 1) % delay == 0
+        loss = torch.zeros((), device=device)
+        if delayed:
+            q_first = torch.func.functional_call(
+                critics[0],
+                {k: v.detach() for k, v in critics[0].named_parameters()},
+                (batch["observation"], actor(batch["observation"])),
+            )
+            loss = loss - q_first.mean()
+        noise = (torch.randn_like(batch["action"]) * noise_scale).clamp(-noise_clip, noise_clip)
+        with torch.no_grad():
+            next_action = (target_actor(batch["next_observation"]) + noise).clamp(low, high)
+            next_q = torch.stack([t(batch["next_observation"], next_action).squeeze(-1) for t in targets]).amin(0)
+            y = batch["reward"] + gamma * (~batch["terminated"]) * next_q
+        loss = loss + sum((c(batch["observation"], batch["action"]).squeeze(-1) - y).pow(2).mean() for c in critics)
+        loss.backward()
+        optimizer_step(parameters, optimizer, model.optim.max_grad_norm)
+        if delayed:
+            foreach_lerp_(*target_pairs, tau)
         return loss.detach()
 
     return step

@@ -359,17 +359,21 @@ class RLModule(pl.LightningModule):
         batches: list[TensorDictBase],
         loss_inputs: Callable[[TensorDictBase], dict[str, Any]] | None = None,
         held: frozenset[str] = frozenset(),
+        loss: Callable[..., TensorDictBase] | None = None,
     ) -> tuple[torch.Tensor, TensorDictBase, torch.Tensor | None]:
         """The (compiled, with ``compile``) :meth:`loss` of each batch and its backward, each loss divided by their
         number so that the gradients sum to those of their mean (gradient accumulation). ``loss_inputs(batch)``: the
         loss's inputs beyond its batch (PIRL's collocation points), drawn eagerly before the compiled loss;
-        ``held``: loss terms left out of the sum (:meth:`loss_sum`). Returns the detached mean loss, the last batch's
+        ``held``: loss terms left out of the sum (:meth:`loss_sum`); ``loss``: another (compiled) loss function than
+        the update's own, for an update that computes only part of it (TD3's critics between two actor updates).
+        Returns the detached mean loss, the last batch's
         loss terms (not detached: a new TensorDict per update costs more than the few logged steps need) and the
         batches' per-sample ``td_error`` in the order they were served (prioritized replay's new priorities), or
         None when the loss gives none."""
         total, td_errors = None, []
+        compute = self._compiled_loss if loss is None else loss
         for batch in batches:
-            losses = self._compiled_loss(batch, **(loss_inputs(batch) if loss_inputs is not None else {}))
+            losses = compute(batch, **(loss_inputs(batch) if loss_inputs is not None else {}))
             # Outside the compiled function, so that holding a term back never selects a stale compiled graph.
             loss = self.loss_sum(losses, held)
             # Through Lightning, which prepares DDP's gradient all-reduce and runs the backward hooks of callbacks.

@@ -40,38 +40,11 @@ from datamodules.source import DataSource
 from modules.actors import TanhNormalActor
 from modules.base import RLModule
 from modules.gaussian import tanh_gaussian_sample
-from modules.networks import ScaledTanhPolicy, mlp
+from modules.networks import CriticOptions, QNetwork, ScaledTanhPolicy, check_widths, mlp
 from modules.optim import OptimizerOptions
 from modules.spaces import BOX, check_action_space, check_bounded, check_flat_observation, model_name, observation_entry
 
 ACTOR_INIT = "model.actor_init"
-
-
-class QNetwork(nn.Module):
-    """``(observation, action) → Q``: an MLP over the observation and the action scaled from its box to [−1, 1]."""
-
-    def __init__(self, observation_dim: int, hidden_sizes: Sequence[int], low: torch.Tensor, high: torch.Tensor):
-        super().__init__()
-        self.register_buffer("centre", (high + low) / 2)
-        self.register_buffer("half_range", (high - low) / 2)
-        self.network = mlp(observation_dim + low.numel(), hidden_sizes, 1)
-
-    def forward(self, observation: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
-        return self.network(torch.cat([observation, (action - self.centre) / self.half_range], -1))
-
-    def ensemble(self, parameters: TensorDictBase, observation: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
-        """Every critic's Q of a batch ``[batch, ...]`` at once, ``[critics, batch]``: ``parameters`` holds each of
-        this network's entries stacked over the critics (``SACLoss``'s ``qvalue_network_params``), and each linear
-        layer is one batched matmul over them, what ``vmap`` of :meth:`forward` computes without its Python."""
-        scaled = (action - parameters["centre"].unsqueeze(-2)) / parameters["half_range"].unsqueeze(-2)
-        x = torch.cat([observation.expand(scaled.shape[0], *observation.shape), scaled], -1)
-        for index, layer in enumerate(self.network):
-            if isinstance(layer, nn.Linear):
-                weight, bias = parameters["network", str(index), "weight"], parameters["network", str(index), "bias"]
-                x = torch.baddbmm(bias.unsqueeze(-2), x, weight.mT)
-            else:  # the activation, elementwise
-                x = layer(x)
-        return x.squeeze(-1)
 
 
 class Location(nn.Module):
@@ -136,31 +109,6 @@ class ActorOptions:
 
 
 @dataclass(frozen=True)
-class CriticOptions:
-    """The Q critics: ``critics:`` in a SAC's ``init_args``.
-
-    Args:
-        hidden_sizes: widths of each critic's hidden layers (the reference's 128, 64).
-        count: Q-networks (2: the clipped double-Q of the reference). Their minimum is both the target and what the
-            actor climbs, so more critics make both more pessimistic where they disagree: off the states the data
-            covers, where an actor that follows a single critic's optimism leaves the road.
-        tau: Polyak rate of the target critics.
-    """
-
-    hidden_sizes: Sequence[int] = field(default=(128, 64), metadata={"formerly": "critic_hidden_sizes"})
-    count: int = field(default=2, metadata={"formerly": "num_critics"})
-    tau: float = 0.005
-
-    def __post_init__(self) -> None:
-        check_widths("model.critics.hidden_sizes", self.hidden_sizes)
-        object.__setattr__(self, "hidden_sizes", tuple(self.hidden_sizes))
-        if self.count < 1:
-            raise ValueError(f"model.critics.count must be >= 1, got {self.count}")
-        if not 0 < self.tau <= 1:
-            raise ValueError(f"model.critics.tau must be in (0, 1], got {self.tau}")
-
-
-@dataclass(frozen=True)
 class BCTermOptions:
     """The behaviour-cloning term: ``bc_term:`` in a SAC's ``init_args``.
 
@@ -187,11 +135,6 @@ class BCTermOptions:
             raise ValueError(f"model.bc_term.weight_end must be in [0, weight = {self.weight}], got {self.weight_end}")
         if self.frames < 1:
             raise ValueError(f"model.bc_term.frames must be >= 1, got {self.frames}")
-
-
-def check_widths(name: str, sizes: Sequence[int]) -> None:
-    if not sizes or min(sizes) < 1:
-        raise ValueError(f"{name} must be widths >= 1, got {list(sizes)}")
 
 
 class SAC(RLModule):

@@ -20,6 +20,7 @@ SHIPPED = {
     ("ppo", "CartPole-v1"): "configs/gym/cartpole_ppo.yaml",
     ("ppo", "LunarLander-v3"): "configs/gym/lunarlander_ppo.yaml",
     ("sac", "Pendulum-v1"): "configs/gym/pendulum_sac.yaml",
+    ("td3", "Pendulum-v1"): "configs/gym/pendulum_td3.yaml",
 }
 
 
@@ -104,6 +105,7 @@ def mapped_pairs() -> list[tuple[str, str]]:
 SHORT = {
     "dqn": ("--data.init_args.warmup_frames", "64"),
     "sac": ("--data.init_args.warmup_frames", "64"),
+    "td3": ("--data.init_args.warmup_frames", "64"),
     "ppo": (
         "--data.init_args.collect_steps",
         "8",
@@ -130,7 +132,7 @@ def test_every_pair_the_command_maps_builds_and_trains(algo, env_id, tmp_path, c
 
 
 def test_the_coverage_figure_has_every_pair_this_file_trains():
-    assert len(mapped_pairs()) >= 25  # DQN's 4, PPO's 13, SAC's 8 (2026-11-30): each trained one update above
+    assert len(mapped_pairs()) >= 35  # DQN's 4, PPO's 13, SAC's 8, TD3's 10 (2026-11-30): each trained one update
 
 
 @pytest.mark.parametrize(
@@ -138,7 +140,7 @@ def test_the_coverage_figure_has_every_pair_this_file_trains():
     [
         (["--algo", "dqn", "--env", "atari"], "; policy CnnPolicy: only MlpPolicy entries are mapped (image: not yet)"),
         (["--algo", "dqn", "--env", "Pong-v9"], "--env Pong-v9: not in the RL Zoo's hyperparams/dqn.yml"),
-        (["--algo", "a3c", "--env", "CartPole-v1"], "--algo a3c: not mapped yet (this command maps dqn, ppo, sac)"),
+        (["--algo", "a3c", "--env", "CartPole-v1"], "--algo a3c: not mapped yet (this command maps dqn, ppo, sac, td3"),
         (["--algo", "ppo", "--env", "Pendulum-v1"], "cannot map ppo Pendulum-v1: sde_sample_freq: not mapped"),
     ],
 )
@@ -170,7 +172,8 @@ def test_the_coverage_counts_every_pair_and_maps_every_installed_dqn_entry(capsy
     assert set(rows) == set(zoo_tables()) and rows["dqn"]["installed"] == len(rows["dqn"]["mapped"]) == 4
     assert {"CartPole-v1", "LunarLander-v3", "HalfCheetah-v4"} <= set(rows["ppo"]["mapped"])
     assert {"Pendulum-v1", "HalfCheetah-v4"} <= set(rows["sac"]["mapped"])
-    assert all(row["mapped"] == [] for algo, row in rows.items() if algo not in ("dqn", "ppo", "sac"))  # not yet
+    assert {"Pendulum-v1", "HalfCheetah-v4", "Humanoid-v4"} <= set(rows["td3"]["mapped"])
+    assert all(row["mapped"] == [] for algo, row in rows.items() if algo not in ("dqn", "ppo", "sac", "td3"))
     # Every installed pair not mapped is one line saying why: the refusal `zoo --algo ... --env ...` gives.
     assert all(len(row["mapped"]) + len(row["refused"]) == row["installed"] for row in rows.values() if row["mapped"])
     assert rows["ppo"]["refused"]["Pendulum-v1"].startswith("cannot map ppo Pendulum-v1: sde_sample_freq: not mapped")
@@ -179,4 +182,4 @@ def test_the_coverage_counts_every_pair_and_maps_every_installed_dqn_entry(capsy
     listed = result.stdout.split("Installed pairs not mapped:\n")[1].splitlines()
     unmapped = sum(len(row["refused"]) + (algo not in MAPPED and row["installed"] > 0) for algo, row in rows.items())
     assert len(listed) == unmapped and f"- {rows['ppo']['refused']['Pendulum-v1']}" in listed
-    assert f"- td3 ({rows['td3']['installed']} installed): --algo td3: not mapped yet" in listed
+    assert f"- tqc ({rows['tqc']['installed']} installed): --algo tqc: not mapped yet" in listed

@@ -423,6 +423,7 @@ def test_the_gym_configs_cite_the_rl_zoo_and_name_the_gymnasium_env():
         "lunarlander_dqn",
         "lunarlander_ppo",
         "pendulum_sac",
+        "pendulum_td3",
     }
     for path in GYM_CONFIGS:
         text = path.read_text()

@@ -1,0 +1,137 @@
+"""TD3 on Pendulum as users run it (the Zoo's mapped config, its logger and run folder): delayed actor and target
+updates, the uniform warm-up, the bare reference update's loss, exact resume, and the errors it gives."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from torchrl.data import Bounded, Composite, Unbounded
+
+from app.cli import build, main
+from callbacks.bare_updates import as_replay_sample, bare_update, batch_pool
+from modules.td3 import TD3
+from tests.helpers import RESEEDED, ROOT, AfterUpdate, fit, saved_replay, weights, write_config
+
+CONFIG = ROOT / "configs/gym/pendulum_td3.yaml"
+#: Small networks and batches, a short warm-up, evaluation off: seconds, not the Zoo's minutes.
+NETS = (
+    *("--model.init_args.actor.hidden_sizes", "[32, 32]", "--model.init_args.critics.hidden_sizes", "[32, 32]"),
+    *("--data.init_args.batch_size", "32", "--data.init_args.warmup_frames", "64", "--threads", "1"),
+)
+SMALL = (*NETS, "--trainer.callbacks.init_args.bare_update_seconds", "0")  # the throughput report's yardstick off
+
+
+def run_in(folder: Path, *overrides: str):
+    return fit(CONFIG, *SMALL, "--trainer.logger.init_args.save_dir", str(folder / "runs"), *overrides)
+
+
+def checkpoint_of(folder: Path) -> Path:
+    return folder / "runs/gym_pendulum_td3/version_0/checkpoints/last.ckpt"
+
+
+class Snapshots(AfterUpdate):
+    """The actor's and the target networks' weights after each update."""
+
+    def __init__(self) -> None:
+        self.actor, self.targets = [], []
+
+    def after_update(self, trainer, pl_module) -> None:
+        module = pl_module.loss_module
+        self.actor.append(module.actor_network_params.detach().clone())
+        self.targets.append(
+            (module.target_actor_network_params.detach().clone(), module.target_qvalue_network_params.detach().clone())
+        )
+
+
+def changed(a, b) -> bool:
+    return not all(torch.equal(x, y) for x, y in zip(a.values(True, True), b.values(True, True), strict=True))
+
+
+@pytest.mark.slow
+def test_the_actor_and_the_targets_move_every_second_update_and_the_warm_up_acts_uniformly(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    snapshots = Snapshots()
+    config = ["fit", "--config", str(CONFIG), *SMALL, "--trainer.max_steps", "6"]
+    cli = main(config, extra_callbacks=[snapshots])
+    assert cli.trainer.global_step == 6
+    # Updates 1, 3, 5 (counting from 1) train the critics only; 2, 4, 6 the actor too, then move the targets.
+    moves = [changed(before, after) for before, after in zip(snapshots.actor, snapshots.actor[1:], strict=False)]
+    assert moves == [True, False, True, False, True]  # between updates (1,2), (2,3), ...: the actor moved at 2, 4, 6
+    target_moves = [
+        changed(a[0], b[0]) and changed(a[1], b[1])
+        for a, b in zip(snapshots.targets, snapshots.targets[1:], strict=False)
+    ]
+    assert target_moves == [True, False, True, False, True]
+    # The 64 warm-up frames acted uniformly on the box [-2, 2] (a noisy untrained actor stays near its one action).
+    checkpoint = tmp_path / "runs/gym_pendulum_td3/version_0/checkpoints/last.ckpt"
+    state = torch.load(checkpoint, weights_only=True)["ReplayDataModule"]
+    rows, _ = saved_replay(checkpoint, state)
+    warm_up = rows["action"][:64].flatten()
+    assert warm_up.min() < -1.5 and warm_up.max() > 1.5 and 0.9 < warm_up.std() < 1.4  # uniform on [-2, 2]: 1.15
+    after = rows["action"][64:].flatten()
+    assert len(after) > 0 and after.std() < 0.5  # the actor's action plus noise of 0.1 half-range (0.2)
+
+
+def racing_config(root: Path) -> Path:
+    """The shipped TD3 config on the racing car: an environment whose state a checkpoint restores exactly (a
+    Gymnasium task's episodes restart on loading), and a box of unequal half-ranges (throttle [−6, 4], steering
+    ±0.44), each dimension with its own noise scales."""
+    config = yaml.safe_load(CONFIG.read_text())
+    config["data"]["init_args"]["env"] = {"class_path": "envs.racing.env.RacingEnv"}
+    config["data"]["init_args"]["num_envs"] = 4
+    config["trainer"]["logger"]["init_args"]["save_dir"] = str(root / "runs")
+    config["trainer"]["callbacks"] = [
+        {"class_path": "callbacks.schedule.FrameCheckpoint", "init_args": {"every_n_frames": 10**9}}
+    ]
+    root.mkdir(parents=True, exist_ok=True)
+    return write_config(config, root / "td3_racing.yaml")
+
+
+@pytest.mark.slow
+def test_a_resumed_run_ends_with_the_uninterrupted_runs_weights(tmp_path):
+    # The stop falls after a critic-only update; the checkpoint carries the replay buffer, the targets, Adam's state
+    # of both groups, every RNG, and the update counter that keeps the delay's rhythm and ends the uniform warm-up.
+    half, small = 15, NETS
+    fit(racing_config(tmp_path / "full"), *small, "--trainer.max_steps", str(2 * half))
+    interrupted = racing_config(tmp_path / "half")
+    fit(interrupted, *small, "--trainer.max_steps", str(half))
+    first_half = weights(checkpoint_of(tmp_path / "half"))
+    cli = fit(interrupted, *small, "--trainer.max_steps", str(2 * half), "--ckpt_path", "last", *RESEEDED)
+    assert cli.trainer.global_step == 2 * half
+    full, resumed = weights(checkpoint_of(tmp_path / "full")), weights(checkpoint_of(tmp_path / "half"))
+    assert full.keys() == resumed.keys() and any("target_actor" in key for key in full)
+    for key in full:
+        assert torch.equal(full[key], resumed[key]), key
+    moved = [
+        key for key in resumed if resumed[key].is_floating_point() and not torch.equal(first_half[key], resumed[key])
+    ]
+    assert any("target_qvalue" in key for key in moved) and any(key.startswith("actor.") for key in moved)
+    assert not (tmp_path / "half/runs/gym_pendulum_td3/version_1").exists()  # continued in its run folder
+
+
+def test_the_bare_update_computes_the_agents_loss_with_and_without_the_actor():
+    model, data = build([str(CONFIG)], [*SMALL])
+    pool = [as_replay_sample(batch) for batch in batch_pool(data, data.batch_size)]
+    # Update 1 (step 0) trains the critics only; update 2 (step 1) the actor too. Each bare loop starts from the
+    # model's weights, and the target policy's noise is drawn inside both losses.
+    for i, terms in ((0, ("loss_qvalue",)), (1, ("loss_qvalue", "loss_actor"))):
+        step = bare_update(model, data)
+        torch.manual_seed(7)
+        losses = model.loss(pool[i].clone())
+        torch.manual_seed(7)
+        assert step(i) == pytest.approx(sum(losses[term] for term in terms).item(), rel=1e-5), terms
+    # Between actor updates the update computes the critics' loss alone: the same number, from the same draw.
+    torch.manual_seed(7)
+    alone = model.critic_loss(pool[1].clone())["loss_qvalue"]
+    assert torch.equal(alone, losses["loss_qvalue"])
+
+
+def test_an_unbounded_box_or_a_bad_option_is_one_error_naming_it():
+    observation = Composite(observation=Unbounded(shape=(3,)))
+    with pytest.raises(ValueError, match="maps a tanh onto a bounded box"):
+        TD3(observation, Unbounded(shape=(2,)))
+    with pytest.raises(ValueError, match="model.policy_delay must be >= 1"):
+        TD3(observation, Bounded(-1.0, 1.0, (2,)), policy_delay=0)
