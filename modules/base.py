@@ -207,6 +207,31 @@ class RLModule(pl.LightningModule):
         if self.compile_mode == "cudagraph":
             self._check_cuda_graph(datamodule, cannot_capture)
 
+    def check_random_update(self, datamodule: DataSource) -> None:
+        """The checks of an update that draws random numbers and gives no priorities (SAC, TD3): a round collected
+        beside it in another thread (``prefetch``) would draw from the same global generator in an order that changes
+        from run to run, and prioritized replay would get nothing back."""
+        if datamodule.prefetch:
+            raise ValueError(
+                f"data.collection.prefetch: {type(self).__name__}'s update draws random numbers, "
+                "and a round collected beside it would draw from the same generator in an order that varies, so runs "
+                "would not repeat; use prefetch false"
+            )
+        if datamodule.prioritized:
+            raise ValueError(f"data.priority.alpha: {type(self).__name__} gives the replay buffer no priorities; use 0")
+
+    def actor_critic_optimizer(self, actor_lr: float) -> torch.optim.Optimizer:
+        """The fused Adam of an actor-critic (SAC, TD3): the actor's parameters (the loss module's
+        ``actor_network_params``) at ``actor_lr``, the rest (the critics, SAC's log α) at ``optimizer.lr``."""
+        actor = {id(p) for p in self.loss_module.actor_network_params.values(True, True)}
+        parameters = self.trainable_parameters()
+        return self.optim.adam(
+            [
+                {"params": [p for p in parameters if id(p) in actor], "lr": actor_lr},
+                {"params": [p for p in parameters if id(p) not in actor]},
+            ]
+        )
+
     def _check_cuda_graph(self, datamodule: DataSource, cannot_capture: tuple[str, ...]) -> None:
         """Refuse ``compile: cudagraph`` where replaying one captured update would not do what the eager update
         does: whatever changes from one update to the next outside the batch's tensors is baked into the graph."""

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 import torch
 from tensordict import TensorDictBase
-from tensordict.nn import TensorDictModuleBase
+from tensordict.nn import TensorDictModule, TensorDictModuleBase
 from torch import nn
 
 from compat.torch import is_batch_norm
@@ -137,6 +137,18 @@ class QNetwork(nn.Module):
             else:  # the activation, elementwise
                 x = layer(x)
         return x.squeeze(-1)
+
+
+def q_critic(
+    observation_dim: int, hidden_sizes: Sequence[int], low: torch.Tensor, high: torch.Tensor
+) -> TensorDictModule:
+    """A :class:`QNetwork` as the TensorDict module TorchRL's actor-critic losses take: ``observation`` and ``action``
+    in, ``state_action_value`` out."""
+    return TensorDictModule(
+        QNetwork(observation_dim, hidden_sizes, low, high),
+        in_keys=["observation", "action"],
+        out_keys=["state_action_value"],
+    )
 
 
 @dataclass(frozen=True)

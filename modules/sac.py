@@ -40,7 +40,7 @@ from datamodules.source import DataSource
 from modules.actors import TanhNormalActor
 from modules.base import RLModule
 from modules.gaussian import tanh_gaussian_sample
-from modules.networks import CriticOptions, QNetwork, ScaledTanhPolicy, check_widths, mlp
+from modules.networks import CriticOptions, ScaledTanhPolicy, check_widths, mlp, q_critic
 from modules.optim import OptimizerOptions
 from modules.spaces import BOX, check_action_space, check_bounded, check_flat_observation, model_name, observation_entry
 
@@ -235,11 +235,7 @@ class SAC(RLModule):
         )
         # The BC term's weight now: a tensor the compiled loss reads, set from the frame counter before each update.
         self.register_buffer("bc_weight", torch.tensor(float(bc_term.weight)))
-        self.qvalue = TensorDictModule(
-            QNetwork(observation_dim, critics.hidden_sizes, low, high),
-            in_keys=["observation", "action"],
-            out_keys=["state_action_value"],
-        )
+        self.qvalue = q_critic(observation_dim, critics.hidden_sizes, low, high)
         # TorchRL's SACLoss holds the critics (their parameters stacked), their target copies, log α and the target
         # entropy, and defines the losses; the update computes them from its parameters (:meth:`loss`).
         self.loss_module = SACLoss(
@@ -282,26 +278,10 @@ class SAC(RLModule):
         return actor.to(self.device)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
-        actor = {id(p) for p in self.loss_module.actor_network_params.values(True, True)}
-        parameters = self.trainable_parameters()
-        return self.optim.adam(
-            [
-                {"params": [p for p in parameters if id(p) in actor], "lr": self.actor_lr},
-                {"params": [p for p in parameters if id(p) not in actor]},  # critics and log α
-            ]
-        )
+        return self.actor_critic_optimizer(self.actor_lr)
 
     def check_datamodule(self, datamodule: DataSource, cannot_capture: tuple[str, ...] = ()) -> None:
-        # The update draws from the global generator (the reparameterised actions of the actor loss): a round collected
-        # beside it in another thread (prefetch) would draw from it too, in an order that changes from run to run.
-        if datamodule.prefetch:
-            raise ValueError(
-                f"data.collection.prefetch: {type(self).__name__}'s update draws random numbers, "
-                "and a round collected beside it would draw from the same generator in an order that varies, so runs "
-                "would not repeat; use prefetch false"
-            )
-        if datamodule.prioritized:
-            raise ValueError(f"data.priority.alpha: {type(self).__name__} gives the replay buffer no priorities; use 0")
+        self.check_random_update(datamodule)
         super().check_datamodule(
             datamodule, (*cannot_capture, f"{type(self).__name__}'s random draws inside the update")
         )
@@ -405,10 +385,10 @@ class SAC(RLModule):
         to the clipped double-Q target (the target critics' minimum at a fresh action of the next state, less α·log π,
         discounted unless terminated), the actor's ``α·log π − min Q`` through critics held fixed, and α's loss
         towards the target entropy. ``SACLoss.forward`` returns the same numbers from the same random draws
-        (tests/agents/test_sac.py); here every critic runs in one batched matmul a layer (:meth:`QNetwork.ensemble`)
-        and the tanh-Gaussian's density is written out, where its forward spends a third of a batch-256 update on a
-        CPU in ``vmap`` and distribution objects (docs/history/gymnasium.md, "Against Stable-Baselines3: what changed
-        before the runs of 10:51–18:32")."""
+        (tests/agents/test_sac.py); here every critic runs in one batched matmul a layer
+        (:meth:`~modules.networks.QNetwork.ensemble`) and the tanh-Gaussian's density is written out, where its forward
+        spends a third of a batch-256 update on a CPU in ``vmap`` and distribution objects (docs/history/gymnasium.md,
+        "Against Stable-Baselines3: what changed before the runs of 10:51–18:32")."""
         sac, critic = self.loss_module, self.qvalue.module
         critics, targets = sac.qvalue_network_params["module"], sac.target_qvalue_network_params["module"]
         alpha = sac.log_alpha.detach().exp()

@@ -34,7 +34,7 @@ from torchrl.objectives import TD3Loss
 
 from datamodules.source import DataSource
 from modules.base import RLModule
-from modules.networks import CriticOptions, QNetwork, ScaledTanhPolicy, check_widths, mlp
+from modules.networks import CriticOptions, ScaledTanhPolicy, check_widths, mlp, q_critic
 from modules.optim import OptimizerOptions
 from modules.spaces import BOX, check_action_space, check_bounded, check_flat_observation, model_name, observation_entry
 
@@ -145,11 +145,7 @@ class TD3(RLModule):
             out_keys=["action"],
         )
         self.exploration = BoxExploration(low, high, action_noise * half_range)
-        self.qvalue = TensorDictModule(
-            QNetwork(observation_dim, critics.hidden_sizes, low, high),
-            in_keys=["observation", "action"],
-            out_keys=["state_action_value"],
-        )
+        self.qvalue = q_critic(observation_dim, critics.hidden_sizes, low, high)
         # TorchRL's TD3Loss holds the actor, the critics (their parameters stacked) and their target copies, and
         # defines the losses: the critics' squared error to the clipped double-Q target at the target actor's smoothed
         # next action, and the actor's −Q₁(s, μ(s)) through critics held fixed.
@@ -179,26 +175,10 @@ class TD3(RLModule):
         return self.actor.module  # observation → centre + half_range · tanh(MLP(observation))
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
-        actor = {id(p) for p in self.loss_module.actor_network_params.values(True, True)}
-        parameters = self.trainable_parameters()
-        return self.optim.adam(
-            [
-                {"params": [p for p in parameters if id(p) in actor], "lr": self.actor_lr},
-                {"params": [p for p in parameters if id(p) not in actor]},  # the critics
-            ]
-        )
+        return self.actor_critic_optimizer(self.actor_lr)
 
     def check_datamodule(self, datamodule: DataSource, cannot_capture: tuple[str, ...] = ()) -> None:
-        # The update draws the target policy's noise from the global generator: a round collected beside it in another
-        # thread (prefetch) would draw from it too, in an order that changes from run to run.
-        if datamodule.prefetch:
-            raise ValueError(
-                f"data.collection.prefetch: {type(self).__name__}'s update draws random numbers, "
-                "and a round collected beside it would draw from the same generator in an order that varies, so runs "
-                "would not repeat; use prefetch false"
-            )
-        if datamodule.prioritized:
-            raise ValueError(f"data.priority.alpha: {type(self).__name__} gives the replay buffer no priorities; use 0")
+        self.check_random_update(datamodule)
         super().check_datamodule(
             datamodule,
             (*cannot_capture, f"{type(self).__name__}'s delayed actor updates and random draws inside the update"),
