@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import TensorDictModule, TensorDictModuleBase, TensorDictSequential
 from torch import nn
@@ -213,12 +214,41 @@ class TD3(RLModule):
         return loss, losses
 
     def loss(self, batch: TensorDictBase) -> TensorDictBase:
-        """TorchRL's ``TD3Loss``: the critics' and the actor's losses and the values behind them."""
-        losses = self.loss_module(batch)
-        losses.pop("td_error", None)  # per sample: no priorities to give back
+        """TD3's losses as TorchRL's ``TD3Loss`` defines them, from the parameters it holds: the actor's
+        ``−Q₁(s, μ(s))`` through critics held fixed, and the critics' (:meth:`critic_loss`). ``TD3Loss.forward``
+        returns the same numbers from the same random draw (tests/agents/test_td3.py); here the critics run in one
+        batched matmul a layer (:meth:`~modules.networks.QNetwork.ensemble`) where its forward spends most of a small
+        update in ``vmap`` and TensorDict plumbing."""
+        critics = self.loss_module.qvalue_network_params["module"]
+        first = critics.detach()[:1]  # Q₁ only, its parameters held fixed: the actor's gradient alone
+        q = self.qvalue.module.ensemble(first, batch["observation"], self.actor.module(batch["observation"]))
+        losses = self.critic_loss(batch)
+        losses["loss_actor"] = -q.mean()
         return losses
 
     def critic_loss(self, batch: TensorDictBase) -> TensorDictBase:
-        """The critics' loss alone (``TD3Loss.value_loss``): the same random draw of the target policy's noise."""
-        loss_qvalue, _ = self.loss_module.value_loss(batch)
+        """The critics' squared error to the clipped double-Q target: the target critics' minimum at the target
+        actor's action of the next state plus Gaussian noise (clipped, then the action clipped to the box), discounted
+        unless terminated — ``TD3Loss.value_loss`` from the same random draw."""
+        td3, critic = self.loss_module, self.qvalue.module
+        critics, targets = td3.qvalue_network_params["module"], td3.target_qvalue_network_params["module"]
+        action, following = batch["action"], batch["next"]
+        noise = (torch.randn_like(action) * td3.policy_noise).clamp(-td3.noise_clip, td3.noise_clip)
+        with torch.no_grad():
+            next_action = (self.target_action(following["observation"]) + noise).clamp(td3.min_action, td3.max_action)
+            next_value = critic.ensemble(targets, following["observation"], next_action).amin(0)
+            continues = ~following["terminated"].squeeze(-1)
+            target = following["reward"].squeeze(-1) + self.gamma * continues * next_value
+        loss_qvalue = (critic.ensemble(critics, batch["observation"], action) - target).pow(2).sum(0).mean()
         return TensorDict({"loss_qvalue": loss_qvalue}, batch_size=[])
+
+    def target_action(self, observation: torch.Tensor) -> torch.Tensor:
+        """The target actor's action: the actor's network with the target parameters ``TD3Loss`` keeps."""
+        policy, parameters = self.actor.module, self.loss_module.target_actor_network_params["module"]
+        x = observation
+        for index, layer in enumerate(policy.network):
+            if isinstance(layer, nn.Linear):
+                x = F.linear(x, parameters["network", str(index), "weight"], parameters["network", str(index), "bias"])
+            else:  # the activation, elementwise
+                x = layer(x)
+        return parameters["centre"] + parameters["half_range"] * torch.tanh(x)

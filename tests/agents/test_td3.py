@@ -112,6 +112,27 @@ def test_a_resumed_run_ends_with_the_uninterrupted_runs_weights(tmp_path):
     assert not (tmp_path / "half/runs/gym_pendulum_td3/version_1").exists()  # continued in its run folder
 
 
+def test_the_update_loss_is_torchrls_td3_loss_in_values_and_gradients():
+    model, data = build([str(CONFIG)], [*SMALL])
+    torch.manual_seed(3)  # targets apart from the online networks, so that using the wrong ones would show
+    for key in ("target_actor_network_params", "target_qvalue_network_params"):
+        for value in getattr(model.loss_module, key).values(True, True):
+            value.data.add_(0.05 * torch.randn_like(value))
+    batch = as_replay_sample(batch_pool(data, data.batch_size)[0])
+    parameters = model.trainable_parameters()
+    results = []
+    for loss in (model.loss, model.loss_module):
+        torch.manual_seed(7)  # the target policy's noise
+        losses = loss(batch.clone())
+        total = losses["loss_actor"] + losses["loss_qvalue"]
+        results.append((losses, torch.autograd.grad(total, parameters, allow_unused=True)))
+    (ours, our_grads), (theirs, their_grads) = results
+    for term in ("loss_actor", "loss_qvalue"):
+        assert torch.allclose(ours[term], theirs[term], rtol=1e-5, atol=1e-6), term
+    for mine, torchrls in zip(our_grads, their_grads, strict=True):
+        assert (mine is None) == (torchrls is None) and (mine is None or torch.allclose(mine, torchrls, atol=1e-6))
+
+
 def test_the_bare_update_computes_the_agents_loss_with_and_without_the_actor():
     model, data = build([str(CONFIG)], [*SMALL])
     pool = [as_replay_sample(batch) for batch in batch_pool(data, data.batch_size)]
