@@ -416,8 +416,6 @@ def map_sac(entry: dict[str, Any], env_id: str, run_name: str, exact_updates: bo
     zoo = Entry("sac", env_id, entry)
     zoo.refuse_unknown()
     budget = number(zoo["n_timesteps"])
-    _, _, _, frames_per_update = replay_round(zoo)
-    warmup = number(zoo["learning_starts"])
     net = network(zoo)
     learning_rate, schedule = rate(zoo, "learning_rate", budget)
     ent_coef = str(zoo["ent_coef"])
@@ -425,19 +423,13 @@ def map_sac(entry: dict[str, Any], env_id: str, run_name: str, exact_updates: bo
         zoo.problems.append(f"ent_coef {ent_coef}: lightrl's SAC learns α (auto or auto_X)")
     if zoo["target_update_interval"] != 1:
         zoo.problems.append("target_update_interval: lightrl's SAC updates its target critics after every update")
-    if "activation" in net:  # network() writes it only when not ReLU
-        zoo.problems.append("policy_kwargs activation_fn: lightrl's SAC networks are ReLU MLPs")
-    zoo.check()
+    layers, critics = actor_critic_networks(zoo, net)
     alpha = 1.0 if ent_coef == "auto" else float(ent_coef[5:])
     target_entropy = zoo["target_entropy"]
-    layers = net.pop("hidden_sizes")
     actor = {"hidden_sizes": layers, "init_scale": Node(1.0, "the Gaussian's scale before tanh where its layer is 0")}
-    critics = {"hidden_sizes": Node(layers.value, "the same for each of the two critics")}
-    critics["tau"] = Node(float(zoo["tau"]), zoo.name("tau"))
-    max_steps, steps_note = replay_budget(budget, warmup, frames_per_update)
     model = {
         "actor": Node(children=actor),
-        "critics": Node(children=critics),
+        "critics": critics,
         "gamma": Node(float(zoo["gamma"]), zoo.name("gamma")),
         "alpha_init": Node(alpha, f"ent_coef {ent_coef}: α learned, starting at {alpha}"),
         "target_entropy": Node(
@@ -447,10 +439,33 @@ def map_sac(entry: dict[str, Any], env_id: str, run_name: str, exact_updates: bo
             children={"lr": Node(learning_rate, zoo.name("learning_rate") + " (actor, critics and α)"), **schedule}
         ),
     }
+    return actor_critic_config(zoo, env_id, run_name, budget, "modules.sac.SAC", model)
+
+
+def actor_critic_networks(zoo: Entry, net: dict[str, Node]) -> tuple[Node, Node]:
+    """An actor-critic entry's (SAC, TD3) ReLU networks of ``net_arch``, checked with the entry's other problems
+    (its round's among them): the actor's ``hidden_sizes`` node and the ``critics`` group (the same sizes, ``tau``)."""
+    replay_round(zoo)  # a round counted in episodes is a problem, named in the one line with the others
+    if "activation" in net:  # network() writes it only when not ReLU
+        zoo.problems.append(f"policy_kwargs activation_fn: lightrl's {zoo.algo.upper()} networks are ReLU MLPs")
+    zoo.check()
+    layers = net.pop("hidden_sizes")
+    critics = {"hidden_sizes": Node(layers.value, "the same for each of the two critics")}
+    critics["tau"] = Node(float(zoo["tau"]), zoo.name("tau"))
+    return layers, Node(children=critics)
+
+
+def actor_critic_config(
+    zoo: Entry, env_id: str, run_name: str, budget: int, model_class: str, model: dict[str, Node]
+) -> dict[str, Node]:
+    """The whole config of an actor-critic entry: ``model`` under ``model_class``, the budget in updates after the
+    warm-up, and the data of :func:`replay_data`."""
+    _, _, _, frames_per_update = replay_round(zoo)
+    max_steps, steps_note = replay_budget(budget, number(zoo["learning_starts"]), frames_per_update)
     small = "batch-256 updates of small MLPs: one thread is fastest on a shared CPU"
     train = trainer(max_steps, steps_note, run_name, budget)
     data = replay_data(zoo, env_id, budget)
-    return config(small, train, "modules.sac.SAC", model, "datamodules.replay.ReplayDataModule", data)
+    return config(small, train, model_class, model, "datamodules.replay.ReplayDataModule", data)
 
 
 def replay_data(zoo: Entry, env_id: str, budget: int) -> dict[str, Any]:
@@ -480,24 +495,16 @@ def map_td3(entry: dict[str, Any], env_id: str, run_name: str, exact_updates: bo
     zoo = Entry("td3", env_id, entry)
     zoo.refuse_unknown("noise_type", "noise_std")
     budget = number(zoo["n_timesteps"])
-    _, _, _, frames_per_update = replay_round(zoo)
-    warmup = number(zoo["learning_starts"])
     net = network(zoo)
     learning_rate, schedule = rate(zoo, "learning_rate", budget)
     noise_type, noise_std = zoo.values.get("noise_type"), float(zoo.values.get("noise_std", 0.0))
     if noise_type not in (None, "normal"):
         zoo.problems.append(f"noise_type {noise_type}: lightrl's TD3 acts with Gaussian noise (normal)")
-    if "activation" in net:  # network() writes it only when not ReLU
-        zoo.problems.append("policy_kwargs activation_fn: lightrl's TD3 networks are ReLU MLPs")
-    zoo.check()
-    layers = net.pop("hidden_sizes")
-    critics = {"hidden_sizes": Node(layers.value, "the same for each of the two critics")}
-    critics["tau"] = Node(float(zoo["tau"]), zoo.name("tau"))
-    max_steps, steps_note = replay_budget(budget, warmup, frames_per_update)
+    layers, critics = actor_critic_networks(zoo, net)
     noise_note = f"noise_type normal, noise_std {noise_std}" if noise_type else "no action noise (the Zoo gives none)"
     model = {
         "actor": Node(children={"hidden_sizes": layers}),
-        "critics": Node(children=critics),
+        "critics": critics,
         "gamma": Node(float(zoo["gamma"]), zoo.name("gamma")),
         "action_noise": Node(noise_std, noise_note + " (half-range units)"),
         "target_noise": Node(float(zoo["target_policy_noise"]), zoo.name("target_policy_noise")),
@@ -507,10 +514,7 @@ def map_td3(entry: dict[str, Any], env_id: str, run_name: str, exact_updates: bo
             children={"lr": Node(learning_rate, zoo.name("learning_rate") + " (actor and critics)"), **schedule}
         ),
     }
-    small = "batch-256 updates of small MLPs: one thread is fastest on a shared CPU"
-    train = trainer(max_steps, steps_note, run_name, budget)
-    data = replay_data(zoo, env_id, budget)
-    return config(small, train, "modules.td3.TD3", model, "datamodules.replay.ReplayDataModule", data)
+    return actor_critic_config(zoo, env_id, run_name, budget, "modules.td3.TD3", model)
 
 
 def map_ppo(entry: dict[str, Any], env_id: str, run_name: str, exact_updates: bool = False) -> dict[str, Node]:
