@@ -4,13 +4,14 @@ are its output, every pair it maps trains, and what cannot be mapped is one line
 
 from __future__ import annotations
 
+import csv
 from pathlib import Path
 
 import pytest
 import yaml
 
 from app.zoo import ZooError, config_text, map_dqn, map_ppo, map_sac, zoo_entry
-from tests.helpers import ROOT, app_in_process, fit
+from tests.helpers import ROOT, app_in_process, fit, write_config
 
 pytest.importorskip("rl_zoo3")  # the zoo extra (CI installs it)
 
@@ -124,11 +125,20 @@ def test_every_pair_the_command_maps_builds_and_trains(algo, env_id, tmp_path, c
     monkeypatch.chdir(tmp_path)
     result = app_in_process(capsys, "zoo", "--algo", algo, "--env", env_id, "--out", "zoo.yaml")
     assert result.returncode == 0, result.stderr
+    # The evaluations (at the start and the end) play one episode, not the config's 16: a MuJoCo task's 16 greedy
+    # episodes of 1,000 steps were most of a pair's time, and the mapping writes the same callback for every pair.
+    config = yaml.safe_load((tmp_path / "zoo.yaml").read_text())
+    (evaluation,) = [c for c in config["trainer"]["callbacks"] if c["class_path"].endswith(".PeriodicEvaluation")]
+    evaluation["init_args"]["episodes"] = 1
+    write_config(config, tmp_path / "zoo.yaml")
     # The throughput report's bare-update yardstick (its last callback) times seconds that check nothing here.
     no_yardstick = ("--trainer.callbacks.init_args.bare_update_seconds", "0")
     cli = fit(tmp_path / "zoo.yaml", "--trainer.max_steps", "1", *SHORT[algo], *no_yardstick)
     assert cli.trainer.global_step == 1
-    assert (tmp_path / "runs/gym_zoo/version_0/checkpoints/last.ckpt").is_file()
+    folder = tmp_path / "runs/gym_zoo/version_0"
+    assert (folder / "checkpoints/last.ckpt").is_file()
+    evaluated = [row for row in csv.DictReader((folder / "metrics.csv").open()) if row.get("eval/return_mean")]
+    assert len(evaluated) == 2  # the evaluation before the update and the one at the end
 
 
 def test_the_coverage_figure_has_every_pair_this_file_trains():
