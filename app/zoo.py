@@ -74,6 +74,20 @@ SB3_DEFAULTS = {
         "n_envs": 1,
         "policy_kwargs": "dict(net_arch=[64, 64], activation_fn=nn.ReLU)",
     },
+    "a2c": {
+        "learning_rate": 7e-4,
+        "n_steps": 5,
+        "gamma": 0.99,
+        "gae_lambda": 1.0,
+        "ent_coef": 0.0,
+        "vf_coef": 0.5,
+        "max_grad_norm": 0.5,
+        "rms_prop_eps": 1e-5,
+        "use_rms_prop": True,
+        "normalize_advantage": False,
+        "n_envs": 1,
+        "policy_kwargs": "dict(net_arch=[64, 64], activation_fn=nn.Tanh, ortho_init=True)",
+    },
     "ppo": {
         "learning_rate": 3e-4,
         "n_steps": 2048,
@@ -540,36 +554,16 @@ def map_ppo(entry: dict[str, Any], env_id: str, run_name: str, exact_updates: bo
     if clip_schedule:
         loss["clip_epsilon"].comment = f"clip_range {zoo['clip_range']}: falling linearly to 0 ..."
         loss["clip_decay_frames"] = Node(budget, "... over n_timesteps")
-    loss.update(
-        {
-            "entropy_coef": Node(float(zoo["ent_coef"]), zoo.name("ent_coef")),
-            "critic_coef": Node(float(zoo["vf_coef"]), zoo.name("vf_coef")),
-            "critic_loss": Node("l2", "Stable-Baselines3's squared-error value loss"),
-            "normalize_advantage": Node(bool(zoo["normalize_advantage"]), zoo.name("normalize_advantage")),
-        }
-    )
+    loss.update(actor_critic_terms(zoo))
     max_steps = rollouts * updates
     steps_note = f"n_timesteps {budget} frames: {rollouts} rollouts of {rollout} frames, {updates} updates each"
-    model = {"network": Node(children=net)}
-    if taken["log_std_init"] is not None:  # the Gaussian's initial standard deviation, exp(log_std_init)
-        scale = Node(round(math.exp(taken["log_std_init"]), 4), f"policy_kwargs log_std_init {taken['log_std_init']}")
-        model["gaussian"] = Node(children={"init_scale": scale})
-    if normalize:
-        model["normalize"] = Node(children=normalize)
-    model |= {
-        "gamma": Node(float(zoo["gamma"]), zoo.name("gamma")),
-        "gae_lambda": Node(float(zoo["gae_lambda"]), zoo.name("gae_lambda")),
-        "loss": Node(children=loss),
-        **compiled(max_steps),
-        "optimizer": Node(
-            children={
-                "lr": Node(learning_rate, zoo.name("learning_rate")),
-                **schedule,
-                "max_grad_norm": Node(float(zoo["max_grad_norm"]), zoo.name("max_grad_norm")),
-                "eps": Node(1e-5, "Stable-Baselines3's PPO Adam epsilon"),
-            }
-        ),
+    optimizer = {
+        "lr": Node(learning_rate, zoo.name("learning_rate")),
+        **schedule,
+        "max_grad_norm": Node(float(zoo["max_grad_norm"]), zoo.name("max_grad_norm")),
+        "eps": Node(1e-5, "Stable-Baselines3's PPO Adam epsilon"),
     }
+    model = on_policy_model(zoo, net, taken, normalize, loss, max_steps, optimizer)
     data = {
         "env_id": env_id,
         "num_envs": Node(n_envs, zoo.name("n_envs")),
@@ -580,6 +574,81 @@ def map_ppo(entry: dict[str, Any], env_id: str, run_name: str, exact_updates: bo
     small = "small MLPs: one thread is fastest on a shared CPU"
     train = trainer(max_steps, steps_note, run_name, budget)
     return config(small, train, "modules.ppo.PPO", model, "datamodules.rollout.RolloutDataModule", data)
+
+
+def map_a2c(entry: dict[str, Any], env_id: str, run_name: str, exact_updates: bool = False) -> dict[str, Node]:
+    """The lightrl config of an A2C entry: a rollout of ``n_steps`` from each of ``n_envs`` copies, one update on
+    all of it (one minibatch, one epoch), RMSprop (``use_rms_prop``, ``rms_prop_eps``); the budget is the whole
+    rollouts that fit in ``n_timesteps``. ``exact_updates`` changes nothing here (DQN's rule only)."""
+    zoo = Entry("a2c", env_id, entry)
+    zoo.refuse_unknown("normalize")
+    budget = number(zoo["n_timesteps"])
+    n_envs, n_steps = zoo["n_envs"], zoo["n_steps"]
+    rollout = n_envs * n_steps
+    rollouts = int(budget // rollout)
+    taken: dict[str, Any] = {"log_std_init": None}
+    net = network(zoo, taken)
+    learning_rate, schedule = rate(zoo, "learning_rate", budget)
+    normalize = normalization(zoo)
+    zoo.check()
+    steps_note = f"n_timesteps {budget} frames: {rollouts} rollouts of {rollout} frames, one update each"
+    rms_prop = zoo["use_rms_prop"]
+    optimizer = {
+        "algorithm": Node("rmsprop" if rms_prop else "adam", zoo.name("use_rms_prop")),
+        "lr": Node(learning_rate, zoo.name("learning_rate")),
+        **schedule,
+        "max_grad_norm": Node(float(zoo["max_grad_norm"]), zoo.name("max_grad_norm")),
+        "eps": Node(float(zoo["rms_prop_eps"]), zoo.name("rms_prop_eps"))
+        if rms_prop
+        else Node(1e-5, "Stable-Baselines3's A2C Adam epsilon"),
+    }
+    model = on_policy_model(zoo, net, taken, normalize, actor_critic_terms(zoo), rollouts, optimizer)
+    data = {
+        "env_id": env_id,
+        "num_envs": Node(n_envs, zoo.name("n_envs")),
+        "collect_steps": Node(n_steps, f"{zoo.name('n_steps')}: {rollout} frames per rollout"),
+        "minibatch_size": Node(rollout, "A2C: one update on the whole rollout"),
+        "update_epochs": Node(1, "... once"),
+    }
+    small = "small MLPs: one thread is fastest on a shared CPU"
+    train = trainer(rollouts, steps_note, run_name, budget)
+    return config(small, train, "modules.a2c.A2C", model, "datamodules.rollout.RolloutDataModule", data)
+
+
+def actor_critic_terms(zoo: Entry) -> dict[str, Node]:
+    """PPO's and A2C's ``model.loss`` weights: the entropy bonus, the squared-error value loss, the advantages."""
+    return {
+        "entropy_coef": Node(float(zoo["ent_coef"]), zoo.name("ent_coef")),
+        "critic_coef": Node(float(zoo["vf_coef"]), zoo.name("vf_coef")),
+        "critic_loss": Node("l2", "Stable-Baselines3's squared-error value loss"),
+        "normalize_advantage": Node(bool(zoo["normalize_advantage"]), zoo.name("normalize_advantage")),
+    }
+
+
+def on_policy_model(
+    zoo: Entry,
+    net: dict[str, Node],
+    taken: dict[str, Any],
+    normalize: dict[str, Node],
+    loss: dict[str, Node],
+    updates: int,
+    optimizer: dict[str, Node],
+) -> dict[str, Node]:
+    """PPO's and A2C's ``model.init_args``: the network, the Gaussian's initial scale (``log_std_init``), the
+    normalisation, γ and λ, the loss, compilation for long runs and the optimizer."""
+    model = {"network": Node(children=net)}
+    if taken["log_std_init"] is not None:  # the Gaussian's initial standard deviation, exp(log_std_init)
+        scale = Node(round(math.exp(taken["log_std_init"]), 4), f"policy_kwargs log_std_init {taken['log_std_init']}")
+        model["gaussian"] = Node(children={"init_scale": scale})
+    if normalize:
+        model["normalize"] = Node(children=normalize)
+    return model | {
+        "gamma": Node(float(zoo["gamma"]), zoo.name("gamma")),
+        "gae_lambda": Node(float(zoo["gae_lambda"]), zoo.name("gae_lambda")),
+        "loss": Node(children=loss),
+        **compiled(updates),
+        "optimizer": Node(children=optimizer),
+    }
 
 
 def normalization(zoo: Entry) -> dict[str, Node]:
@@ -614,7 +683,7 @@ def compiled(updates: int) -> dict[str, Node]:
 
 
 #: The algorithms this command maps: the function that maps an entry.
-MAPPED = {"dqn": map_dqn, "ppo": map_ppo, "sac": map_sac, "td3": map_td3}
+MAPPED = {"dqn": map_dqn, "ppo": map_ppo, "a2c": map_a2c, "sac": map_sac, "td3": map_td3}
 
 
 def render(config: dict[str, Node], indent: int = 0) -> list[str]:

@@ -251,10 +251,11 @@ def captured_update(model: Any, data: Any) -> Callable[[int], Any]:
     a CPU the graph module passes through: the compiled update, eagerly."""
     from tensordict.nn import CudaGraphModule
 
-    from callbacks.bare_updates import as_replay_sample, batch_pool, make_adam
+    from callbacks.bare_updates import as_replay_sample, batch_pool, make_optimizer
     from modules.optim import FusedAdamStep
 
-    model._optimizer_step = FusedAdamStep(make_adam(model.trainable_parameters(), model), model.optim.max_grad_norm)
+    optimizer = make_optimizer(model.trainable_parameters(), model)
+    model._optimizer_step = FusedAdamStep(optimizer, model.optim.max_grad_norm)
     _ = model.loss_module.in_keys
     model._compiled_loss = model.compiled(model.loss)
     graphed = CudaGraphModule(model._captured_update, warmup=3, in_keys=[], out_keys=[])

@@ -60,7 +60,7 @@ class Task:
     zoo_score: str = ""  # the RL Zoo's benchmark.md: mean ± std at its budget
 
 
-#: The RL Zoo's hyperparameters (rl-baselines3-zoo, hyperparams/{dqn,ppo,sac,td3}.yml) and published scores
+#: The RL Zoo's hyperparameters (rl-baselines3-zoo, hyperparams/{dqn,ppo,a2c,sac,td3}.yml) and published scores
 #: (benchmark.md). ``lin_X``: a learning rate (or clip range) falling linearly from X to 0 over the run.
 TASKS: dict[str, Task] = {
     "cartpole_dqn": Task(
@@ -104,6 +104,16 @@ TASKS: dict[str, Task] = {
         },
         sb3_envs=8,
         zoo_score="500.0 ± 0.0 at 100k",
+    ),
+    "cartpole_a2c": Task(
+        "CartPole-v1",
+        "configs/gym/cartpole_a2c.yaml",
+        threshold=475,
+        budget=500_000,
+        eval_every=5_000,
+        sb3_algo="A2C",
+        sb3_kwargs={"ent_coef": 0.0},
+        sb3_envs=8,
     ),
     "lunarlander_dqn": Task(
         "LunarLander-v3",

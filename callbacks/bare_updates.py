@@ -6,7 +6,7 @@ that runs on machines of different speed, or on different days, can be compared,
 update by it. Each reference copies the agent's networks and returns ``step(i)``, one update on the ``i``-th of a
 few batches of real transitions drawn from the agent's environment before timing: the loss maths written out (the
 same as the agent's TorchRL loss computes), backward, gradient clip and a fused Adam step. :func:`bare_update` picks
-the agent's (DQN and PIRL, PPO, SAC, TD3); the agents' own files hold the agents only.
+the agent's (DQN and PIRL, PPO, A2C, SAC, TD3); the agents' own files hold the agents only.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from tensordict import TensorDict
 from torch import nn
 
 from compat.torch import foreach_lerp_
+from modules.a2c import A2C
 from modules.dqn import DQN
 from modules.gaussian import tanh_gaussian_sample
 from modules.networks import heads_on_features
@@ -79,9 +80,9 @@ def optimizer_step(parameters: list[nn.Parameter], optimizer: torch.optim.Optimi
     optimizer.zero_grad(set_to_none=True)
 
 
-def make_adam(parameters: list[nn.Parameter], model: Any) -> torch.optim.Optimizer:
-    """The fused Adam the agent's update uses (its options: AdamW with weight decay, its ε)."""
-    return model.optim.adam([{"params": parameters}])
+def make_optimizer(parameters: list[nn.Parameter], model: Any) -> torch.optim.Optimizer:
+    """The optimizer the agent's update uses (its options: the fused Adam, AdamW with weight decay, or RMSprop)."""
+    return model.optim.build([{"params": parameters}])
 
 
 def as_replay_sample(batch: dict[str, torch.Tensor]) -> TensorDict:
@@ -115,7 +116,7 @@ def framework_free_update(model: Any, data: Any) -> Callable[[int], torch.Tensor
     # The function the agent's update compiles (SAC's own, with its term towards the clone), and PIRL's loss inputs.
     loss = model.compiled(model.training_loss() if hasattr(model, "training_loss") else model.loss)
     loss_inputs = getattr(model, "loss_draws", lambda batch: {})
-    optimizer = make_adam(model.trainable_parameters(), model)
+    optimizer = make_optimizer(model.trainable_parameters(), model)
     optimizer_step = FusedAdamStep(optimizer, model.optim.max_grad_norm)
     batches = [as_replay_sample(batch) for batch in batch_pool(data, data.batch_size)]
 
@@ -193,6 +194,7 @@ def reference_for(model: Any) -> Callable[[Any, Any], Callable[[int], torch.Tens
         return lambda model, data: reference_dqn_update(model, data, with_physics=True)
     references = (
         (DQN, reference_dqn_update),
+        (A2C, reference_a2c_update),  # before PPO, its base class
         (PPO, reference_ppo_update),
         (SAC, reference_sac_update),
         (TD3, reference_td3_update),
@@ -217,7 +219,7 @@ def reference_dqn_update(model: DQN, data: Any, with_physics: bool = False) -> C
     online = copy.deepcopy(model.q_network).to(data.device)
     target = copy.deepcopy(online).requires_grad_(False)
     parameters = list(online.parameters())
-    optimizer = make_adam(parameters, model)
+    optimizer = make_optimizer(parameters, model)
     gamma = float(model.loss_module.value_estimator.gamma)  # PIRL's is 1: its Q-values are probabilities
     huber = model.hparams.get("loss_function", "l2") == "smooth_l1"
     accumulate = model.optim.accumulate_grad_batches
@@ -272,10 +274,31 @@ def ppo_batches(data: Any, size: int) -> list[dict[str, torch.Tensor]]:
 
 def reference_ppo_update(model: PPO, data: Any) -> Callable[[int], torch.Tensor]:
     """Clipped surrogate + entropy bonus + value loss (Huber or squared) on a minibatch, backward, clip, fused Adam."""
+    hp = model.loss_options
+
+    def clipped_surrogate(log_prob: torch.Tensor, advantage: torch.Tensor, batch: dict) -> torch.Tensor:
+        ratio = (log_prob - batch["log_prob"]).exp()
+        clipped = ratio.clamp(1 - hp.clip_epsilon, 1 + hp.clip_epsilon)
+        return -torch.min(ratio * advantage, clipped * advantage).mean()
+
+    return reference_policy_gradient_update(model, data, clipped_surrogate)
+
+
+def reference_a2c_update(model: A2C, data: Any) -> Callable[[int], torch.Tensor]:
+    """Policy gradient + entropy bonus + value loss (squared or Huber) on a whole rollout, backward, clip, and the
+    agent's optimizer (RMSprop, or Adam)."""
+    return reference_policy_gradient_update(model, data, lambda log_prob, advantage, _: -(log_prob * advantage).mean())
+
+
+def reference_policy_gradient_update(
+    model: PPO, data: Any, objective: Callable[[torch.Tensor, torch.Tensor, dict], torch.Tensor]
+) -> Callable[[int], torch.Tensor]:
+    """PPO's and A2C's update: ``objective(log_prob, advantage, batch)`` + entropy bonus + value loss on a minibatch
+    (A2C's: the whole rollout), backward, clip and the agent's optimizer step."""
     actor, critic = copy.deepcopy((model.actor_layers(), model.critic_network))  # one copy of a shared torso
     actor, critic = [layer.to(data.device) for layer in actor], critic.to(data.device)
     parameters = list(dict.fromkeys([*(p for layer in actor for p in layer.parameters()), *critic.parameters()]))
-    optimizer = make_adam(parameters, model)
+    optimizer = make_optimizer(parameters, model)
     hp = model.loss_options
     squash = model.distribution == "tanh_normal"
     value_loss_of = F.mse_loss if hp.critic_loss == "l2" else F.smooth_l1_loss
@@ -291,11 +314,8 @@ def reference_ppo_update(model: PPO, data: Any) -> Callable[[int], torch.Tensor]
         advantage = batch["advantage"]
         if hp.normalize_advantage:
             advantage = (advantage - advantage.mean()) / advantage.std().clamp_min(1e-6)
-        ratio = (log_prob - batch["log_prob"]).exp()
-        clipped = ratio.clamp(1 - hp.clip_epsilon, 1 + hp.clip_epsilon)
-        objective = -torch.min(ratio * advantage, clipped * advantage).mean()
         value_loss = value_loss_of(value_head(features).squeeze(-1), batch["value_target"])
-        loss = objective - hp.entropy_coef * entropy.mean() + hp.critic_coef * value_loss
+        loss = objective(log_prob, advantage, batch) - hp.entropy_coef * entropy.mean() + hp.critic_coef * value_loss
         loss.backward()
         optimizer_step(parameters, optimizer, model.optim.max_grad_norm)
         return loss.detach()
@@ -322,7 +342,7 @@ def reference_sac_update(model: Any, data: Any) -> Callable[[int], torch.Tensor]
         target.requires_grad_(False)
     log_alpha = model.loss_module.log_alpha.detach().to(device).clone().requires_grad_(True)
     parameters = [*actor.parameters(), *(p for critic in critics for p in critic.parameters()), log_alpha]
-    optimizer = make_adam(parameters, model)
+    optimizer = make_optimizer(parameters, model)
     gamma, tau = float(model.loss_module.value_estimator.gamma), model.tau
     target_entropy = float(model.loss_module.target_entropy)
     space = model.action_spec.space
@@ -394,7 +414,7 @@ def reference_td3_update(model: Any, data: Any) -> Callable[[int], torch.Tensor]
     for target in targets:
         target.requires_grad_(False)
     parameters = [*actor.parameters(), *(p for critic in critics for p in critic.parameters())]
-    optimizer = make_adam(parameters, model)
+    optimizer = make_optimizer(parameters, model)
     gamma, tau, delay = float(loss_module.value_estimator.gamma), model.tau, model.policy_delay
     noise_scale, noise_clip = loss_module.policy_noise.to(device), loss_module.noise_clip.to(device)
     low, high = loss_module.min_action.to(device), loss_module.max_action.to(device)

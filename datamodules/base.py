@@ -446,6 +446,11 @@ class RLDataModule(EnvSpecs, Evaluation, pl.LightningDataModule):
         a checkpoint, an evaluation or shutting down. Default: there is none."""
 
     @property
+    def updates_per_rollout(self) -> int | None:
+        """The updates each on-policy rollout serves; None: batches drawn from a replay buffer (the default)."""
+        return None
+
+    @property
     def batches_ready(self) -> int:
         """Training batches that can be served without collecting: the model takes their updates in the same
         Lightning step (:meth:`modules.base.RLModule.training_step`), taking them with :meth:`next_ready_batch`.

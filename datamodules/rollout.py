@@ -84,6 +84,10 @@ class RolloutDataModule(RLDataModule):
         return [rollout, *super().memory_needs(device)]
 
     @property
+    def updates_per_rollout(self) -> int:
+        return self.minibatches_per_rollout
+
+    @property
     def batches_ready(self) -> int:
         # The rest of the current rollout's minibatches: the model's step takes them without Lightning's per-step work
         # (collection happens only when the next rollout is due, through the training stream).

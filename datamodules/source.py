@@ -37,6 +37,8 @@ class DataSource(Protocol):
         prioritized: whether batches carry priorities, which :meth:`after_update` takes back (prioritized replay).
         prefetch: whether the next round is prepared in a background thread beside the updates.
         bptt: the length of the sequences a batch holds (recurrent policies); 0: single transitions.
+        updates_per_rollout: the updates each on-policy rollout serves (its epochs of minibatches); None where the
+            batches are drawn from a replay buffer.
     """
 
     declared: EnvDeclaration
@@ -54,6 +56,9 @@ class DataSource(Protocol):
 
     @property
     def bptt(self) -> int: ...
+
+    @property
+    def updates_per_rollout(self) -> int | None: ...
 
     def use_env_transform(self, transform: Transform | None) -> None:
         """A transform the agent's policy needs on every environment it acts in (a recurrent state's primer)."""

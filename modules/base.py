@@ -225,7 +225,7 @@ class RLModule(pl.LightningModule):
         ``actor_network_params``) at ``actor_lr``, the rest (the critics, SAC's log α) at ``optimizer.lr``."""
         actor = {id(p) for p in self.loss_module.actor_network_params.values(True, True)}
         parameters = self.trainable_parameters()
-        return self.optim.adam(
+        return self.optim.build(
             [
                 {"params": [p for p in parameters if id(p) in actor], "lr": actor_lr},
                 {"params": [p for p in parameters if id(p) not in actor]},
@@ -267,7 +267,7 @@ class RLModule(pl.LightningModule):
         return [parameter for parameter in self.loss_module.parameters() if parameter.requires_grad]
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
-        return self.optim.adam([{"params": self.trainable_parameters()}])
+        return self.optim.build([{"params": self.trainable_parameters()}])
 
     def on_fit_start(self) -> None:
         if isinstance(self.trainer.precision_plugin, MixedPrecision) and self.trainer.precision_plugin.scaler:

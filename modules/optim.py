@@ -1,5 +1,6 @@
-"""The optimizer of an update: its options, shared by every agent (:class:`OptimizerOptions`), and its step, global-norm
-gradient clipping and an Adam step run as PyTorch's fused kernels (:class:`FusedAdamStep`).
+"""The optimizer of an update: its options, shared by every agent (:class:`OptimizerOptions`: Adam, or RMSprop for
+A2C), and its step, global-norm gradient clipping and an Adam step run as PyTorch's fused kernels
+(:class:`FusedAdamStep`).
 
 ``torch.optim.Adam(fused=True).step()`` runs one fused kernel for all parameters, but wraps it in Python (a state
 lookup per parameter, grouping by device and dtype, profiler records), and ``clip_grad_norm_`` groups the gradients
@@ -16,6 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
@@ -31,13 +33,18 @@ DECAYS: dict[str, Callable[[float], float]] = {
     "linear": lambda progress: 1.0 - progress,
 }
 
+#: The optimizers of ``algorithm``.
+ALGORITHMS = ("adam", "rmsprop")
+
 
 @dataclass(frozen=True)
 class OptimizerOptions:
-    """The Adam optimizer of an agent's update and its learning-rate schedule: ``optimizer:`` in a model's
-    ``init_args`` (``--model.init_args.optimizer.lr 3e-4``). Each agent's default instance holds its own defaults.
+    """The optimizer of an agent's update and its learning-rate schedule: ``optimizer:`` in a model's ``init_args``
+    (``--model.init_args.optimizer.lr 3e-4``). Each agent's default instance holds its own defaults.
 
     Args:
+        algorithm: ``adam`` (fused; AdamW with ``weight_decay``) or ``rmsprop`` (PyTorch's, A2C's optimizer in its
+            paper and in Stable-Baselines3, the RL Zoo's ``use_rms_prop``).
         lr: learning rate (at frame 0, when ``lr_end`` is set).
         lr_end: with a value, the learning rate follows a cosine from ``lr`` at frame 0 to ``lr_end`` at ``lr_frames``
             frames, and stays there; None: constant ``lr``. In frames, like ε, so that a run's schedule does not
@@ -50,8 +57,10 @@ class OptimizerOptions:
             ``CosineAnnealingWarmRestarts(T_0, T_mult)`` with ``T_0 = lr_frames`` counted in frames, ``eta_min =
             lr_end``); None: one period, then ``lr_end`` from there on.
         weight_decay: decoupled weight decay (AdamW, Loshchilov & Hutter 2019); 0: plain Adam.
-        eps: Adam's ε, added to the root of the second-moment estimate (PyTorch's default 1e-8; Stable-Baselines3's
-            PPO and A2C, and CleanRL's PPO, use 1e-5).
+        eps: the ε added to the root of the second-moment estimate (PyTorch's default 1e-8; Stable-Baselines3's
+            PPO and A2C, and CleanRL's PPO, use 1e-5: A2C's ``rms_prop_eps``).
+        alpha: RMSprop's smoothing constant of the squared gradients' average (PyTorch's and Stable-Baselines3's
+            0.99); unused by Adam.
         max_grad_norm: clip the gradients' global L2 norm to this before each step; None: no clipping.
             ``--trainer.gradient_clip_val`` is handed to this by the CLI: Lightning clips only in its automatic
             optimization, and the update here is the agent's own.
@@ -61,12 +70,14 @@ class OptimizerOptions:
     """
 
     lr: float = 1e-3
+    algorithm: Literal["adam", "rmsprop"] = "adam"
     lr_end: float | None = None
     lr_frames: int = 1_000_000
     lr_restart_mult: float | None = None
     lr_decay: str = "cosine"
     weight_decay: float = 0.0
     eps: float = 1e-8
+    alpha: float = 0.99
     max_grad_norm: float | None = None
     accumulate_grad_batches: int = 1
 
@@ -87,6 +98,10 @@ class OptimizerOptions:
             raise ValueError(f"{OPTION}.lr_restart_mult restarts the cosine to lr_end: set lr_end too")
         if self.weight_decay < 0:
             raise ValueError(f"{OPTION}.weight_decay must be >= 0, got {self.weight_decay}")
+        if self.algorithm not in ALGORITHMS:
+            raise ValueError(f"{OPTION}.algorithm must be one of {', '.join(ALGORITHMS)}, got {self.algorithm!r}")
+        if not 0 <= self.alpha < 1:
+            raise ValueError(f"{OPTION}.alpha must be in [0, 1), got {self.alpha}")
         if not self.eps > 0:
             raise ValueError(f"{OPTION}.eps must be > 0, got {self.eps}")
         if self.max_grad_norm is not None and not self.max_grad_norm > 0:
@@ -108,11 +123,16 @@ class OptimizerOptions:
             progress = (frames - start) / period
         return self.lr_end + (self.lr - self.lr_end) * DECAYS[self.lr_decay](progress)
 
-    def adam(self, groups: list[dict]) -> torch.optim.Optimizer:
-        """A fused Adam (AdamW with ``weight_decay``) on parameter ``groups``; a group without ``lr`` takes ``lr``."""
+    def build(self, groups: list[dict]) -> torch.optim.Optimizer:
+        """The optimizer on parameter ``groups``: a fused Adam (AdamW with ``weight_decay``), or RMSprop; a group
+        without ``lr`` takes ``lr``."""
         for group in groups:
             group.setdefault("lr", self.lr)
             group["base_lr"] = group["lr"]  # what lr_end's schedule scales (kept in the optimizer's checkpoint)
+        if self.algorithm == "rmsprop":
+            return torch.optim.RMSprop(
+                groups, lr=self.lr, alpha=self.alpha, eps=self.eps, weight_decay=self.weight_decay, foreach=True
+            )
         # The fused kernel updates every parameter in one op: on a small network, whose step is mostly per-op overhead,
         # it is several times faster than the default implementation (docs/results/snake.md, "The update against its
         # bare arithmetic").

@@ -285,9 +285,13 @@ class PPO(RLModule):
         # CleanRL's ClipAction: the environment receives a normal sample clipped into the box (the rollout keeps it).
         self.clips_actions = self.box_actions and distribution == "normal" and bounds is not None
         self.critic = ValueOperator(self.critic_network, in_keys=["observation"])
-        self.loss_module = clip_ppo_loss(self.actor, self.critic, loss)
+        self.loss_module = self.make_loss_module(loss)
         # GAE on the values postprocess computes (rollout_values): no value network of its own.
         self.advantage = GAE(gamma=gamma, lmbda=gae_lambda, value_network=None, average_gae=False)
+
+    def make_loss_module(self, options: PPOLossOptions) -> ClipPPOLoss:
+        """TorchRL's loss this agent's update computes (and its parameters, which the optimizer steps)."""
+        return clip_ppo_loss(self.actor, self.critic, options)
 
     def policy(self) -> TensorDictModuleBase:
         return self.actor
@@ -326,8 +330,7 @@ class PPO(RLModule):
         ``normalize_rewards`` the rewards are scaled first, in place (the advantages are of the scaled rewards); with
         ``clip_decay_frames`` the clip this rollout's updates use is set from the frames so far, this rollout's
         included (as Stable-Baselines3 sets it after collecting)."""
-        if self.loss_options.clip_decay_frames is not None:
-            decay_clip(self.loss_module, self.loss_options, self.datamodule.frames + rollout.numel())
+        self.schedule(rollout)
         if self.reward_scaler is not None:
             self.reward_scaler.scale_(rollout["next", "reward"], rollout["next", "done"])
         value, next_value = rollout_values(self.critic_network, rollout)
@@ -337,8 +340,37 @@ class PPO(RLModule):
         if self.observation_normalizer is not None:
             self.observation_normalizer.update(rollout[RAW_OBSERVATION])
 
+    def schedule(self, rollout: TensorDictBase) -> None:
+        """What changes with the frames before ``rollout``'s updates: the clip, with ``clip_decay_frames``."""
+        if self.loss_options.clip_decay_frames is not None:
+            decay_clip(self.loss_module, self.loss_options, self.datamodule.frames + rollout.numel())
+
     def update(self, batches: list[TensorDictBase]) -> tuple[torch.Tensor, TensorDictBase]:
         return ppo_update(self, batches)
+
+    def policy_terms(self, batch: TensorDictBase) -> tuple[torch.Tensor, torch.Tensor, nn.Module, torch.Tensor]:
+        """The taken actions' log-probabilities and the policy's entropy under the current networks (the entropy
+        detached where its weight is 0: logged, not trained on), the critic's head and the features it reads."""
+        log_prob_and_entropy = gaussian_log_prob_and_entropy if self.box_actions else categorical_log_prob_and_entropy
+        squash = self.distribution == "tanh_normal"
+        actor, critic, features = heads_on_features(self.actor_layers(), self.critic_network, batch["observation"])
+        inputs = {"observation": features, "action": batch["action"]}
+        log_prob, entropy = log_prob_and_entropy(actor, inputs, squash, self.action_bounds)
+        if not self.loss_options.entropy_coef:  # no backward through a term weighted 0
+            entropy = entropy.detach()
+        return log_prob, entropy, critic, features
+
+    def advantage_of(self, batch: TensorDictBase) -> torch.Tensor:
+        """The batch's advantages, standardised within it with ``normalize_advantage``."""
+        advantage = batch[self.loss_module.tensor_keys.advantage].squeeze(-1)
+        if self.loss_options.normalize_advantage and advantage.numel() > 1:
+            advantage = (advantage - advantage.mean()) / advantage.std().clamp_min(1e-6)
+        return advantage
+
+    def value_loss(self, value: torch.Tensor, batch: TensorDictBase) -> torch.Tensor:
+        """The weighted value loss of the critic's ``value`` against the batch's targets."""
+        distance = F.mse_loss if self.loss_options.critic_loss == "l2" else F.smooth_l1_loss
+        return self.loss_module.critic_coeff * distance(value, batch[self.loss_module.tensor_keys.value_target])
 
     def loss(self, batch: TensorDictBase) -> TensorDictBase:
         """``ClipPPOLoss``'s terms on a minibatch, from the actor's and the critic's networks: the clipped surrogate of
@@ -347,17 +379,9 @@ class PPO(RLModule):
         draws (tests/agents/test_ppo_continuous.py); it also builds distribution objects, copies the batch and
         computes diagnostics at every update, which cost a small network's update more than its arithmetic
         (docs/history/gymnasium.md, "Against Stable-Baselines3: what changed before the runs of 10:51–18:32")."""
-        ppo, options, keys = self.loss_module, self.loss_options, self.loss_module.tensor_keys
-        log_prob_and_entropy = gaussian_log_prob_and_entropy if self.box_actions else categorical_log_prob_and_entropy
-        squash = self.distribution == "tanh_normal"
-        actor, critic, features = heads_on_features(self.actor_layers(), self.critic_network, batch["observation"])
-        inputs = {"observation": features, "action": batch["action"]}
-        log_prob, entropy = log_prob_and_entropy(actor, inputs, squash, self.action_bounds)
-        if not options.entropy_coef:  # a term weighted 0 (logged, not trained on): no backward through it
-            entropy = entropy.detach()
-        advantage = batch[keys.advantage].squeeze(-1)
-        if options.normalize_advantage and advantage.numel() > 1:
-            advantage = (advantage - advantage.mean()) / advantage.std().clamp_min(1e-6)
+        ppo, keys = self.loss_module, self.loss_module.tensor_keys
+        log_prob, entropy, critic, features = self.policy_terms(batch)
+        advantage = self.advantage_of(batch)
         log_weight = log_prob - batch[keys.sample_log_prob]
         clip = ppo.clip_epsilon  # a buffer: clip_decay_frames lowers it rollout by rollout
         clipped = log_weight.clamp((-clip).log1p(), clip.log1p())  # the ratio's clip, in logs, as ClipPPOLoss's
@@ -369,10 +393,8 @@ class PPO(RLModule):
             "clip_fraction": (clipped != log_weight).float().mean(),
             "kl_approx": -log_weight.detach().mean(),
         }
-        if options.critic_coef:  # ClipPPOLoss has no value loss with a zero weight
-            value = critic(features)
-            value_loss = F.mse_loss if options.critic_loss == "l2" else F.smooth_l1_loss
-            losses["loss_critic"] = ppo.critic_coeff * value_loss(value, batch[keys.value_target])
+        if self.loss_options.critic_coef:  # ClipPPOLoss has no value loss with a zero weight
+            losses["loss_critic"] = self.value_loss(critic(features), batch)
         return TensorDict(losses, batch_size=[])
 
     def actor_layers(self) -> list[nn.Module]:

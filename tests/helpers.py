@@ -33,7 +33,7 @@ PREFETCH = {"class_path": "datamodules.collection.InProcess", "init_args": {"pre
 
 
 def chain_config(agent: str, root: Path, **data: Any) -> dict:
-    """A tiny DQN or PPO run on the chain env, or a recurrent PPO one (``recurrent``) on cue recall, writing under
+    """A tiny DQN, PPO or A2C run on the chain env, or a recurrent PPO one (``recurrent``) on cue recall, writing under
     ``root``; ``data`` overrides data init_args."""
     if agent == "recurrent":
         model = {
@@ -62,6 +62,12 @@ def chain_config(agent: str, root: Path, **data: Any) -> dict:
         data_cfg = {
             "class_path": "datamodules.replay.ReplayDataModule",
             "init_args": {"env": CHAIN, "num_envs": 8, "batch_size": 32, "warmup_frames": 64, "frames_per_update": 2},
+        }
+    elif agent == "a2c":  # one update on each whole rollout, RMSprop
+        model = {"class_path": "modules.a2c.A2C", "init_args": {"network": {"hidden_sizes": [32]}}}
+        data_cfg = {
+            "class_path": "datamodules.rollout.RolloutDataModule",
+            "init_args": {"env": CHAIN, "num_envs": 8, "collect_steps": 4, "minibatch_size": 32, "update_epochs": 1},
         }
     else:
         model = {

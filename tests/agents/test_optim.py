@@ -140,7 +140,7 @@ def test_adams_eps_reaches_the_fused_step_bit_for_bit():
     # Stable-Baselines3's PPO uses ε = 1e-5: the options' optimizer carries it and the direct fused step uses it.
     ours, reference = two_copies()
     inputs = [torch.randn(8, 6, generator=torch.Generator().manual_seed(i)) for i in range(6)]
-    optimizer = OptimizerOptions(lr=1e-2, eps=1e-5).adam([{"params": list(ours.parameters())}])
+    optimizer = OptimizerOptions(lr=1e-2, eps=1e-5).build([{"params": list(ours.parameters())}])
     assert optimizer.param_groups[0]["eps"] == 1e-5
     step = FusedAdamStep(optimizer, None)
     reference_optimizer = torch.optim.Adam(reference.parameters(), lr=1e-2, eps=1e-5, fused=True)

@@ -43,6 +43,7 @@ SHORT: dict[str, tuple[int, tuple[str, ...]]] = {
     "racing_ppo": (4, ("--data.init_args.env.init_args.max_steps", "200")),
     "gym/cartpole_dqn": (8, ()),
     "gym/cartpole_ppo": (8, ()),
+    "gym/cartpole_a2c": (8, ()),
     "gym/pendulum_sac": (8, ()),
     "gym/pendulum_td3": (8, ("--data.init_args.warmup_frames", "256")),  # the Zoo's 10,000 uniform frames: seconds
     "gym/lunarlander_dqn": (8, ()),

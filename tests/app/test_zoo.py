@@ -20,6 +20,7 @@ SHIPPED = {
     ("dqn", "LunarLander-v3"): "configs/gym/lunarlander_dqn.yaml",
     ("ppo", "CartPole-v1"): "configs/gym/cartpole_ppo.yaml",
     ("ppo", "LunarLander-v3"): "configs/gym/lunarlander_ppo.yaml",
+    ("a2c", "CartPole-v1"): "configs/gym/cartpole_a2c.yaml",
     ("sac", "Pendulum-v1"): "configs/gym/pendulum_sac.yaml",
     ("td3", "Pendulum-v1"): "configs/gym/pendulum_td3.yaml",
 }
@@ -107,6 +108,7 @@ SHORT = {
     "dqn": ("--data.init_args.warmup_frames", "64"),
     "sac": ("--data.init_args.warmup_frames", "64"),
     "td3": ("--data.init_args.warmup_frames", "64"),
+    "a2c": (),  # a rollout is n_envs x 5 frames already
     "ppo": (
         "--data.init_args.collect_steps",
         "8",
@@ -142,7 +144,7 @@ def test_every_pair_the_command_maps_builds_and_trains(algo, env_id, tmp_path, c
 
 
 def test_the_coverage_figure_has_every_pair_this_file_trains():
-    assert len(mapped_pairs()) >= 35  # DQN's 4, PPO's 13, SAC's 8, TD3's 10 (2026-11-30): each trained one update
+    assert len(mapped_pairs()) >= 45  # DQN's 4, PPO's 13, A2C's 10, SAC's 8, TD3's 10 (2026-11-30): one update each
 
 
 @pytest.mark.parametrize(
@@ -150,7 +152,7 @@ def test_the_coverage_figure_has_every_pair_this_file_trains():
     [
         (["--algo", "dqn", "--env", "atari"], "; policy CnnPolicy: only MlpPolicy entries are mapped (image: not yet)"),
         (["--algo", "dqn", "--env", "Pong-v9"], "--env Pong-v9: not in the RL Zoo's hyperparams/dqn.yml"),
-        (["--algo", "a3c", "--env", "CartPole-v1"], "--algo a3c: not mapped yet (this command maps dqn, ppo, sac, td3"),
+        (["--algo", "a3c", "--env", "CartPole-v1"], "--algo a3c: not mapped yet (this command maps dqn, ppo, a2c, sac"),
         (["--algo", "ppo", "--env", "Pendulum-v1"], "cannot map ppo Pendulum-v1: sde_sample_freq: not mapped"),
     ],
 )
@@ -183,7 +185,8 @@ def test_the_coverage_counts_every_pair_and_maps_every_installed_dqn_entry(capsy
     assert {"CartPole-v1", "LunarLander-v3", "HalfCheetah-v4"} <= set(rows["ppo"]["mapped"])
     assert {"Pendulum-v1", "HalfCheetah-v4"} <= set(rows["sac"]["mapped"])
     assert {"Pendulum-v1", "HalfCheetah-v4", "Humanoid-v4"} <= set(rows["td3"]["mapped"])
-    assert all(row["mapped"] == [] for algo, row in rows.items() if algo not in ("dqn", "ppo", "sac", "td3"))
+    assert {"CartPole-v1", "LunarLander-v3", "Acrobot-v1", "HalfCheetah-v4"} <= set(rows["a2c"]["mapped"])
+    assert all(row["mapped"] == [] for algo, row in rows.items() if algo not in ("dqn", "ppo", "a2c", "sac", "td3"))
     # Every installed pair not mapped is one line saying why: the refusal `zoo --algo ... --env ...` gives.
     assert all(len(row["mapped"]) + len(row["refused"]) == row["installed"] for row in rows.values() if row["mapped"])
     assert rows["ppo"]["refused"]["Pendulum-v1"].startswith("cannot map ppo Pendulum-v1: sde_sample_freq: not mapped")
