@@ -134,6 +134,15 @@ SB3_DEFAULTS = {
         "policy_kwargs": "dict(net_arch=[400, 300], activation_fn=nn.ReLU)",
     },
 }
+#: sb3-contrib's QR-DQN: DQN's defaults but these.
+SB3_DEFAULTS["qrdqn"] = {
+    **SB3_DEFAULTS["dqn"],
+    "learning_rate": 5e-5,
+    "exploration_fraction": 0.005,
+    "exploration_final_eps": 0.01,
+    "max_grad_norm": None,
+    "policy_kwargs": "dict(net_arch=[64, 64], activation_fn=nn.ReLU, n_quantiles=200)",
+}
 #: Most copies stepped together for a Zoo entry of one environment (its round divided among them).
 MAX_COPIES = 8
 #: Above this many updates a round, DQN's updates of at most this batch are merged in pairs (module docstring).
@@ -345,7 +354,17 @@ def config(threads_note: str, train: Node, model: str, model_args: dict, data: s
 
 def map_dqn(entry: dict[str, Any], env_id: str, run_name: str, exact_updates: bool = False) -> dict[str, Node]:
     """The lightrl config of a DQN entry (module docstring: the rules)."""
-    zoo = Entry("dqn", env_id, entry)
+    return map_q_learning("dqn", entry, env_id, run_name, exact_updates)
+
+
+def map_qrdqn(entry: dict[str, Any], env_id: str, run_name: str, exact_updates: bool = False) -> dict[str, Node]:
+    """The lightrl config of a QR-DQN entry: DQN's rules, ``policy_kwargs`` ``n_quantiles`` as ``model.quantiles``."""
+    return map_q_learning("qrdqn", entry, env_id, run_name, exact_updates)
+
+
+def map_q_learning(algo: str, entry: dict[str, Any], env_id: str, run_name: str, exact_updates: bool) -> dict:
+    """DQN's and QR-DQN's config (module docstring: the rules)."""
+    zoo = Entry(algo, env_id, entry)
     zoo.refuse_unknown()
     budget = number(zoo["n_timesteps"])
     round_frames, updates, copies, frames_per_update = replay_round(zoo)
@@ -358,7 +377,8 @@ def map_dqn(entry: dict[str, Any], env_id: str, run_name: str, exact_updates: bo
     warmup = number(zoo["learning_starts"])
     interval_frames = zoo["target_update_interval"]
     interval = updates if interval_frames < round_frames else max(1, round(interval_frames / frames_per_update))
-    net = network(zoo)
+    taken: dict[str, Any] = {"n_quantiles": None}
+    net = network(zoo, taken if algo == "qrdqn" else None)
     learning_rate, schedule = rate(zoo, "learning_rate", budget)
     zoo.check()
     target = {"update": Node("hard", "Stable-Baselines3 copies the online network (tau 1)")}
@@ -376,15 +396,20 @@ def map_dqn(entry: dict[str, Any], env_id: str, run_name: str, exact_updates: bo
             f"exploration_fraction {zoo['exploration_fraction']} of n_timesteps",
         ),
     }
-    optimizer = {
-        "lr": Node(learning_rate, zoo.name("learning_rate")),
-        **schedule,
-        "max_grad_norm": Node(float(zoo["max_grad_norm"]), zoo.name("max_grad_norm")),
-    }
-    model = {
-        "network": Node(children=net),
+    optimizer = {"lr": Node(learning_rate, zoo.name("learning_rate")), **schedule}
+    if zoo["max_grad_norm"] is not None:  # QR-DQN's default: no clipping
+        optimizer["max_grad_norm"] = Node(float(zoo["max_grad_norm"]), zoo.name("max_grad_norm"))
+    model = {"network": Node(children=net)}
+    if algo == "qrdqn":
+        quantiles = taken["n_quantiles"]
+        model["quantiles"] = (
+            Node(200, "policy_kwargs n_quantiles (Stable-Baselines3 contrib's default)")
+            if quantiles is None
+            else Node(quantiles, "policy_kwargs n_quantiles")
+        )
+    model |= {
         "gamma": Node(float(zoo["gamma"]), zoo.name("gamma")),
-        "loss_function": Node("smooth_l1", "Stable-Baselines3's DQN loss (Huber)"),
+        **({"loss_function": Node("smooth_l1", "Stable-Baselines3's DQN loss (Huber)")} if algo == "dqn" else {}),
         "target": Node(children=target),
         "exploration": Node(children=exploration),
         "optimizer": Node(children=optimizer),
@@ -400,7 +425,8 @@ def map_dqn(entry: dict[str, Any], env_id: str, run_name: str, exact_updates: bo
     }
     small = "small MLP updates: one thread is fastest on a shared CPU"
     train = trainer(max_steps, steps_note, run_name, budget)
-    return config(small, train, "modules.dqn.DQN", model, "datamodules.replay.ReplayDataModule", data)
+    agent = "modules.dqn.DQN" if algo == "dqn" else "modules.qrdqn.QRDQN"
+    return config(small, train, agent, model, "datamodules.replay.ReplayDataModule", data)
 
 
 def replay_budget(budget: int, warmup: int, frames_per_update: int | float) -> tuple[int, str]:
@@ -683,7 +709,7 @@ def compiled(updates: int) -> dict[str, Node]:
 
 
 #: The algorithms this command maps: the function that maps an entry.
-MAPPED = {"dqn": map_dqn, "ppo": map_ppo, "a2c": map_a2c, "sac": map_sac, "td3": map_td3}
+MAPPED = {"dqn": map_dqn, "qrdqn": map_qrdqn, "ppo": map_ppo, "a2c": map_a2c, "sac": map_sac, "td3": map_td3}
 
 
 def render(config: dict[str, Node], indent: int = 0) -> list[str]:

@@ -60,7 +60,22 @@ class Task:
     zoo_score: str = ""  # the RL Zoo's benchmark.md: mean ± std at its budget
 
 
-#: The RL Zoo's hyperparameters (rl-baselines3-zoo, hyperparams/{dqn,ppo,a2c,sac,td3}.yml) and published scores
+#: The RL Zoo's CartPole DQN entry (its QR-DQN entry is the same with 10 quantiles an action).
+CARTPOLE_DQN = {
+    "learning_rate": 2.3e-3,
+    "batch_size": 64,
+    "buffer_size": 100_000,
+    "learning_starts": 1_000,
+    "gamma": 0.99,
+    "target_update_interval": 10,
+    "train_freq": 256,
+    "gradient_steps": 128,
+    "exploration_fraction": 0.16,
+    "exploration_final_eps": 0.04,
+    "policy_kwargs": {"net_arch": [256, 256]},
+}
+
+#: The RL Zoo's hyperparameters (rl-baselines3-zoo, hyperparams/{dqn,qrdqn,ppo,a2c,sac,td3}.yml) and published scores
 #: (benchmark.md). ``lin_X``: a learning rate (or clip range) falling linearly from X to 0 over the run.
 TASKS: dict[str, Task] = {
     "cartpole_dqn": Task(
@@ -70,19 +85,7 @@ TASKS: dict[str, Task] = {
         budget=50_000,
         eval_every=2_500,
         sb3_algo="DQN",
-        sb3_kwargs={
-            "learning_rate": 2.3e-3,
-            "batch_size": 64,
-            "buffer_size": 100_000,
-            "learning_starts": 1_000,
-            "gamma": 0.99,
-            "target_update_interval": 10,
-            "train_freq": 256,
-            "gradient_steps": 128,
-            "exploration_fraction": 0.16,
-            "exploration_final_eps": 0.04,
-            "policy_kwargs": {"net_arch": [256, 256]},
-        },
+        sb3_kwargs=CARTPOLE_DQN,
         zoo_score="500.0 ± 0.0 at 50k",
     ),
     "cartpole_ppo": Task(
@@ -104,6 +107,15 @@ TASKS: dict[str, Task] = {
         },
         sb3_envs=8,
         zoo_score="500.0 ± 0.0 at 100k",
+    ),
+    "cartpole_qrdqn": Task(
+        "CartPole-v1",
+        "configs/gym/cartpole_qrdqn.yaml",
+        threshold=475,
+        budget=50_000,
+        eval_every=2_500,
+        sb3_algo="QRDQN",  # sb3-contrib's
+        sb3_kwargs={**CARTPOLE_DQN, "policy_kwargs": {"net_arch": [256, 256], "n_quantiles": 10}},
     ),
     "cartpole_a2c": Task(
         "CartPole-v1",
@@ -411,7 +423,10 @@ def sb3_run(task_name: str, seed: int, csv_path: Path, episodes: int, threads: i
         dims = env.action_space.shape[-1]
         kwargs["action_noise"] = NormalActionNoise(np.zeros(dims), kwargs.pop("action_noise_std") * np.ones(dims))
     policy = "CnnPolicy" if task.sb3_wrap == "atari" else "MlpPolicy"
-    model = getattr(stable_baselines3, task.sb3_algo)(policy, env, seed=seed, verbose=0, **kwargs)
+    import sb3_contrib  # QR-DQN, TQC, ... (the bench extra)
+
+    algorithm = getattr(stable_baselines3, task.sb3_algo, None) or getattr(sb3_contrib, task.sb3_algo)
+    model = algorithm(policy, env, seed=seed, verbose=0, **kwargs)
     rows: list[dict[str, float]] = []
     first_evaluation_seed = evaluation_seed(seed)
     start = time.perf_counter()

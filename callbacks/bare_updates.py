@@ -6,7 +6,7 @@ that runs on machines of different speed, or on different days, can be compared,
 update by it. Each reference copies the agent's networks and returns ``step(i)``, one update on the ``i``-th of a
 few batches of real transitions drawn from the agent's environment before timing: the loss maths written out (the
 same as the agent's TorchRL loss computes), backward, gradient clip and a fused Adam step. :func:`bare_update` picks
-the agent's (DQN and PIRL, PPO, A2C, SAC, TD3); the agents' own files hold the agents only.
+the agent's (DQN, QR-DQN and PIRL, PPO, A2C, SAC, TD3); the agents' own files hold the agents only.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from modules.optim import FusedAdamStep
 from modules.pde import physics_losses
 from modules.pirl import PhysicsInformedDQN
 from modules.ppo import PPO, categorical_log_prob_and_entropy, gaussian_log_prob_and_entropy
+from modules.qrdqn import QRDQN
 from modules.sac import SAC
 from modules.td3 import TD3
 
@@ -193,6 +194,7 @@ def reference_for(model: Any) -> Callable[[Any, Any], Callable[[int], torch.Tens
     if isinstance(model, PhysicsInformedDQN):
         return lambda model, data: reference_dqn_update(model, data, with_physics=True)
     references = (
+        (QRDQN, reference_qrdqn_update),  # before DQN, its base class
         (DQN, reference_dqn_update),
         (A2C, reference_a2c_update),  # before PPO, its base class
         (PPO, reference_ppo_update),
@@ -252,6 +254,39 @@ def reference_dqn_update(model: DQN, data: Any, with_physics: bool = False) -> C
         for k in range(accumulate):
             loss = loss_of(batches[(i * accumulate + k) % len(batches)])
             (loss if accumulate == 1 else loss / accumulate).backward()
+        optimizer_step(parameters, optimizer, model.optim.max_grad_norm)
+        return loss.detach()
+
+    return step
+
+
+def reference_qrdqn_update(model: QRDQN, data: Any) -> Callable[[int], torch.Tensor]:
+    """The quantile Huber loss (κ = 1) of the taken actions' quantiles against ``r + γ θ(s', a*)``, a* the target
+    network's greedy action (the online network's with ``double_dqn``), backward, clip and the fused Adam step."""
+    online = copy.deepcopy(model.q_network.quantiles).to(data.device)
+    target = copy.deepcopy(online).requires_grad_(False)
+    parameters = list(online.parameters())
+    optimizer = make_optimizer(parameters, model)
+    count, gamma = model.quantile_count, model.gamma
+    tau = (torch.arange(count, device=data.device) + 0.5) / count
+    batches = batch_pool(data, data.batch_size)
+
+    def step(i: int) -> torch.Tensor:
+        batch = batches[i % len(batches)]
+        with torch.no_grad():
+            next_quantiles = target(batch["next_observation"])  # [batch, actions, N]
+            chooser = online(batch["next_observation"]) if model.hparams.double_dqn else next_quantiles
+            best = chooser.mean(-1).argmax(-1)
+            rows = torch.arange(len(best), device=best.device)
+            y = (
+                batch["reward"].unsqueeze(-1)
+                + gamma * (~batch["terminated"]).unsqueeze(-1) * next_quantiles[rows, best]
+            )
+        predicted = online(batch["observation"])[rows, batch["action"]]  # [batch, N]
+        delta = y.unsqueeze(-2) - predicted.unsqueeze(-1)
+        huber = torch.where(delta.abs() > 1, delta.abs() - 0.5, 0.5 * delta.pow(2))
+        loss = ((tau.unsqueeze(-1) - (delta.detach() < 0).float()).abs() * huber).sum(-2).mean()
+        loss.backward()
         optimizer_step(parameters, optimizer, model.optim.max_grad_norm)
         return loss.detach()
 

@@ -33,8 +33,8 @@ PREFETCH = {"class_path": "datamodules.collection.InProcess", "init_args": {"pre
 
 
 def chain_config(agent: str, root: Path, **data: Any) -> dict:
-    """A tiny DQN, PPO or A2C run on the chain env, or a recurrent PPO one (``recurrent``) on cue recall, writing under
-    ``root``; ``data`` overrides data init_args."""
+    """A tiny DQN, QR-DQN, PPO or A2C run on the chain env, or a recurrent PPO one (``recurrent``) on cue recall,
+    writing under ``root``; ``data`` overrides data init_args."""
     if agent == "recurrent":
         model = {
             "class_path": "modules.recurrent_ppo.RecurrentPPO",
@@ -50,13 +50,14 @@ def chain_config(agent: str, root: Path, **data: Any) -> dict:
                 **{"num_envs": 8, "collect_steps": 16, "minibatch_size": 128, "update_epochs": 2, "bptt": 8},
             },
         }
-    elif agent == "dqn":
+    elif agent in ("dqn", "qrdqn"):
         model = {
-            "class_path": "modules.dqn.DQN",
+            "class_path": "modules.dqn.DQN" if agent == "dqn" else "modules.qrdqn.QRDQN",
             "init_args": {
                 "network": {"hidden_sizes": [32]},
                 "exploration": {"eps_frames": 400},
                 "target": {"interval": 20},
+                **({"quantiles": 8} if agent == "qrdqn" else {}),
             },
         }
         data_cfg = {

@@ -42,6 +42,7 @@ SHORT: dict[str, tuple[int, tuple[str, ...]]] = {
     "snake_ppo": (8, ()),
     "racing_ppo": (4, ("--data.init_args.env.init_args.max_steps", "200")),
     "gym/cartpole_dqn": (8, ()),
+    "gym/cartpole_qrdqn": (8, ()),
     "gym/cartpole_ppo": (8, ()),
     "gym/cartpole_a2c": (8, ()),
     "gym/pendulum_sac": (8, ()),

@@ -30,7 +30,9 @@ from tests.helpers import (
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("agent", ["dqn", "dqn-3-step", "dqn-prioritized", "dqn-prefetch", "ppo", "a2c", "recurrent"])
+@pytest.mark.parametrize(
+    "agent", ["dqn", "dqn-3-step", "dqn-prioritized", "dqn-prefetch", "qrdqn-3-step", "ppo", "a2c", "recurrent"]
+)
 def test_resumed_run_ends_with_identical_weights(tmp_path, agent):
     # PPO: 8 envs x 16 steps = 128 frames per rollout, 4 minibatches x 2 epochs = 8 updates per rollout; stopping
     # at update 36 interrupts a rollout in its middle, so the saved rollout and minibatch order are exercised.
@@ -42,11 +44,12 @@ def test_resumed_run_ends_with_identical_weights(tmp_path, agent):
     # Recurrent PPO: 8 envs x 4 agents x 16 steps = 512 frames, 4 segment minibatches x 2 epochs = 8 updates per
     # rollout; the checkpoint also carries every agent's LSTM state, which the next rollout starts from.
     # A2C: 8 envs x 4 steps, one update on each whole rollout, with RMSprop's running averages in the checkpoint.
+    # QR-DQN: DQN's, its quantiles regressed on 3-step targets.
     half = {"ppo": 36, "recurrent": 12}.get(agent, 50)
 
     def config(root: Path) -> dict:
         config = chain_config(agent.split("-")[0], root)
-        if agent == "dqn-3-step":
+        if agent in ("dqn-3-step", "qrdqn-3-step"):
             config["model"]["init_args"]["n_steps"] = 3
         if agent == "dqn-prioritized":
             config["data"]["init_args"].update(priority={"alpha": 0.7, "beta": 0.4, "beta_updates": 150})

@@ -18,6 +18,7 @@ pytest.importorskip("rl_zoo3")  # the zoo extra (CI installs it)
 SHIPPED = {
     ("dqn", "CartPole-v1"): "configs/gym/cartpole_dqn.yaml",
     ("dqn", "LunarLander-v3"): "configs/gym/lunarlander_dqn.yaml",
+    ("qrdqn", "CartPole-v1"): "configs/gym/cartpole_qrdqn.yaml",
     ("ppo", "CartPole-v1"): "configs/gym/cartpole_ppo.yaml",
     ("ppo", "LunarLander-v3"): "configs/gym/lunarlander_ppo.yaml",
     ("a2c", "CartPole-v1"): "configs/gym/cartpole_a2c.yaml",
@@ -106,6 +107,7 @@ def mapped_pairs() -> list[tuple[str, str]]:
 #: Per algorithm: what keeps one update of a mapped config to seconds (the rest of the config as written).
 SHORT = {
     "dqn": ("--data.init_args.warmup_frames", "64"),
+    "qrdqn": ("--data.init_args.warmup_frames", "64"),
     "sac": ("--data.init_args.warmup_frames", "64"),
     "td3": ("--data.init_args.warmup_frames", "64"),
     "a2c": (),  # a rollout is n_envs x 5 frames already
@@ -144,7 +146,7 @@ def test_every_pair_the_command_maps_builds_and_trains(algo, env_id, tmp_path, c
 
 
 def test_the_coverage_figure_has_every_pair_this_file_trains():
-    assert len(mapped_pairs()) >= 45  # DQN's 4, PPO's 13, A2C's 10, SAC's 8, TD3's 10 (2026-11-30): one update each
+    assert len(mapped_pairs()) >= 49  # DQN's 4, QR-DQN's 4, PPO's 13, A2C's 10, SAC's 8, TD3's 10 (2026-11-30)
 
 
 @pytest.mark.parametrize(
@@ -152,7 +154,10 @@ def test_the_coverage_figure_has_every_pair_this_file_trains():
     [
         (["--algo", "dqn", "--env", "atari"], "; policy CnnPolicy: only MlpPolicy entries are mapped (image: not yet)"),
         (["--algo", "dqn", "--env", "Pong-v9"], "--env Pong-v9: not in the RL Zoo's hyperparams/dqn.yml"),
-        (["--algo", "a3c", "--env", "CartPole-v1"], "--algo a3c: not mapped yet (this command maps dqn, ppo, a2c, sac"),
+        (
+            ["--algo", "a3c", "--env", "CartPole-v1"],
+            "--algo a3c: not mapped yet (this command maps dqn, qrdqn, ppo",
+        ),
         (["--algo", "ppo", "--env", "Pendulum-v1"], "cannot map ppo Pendulum-v1: sde_sample_freq: not mapped"),
     ],
 )
@@ -186,7 +191,9 @@ def test_the_coverage_counts_every_pair_and_maps_every_installed_dqn_entry(capsy
     assert {"Pendulum-v1", "HalfCheetah-v4"} <= set(rows["sac"]["mapped"])
     assert {"Pendulum-v1", "HalfCheetah-v4", "Humanoid-v4"} <= set(rows["td3"]["mapped"])
     assert {"CartPole-v1", "LunarLander-v3", "Acrobot-v1", "HalfCheetah-v4"} <= set(rows["a2c"]["mapped"])
-    assert all(row["mapped"] == [] for algo, row in rows.items() if algo not in ("dqn", "ppo", "a2c", "sac", "td3"))
+    assert rows["qrdqn"]["installed"] == len(rows["qrdqn"]["mapped"]) == 4
+    mapped = ("dqn", "qrdqn", "ppo", "a2c", "sac", "td3")
+    assert all(row["mapped"] == [] for algo, row in rows.items() if algo not in mapped)
     # Every installed pair not mapped is one line saying why: the refusal `zoo --algo ... --env ...` gives.
     assert all(len(row["mapped"]) + len(row["refused"]) == row["installed"] for row in rows.values() if row["mapped"])
     assert rows["ppo"]["refused"]["Pendulum-v1"].startswith("cannot map ppo Pendulum-v1: sde_sample_freq: not mapped")
