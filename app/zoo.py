@@ -451,27 +451,30 @@ def replay_round(zoo: Entry) -> tuple[int, int, int, int | float]:
 
 def map_sac(entry: dict[str, Any], env_id: str, run_name: str, exact_updates: bool = False) -> dict[str, Node]:
     """The lightrl config of a SAC entry: rounds, warm-up and budget as DQN's, the data as :func:`replay_data`;
-    ``ent_coef: auto`` or ``auto_X`` is α learned from 1 or X; one soft update of the target critics per update
-    (``target_update_interval`` 1)."""
+    ``ent_coef: auto`` or ``auto_X`` is α learned from 1 or X, a number a fixed α; one soft update of the target
+    critics per update (``target_update_interval`` 1)."""
     zoo = Entry("sac", env_id, entry)
     zoo.refuse_unknown()
     budget = number(zoo["n_timesteps"])
     net = network(zoo)
     learning_rate, schedule = rate(zoo, "learning_rate", budget)
     ent_coef = str(zoo["ent_coef"])
-    if ent_coef != "auto" and not ent_coef.startswith("auto_"):
-        zoo.problems.append(f"ent_coef {ent_coef}: lightrl's SAC learns α (auto or auto_X)")
+    learned = ent_coef == "auto" or ent_coef.startswith("auto_")  # else a number: a fixed α
+    try:
+        alpha = 1.0 if ent_coef == "auto" else float(ent_coef[5:] if learned else ent_coef)
+    except ValueError:
+        zoo.problems.append(f"ent_coef {ent_coef}: a number, auto or auto_X")
     if zoo["target_update_interval"] != 1:
         zoo.problems.append("target_update_interval: lightrl's SAC updates its target critics after every update")
     layers, critics = actor_critic_networks(zoo, net)
-    alpha = 1.0 if ent_coef == "auto" else float(ent_coef[5:])
     target_entropy = zoo["target_entropy"]
     actor = {"hidden_sizes": layers, "init_scale": Node(1.0, "the Gaussian's scale before tanh where its layer is 0")}
     model = {
         "actor": Node(children=actor),
         "critics": critics,
         "gamma": Node(float(zoo["gamma"]), zoo.name("gamma")),
-        "alpha_init": Node(alpha, f"ent_coef {ent_coef}: α learned, starting at {alpha}"),
+        "alpha_init": Node(alpha, f"ent_coef {ent_coef}: α learned, starting at {alpha}" if learned else "ent_coef"),
+        **({} if learned else {"learn_alpha": Node(False, f"ent_coef {ent_coef}: a fixed α")}),
         "target_entropy": Node(
             target_entropy if target_entropy == "auto" else float(target_entropy), zoo.name("target_entropy")
         ),

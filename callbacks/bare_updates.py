@@ -360,7 +360,8 @@ def reference_policy_gradient_update(
 
 def reference_sac_update(model: Any, data: Any) -> Callable[[int], torch.Tensor]:
     """SAC written out: the clipped double-Q target from the target critics at a fresh next action, both critics'
-    MSE, the actor's ``α·log π − min Q`` through detached critics, α's loss, backward, clip, fused Adam and the
+    MSE, the actor's ``α·log π − min Q`` through detached critics, α's loss (moving nothing where α is fixed), backward,
+    clip, fused Adam and the
     Polyak step of the target critics. The tanh-Gaussian's log-density is computed by hand (tanh's and the action
     box's Jacobians), the critics run one after the other rather than vmapped. Same weights, same batches and the same
     random draws in the same order as the agent's loss."""
@@ -375,8 +376,10 @@ def reference_sac_update(model: Any, data: Any) -> Callable[[int], torch.Tensor]
             copies.append(module.module)
     for target in targets:
         target.requires_grad_(False)
-    log_alpha = model.loss_module.log_alpha.detach().to(device).clone().requires_grad_(True)
-    parameters = [*actor.parameters(), *(p for critic in critics for p in critic.parameters()), log_alpha]
+    learned = isinstance(model.loss_module.log_alpha, nn.Parameter)  # else a fixed α (learn_alpha false)
+    log_alpha = model.loss_module.log_alpha.detach().to(device).clone().requires_grad_(learned)
+    parameters = [*actor.parameters(), *(p for critic in critics for p in critic.parameters())]
+    parameters += [log_alpha] if learned else []
     optimizer = make_optimizer(parameters, model)
     gamma, tau = float(model.loss_module.value_estimator.gamma), model.tau
     target_entropy = float(model.loss_module.target_entropy)

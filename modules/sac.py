@@ -138,7 +138,8 @@ class BCTermOptions:
 
 
 class SAC(RLModule):
-    """SAC with twin (or ``critics.count``) Q critics, Polyak target critics and automatic entropy tuning.
+    """SAC with twin (or ``critics.count``) Q critics, Polyak target critics and automatic entropy tuning (or a fixed
+    α).
 
     Args:
         observation_spec: linked from the data module (``observation`` is a flat vector).
@@ -149,6 +150,8 @@ class SAC(RLModule):
         critics: the Q critics and their targets (:class:`CriticOptions`).
         gamma: discount.
         alpha_init: the entropy coefficient α at the start.
+        learn_alpha: tune α towards ``target_entropy`` (automatic entropy tuning); false: α stays ``alpha_init``
+            (the RL Zoo's numeric ``ent_coef``).
         target_entropy: the entropy α steers the policy towards; ``auto``: −(action dims).
         actor_init: None (a randomly initialised actor), a behaviour-cloning checkpoint (``.ckpt``) whose network
             has this actor's layer sizes, or a behaviour-cloning config (``.yaml``) that ``python -m app fit`` runs
@@ -174,6 +177,7 @@ class SAC(RLModule):
         critics: CriticOptions = CriticOptions(),
         gamma: float = 0.99,
         alpha_init: float = 1.0,
+        learn_alpha: bool = True,
         target_entropy: float | str = "auto",
         actor_init: str | None = None,
         bc_term: BCTermOptions = BCTermOptions(),
@@ -244,6 +248,7 @@ class SAC(RLModule):
             num_qvalue_nets=critics.count,
             loss_function="l2",
             alpha_init=alpha_init,
+            fixed_alpha=not learn_alpha,  # log α a buffer: its loss is computed, as SACLoss's, and moves nothing
             target_entropy=target_entropy,
             action_spec=action_spec,
             delay_qvalue=True,

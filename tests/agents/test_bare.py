@@ -64,11 +64,12 @@ def test_framework_free_update_is_the_agents_update_step(config):
     assert not any(torch.equal(a, b) for a, b in zip(before, model.trainable_parameters(), strict=True))
 
 
-@pytest.mark.parametrize("critics", [2, 3])
-def test_bare_sac_update_computes_the_agents_loss(critics):
-    # With more critics than the twin pair, TorchRL's loss and the written-out one both take the minimum over all.
+@pytest.mark.parametrize(("critics", "learn_alpha"), [(2, "true"), (3, "true"), (2, "false")])
+def test_bare_sac_update_computes_the_agents_loss(critics, learn_alpha):
+    # With more critics than the twin pair, TorchRL's loss and the written-out one both take the minimum over all; with
+    # a fixed α (learn_alpha false) neither moves it.
     overrides = [*SMALL, "--data.init_args.batch_size", "64", "--config", str(ROOT / "configs/bench/sac_update.yaml")]
-    overrides += ["--model.init_args.critics.count", str(critics)]
+    overrides += ["--model.init_args.critics.count", str(critics), "--model.init_args.learn_alpha", learn_alpha]
     model, data = build([str(ROOT / "configs/racing_sac.yaml")], overrides)
     assert model.loss_module.num_qvalue_nets == critics
     step = bare_update(model, data)

@@ -384,14 +384,17 @@ def test_compiled_and_eager_losses_agree_on_the_same_batch():
             torch.testing.assert_close(actual[key], expected[key], rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("critics", [1, 2, 3])
-def test_the_update_loss_is_torchrls_sac_loss_in_values_and_gradients(critics):
+@pytest.mark.parametrize(("critics", "learn_alpha"), [(1, True), (2, True), (3, True), (2, False)])
+def test_the_update_loss_is_torchrls_sac_loss_in_values_and_gradients(critics, learn_alpha):
     # The update computes SACLoss's losses from its parameters (batched critics, the density written out): the same
     # terms, and the same gradient for every parameter, as SACLoss.forward from the same random draws. The racing
     # car's box is asymmetric per dimension; α is off its start, and a third of the transitions end their episode.
+    # A fixed α (the Zoo's numeric ent_coef) is no parameter: nothing trains it, its loss is logged as SACLoss's.
     torch.manual_seed(0)
     actor, critic_options = ActorOptions(hidden_sizes=(16, 8)), CriticOptions(hidden_sizes=(16, 8), count=critics)
-    model = SAC(**SPECS, actor=actor, critics=critic_options, gamma=0.9)
+    model = SAC(**SPECS, actor=actor, critics=critic_options, gamma=0.9, learn_alpha=learn_alpha)
+    log_alpha = model.loss_module.log_alpha
+    assert any(p is log_alpha for p in model.trainable_parameters()) == learn_alpha
     with torch.no_grad():
         model.loss_module.log_alpha.fill_(-0.7)
         for target in model.loss_module.target_qvalue_network_params.values(True, True):

@@ -94,8 +94,11 @@ def test_sac_follows_the_zoos_numbers():
     model = yaml.safe_load("\n".join(_lines(lander)))["model"]["init_args"]
     assert model["actor"]["hidden_sizes"] == model["critics"]["hidden_sizes"] == [400, 300]
     assert model["critics"]["tau"] == 0.01 and model["optimizer"]["lr_decay"] == "linear"
-    with pytest.raises(ZooError, match="ent_coef 0.005: lightrl's SAC learns α"):
-        map_sac(zoo_entry("sac", "BipedalWalkerHardcore-v3"), "BipedalWalkerHardcore-v3", "r")
+    hardcore = map_sac(zoo_entry("sac", "BipedalWalkerHardcore-v3"), "BipedalWalkerHardcore-v3", "r")
+    model = yaml.safe_load("\n".join(_lines(hardcore)))["model"]["init_args"]
+    assert model["alpha_init"] == 0.005 and model["learn_alpha"] is False  # the Zoo's numeric ent_coef: α fixed
+    with pytest.raises(ZooError, match="ent_coef fast: a number, auto or auto_X"):
+        map_sac({**zoo_entry("sac", "Pendulum-v1"), "ent_coef": "fast"}, "Pendulum-v1", "r")
 
 
 def mapped_pairs() -> list[tuple[str, str]]:
@@ -146,7 +149,7 @@ def test_every_pair_the_command_maps_builds_and_trains(algo, env_id, tmp_path, c
 
 
 def test_the_coverage_figure_has_every_pair_this_file_trains():
-    assert len(mapped_pairs()) >= 49  # DQN's 4, QR-DQN's 4, PPO's 13, A2C's 10, SAC's 8, TD3's 10 (2026-11-30)
+    assert len(mapped_pairs()) >= 50  # DQN's 4, QR-DQN's 4, PPO's 13, A2C's 10, SAC's 9, TD3's 10 (2026-11-30)
 
 
 @pytest.mark.parametrize(
