@@ -107,8 +107,6 @@ class A2C(PPO):
                 f"data.minibatch_size, data.update_epochs: A2C takes one update on each whole rollout, these give "
                 f"{updates}; use minibatch_size = num_envs x collect_steps and update_epochs 1"
             )
-        if self.optim.algorithm != "adam" and self.compile_mode == "cudagraph":
-            raise ValueError(f"model.compile cudagraph: captures the fused Adam step only, not {self.optim.algorithm}")
 
     def schedule(self, rollout: TensorDictBase) -> None:
         """Nothing changes with the frames but the learning rate (the base's)."""

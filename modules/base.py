@@ -240,6 +240,10 @@ class RLModule(pl.LightningModule):
             (self.optim.accumulate_grad_batches > 1, "gradient accumulation (optimizer.accumulate_grad_batches 1)"),
             (self.optim.lr_end is not None, "a learning-rate schedule: the step's lr is captured once (lr_end null)"),
             (self.optim.weight_decay > 0, "AdamW's step, which is not capturable here (optimizer.weight_decay 0)"),
+            (
+                self.optim.algorithm != "adam",
+                "RMSprop's step: the fused Adam is what it captures (optimizer.algorithm adam)",
+            ),
             (datamodule.prioritized, "prioritized replay's priorities (priority.alpha 0)"),
             *((True, reason) for reason in cannot_capture),
         ]

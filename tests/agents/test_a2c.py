@@ -105,6 +105,14 @@ def test_minibatches_or_epochs_are_one_line_naming_the_flags(tmp_path, capsys, m
     assert not (tmp_path / "runs").exists()
 
 
+def test_a_captured_update_refuses_rmsprop_in_one_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = app_in_process(capsys, "fit", "--config", str(CONFIG), "--model.init_args.compile", "cudagraph")
+    line = result.stderr.strip().splitlines()[-1]
+    assert result.returncode == 2 and "Traceback" not in result.stderr and not (tmp_path / "runs").exists()
+    assert "cannot capture RMSprop's step: the fused Adam is what it captures (optimizer.algorithm adam)" in line
+
+
 @pytest.mark.slow
 def test_the_zoo_cartpole_config_trains_and_continues_in_its_run_folder(tmp_path, monkeypatch):
     # As the docs run it: the shipped config, its CSV logger and run folder, then --ckpt_path last from the same folder
