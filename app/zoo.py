@@ -134,6 +134,12 @@ SB3_DEFAULTS = {
         "policy_kwargs": "dict(net_arch=[400, 300], activation_fn=nn.ReLU)",
     },
 }
+#: DDPG: Stable-Baselines3's TD3 class without its tricks (one critic, no target smoothing, no delay).
+SB3_DEFAULTS["ddpg"] = {
+    key: value
+    for key, value in SB3_DEFAULTS["td3"].items()
+    if key not in ("policy_delay", "target_policy_noise", "target_noise_clip")
+}
 #: sb3-contrib's QR-DQN: DQN's defaults but these.
 SB3_DEFAULTS["qrdqn"] = {
     **SB3_DEFAULTS["dqn"],
@@ -535,7 +541,19 @@ def map_td3(entry: dict[str, Any], env_id: str, run_name: str, exact_updates: bo
     noise, its clip and the policy delay as Stable-Baselines3's (``target_policy_noise``, ``target_noise_clip``,
     ``policy_delay``); actor and critics of ``net_arch``. During the warm-up lightrl's TD3 acts uniformly at random,
     as Stable-Baselines3 does before ``learning_starts``."""
-    zoo = Entry("td3", env_id, entry)
+    return map_deterministic("td3", entry, env_id, run_name)
+
+
+def map_ddpg(entry: dict[str, Any], env_id: str, run_name: str, exact_updates: bool = False) -> dict[str, Node]:
+    """The lightrl config of a DDPG entry: TD3's (:func:`map_td3`) with what Stable-Baselines3's DDPG sets, which is
+    TD3 without its three tricks: one critic (``n_critics`` 1), no target policy smoothing, the actor and the targets
+    updated every update."""
+    return map_deterministic("ddpg", entry, env_id, run_name)
+
+
+def map_deterministic(algo: str, entry: dict[str, Any], env_id: str, run_name: str) -> dict[str, Node]:
+    """TD3's and DDPG's config on ``modules.td3.TD3`` (:func:`map_td3`, :func:`map_ddpg`)."""
+    zoo = Entry(algo, env_id, entry)
     zoo.refuse_unknown("noise_type", "noise_std")
     budget = number(zoo["n_timesteps"])
     net = network(zoo)
@@ -545,14 +563,26 @@ def map_td3(entry: dict[str, Any], env_id: str, run_name: str, exact_updates: bo
         zoo.problems.append(f"noise_type {noise_type}: lightrl's TD3 acts with Gaussian noise (normal)")
     layers, critics = actor_critic_networks(zoo, net)
     noise_note = f"noise_type normal, noise_std {noise_std}" if noise_type else "no action noise (the Zoo gives none)"
+    if algo == "ddpg":  # Stable-Baselines3's DDPG class: its TD3 with these
+        critics.children["hidden_sizes"].comment = "the critic's, the same sizes"
+        critics.children["count"] = Node(1, "DDPG: one critic (Stable-Baselines3's n_critics 1)")
+        tricks = {
+            "target_noise": Node(0.0, "DDPG: no target policy smoothing"),
+            "target_noise_clip": Node(0.0, "..."),
+            "policy_delay": Node(1, "DDPG: the actor and the targets move every update"),
+        }
+    else:
+        tricks = {
+            "target_noise": Node(float(zoo["target_policy_noise"]), zoo.name("target_policy_noise")),
+            "target_noise_clip": Node(float(zoo["target_noise_clip"]), zoo.name("target_noise_clip")),
+            "policy_delay": Node(zoo["policy_delay"], zoo.name("policy_delay")),
+        }
     model = {
         "actor": Node(children={"hidden_sizes": layers}),
         "critics": critics,
         "gamma": Node(float(zoo["gamma"]), zoo.name("gamma")),
         "action_noise": Node(noise_std, noise_note + " (half-range units)"),
-        "target_noise": Node(float(zoo["target_policy_noise"]), zoo.name("target_policy_noise")),
-        "target_noise_clip": Node(float(zoo["target_noise_clip"]), zoo.name("target_noise_clip")),
-        "policy_delay": Node(zoo["policy_delay"], zoo.name("policy_delay")),
+        **tricks,
         "optimizer": Node(
             children={"lr": Node(learning_rate, zoo.name("learning_rate") + " (actor and critics)"), **schedule}
         ),
@@ -712,7 +742,15 @@ def compiled(updates: int) -> dict[str, Node]:
 
 
 #: The algorithms this command maps: the function that maps an entry.
-MAPPED = {"dqn": map_dqn, "qrdqn": map_qrdqn, "ppo": map_ppo, "a2c": map_a2c, "sac": map_sac, "td3": map_td3}
+MAPPED = {
+    "dqn": map_dqn,
+    "qrdqn": map_qrdqn,
+    "ppo": map_ppo,
+    "a2c": map_a2c,
+    "sac": map_sac,
+    "td3": map_td3,
+    "ddpg": map_ddpg,
+}
 
 
 def render(config: dict[str, Node], indent: int = 0) -> list[str]:

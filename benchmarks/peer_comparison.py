@@ -75,8 +75,9 @@ CARTPOLE_DQN = {
     "policy_kwargs": {"net_arch": [256, 256]},
 }
 
-#: The RL Zoo's hyperparameters (rl-baselines3-zoo, hyperparams/{dqn,qrdqn,ppo,a2c,sac,td3}.yml) and published scores
-#: (benchmark.md). ``lin_X``: a learning rate (or clip range) falling linearly from X to 0 over the run.
+#: The RL Zoo's hyperparameters (rl-baselines3-zoo, hyperparams/{dqn,qrdqn,ppo,a2c,sac,td3,ddpg}.yml) and
+#: published scores (benchmark.md). ``lin_X``: a learning rate (or clip range) falling linearly from X to 0 over the
+#: run.
 TASKS: dict[str, Task] = {
     "cartpole_dqn": Task(
         "CartPole-v1",
@@ -189,6 +190,24 @@ TASKS: dict[str, Task] = {
             "buffer_size": 200_000,
             "learning_starts": 10_000,
             "action_noise_std": 0.1,  # noise_type normal: NormalActionNoise of this sigma on every action dimension
+            "gradient_steps": 1,
+            "train_freq": 1,
+            "learning_rate": 1e-3,
+            "policy_kwargs": {"net_arch": [400, 300]},
+        },
+    ),
+    "pendulum_ddpg": Task(
+        "Pendulum-v1",
+        "configs/gym/pendulum_ddpg.yaml",
+        threshold=-200,
+        budget=20_000,
+        eval_every=1_000,
+        sb3_algo="DDPG",
+        sb3_kwargs={
+            "gamma": 0.98,
+            "buffer_size": 200_000,
+            "learning_starts": 10_000,
+            "action_noise_std": 0.1,
             "gradient_steps": 1,
             "train_freq": 1,
             "learning_rate": 1e-3,

@@ -47,6 +47,7 @@ SHORT: dict[str, tuple[int, tuple[str, ...]]] = {
     "gym/cartpole_a2c": (8, ()),
     "gym/pendulum_sac": (8, ()),
     "gym/pendulum_td3": (8, ("--data.init_args.warmup_frames", "256")),  # the Zoo's 10,000 uniform frames: seconds
+    "gym/pendulum_ddpg": (8, ("--data.init_args.warmup_frames", "256")),
     "gym/lunarlander_dqn": (8, ()),
     "gym/lunarlander_ppo": (8, ("--data.init_args.collect_steps", "64")),
     # MuJoCo is chaotic (a 1e-12 change to one action moves the observations of 256 random steps by whole units) and

@@ -24,6 +24,7 @@ SHIPPED = {
     ("a2c", "CartPole-v1"): "configs/gym/cartpole_a2c.yaml",
     ("sac", "Pendulum-v1"): "configs/gym/pendulum_sac.yaml",
     ("td3", "Pendulum-v1"): "configs/gym/pendulum_td3.yaml",
+    ("ddpg", "Pendulum-v1"): "configs/gym/pendulum_ddpg.yaml",
 }
 
 
@@ -113,6 +114,7 @@ SHORT = {
     "qrdqn": ("--data.init_args.warmup_frames", "64"),
     "sac": ("--data.init_args.warmup_frames", "64"),
     "td3": ("--data.init_args.warmup_frames", "64"),
+    "ddpg": ("--data.init_args.warmup_frames", "64"),
     "a2c": (),  # a rollout is n_envs x 5 frames already
     "ppo": (
         "--data.init_args.collect_steps",
@@ -149,7 +151,7 @@ def test_every_pair_the_command_maps_builds_and_trains(algo, env_id, tmp_path, c
 
 
 def test_the_coverage_figure_has_every_pair_this_file_trains():
-    assert len(mapped_pairs()) >= 50  # DQN's 4, QR-DQN's 4, PPO's 13, A2C's 10, SAC's 9, TD3's 10 (2026-11-30)
+    assert len(mapped_pairs()) >= 60  # DQN 4, QR-DQN 4, PPO 13, A2C 10, SAC 9, TD3 10, DDPG 10 (2026-11-30)
 
 
 @pytest.mark.parametrize(
@@ -169,6 +171,17 @@ def test_what_cannot_be_mapped_is_one_line_naming_it(args, line, tmp_path, capsy
     result = app_in_process(capsys, "zoo", *args, "--out", "x.yaml")
     assert result.returncode == 1 and not (tmp_path / "x.yaml").exists()
     assert len(result.stderr.strip().splitlines()) == 1 and line in result.stderr
+
+
+def test_ddpg_is_td3_without_its_tricks_as_stable_baselines3_builds_it():
+    from app.zoo import map_ddpg
+
+    ddpg = map_ddpg(zoo_entry("ddpg", "Pendulum-v1"), "Pendulum-v1", "r")
+    config = yaml.safe_load("\n".join(_lines(ddpg)))
+    model = config["model"]["init_args"]
+    assert config["model"]["class_path"] == "modules.td3.TD3" and model["critics"]["count"] == 1
+    assert model["target_noise"] == model["target_noise_clip"] == 0.0 and model["policy_delay"] == 1
+    assert model["action_noise"] == 0.1 and config["data"]["init_args"]["warmup_frames"] == 10_000
 
 
 def test_every_key_the_mapping_does_not_know_is_named():
@@ -195,7 +208,8 @@ def test_the_coverage_counts_every_pair_and_maps_every_installed_dqn_entry(capsy
     assert {"Pendulum-v1", "HalfCheetah-v4", "Humanoid-v4"} <= set(rows["td3"]["mapped"])
     assert {"CartPole-v1", "LunarLander-v3", "Acrobot-v1", "HalfCheetah-v4"} <= set(rows["a2c"]["mapped"])
     assert rows["qrdqn"]["installed"] == len(rows["qrdqn"]["mapped"]) == 4
-    mapped = ("dqn", "qrdqn", "ppo", "a2c", "sac", "td3")
+    assert {"Pendulum-v1", "HalfCheetah-v4", "BipedalWalker-v3"} <= set(rows["ddpg"]["mapped"])
+    mapped = ("dqn", "qrdqn", "ppo", "a2c", "sac", "td3", "ddpg")
     assert all(row["mapped"] == [] for algo, row in rows.items() if algo not in mapped)
     # Every installed pair not mapped is one line saying why: the refusal `zoo --algo ... --env ...` gives.
     assert all(len(row["mapped"]) + len(row["refused"]) == row["installed"] for row in rows.values() if row["mapped"])
