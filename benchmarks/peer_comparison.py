@@ -75,6 +75,18 @@ CARTPOLE_DQN = {
     "policy_kwargs": {"net_arch": [256, 256]},
 }
 
+#: The RL Zoo's Pendulum TD3 entry (its DDPG entry has the same numbers).
+PENDULUM_TD3 = {
+    "gamma": 0.98,
+    "buffer_size": 200_000,
+    "learning_starts": 10_000,
+    "action_noise_std": 0.1,  # noise_type normal: NormalActionNoise of this sigma on every action dimension
+    "gradient_steps": 1,
+    "train_freq": 1,
+    "learning_rate": 1e-3,
+    "policy_kwargs": {"net_arch": [400, 300]},
+}
+
 #: The RL Zoo's hyperparameters (rl-baselines3-zoo, hyperparams/{dqn,qrdqn,ppo,a2c,sac,td3,ddpg}.yml) and
 #: published scores (benchmark.md). ``lin_X``: a learning rate (or clip range) falling linearly from X to 0 over the
 #: run.
@@ -185,16 +197,7 @@ TASKS: dict[str, Task] = {
         budget=20_000,
         eval_every=1_000,
         sb3_algo="TD3",
-        sb3_kwargs={
-            "gamma": 0.98,
-            "buffer_size": 200_000,
-            "learning_starts": 10_000,
-            "action_noise_std": 0.1,  # noise_type normal: NormalActionNoise of this sigma on every action dimension
-            "gradient_steps": 1,
-            "train_freq": 1,
-            "learning_rate": 1e-3,
-            "policy_kwargs": {"net_arch": [400, 300]},
-        },
+        sb3_kwargs=PENDULUM_TD3,
     ),
     "pendulum_ddpg": Task(
         "Pendulum-v1",
@@ -203,16 +206,7 @@ TASKS: dict[str, Task] = {
         budget=20_000,
         eval_every=1_000,
         sb3_algo="DDPG",
-        sb3_kwargs={
-            "gamma": 0.98,
-            "buffer_size": 200_000,
-            "learning_starts": 10_000,
-            "action_noise_std": 0.1,
-            "gradient_steps": 1,
-            "train_freq": 1,
-            "learning_rate": 1e-3,
-            "policy_kwargs": {"net_arch": [400, 300]},
-        },
+        sb3_kwargs=PENDULUM_TD3,
     ),
     # Short runs: these tasks' budgets (1M-10M frames) are for a GPU machine; here both frameworks train for the same
     # wall time (--seconds) and the report compares their frames/s and returns with the random policy's.
