@@ -436,9 +436,11 @@ def sb3_run(task_name: str, seed: int, csv_path: Path, episodes: int, threads: i
         dims = env.action_space.shape[-1]
         kwargs["action_noise"] = NormalActionNoise(np.zeros(dims), kwargs.pop("action_noise_std") * np.ones(dims))
     policy = "CnnPolicy" if task.sb3_wrap == "atari" else "MlpPolicy"
-    import sb3_contrib  # QR-DQN, TQC, ... (the bench extra)
+    algorithm = getattr(stable_baselines3, task.sb3_algo, None)
+    if algorithm is None:  # QR-DQN, TQC, ...: sb3-contrib's (the bench extra), imported only for those
+        import sb3_contrib
 
-    algorithm = getattr(stable_baselines3, task.sb3_algo, None) or getattr(sb3_contrib, task.sb3_algo)
+        algorithm = getattr(sb3_contrib, task.sb3_algo)
     model = algorithm(policy, env, seed=seed, verbose=0, **kwargs)
     rows: list[dict[str, float]] = []
     first_evaluation_seed = evaluation_seed(seed)
