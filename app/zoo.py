@@ -8,8 +8,7 @@ It reads ``hyperparams/<algo>.yml`` from the installed ``rl_zoo3`` package (the 
 train) and writes every mapped field with the Zoo's name beside it. A key it cannot map (an option lightrl lacks, a
 wrapper, an image policy) stops it with one line naming each such key and why: a config that silently meant something
 else would mislead the comparison it exists for. ``configs/gym/cartpole_dqn.yaml`` and ``lunarlander_dqn.yaml`` are
-this command's output, as are ``cartpole_ppo.yaml``, ``lunarlander_ppo.yaml``, ``pendulum_sac.yaml`` and
-``pendulum_td3.yaml`` (tests/app/test_zoo.py).
+this command's output, as are the other RL Zoo configs in ``configs/gym/`` (``SHIPPED`` in tests/app/test_zoo.py).
 
 How the Zoo's numbers become lightrl's (Stable-Baselines3's defaults for the keys an entry leaves out). DQN:
 
@@ -34,7 +33,8 @@ initial scale; Stable-Baselines3's policy defaults (64-64 tanh MLPs, orthogonal 
 squared-error value loss) are written out. Runs of more than 50,000 updates compile their update.
 
 SAC: rounds, warm-up and budget as DQN's; the buffer at most the run's frames; ``ent_coef: auto``/``auto_X`` as α
-learned from 1/X; actor and critics of ``net_arch``. TD3: as SAC's, with ``noise_type: normal``'s ``noise_std`` as the
+learned from 1/X; actor and critics of ``net_arch``. TQC: SAC's, with ``n_quantiles`` and
+``top_quantiles_to_drop_per_net``. TD3: as SAC's, with ``noise_type: normal``'s ``noise_std`` as the
 acting noise and Stable-Baselines3's target policy smoothing and policy delay.
 
 All: greedy evaluations every tenth of the budget, checkpoints every fifth; logging every 100 updates below 10,000
@@ -116,7 +116,7 @@ SB3_DEFAULTS = {
         "target_update_interval": 1,
         "target_entropy": "auto",
         "n_envs": 1,
-        "policy_kwargs": "dict(net_arch=[256, 256], activation_fn=nn.ReLU)",
+        "policy_kwargs": "dict(net_arch=[256, 256], activation_fn=nn.ReLU, n_critics=2)",
     },
     "td3": {
         "learning_rate": 1e-3,
@@ -148,6 +148,12 @@ SB3_DEFAULTS["qrdqn"] = {
     "exploration_final_eps": 0.01,
     "max_grad_norm": None,
     "policy_kwargs": "dict(net_arch=[64, 64], activation_fn=nn.ReLU, n_quantiles=200)",
+}
+#: sb3-contrib's TQC: SAC's defaults and its quantile critics.
+SB3_DEFAULTS["tqc"] = {
+    **SB3_DEFAULTS["sac"],
+    "top_quantiles_to_drop_per_net": 2,
+    "policy_kwargs": "dict(net_arch=[256, 256], activation_fn=nn.ReLU, n_quantiles=25, n_critics=2)",
 }
 #: Most copies stepped together for a Zoo entry of one environment (its round divided among them).
 MAX_COPIES = 8
@@ -458,11 +464,23 @@ def replay_round(zoo: Entry) -> tuple[int, int, int, int | float]:
 def map_sac(entry: dict[str, Any], env_id: str, run_name: str, exact_updates: bool = False) -> dict[str, Node]:
     """The lightrl config of a SAC entry: rounds, warm-up and budget as DQN's, the data as :func:`replay_data`;
     ``ent_coef: auto`` or ``auto_X`` is α learned from 1 or X, a number a fixed α; one soft update of the target
-    critics per update (``target_update_interval`` 1)."""
-    zoo = Entry("sac", env_id, entry)
+    critics per update (``target_update_interval`` 1); ``policy_kwargs`` ``n_critics`` the critics' count."""
+    return map_soft_actor_critic("sac", entry, env_id, run_name)
+
+
+def map_tqc(entry: dict[str, Any], env_id: str, run_name: str, exact_updates: bool = False) -> dict[str, Node]:
+    """The lightrl config of a TQC entry: SAC's (:func:`map_sac`), with ``policy_kwargs`` ``n_quantiles`` each
+    critic's quantiles and ``top_quantiles_to_drop_per_net`` the target's quantiles dropped per critic."""
+    return map_soft_actor_critic("tqc", entry, env_id, run_name)
+
+
+def map_soft_actor_critic(algo: str, entry: dict[str, Any], env_id: str, run_name: str) -> dict[str, Node]:
+    """SAC's and TQC's config on ``modules.sac.SAC`` and ``modules.tqc.TQC`` (:func:`map_sac`, :func:`map_tqc`)."""
+    zoo = Entry(algo, env_id, entry)
     zoo.refuse_unknown()
     budget = number(zoo["n_timesteps"])
-    net = network(zoo)
+    taken: dict[str, Any] = {"n_critics": None, **({"n_quantiles": None} if algo == "tqc" else {})}
+    net = network(zoo, taken)
     learning_rate, schedule = rate(zoo, "learning_rate", budget)
     ent_coef = str(zoo["ent_coef"])
     learned = ent_coef == "auto" or ent_coef.startswith("auto_")  # else a number: a fixed α
@@ -471,13 +489,19 @@ def map_sac(entry: dict[str, Any], env_id: str, run_name: str, exact_updates: bo
     except ValueError:
         zoo.problems.append(f"ent_coef {ent_coef}: a number, auto or auto_X")
     if zoo["target_update_interval"] != 1:
-        zoo.problems.append("target_update_interval: lightrl's SAC updates its target critics after every update")
-    layers, critics = actor_critic_networks(zoo, net)
+        zoo.problems.append(f"target_update_interval: lightrl's {algo.upper()} updates its target critics every update")
+    layers, critics = actor_critic_networks(zoo, net, taken["n_critics"])
     target_entropy = zoo["target_entropy"]
     actor = {"hidden_sizes": layers, "init_scale": Node(1.0, "the Gaussian's scale before tanh where its layer is 0")}
-    model = {
-        "actor": Node(children=actor),
-        "critics": critics,
+    model = {"actor": Node(children=actor), "critics": critics}
+    if algo == "tqc":
+        given = policy_kwargs(entry.get("policy_kwargs", "dict()"))
+        default = "" if "n_quantiles" in given else " (Stable-Baselines3's default)"
+        model["quantiles"] = Node(taken["n_quantiles"], f"policy_kwargs n_quantiles{default}")
+        model["dropped_per_critic"] = Node(
+            zoo["top_quantiles_to_drop_per_net"], zoo.name("top_quantiles_to_drop_per_net")
+        )
+    model |= {
         "gamma": Node(float(zoo["gamma"]), zoo.name("gamma")),
         "alpha_init": Node(alpha, f"ent_coef {ent_coef}: α learned, starting at {alpha}" if learned else "ent_coef"),
         **({} if learned else {"learn_alpha": Node(False, f"ent_coef {ent_coef}: a fixed α")}),
@@ -488,18 +512,22 @@ def map_sac(entry: dict[str, Any], env_id: str, run_name: str, exact_updates: bo
             children={"lr": Node(learning_rate, zoo.name("learning_rate") + " (actor, critics and α)"), **schedule}
         ),
     }
-    return actor_critic_config(zoo, env_id, run_name, budget, "modules.sac.SAC", model)
+    return actor_critic_config(zoo, env_id, run_name, budget, f"modules.{algo}.{algo.upper()}", model)
 
 
-def actor_critic_networks(zoo: Entry, net: dict[str, Node]) -> tuple[Node, Node]:
-    """An actor-critic entry's (SAC, TD3) ReLU networks of ``net_arch``, checked with the entry's other problems
-    (its round's among them): the actor's ``hidden_sizes`` node and the ``critics`` group (the same sizes, ``tau``)."""
+def actor_critic_networks(zoo: Entry, net: dict[str, Node], count: int = 2) -> tuple[Node, Node]:
+    """An actor-critic entry's (SAC, TQC, TD3) ReLU networks of ``net_arch``, checked with the entry's other problems
+    (its round's among them): the actor's ``hidden_sizes`` node and the ``critics`` group (the same sizes, ``count``
+    critics when not 2, ``tau``)."""
     replay_round(zoo)  # a round counted in episodes is a problem, named in the one line with the others
     if "activation" in net:  # network() writes it only when not ReLU
         zoo.problems.append(f"policy_kwargs activation_fn: lightrl's {zoo.algo.upper()} networks are ReLU MLPs")
     zoo.check()
     layers = net.pop("hidden_sizes")
-    critics = {"hidden_sizes": Node(layers.value, "the same for each of the two critics")}
+    each = "the same for each of the two critics" if count == 2 else f"the same for each of the {count} critics"
+    critics = {"hidden_sizes": Node(layers.value, each)}
+    if count != 2:
+        critics["count"] = Node(count, "policy_kwargs n_critics")
     critics["tau"] = Node(float(zoo["tau"]), zoo.name("tau"))
     return layers, Node(children=critics)
 
@@ -748,6 +776,7 @@ MAPPED = {
     "ppo": map_ppo,
     "a2c": map_a2c,
     "sac": map_sac,
+    "tqc": map_tqc,
     "td3": map_td3,
     "ddpg": map_ddpg,
 }

@@ -87,7 +87,7 @@ PENDULUM_TD3 = {
     "policy_kwargs": {"net_arch": [400, 300]},
 }
 
-#: The RL Zoo's hyperparameters (rl-baselines3-zoo, hyperparams/{dqn,qrdqn,ppo,a2c,sac,td3,ddpg}.yml) and
+#: The RL Zoo's hyperparameters (rl-baselines3-zoo, hyperparams/{dqn,qrdqn,ppo,a2c,sac,tqc,td3,ddpg}.yml) and
 #: published scores (benchmark.md). ``lin_X``: a learning rate (or clip range) falling linearly from X to 0 over the
 #: run.
 TASKS: dict[str, Task] = {
@@ -189,6 +189,15 @@ TASKS: dict[str, Task] = {
         sb3_algo="SAC",
         sb3_kwargs={"learning_rate": 1e-3},
         zoo_score="-157.0 ± 88.7 at 20k",
+    ),
+    "pendulum_tqc": Task(
+        "Pendulum-v1",
+        "configs/gym/pendulum_tqc.yaml",
+        threshold=-200,
+        budget=20_000,
+        eval_every=1_000,
+        sb3_algo="TQC",  # sb3-contrib's
+        sb3_kwargs={"learning_rate": 1e-3},
     ),
     "pendulum_td3": Task(
         "Pendulum-v1",

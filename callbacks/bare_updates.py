@@ -6,7 +6,7 @@ that runs on machines of different speed, or on different days, can be compared,
 update by it. Each reference copies the agent's networks and returns ``step(i)``, one update on the ``i``-th of a
 few batches of real transitions drawn from the agent's environment before timing: the loss maths written out (the
 same as the agent's TorchRL loss computes), backward, gradient clip and a fused Adam step. :func:`bare_update` picks
-the agent's (DQN, QR-DQN and PIRL, PPO, A2C, SAC, TD3); the agents' own files hold the agents only.
+the agent's (DQN, QR-DQN and PIRL, PPO, A2C, SAC, TQC, TD3); the agents' own files hold the agents only.
 """
 
 from __future__ import annotations
@@ -32,8 +32,10 @@ from modules.pde import physics_losses
 from modules.pirl import PhysicsInformedDQN
 from modules.ppo import PPO, categorical_log_prob_and_entropy, gaussian_log_prob_and_entropy
 from modules.qrdqn import QRDQN
+from modules.quantiles import quantile_huber
 from modules.sac import SAC
 from modules.td3 import TD3
+from modules.tqc import TQC
 
 POOL = 16  # at most this many distinct pre-drawn batches the bare loop cycles through ...
 POOL_TRANSITIONS = 1024  # ... and at most this many transitions in all (Mario's are 256 KiB each, and its emulators
@@ -198,6 +200,7 @@ def reference_for(model: Any) -> Callable[[Any, Any], Callable[[int], torch.Tens
         (DQN, reference_dqn_update),
         (A2C, reference_a2c_update),  # before PPO, its base class
         (PPO, reference_ppo_update),
+        (TQC, reference_tqc_update),  # before SAC, its base class
         (SAC, reference_sac_update),
         (TD3, reference_td3_update),
     )
@@ -359,16 +362,52 @@ def reference_policy_gradient_update(
 
 
 def reference_sac_update(model: Any, data: Any) -> Callable[[int], torch.Tensor]:
-    """SAC written out: the clipped double-Q target from the target critics at a fresh next action, both critics'
-    MSE, the actor's ``α·log π − min Q`` through detached critics, α's loss (moving nothing where α is fixed), backward,
-    clip, fused Adam and the
-    Polyak step of the target critics. The tanh-Gaussian's log-density is computed by hand (tanh's and the action
-    box's Jacobians), the critics run one after the other rather than vmapped. Same weights, same batches and the same
-    random draws in the same order as the agent's loss."""
+    """SAC written out (:func:`reference_soft_actor_critic_update`): the clipped double-Q target, the minimum of the
+    target critics at a fresh next action; each critic's squared error to it; the actor climbs the critics' minimum."""
+
+    def next_value(values: list[torch.Tensor]) -> torch.Tensor:
+        return torch.stack(values).amin(0).squeeze(-1)
+
+    def critic_loss(value: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return (value.squeeze(-1) - target).pow(2).mean()
+
+    return reference_soft_actor_critic_update(model, data, next_value, critic_loss, next_value)
+
+
+def reference_tqc_update(model: Any, data: Any) -> Callable[[int], torch.Tensor]:
+    """TQC written out (:func:`reference_soft_actor_critic_update`): the target critics' quantiles at a fresh next
+    action pooled and sorted, the highest dropped; each critic's quantile Huber loss against what remains; the actor
+    climbs the mean of every critic's quantiles."""
+
+    def truncated(values: list[torch.Tensor]) -> torch.Tensor:
+        return torch.cat(values, -1).sort(-1).values[:, : model.kept_quantiles]
+
+    def critic_loss(value: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return quantile_huber(value, target).mean()
+
+    def mean_quantile(values: list[torch.Tensor]) -> torch.Tensor:
+        return torch.stack(values).mean((0, -1))
+
+    return reference_soft_actor_critic_update(model, data, truncated, critic_loss, mean_quantile)
+
+
+def reference_soft_actor_critic_update(
+    model: Any,
+    data: Any,
+    next_value: Callable[[list[torch.Tensor]], torch.Tensor],
+    critic_loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    actor_value: Callable[[list[torch.Tensor]], torch.Tensor],
+) -> Callable[[int], torch.Tensor]:
+    """SAC's and TQC's update written out: the target ``r + γ (1 − terminated) (next_value − α·log π)`` from the
+    target critics' outputs at a fresh next action, each critic's ``critic_loss`` to it (summed over the critics), the
+    actor's ``α·log π − actor_value`` through detached critics, α's loss (moving nothing where α is fixed), backward,
+    clip, fused Adam and the Polyak step of the target critics. The tanh-Gaussian's log-density is computed by hand
+    (tanh's and the action box's Jacobians), the critics run one after the other rather than batched. Same weights,
+    same batches and the same random draws in the same order as the agent's loss."""
     device = data.device
     actor = copy.deepcopy(model.actor.module[0].module).to(device)  # observation -> (location, scale)
     critics, targets = [], []
-    for index in range(model.loss_module.num_qvalue_nets):  # SACLoss's own critics and targets, as plain modules
+    for index in range(model.loss_module.num_qvalue_nets):  # the loss module's own critics and targets, as modules
         for copies, name in ((critics, "qvalue_network_params"), (targets, "target_qvalue_network_params")):
             module = copy.deepcopy(model.qvalue).to(device)
             state = getattr(model.loss_module, name).detach()[index].flatten_keys(".")
@@ -403,24 +442,22 @@ def reference_sac_update(model: Any, data: Any) -> Callable[[int], torch.Tensor]
         alpha = log_alpha.detach().exp()
         with torch.no_grad():
             next_action, next_log_prob = sample(batch["next_observation"])
-            next_q = torch.stack([t(batch["next_observation"], next_action).squeeze(-1) for t in targets]).amin(0)
-            y = batch["reward"] + gamma * (~batch["terminated"]) * (next_q - alpha * next_log_prob)
-        critic_loss = sum((c(batch["observation"], batch["action"]).squeeze(-1) - y).pow(2).mean() for c in critics)
+            value = next_value([t(batch["next_observation"], next_action) for t in targets])
+            per_sample = (-1,) + (1,) * (value.ndim - 1)  # [batch] beside a value of [batch] or [batch, quantiles]
+            continues = (~batch["terminated"]).view(per_sample)
+            y = batch["reward"].view(per_sample) + gamma * continues * (value - alpha * next_log_prob.view(per_sample))
+        loss_of_critics = sum(critic_loss(c(batch["observation"], batch["action"]), y) for c in critics)
         action, log_prob = sample(batch["observation"])
         detached = [{k: v.detach() for k, v in c.named_parameters()} for c in critics]
-        q = (
-            torch.stack(
-                [
-                    torch.func.functional_call(c, p, (batch["observation"], action))
-                    for c, p in zip(critics, detached, strict=True)
-                ]
-            )
-            .amin(0)
-            .squeeze(-1)
+        q = actor_value(
+            [
+                torch.func.functional_call(c, p, (batch["observation"], action))
+                for c, p in zip(critics, detached, strict=True)
+            ]
         )
         actor_loss = (alpha * log_prob - q).mean()
         alpha_loss = -(log_alpha * (log_prob.detach() + target_entropy)).mean()
-        loss = critic_loss + actor_loss + alpha_loss
+        loss = loss_of_critics + actor_loss + alpha_loss
         loss.backward()
         optimizer_step(parameters, optimizer, model.optim.max_grad_norm)
         foreach_lerp_(*target_pairs, tau)

@@ -113,13 +113,21 @@ class CriticOptions:
 
 
 class QNetwork(nn.Module):
-    """``(observation, action) → Q``: an MLP over the observation and the action scaled from its box to [−1, 1]."""
+    """``(observation, action) → Q``: an MLP over the observation and the action scaled from its box to [−1, 1];
+    ``outputs`` values per pair (1: the Q-value; TQC's: the return's quantiles)."""
 
-    def __init__(self, observation_dim: int, hidden_sizes: Sequence[int], low: torch.Tensor, high: torch.Tensor):
+    def __init__(
+        self,
+        observation_dim: int,
+        hidden_sizes: Sequence[int],
+        low: torch.Tensor,
+        high: torch.Tensor,
+        outputs: int = 1,
+    ):
         super().__init__()
         self.register_buffer("centre", (high + low) / 2)
         self.register_buffer("half_range", (high - low) / 2)
-        self.network = mlp(observation_dim + low.numel(), hidden_sizes, 1)
+        self.network = mlp(observation_dim + low.numel(), hidden_sizes, outputs)
 
     def forward(self, observation: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
         return self.network(torch.cat([observation, (action - self.centre) / self.half_range], -1))
@@ -128,6 +136,12 @@ class QNetwork(nn.Module):
         """Every critic's Q of a batch ``[batch, ...]`` at once, ``[critics, batch]``: ``parameters`` holds each of
         this network's entries stacked over the critics (``SACLoss``'s ``qvalue_network_params``), and each linear
         layer is one batched matmul over them, what ``vmap`` of :meth:`forward` computes without its Python."""
+        return self.ensemble_outputs(parameters, observation, action).squeeze(-1)
+
+    def ensemble_outputs(
+        self, parameters: TensorDictBase, observation: torch.Tensor, action: torch.Tensor
+    ) -> torch.Tensor:
+        """:meth:`ensemble` with the outputs' dimension kept: ``[critics, batch, outputs]``."""
         scaled = (action - parameters["centre"].unsqueeze(-2)) / parameters["half_range"].unsqueeze(-2)
         x = torch.cat([observation.expand(scaled.shape[0], *observation.shape), scaled], -1)
         for index, layer in enumerate(self.network):
@@ -136,16 +150,16 @@ class QNetwork(nn.Module):
                 x = torch.baddbmm(bias.unsqueeze(-2), x, weight.mT)
             else:  # the activation, elementwise
                 x = layer(x)
-        return x.squeeze(-1)
+        return x
 
 
 def q_critic(
-    observation_dim: int, hidden_sizes: Sequence[int], low: torch.Tensor, high: torch.Tensor
+    observation_dim: int, hidden_sizes: Sequence[int], low: torch.Tensor, high: torch.Tensor, outputs: int = 1
 ) -> TensorDictModule:
     """A :class:`QNetwork` as the TensorDict module TorchRL's actor-critic losses take: ``observation`` and ``action``
     in, ``state_action_value`` out."""
     return TensorDictModule(
-        QNetwork(observation_dim, hidden_sizes, low, high),
+        QNetwork(observation_dim, hidden_sizes, low, high, outputs),
         in_keys=["observation", "action"],
         out_keys=["state_action_value"],
     )

@@ -10,7 +10,8 @@ the quantile Huber loss (κ = 1), summed over the predicted quantiles and averag
 Everything else — the replay data module, ε's schedule, the target network's copies, n-step returns, prioritized
 replay (each sample's priority: the distance between its target's and its prediction's means) — is
 :class:`~modules.dqn.DQN`'s. TorchRL has no quantile-regression loss: the loss is written out here, and
-``tests/agents/test_qrdqn.py`` checks it against Stable-Baselines3 contrib's ``quantile_huber_loss``.
+``tests/agents/test_qrdqn.py`` checks it against Stable-Baselines3 contrib's ``quantile_huber_loss``
+(:mod:`modules.quantiles`).
 
 Usage::
 
@@ -30,6 +31,7 @@ from datamodules.source import DataSource
 from modules.dqn import DQN, ExplorationOptions, TargetOptions
 from modules.networks import NetworkOptions
 from modules.optim import OptimizerOptions
+from modules.quantiles import quantile_huber
 
 
 class QuantileNetwork(nn.Module):
@@ -52,17 +54,6 @@ class MeanOfQuantiles(nn.Module):
 
     def forward(self, observation: torch.Tensor) -> torch.Tensor:
         return self.quantiles(observation).mean(-1)
-
-
-def quantile_huber_loss(predicted: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """Per sample: the quantile Huber loss (κ = 1) of ``predicted`` quantiles ``[batch, N]`` at the midpoints τ_i
-    against every ``target`` quantile ``[batch, N']``, summed over ``i`` and averaged over the targets."""
-    count = predicted.shape[-1]
-    tau = (torch.arange(count, device=predicted.device, dtype=predicted.dtype) + 0.5) / count
-    delta = target.unsqueeze(-2) - predicted.unsqueeze(-1)  # [batch, N, N']: target j minus prediction i
-    huber = torch.where(delta.abs() > 1, delta.abs() - 0.5, 0.5 * delta.pow(2))
-    weight = (tau.unsqueeze(-1) - (delta.detach() < 0).to(delta.dtype)).abs()
-    return (weight * huber).sum(-2).mean(-1)
 
 
 class QRDQN(DQN):
@@ -127,7 +118,7 @@ class QRDQN(DQN):
             discount = self.gamma ** batch.get("steps_to_next_obs", torch.ones_like(reward)).reshape(-1, 1)
             continues = (~following["terminated"]).reshape(-1, 1).to(next_value.dtype)
             target = reward + discount * continues * next_value
-        per_sample = quantile_huber_loss(predicted, target)
+        per_sample = quantile_huber(predicted, target).sum(-2).mean(-1)  # summed over i, averaged over j
         weight = batch.get("priority_weight", None)
         loss = (per_sample * weight.reshape(-1)).mean() if weight is not None else per_sample.mean()
         td_error = (target.mean(-1) - predicted.detach().mean(-1)).abs()

@@ -239,19 +239,15 @@ class SAC(RLModule):
         )
         # The BC term's weight now: a tensor the compiled loss reads, set from the frame counter before each update.
         self.register_buffer("bc_weight", torch.tensor(float(bc_term.weight)))
-        self.qvalue = q_critic(observation_dim, critics.hidden_sizes, low, high)
+        self.qvalue = self.make_critic(observation_dim, critics.hidden_sizes, low, high)
         # TorchRL's SACLoss holds the critics (their parameters stacked), their target copies, log α and the target
         # entropy, and defines the losses; the update computes them from its parameters (:meth:`loss`).
-        self.loss_module = SACLoss(
-            self.actor,
-            self.qvalue,
+        self.loss_module = self.make_loss_module(
             num_qvalue_nets=critics.count,
-            loss_function="l2",
             alpha_init=alpha_init,
             fixed_alpha=not learn_alpha,  # log α a buffer: its loss is computed, as SACLoss's, and moves nothing
             target_entropy=target_entropy,
             action_spec=action_spec,
-            delay_qvalue=True,
         )
         self.loss_module.make_value_estimator(gamma=gamma)
         # SACLoss resolves "auto" into a buffer on first use; resolved now, so that a fresh model loads a checkpoint.
@@ -263,6 +259,16 @@ class SAC(RLModule):
         self.register_buffer("action_half_range", (high - low) / 2, persistent=False)
         if actor_init is not None and Path(actor_init).suffix == ".ckpt":
             self.read_clone(Path(actor_init))  # a wrong file fails now, not after the run has started
+
+    def make_critic(
+        self, observation_dim: int, hidden_sizes: Sequence[int], low: torch.Tensor, high: torch.Tensor
+    ) -> TensorDictModule:
+        """One Q critic, ``(observation, action) → Q`` (the loss module stacks ``critics.count`` copies of it)."""
+        return q_critic(observation_dim, hidden_sizes, low, high)
+
+    def make_loss_module(self, **options: Any) -> SACLoss:
+        """TorchRL's loss module of this agent, over :attr:`actor` and :attr:`qvalue`, with the target critics."""
+        return SACLoss(self.actor, self.qvalue, loss_function="l2", delay_qvalue=True, **options)
 
     @property
     def actor_network(self) -> nn.Module:

@@ -1,4 +1,4 @@
-"""``lightrl zoo``: the RL Zoo's tuned DQN, PPO and SAC entries, read from the installed ``rl_zoo3``, written as
+"""``lightrl zoo``: the RL Zoo's tuned DQN, PPO, SAC and TQC entries, read from the installed ``rl_zoo3``, written as
 configs that mean the same; the shipped DQN and PPO configs of CartPole and LunarLander and the Pendulum SAC config
 are its output, every pair it maps trains, and what cannot be mapped is one line naming each key."""
 
@@ -25,6 +25,7 @@ SHIPPED = {
     ("sac", "Pendulum-v1"): "configs/gym/pendulum_sac.yaml",
     ("td3", "Pendulum-v1"): "configs/gym/pendulum_td3.yaml",
     ("ddpg", "Pendulum-v1"): "configs/gym/pendulum_ddpg.yaml",
+    ("tqc", "Pendulum-v1"): "configs/gym/pendulum_tqc.yaml",
 }
 
 
@@ -115,6 +116,7 @@ SHORT = {
     "sac": ("--data.init_args.warmup_frames", "64"),
     "td3": ("--data.init_args.warmup_frames", "64"),
     "ddpg": ("--data.init_args.warmup_frames", "64"),
+    "tqc": ("--data.init_args.warmup_frames", "64"),
     "a2c": (),  # a rollout is n_envs x 5 frames already
     "ppo": (
         "--data.init_args.collect_steps",
@@ -151,7 +153,7 @@ def test_every_pair_the_command_maps_builds_and_trains(algo, env_id, tmp_path, c
 
 
 def test_the_coverage_figure_has_every_pair_this_file_trains():
-    assert len(mapped_pairs()) >= 60  # DQN 4, QR-DQN 4, PPO 13, A2C 10, SAC 9, TD3 10, DDPG 10 (2026-11-30)
+    assert len(mapped_pairs()) >= 69  # DQN 4, QR-DQN 4, PPO 13, A2C 10, SAC 9, TQC 9, TD3 10, DDPG 10 (2026-11-30)
 
 
 @pytest.mark.parametrize(
@@ -184,6 +186,23 @@ def test_ddpg_is_td3_without_its_tricks_as_stable_baselines3_builds_it():
     assert model["action_noise"] == 0.1 and config["data"]["init_args"]["warmup_frames"] == 10_000
 
 
+def test_tqc_is_sacs_mapping_with_its_quantile_critics():
+    from app.zoo import map_tqc
+
+    hopper = yaml.safe_load("\n".join(_lines(map_tqc(zoo_entry("tqc", "Hopper-v4"), "Hopper-v4", "r"))))
+    model = hopper["model"]["init_args"]
+    assert hopper["model"]["class_path"] == "modules.tqc.TQC" and "count" not in model["critics"]  # 2, the default
+    assert model["quantiles"] == 25 and model["dropped_per_critic"] == 5  # top_quantiles_to_drop_per_net 5
+    assert model["actor"]["hidden_sizes"] == model["critics"]["hidden_sizes"] == [256, 256]
+    assert hopper["data"]["init_args"]["warmup_frames"] == 10_000 and model["optimizer"]["lr"] == 3e-4
+    # policy_kwargs n_critics and n_quantiles, as a HER entry gives them (HER itself is refused: another line)
+    entry = {**zoo_entry("tqc", "Pendulum-v1"), "policy_kwargs": "dict(net_arch=[64, 64], n_critics=3, n_quantiles=7)"}
+    model = yaml.safe_load("\n".join(_lines(map_tqc(entry, "Pendulum-v1", "r"))))["model"]["init_args"]
+    assert model["critics"]["count"] == 3 and model["quantiles"] == 7 and model["dropped_per_critic"] == 2
+    with pytest.raises(ZooError, match="replay_buffer_class: not mapped"):
+        map_tqc(zoo_entry("tqc", "PandaReach-v1"), "PandaReach-v1", "r")
+
+
 def test_every_key_the_mapping_does_not_know_is_named():
     entry = {**zoo_entry("dqn", "CartPole-v1"), "frame_stack": 4, "normalize": True, "train_freq": [1, "episode"]}
     with pytest.raises(ZooError) as error:
@@ -209,7 +228,8 @@ def test_the_coverage_counts_every_pair_and_maps_every_installed_dqn_entry(capsy
     assert {"CartPole-v1", "LunarLander-v3", "Acrobot-v1", "HalfCheetah-v4"} <= set(rows["a2c"]["mapped"])
     assert rows["qrdqn"]["installed"] == len(rows["qrdqn"]["mapped"]) == 4
     assert {"Pendulum-v1", "HalfCheetah-v4", "BipedalWalker-v3"} <= set(rows["ddpg"]["mapped"])
-    mapped = ("dqn", "qrdqn", "ppo", "a2c", "sac", "td3", "ddpg")
+    assert {"Pendulum-v1", "Hopper-v4", "Humanoid-v4"} <= set(rows["tqc"]["mapped"])
+    mapped = ("dqn", "qrdqn", "ppo", "a2c", "sac", "tqc", "td3", "ddpg")
     assert all(row["mapped"] == [] for algo, row in rows.items() if algo not in mapped)
     # Every installed pair not mapped is one line saying why: the refusal `zoo --algo ... --env ...` gives.
     assert all(len(row["mapped"]) + len(row["refused"]) == row["installed"] for row in rows.values() if row["mapped"])
@@ -219,4 +239,4 @@ def test_the_coverage_counts_every_pair_and_maps_every_installed_dqn_entry(capsy
     listed = result.stdout.split("Installed pairs not mapped:\n")[1].splitlines()
     unmapped = sum(len(row["refused"]) + (algo not in MAPPED and row["installed"] > 0) for algo, row in rows.items())
     assert len(listed) == unmapped and f"- {rows['ppo']['refused']['Pendulum-v1']}" in listed
-    assert f"- tqc ({rows['tqc']['installed']} installed): --algo tqc: not mapped yet" in listed
+    assert f"- crossq ({rows['crossq']['installed']} installed): --algo crossq: not mapped yet" in listed
