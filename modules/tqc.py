@@ -108,7 +108,9 @@ class TQC(SAC):
             continues = ~following["terminated"]  # [batch, 1], beside the kept quantiles
             target = following["reward"] + self.gamma * continues * (kept - alpha * next_log_prob.unsqueeze(-1))
         quantiles = critic.ensemble_outputs(critics, observation, action)  # [critics, batch, N]
-        loss_qvalue = quantile_huber(quantiles, target).mean((-2, -1)).sum(0).mean()
+        # Critic by critic: one [critics, batch, N, kept] tensor of pairs (2.4 MB at the defaults) made the update
+        # 1.25x its bare arithmetic on a CPU; a [batch, N, kept] one at a time, level with it.
+        loss_qvalue = sum(quantile_huber(q, target).mean() for q in quantiles.unbind(0))
         new_action, log_prob = self.sample(observation)
         # The actor's gradient only: the mean of every critic's quantiles, the critics held fixed.
         q = critic.ensemble_outputs(critics.detach(), observation, new_action).mean((0, -1))

@@ -129,6 +129,13 @@ SHORT = {
 }
 
 
+#: The pairs whose config compiles its update (runs of more than 50,000 updates) that train compiled here, one per
+#: algorithm; the other such pairs train eagerly. Each pair's loss has its own shapes, so each is a compilation of its
+#: own: 4-6 s of a cold compiler a pair, 17 pairs on 2026-11-30. That the compiled loss is the eager one, agent by
+#: agent, is tests/agents/test_lightning_features.py's.
+COMPILED = {("ppo", "LunarLander-v3"), ("a2c", "HalfCheetah-v4")}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(("algo", "env_id"), mapped_pairs())
 def test_every_pair_the_command_maps_builds_and_trains(algo, env_id, tmp_path, capsys, monkeypatch):
@@ -141,6 +148,10 @@ def test_every_pair_the_command_maps_builds_and_trains(algo, env_id, tmp_path, c
     config = yaml.safe_load((tmp_path / "zoo.yaml").read_text())
     (evaluation,) = [c for c in config["trainer"]["callbacks"] if c["class_path"].endswith(".PeriodicEvaluation")]
     evaluation["init_args"]["episodes"] = 1
+    compiles = config["model"]["init_args"].get("compile", False)
+    assert compiles or (algo, env_id) not in COMPILED  # the compiled pairs still compile as written
+    if compiles and (algo, env_id) not in COMPILED:
+        config["model"]["init_args"]["compile"] = False
     write_config(config, tmp_path / "zoo.yaml")
     # The throughput report's bare-update yardstick (its last callback) times seconds that check nothing here.
     no_yardstick = ("--trainer.callbacks.init_args.bare_update_seconds", "0")
