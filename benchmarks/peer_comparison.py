@@ -17,6 +17,10 @@ time, frames/s, and the ratio of the times; the RL Zoo's published score beside,
 
     python benchmarks/peer_comparison.py --tasks cartpole_dqn cartpole_ppo --seeds 3 --out runs/peers
     python benchmarks/peer_comparison.py --tasks halfcheetah_sac halfcheetah_ppo --seeds 2 --seconds 240
+    python benchmarks/peer_comparison.py --tasks tqc:Pendulum-v1:-200 td3:Hopper-v4 --seeds 3   # any Zoo pair
+
+A task is a listed one (``TASKS``) or any RL Zoo pair ``ALGO:ENV_ID[:THRESHOLD]`` that ``lightrl zoo`` maps
+(:func:`task_of`): lightrl runs the command's config of it, SB3 the same entry's arguments.
 
 Stable-Baselines3 is a benchmark extra (``pip install -e ".[bench]"``), never a runtime dependency.
 """
@@ -281,10 +285,94 @@ TASKS: dict[str, Task] = {
 #: The same comparison with lightrl on its envpool engine (configs/gym/breakout_ppo_envpool.yaml).
 TASKS["breakout_ppo_envpool"] = replace(TASKS["breakout_ppo"], config="configs/gym/breakout_ppo_envpool.yaml")
 
+#: Stable-Baselines3's (or sb3-contrib's) class of each algorithm ``lightrl zoo`` maps.
+SB3_CLASSES = {
+    "dqn": "DQN",
+    "qrdqn": "QRDQN",
+    "ppo": "PPO",
+    "a2c": "A2C",
+    "sac": "SAC",
+    "tqc": "TQC",
+    "td3": "TD3",
+    "ddpg": "DDPG",
+}
+#: A Zoo entry's keys that are not its algorithm's keyword arguments as they stand.
+_NOT_KWARGS = {"n_timesteps", "policy", "n_envs", "normalize", "noise_type", "noise_std", "policy_kwargs"}
+
+
+def task_of(name: str, configs: Path | None = None) -> Task:
+    """A listed task (``TASKS``), or any Zoo pair ``ALGO:ENV_ID`` (``ALGO:ENV_ID:THRESHOLD``, ``:none`` a short run)
+    of an algorithm
+    ``lightrl zoo`` maps: lightrl's config is the command's output, written to ``configs/<name>.yaml`` (None: not
+    written, for a process that runs SB3 or reads a report), SB3's arguments the same Zoo entry's (``lin_X``
+    schedules, ``policy_kwargs``, Gaussian action noise, ``n_envs``, ``normalize``). The threshold is the one given,
+    else Gymnasium's ``reward_threshold`` for the id; without either the pair is a short run (``--seconds``). The
+    budget is the entry's ``n_timesteps``, evaluated every twentieth of it."""
+    if name in TASKS:
+        return TASKS[name]
+    algo, _, rest = name.partition(":")
+    env_id, _, threshold_text = rest.partition(":")
+    if algo not in SB3_CLASSES or not env_id:
+        raise ValueError(
+            f"--tasks {name}: neither a listed task ({', '.join(sorted(TASKS))}) nor ALGO:ENV_ID[:THRESHOLD] of an "
+            f"algorithm lightrl zoo maps ({', '.join(SB3_CLASSES)})"
+        )
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from app.zoo import config_text, policy_kwargs, zoo_entry
+
+    entry = zoo_entry(algo, env_id)  # a ZooError (one line) for a pair the Zoo does not have
+    config = (configs or Path("configs")) / f"{folder_name(name)}.yaml"
+    if configs is not None:
+        text = config_text(algo, env_id, config)  # a ZooError for what lightrl cannot map
+        config.parent.mkdir(parents=True, exist_ok=True)
+        config.write_text(text)
+    kwargs = {key: value for key, value in entry.items() if key not in _NOT_KWARGS}
+    if "policy_kwargs" in entry:  # read, never evaluated; sb3_run turns activation names into torch.nn classes
+        kwargs["policy_kwargs"] = policy_kwargs(entry["policy_kwargs"])
+    if entry.get("noise_type") == "normal":
+        kwargs["action_noise_std"] = float(entry["noise_std"])
+    normalize = entry.get("normalize", False)
+    if normalize not in (False, True):
+        raise ValueError(f"--tasks {name}: the Zoo's normalize {normalize!r}: only true or false are compared")
+    if threshold_text == "none":  # a short run even where Gymnasium has a threshold (out of reach on a CPU)
+        threshold = None
+    elif threshold_text:
+        try:
+            threshold = float(threshold_text)
+        except ValueError:
+            raise ValueError(f"--tasks {name}: the threshold {threshold_text!r} is a number or none") from None
+    else:
+        import gymnasium as gym
+
+        threshold = gym.spec(env_id).reward_threshold
+    budget = int(float(entry["n_timesteps"]))
+    return Task(
+        env_id,
+        str(config),
+        threshold=threshold,
+        budget=budget,
+        eval_every=max(budget // 20, 1),
+        sb3_algo=SB3_CLASSES[algo],
+        sb3_kwargs=kwargs,
+        sb3_envs=entry.get("n_envs", 1),
+        sb3_wrap="normalize" if normalize else "none",
+    )
+
+
+def folder_name(task_name: str) -> str:
+    """A task's folder: a Zoo pair's ``:`` become ``_``."""
+    return task_name.replace(":", "_")
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--tasks", nargs="+", choices=sorted(TASKS), default=["cartpole_dqn", "cartpole_ppo"])
+    parser.add_argument(
+        "--tasks",
+        nargs="+",
+        default=["cartpole_dqn", "cartpole_ppo"],
+        help=f"listed tasks ({', '.join(sorted(TASKS))}) or Zoo pairs ALGO:ENV_ID[:THRESHOLD|none]",
+    )
     parser.add_argument("--seeds", type=int, default=3, help="seeds per task and framework (0 .. N-1)")
     parser.add_argument("--frameworks", nargs="+", choices=["lightrl", "sb3"], default=["lightrl", "sb3"])
     parser.add_argument("--eval-episodes", type=int, default=10, help="greedy episodes per evaluation")
@@ -427,7 +515,7 @@ def sb3_run(task_name: str, seed: int, csv_path: Path, episodes: int, threads: i
     )
 
     torch.set_num_threads(threads)
-    task = TASKS[task_name]
+    task = task_of(task_name)
     kwargs = {
         key: (lambda progress, start=float(value[4:]): progress * start)
         if isinstance(value, str) and value.startswith("lin_")
@@ -554,7 +642,7 @@ def summarise(results: dict[str, Any]) -> str:
     ]
     notes = []
     for task_name, runs in results["tasks"].items():
-        task = TASKS[task_name]
+        task = task_of(task_name)
         frameworks = [name for name in ("lightrl", "sb3") if runs.get(name)]
         # Equal frames / equal time: the furthest point every run of every framework reached.
         common_frames = min(run["curve"][-1]["frames"] for name in frameworks for run in runs[name] if run["curve"])
@@ -617,7 +705,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
     tasks = list(results["tasks"])
     figure, axes = plt.subplots(len(tasks), 2, figsize=(11, 3.2 * len(tasks)), squeeze=False)
     for row, task_name in enumerate(tasks):
-        task = TASKS[task_name]
+        task = task_of(task_name)
         for column, key in enumerate(("frames", "seconds")):
             axis = axes[row][column]
             for name, colour in (("lightrl", "tab:blue"), ("sb3", "tab:orange")):
@@ -675,9 +763,14 @@ def main(argv: list[str] | None = None) -> None:
     # Looked up, not imported: importing it here would print its notes about the old gym package for nothing.
     if "sb3" in args.frameworks and importlib.util.find_spec("stable_baselines3") is None:
         sys.exit('error: --frameworks sb3 needs Stable-Baselines3: pip install -e ".[bench]"')
+    tasks = {}
     for task_name in args.tasks:
-        if not (ROOT / TASKS[task_name].config).exists():
-            sys.exit(f"error: --tasks {task_name}: {TASKS[task_name].config} does not exist")
+        try:
+            tasks[task_name] = task_of(task_name, configs=out / "configs")
+        except ValueError as error:  # ZooError among them: one line naming the pair and why
+            sys.exit(f"error: {error}")
+        if not (ROOT / tasks[task_name].config).exists():
+            sys.exit(f"error: --tasks {task_name}: {tasks[task_name].config} does not exist")
     results: dict[str, Any] = {
         "date": datetime.now().astimezone().isoformat(timespec="seconds"),
         "command": ["python", "benchmarks/peer_comparison.py", *(argv if argv is not None else sys.argv[1:])],
@@ -687,12 +780,11 @@ def main(argv: list[str] | None = None) -> None:
         "eval_episodes": args.eval_episodes,
         "tasks": {},
     }
-    for task_name in args.tasks:
-        task = TASKS[task_name]
+    for task_name, task in tasks.items():
         runs = results["tasks"].setdefault(task_name, {})
         for seed in range(args.seeds):
             for name in args.frameworks:
-                folder = out / task_name / name / f"seed{seed}"
+                folder = out / folder_name(task_name) / name / f"seed{seed}"
                 print(f"{datetime.now():%H:%M:%S} {task_name} {name} seed {seed} ...", flush=True)
                 run = (
                     run_lightrl(task, seed, args, folder)

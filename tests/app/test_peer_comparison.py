@@ -112,3 +112,77 @@ def test_sb3_evaluates_on_lightrls_evaluation_episodes(tmp_path):
             eval_env.step(eval_env.action_space.sample()[None].repeat(episodes, 0))
     eval_env.seed(peers.evaluation_seed(seed + 1))
     assert eval_env.reset().tolist() != lightrl_starts.tolist()
+
+
+def test_a_zoo_pair_is_compared_with_the_zoos_numbers_on_both_sides(tmp_path):
+    # lightrl's side is `lightrl zoo`'s config of the pair, SB3's the same entry's arguments; the threshold is the one
+    # given, else Gymnasium's; the budget n_timesteps, evaluated every twentieth of it.
+    pytest.importorskip("rl_zoo3")
+    from app.zoo import config_text
+
+    td3 = peers.task_of("td3:Pendulum-v1:-200", configs=tmp_path)
+    assert (td3.env_id, td3.threshold, td3.budget, td3.eval_every) == ("Pendulum-v1", -200, 20_000, 1000)
+    assert td3.sb3_algo == "TD3"
+    config = tmp_path / "td3_Pendulum-v1_-200.yaml"
+    assert td3.config == str(config) and config.read_text() == config_text("td3", "Pendulum-v1", config)
+    assert td3.sb3_kwargs["action_noise_std"] == 0.1 and td3.sb3_kwargs["policy_kwargs"] == {"net_arch": [400, 300]}
+    ppo = peers.task_of("ppo:CartPole-v1")  # Gymnasium's reward_threshold; no config written
+    assert ppo.threshold == 475 and ppo.sb3_envs == 8 and ppo.sb3_kwargs["learning_rate"] == "lin_0.001"
+    assert peers.task_of("a2c:HalfCheetah-v4").sb3_wrap == "normalize"  # the Zoo's VecNormalize
+    assert peers.task_of("sac:HalfCheetah-v4").threshold == 4800  # Gymnasium's
+    assert peers.task_of("sac:HalfCheetah-v4:none").threshold is None  # a short run
+
+
+@pytest.mark.slow
+def test_a_zoo_pair_runs_both_frameworks_and_reports_them(tmp_path):
+    # As a user runs it: a short run of a pair (3 s of training each), lightrl from the written config, SB3 in its
+    # own process from the pair's name.
+    pytest.importorskip("rl_zoo3")
+    pytest.importorskip("stable_baselines3")
+    out = tmp_path / "peers"
+    peers.main(
+        ["--tasks", "ppo:CartPole-v1:none", "--seeds", "1", "--seconds", "3", "--eval-episodes", "2"]
+        + ["--out", str(out)]
+    )
+    report = (out / "peers.md").read_text()
+    lightrl, sb3 = (line for line in report.splitlines() if line.startswith("| CartPole-v1 (ppo:CartPole-v1:none)"))
+    assert "| lightrl | short run |" in lightrl and "| sb3 | short run |" in sb3
+    assert (out / "configs" / "ppo_CartPole-v1_none.yaml").is_file() and (out / "peers.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize(
+    ("pair", "says"),
+    [
+        ("xyz:CartPole-v1", "--tasks xyz:CartPole-v1: neither a listed task"),
+        ("ppo:Pendulum-v1", "cannot map ppo Pendulum-v1: sde_sample_freq: not mapped"),
+        ("dqn:Pong-v9", "--env Pong-v9: not in the RL Zoo's hyperparams/dqn.yml"),
+        ("dqn:CartPole-v1:high", "--tasks dqn:CartPole-v1:high: the threshold 'high' is a number or none"),
+    ],
+)
+def test_a_pair_that_cannot_be_compared_is_one_error_line(pair, says, tmp_path, capsys):
+    pytest.importorskip("rl_zoo3")
+    with pytest.raises(SystemExit) as stopped:
+        peers.main(["--tasks", pair, "--frameworks", "lightrl", "--out", str(tmp_path / "peers")])
+    assert says in str(stopped.value.code) and len(str(stopped.value.code).splitlines()) == 1
+    assert not (tmp_path / "peers" / "peers.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("listed", "pair"),
+    [
+        ("pendulum_td3", "td3:Pendulum-v1:-200"),
+        ("pendulum_ddpg", "ddpg:Pendulum-v1:-200"),
+        ("pendulum_sac", "sac:Pendulum-v1:-200"),
+        ("pendulum_tqc", "tqc:Pendulum-v1:-200"),
+        ("cartpole_a2c", "a2c:CartPole-v1"),
+    ],
+)
+def test_the_listed_tasks_are_their_zoo_pairs(listed, pair):
+    # The hand-listed tasks' SB3 numbers are the Zoo's entries (the keys SB3's defaults already hold aside).
+    pytest.importorskip("rl_zoo3")
+    ours, zoo = peers.TASKS[listed], peers.task_of(pair)
+    assert (ours.env_id, ours.threshold, ours.budget) == (zoo.env_id, zoo.threshold, zoo.budget)
+    assert ours.sb3_algo == zoo.sb3_algo
+    assert ours.sb3_envs == zoo.sb3_envs and ours.sb3_wrap == zoo.sb3_wrap
+    assert {key: value for key, value in zoo.sb3_kwargs.items() if key not in ours.sb3_kwargs} == {}, listed
+    assert {key: zoo.sb3_kwargs[key] for key in ours.sb3_kwargs} == ours.sb3_kwargs
