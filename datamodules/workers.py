@@ -224,12 +224,22 @@ def worker_death_error(
     )
 
 
+#: How long the error waits for a dead worker's exit code to reach its process object.
+EXIT_CODE_WAIT_S = 2.0
+
+
 def _exit_code_of(processes: list[Any], index: int) -> int | None:
-    """Worker ``index``'s exit code from its ``multiprocessing`` process object; None where there is none to read."""
+    """Worker ``index``'s exit code from its ``multiprocessing`` process object; None where there is none to read.
+    A worker the watch saw end (its /proc entry gone) may not have been reaped yet, a forkserver's child least of all
+    (the server reports its status a moment later): its code is waited for, at most ``EXIT_CODE_WAIT_S``."""
     if index >= len(processes):
         return None
-    with contextlib.suppress(ValueError):  # a process object TorchRL closed
-        return processes[index].exitcode
+    # ValueError: a process object TorchRL closed; AssertionError: one this process did not start (it cannot join).
+    with contextlib.suppress(ValueError, AssertionError):
+        process = processes[index]
+        if process.exitcode is None:
+            process.join(EXIT_CODE_WAIT_S)
+        return process.exitcode
     return None
 
 
