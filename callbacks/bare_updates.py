@@ -270,8 +270,7 @@ def reference_qrdqn_update(model: QRDQN, data: Any) -> Callable[[int], torch.Ten
     target = copy.deepcopy(online).requires_grad_(False)
     parameters = list(online.parameters())
     optimizer = make_optimizer(parameters, model)
-    count, gamma = model.quantile_count, model.gamma
-    tau = (torch.arange(count, device=data.device) + 0.5) / count
+    gamma = model.gamma
     batches = batch_pool(data, data.batch_size)
 
     def step(i: int) -> torch.Tensor:
@@ -286,9 +285,7 @@ def reference_qrdqn_update(model: QRDQN, data: Any) -> Callable[[int], torch.Ten
                 + gamma * (~batch["terminated"]).unsqueeze(-1) * next_quantiles[rows, best]
             )
         predicted = online(batch["observation"])[rows, batch["action"]]  # [batch, N]
-        delta = y.unsqueeze(-2) - predicted.unsqueeze(-1)
-        huber = torch.where(delta.abs() > 1, delta.abs() - 0.5, 0.5 * delta.pow(2))
-        loss = ((tau.unsqueeze(-1) - (delta.detach() < 0).float()).abs() * huber).sum(-2).mean()
+        loss = quantile_huber(predicted, y).sum(-2).mean()  # summed over the predicted quantiles, as QR-DQN's
         loss.backward()
         optimizer_step(parameters, optimizer, model.optim.max_grad_norm)
         return loss.detach()
