@@ -34,8 +34,9 @@ squared-error value loss) are written out. Runs of more than 50,000 updates comp
 
 SAC: rounds, warm-up and budget as DQN's; the buffer at most the run's frames; ``ent_coef: auto``/``auto_X`` as α
 learned from 1/X; actor and critics of ``net_arch``. TQC: SAC's, with ``n_quantiles`` and
-``top_quantiles_to_drop_per_net``. TD3: as SAC's, with ``noise_type: normal``'s ``noise_std`` as the
-acting noise and Stable-Baselines3's target policy smoothing and policy delay.
+``top_quantiles_to_drop_per_net``. CrossQ: SAC's without target networks, with ``policy_delay`` and the batch
+renormalisation's ``batch_norm_momentum`` and ``renorm_warmup_steps``. TD3: as SAC's, with ``noise_type: normal``'s
+``noise_std`` as the acting noise and Stable-Baselines3's target policy smoothing and policy delay.
 
 All: greedy evaluations every tenth of the budget, checkpoints every fifth; logging every 100 updates below 10,000
 updates, else 500.
@@ -155,6 +156,16 @@ SB3_DEFAULTS["tqc"] = {
     "top_quantiles_to_drop_per_net": 2,
     "policy_kwargs": "dict(net_arch=[256, 256], activation_fn=nn.ReLU, n_quantiles=25, n_critics=2)",
 }
+#: sb3-contrib's CrossQ: SAC's without target networks, with batch renormalisation and a delayed actor.
+SB3_DEFAULTS["crossq"] = {
+    **{key: value for key, value in SB3_DEFAULTS["sac"].items() if key not in ("tau", "target_update_interval")},
+    "learning_rate": 1e-3,
+    "policy_delay": 3,
+    "policy_kwargs": (
+        "dict(net_arch=dict(pi=[256, 256], qf=[1024, 1024]), activation_fn=nn.ReLU, n_critics=2, "
+        "batch_norm_momentum=0.01, renorm_warmup_steps=100000)"
+    ),
+}
 #: Most copies stepped together for a Zoo entry of one environment (its round divided among them).
 MAX_COPIES = 8
 #: Above this many updates a round, DQN's updates of at most this batch are merged in pairs (module docstring).
@@ -164,6 +175,11 @@ COMPILE_ABOVE_UPDATES = 50_000
 #: Keys read for every algorithm and needing nothing: the policy class is checked on its own.
 _READ = {"n_timesteps", "policy"}
 _ACTIVATIONS = {"ReLU": "relu", "Tanh": "tanh"}
+
+
+def display_name(algo: str) -> str:
+    """An algorithm as the config's header and the refusals write it: ``crossq`` → CrossQ, ``ppo`` → PPO."""
+    return {"crossq": "CrossQ"}.get(algo, algo.upper())
 
 
 class ZooError(ValueError):
@@ -272,11 +288,19 @@ def network(zoo: Entry, taken: dict[str, Any] | None = None) -> dict[str, Node]:
             taken[key] = kwargs.pop(key)
     default = {key: "" if key in given else " (Stable-Baselines3's default)" for key in kwargs}
     hidden = kwargs.pop("net_arch")
-    if isinstance(hidden, dict):  # separate actor and critic layers: lightrl's are the same sizes
+    nodes = {}
+    if isinstance(hidden, dict) and set(hidden) == {"pi", "qf"}:  # an actor-critic's actor and Q critics (SAC's)
+        note = f"policy_kwargs net_arch qf{default['net_arch']}"
+        nodes["critic_hidden_sizes"] = Node(list(hidden["qf"]), f"{note}, the same for each critic")
+        hidden, arch = hidden["pi"], f"pi {list(hidden['pi'])}"
+    elif isinstance(hidden, dict):  # a policy's and its value's layers: lightrl's PPO has the same sizes
         if set(hidden) != {"pi", "vf"} or hidden["pi"] != hidden["vf"]:
             zoo.problems.append(f"policy_kwargs net_arch {hidden}: lightrl's actor and critic have the same sizes")
         hidden = hidden.get("pi", [64, 64])
-    nodes = {"hidden_sizes": Node(list(hidden), f"policy_kwargs net_arch {list(hidden)}{default['net_arch']}")}
+        arch = str(list(hidden))
+    else:
+        arch = str(list(hidden))
+    nodes = {"hidden_sizes": Node(list(hidden), f"policy_kwargs net_arch {arch}{default['net_arch']}"), **nodes}
     activation = _ACTIVATIONS.get(kwargs.pop("activation_fn"))
     if activation is None:
         zoo.problems.append("policy_kwargs activation_fn: lightrl's networks use ReLU or Tanh")
@@ -286,7 +310,8 @@ def network(zoo: Entry, taken: dict[str, Any] | None = None) -> dict[str, Node]:
         nodes["orthogonal_init"] = Node(
             bool(kwargs.pop("ortho_init")), f"policy_kwargs ortho_init{default['ortho_init']}"
         )
-    zoo.problems += [f"policy_kwargs {key}: not an option of lightrl's {zoo.algo.upper()} network" for key in kwargs]
+    name = display_name(zoo.algo)
+    zoo.problems += [f"policy_kwargs {key}: not an option of lightrl's {name} network" for key in kwargs]
     return nodes
 
 
@@ -474,12 +499,28 @@ def map_tqc(entry: dict[str, Any], env_id: str, run_name: str, exact_updates: bo
     return map_soft_actor_critic("tqc", entry, env_id, run_name)
 
 
+def map_crossq(entry: dict[str, Any], env_id: str, run_name: str, exact_updates: bool = False) -> dict[str, Node]:
+    """The lightrl config of a CrossQ entry: SAC's (:func:`map_sac`) without target networks, with ``policy_delay``,
+    ``policy_kwargs`` ``batch_norm_momentum`` and ``renorm_warmup_steps`` (the batch renormalisation), and
+    Stable-Baselines3 contrib's Adam β₁ of 0.5."""
+    return map_soft_actor_critic("crossq", entry, env_id, run_name)
+
+
+#: Each soft actor-critic's own ``policy_kwargs`` beyond the networks' sizes and activation.
+SOFT_ACTOR_CRITIC_KWARGS = {
+    "sac": ("n_critics",),
+    "tqc": ("n_critics", "n_quantiles"),
+    "crossq": ("n_critics", "batch_norm_momentum", "renorm_warmup_steps"),
+}
+
+
 def map_soft_actor_critic(algo: str, entry: dict[str, Any], env_id: str, run_name: str) -> dict[str, Node]:
-    """SAC's and TQC's config on ``modules.sac.SAC`` and ``modules.tqc.TQC`` (:func:`map_sac`, :func:`map_tqc`)."""
+    """SAC's, TQC's and CrossQ's config on ``modules.sac.SAC``, ``modules.tqc.TQC`` and ``modules.crossq.CrossQ``
+    (:func:`map_sac`, :func:`map_tqc`, :func:`map_crossq`)."""
     zoo = Entry(algo, env_id, entry)
     zoo.refuse_unknown()
     budget = number(zoo["n_timesteps"])
-    taken: dict[str, Any] = {"n_critics": None, **({"n_quantiles": None} if algo == "tqc" else {})}
+    taken: dict[str, Any] = dict.fromkeys(SOFT_ACTOR_CRITIC_KWARGS[algo])
     net = network(zoo, taken)
     learning_rate, schedule = rate(zoo, "learning_rate", budget)
     ent_coef = str(zoo["ent_coef"])
@@ -488,8 +529,9 @@ def map_soft_actor_critic(algo: str, entry: dict[str, Any], env_id: str, run_nam
         alpha = 1.0 if ent_coef == "auto" else float(ent_coef[5:] if learned else ent_coef)
     except ValueError:
         zoo.problems.append(f"ent_coef {ent_coef}: a number, auto or auto_X")
-    if zoo["target_update_interval"] != 1:
-        zoo.problems.append(f"target_update_interval: lightrl's {algo.upper()} updates its target critics every update")
+    if algo != "crossq" and zoo["target_update_interval"] != 1:
+        every = f"lightrl's {display_name(algo)} updates its target critics every update"
+        zoo.problems.append(f"target_update_interval: {every}")
     layers, critics = actor_critic_networks(zoo, net, taken["n_critics"])
     target_entropy = zoo["target_entropy"]
     actor = {"hidden_sizes": layers, "init_scale": Node(1.0, "the Gaussian's scale before tanh where its layer is 0")}
@@ -501,6 +543,17 @@ def map_soft_actor_critic(algo: str, entry: dict[str, Any], env_id: str, run_nam
         model["dropped_per_critic"] = Node(
             zoo["top_quantiles_to_drop_per_net"], zoo.name("top_quantiles_to_drop_per_net")
         )
+    betas = {}
+    if algo == "crossq":
+        given = policy_kwargs(entry.get("policy_kwargs", "dict()"))
+        model["policy_delay"] = Node(zoo["policy_delay"], zoo.name("policy_delay"))
+        model["batch_renorm"] = Node(
+            children={
+                "momentum": Node(taken["batch_norm_momentum"], _kwarg_note("batch_norm_momentum", given)),
+                "warmup_steps": Node(taken["renorm_warmup_steps"], _kwarg_note("renorm_warmup_steps", given)),
+            }
+        )
+        betas = {"betas": Node([0.5, 0.999], "Stable-Baselines3 contrib's CrossQ: Adam's beta1 0.5")}
     model |= {
         "gamma": Node(float(zoo["gamma"]), zoo.name("gamma")),
         "alpha_init": Node(alpha, f"ent_coef {ent_coef}: α learned, starting at {alpha}" if learned else "ent_coef"),
@@ -509,10 +562,19 @@ def map_soft_actor_critic(algo: str, entry: dict[str, Any], env_id: str, run_nam
             target_entropy if target_entropy == "auto" else float(target_entropy), zoo.name("target_entropy")
         ),
         "optimizer": Node(
-            children={"lr": Node(learning_rate, zoo.name("learning_rate") + " (actor, critics and α)"), **schedule}
+            children={
+                "lr": Node(learning_rate, zoo.name("learning_rate") + " (actor, critics and α)"),
+                **schedule,
+                **betas,
+            }
         ),
     }
-    return actor_critic_config(zoo, env_id, run_name, budget, f"modules.{algo}.{algo.upper()}", model)
+    model_class = {"sac": "modules.sac.SAC", "tqc": "modules.tqc.TQC", "crossq": "modules.crossq.CrossQ"}[algo]
+    return actor_critic_config(zoo, env_id, run_name, budget, model_class, model)
+
+
+def _kwarg_note(key: str, given: dict[str, Any]) -> str:
+    return f"policy_kwargs {key}" + ("" if key in given else " (Stable-Baselines3 contrib's default)")
 
 
 def actor_critic_networks(zoo: Entry, net: dict[str, Node], count: int = 2) -> tuple[Node, Node]:
@@ -521,14 +583,15 @@ def actor_critic_networks(zoo: Entry, net: dict[str, Node], count: int = 2) -> t
     critics when not 2, ``tau``)."""
     replay_round(zoo)  # a round counted in episodes is a problem, named in the one line with the others
     if "activation" in net:  # network() writes it only when not ReLU
-        zoo.problems.append(f"policy_kwargs activation_fn: lightrl's {zoo.algo.upper()} networks are ReLU MLPs")
+        zoo.problems.append(f"policy_kwargs activation_fn: lightrl's {display_name(zoo.algo)} networks are ReLU MLPs")
     zoo.check()
     layers = net.pop("hidden_sizes")
     each = "the same for each of the two critics" if count == 2 else f"the same for each of the {count} critics"
-    critics = {"hidden_sizes": Node(layers.value, each)}
+    critics = {"hidden_sizes": net.pop("critic_hidden_sizes", Node(layers.value, each))}
     if count != 2:
         critics["count"] = Node(count, "policy_kwargs n_critics")
-    critics["tau"] = Node(float(zoo["tau"]), zoo.name("tau"))
+    if zoo.algo != "crossq":  # no target networks
+        critics["tau"] = Node(float(zoo["tau"]), zoo.name("tau"))
     return layers, Node(children=critics)
 
 
@@ -777,6 +840,7 @@ MAPPED = {
     "a2c": map_a2c,
     "sac": map_sac,
     "tqc": map_tqc,
+    "crossq": map_crossq,
     "td3": map_td3,
     "ddpg": map_ddpg,
 }
@@ -827,7 +891,7 @@ def config_text(algo: str, env_id: str, out: Path, exact_updates: bool = False) 
     config = MAPPED[algo](zoo_entry(algo, env_id), env_id, f"gym_{out.stem}", exact_updates)
     written_by = f"lightrl zoo --algo {algo} --env {env_id} --out {out}{' --exact-updates' * exact_updates}"
     header = [
-        f"# {env_id}, {algo.upper()}: python -m app fit --config {out}",
+        f"# {env_id}, {display_name(algo)}: python -m app fit --config {out}",
         f"# Written by: {written_by}",
         f"# from the RL Zoo's tuned hyperparameters (DLR-RM/rl-baselines3-zoo, hyperparams/{algo}.yml, as rl_zoo3",
         f"# {zoo_version()} ships them); the Zoo's names are in the comments, and docs/guide/zoo.md says how each",

@@ -293,6 +293,7 @@ SB3_CLASSES = {
     "a2c": "A2C",
     "sac": "SAC",
     "tqc": "TQC",
+    "crossq": "CrossQ",
     "td3": "TD3",
     "ddpg": "DDPG",
 }

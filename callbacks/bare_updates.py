@@ -6,7 +6,7 @@ that runs on machines of different speed, or on different days, can be compared,
 update by it. Each reference copies the agent's networks and returns ``step(i)``, one update on the ``i``-th of a
 few batches of real transitions drawn from the agent's environment before timing: the loss maths written out (the
 same as the agent's TorchRL loss computes), backward, gradient clip and a fused Adam step. :func:`bare_update` picks
-the agent's (DQN, QR-DQN and PIRL, PPO, A2C, SAC, TQC, TD3); the agents' own files hold the agents only.
+the agent's (DQN, QR-DQN and PIRL, PPO, A2C, SAC, TQC, CrossQ, TD3); the agents' own files hold the agents only.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from torch import nn
 
 from compat.torch import foreach_lerp_
 from modules.a2c import A2C
+from modules.crossq import CrossQ
 from modules.dqn import DQN
 from modules.gaussian import tanh_gaussian_sample
 from modules.networks import heads_on_features
@@ -200,7 +201,8 @@ def reference_for(model: Any) -> Callable[[Any, Any], Callable[[int], torch.Tens
         (DQN, reference_dqn_update),
         (A2C, reference_a2c_update),  # before PPO, its base class
         (PPO, reference_ppo_update),
-        (TQC, reference_tqc_update),  # before SAC, its base class
+        (TQC, reference_tqc_update),  # before SAC, their base class
+        (CrossQ, reference_crossq_update),
         (SAC, reference_sac_update),
         (TD3, reference_td3_update),
     )
@@ -458,6 +460,69 @@ def reference_soft_actor_critic_update(
         loss.backward()
         optimizer_step(parameters, optimizer, model.optim.max_grad_norm)
         foreach_lerp_(*target_pairs, tau)
+        return loss.detach()
+
+    return step
+
+
+def reference_crossq_update(model: Any, data: Any) -> Callable[[int], torch.Tensor]:
+    """CrossQ written out: the actor's next action with its running statistics; the current and next pairs through
+    each critic in one training-mode batch, the target from the second half (the critics' minimum less α·log π,
+    discounted unless terminated, detached); each critic's squared error to it and, every ``policy_delay``-th update,
+    the actor's ``α·log π − min Q`` (the actor in training mode, the critics detached in evaluation mode) and α's
+    loss; backward, clip and fused Adam. No target networks. Plain modules switched between training and evaluation
+    mode, the critics one after the other rather than batched. Same weights, statistics, batches and random draws in
+    the same order as the agent's loss."""
+    device = data.device
+    actor = copy.deepcopy(model.actor.module[0].module).to(device)  # observation -> (location, scale)
+    critics = []
+    for index in range(model.loss_module.num_qvalue_nets):  # the loss module's own critics, as modules
+        module = copy.deepcopy(model.qvalue).to(device)
+        state = model.loss_module.qvalue_network_params.detach()[index].flatten_keys(".")
+        module.load_state_dict({key: value.clone() for key, value in state.items()})
+        critics.append(module.module)
+    learned = isinstance(model.loss_module.log_alpha, nn.Parameter)
+    log_alpha = model.loss_module.log_alpha.detach().to(device).clone().requires_grad_(learned)
+    parameters = [*actor.parameters(), *(p for critic in critics for p in critic.parameters())]
+    parameters += [log_alpha] if learned else []
+    optimizer = make_optimizer(parameters, model)
+    gamma, delay = float(model.loss_module.value_estimator.gamma), model.policy_delay
+    target_entropy = float(model.loss_module.target_entropy)
+    space = model.action_spec.space
+    centre, half_range = (
+        ((space.high + space.low).float() / 2).to(device),
+        ((space.high - space.low).float() / 2).to(device),
+    )
+    batches = batch_pool(data, data.batch_size)
+
+    def sample(observation: torch.Tensor, training: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        location, scale = actor.train(training)(observation)
+        return tanh_gaussian_sample(location, scale, torch.randn_like(location), centre, half_range)
+
+    def step(i: int) -> torch.Tensor:
+        batch = batches[i % len(batches)]
+        alpha, size = log_alpha.detach().exp(), batch["reward"].shape[0]
+        with torch.no_grad():
+            next_action, next_log_prob = sample(batch["next_observation"], training=False)
+        observations = torch.cat([batch["observation"], batch["next_observation"]])
+        actions = torch.cat([batch["action"], next_action])
+        values = [critic.train()(observations, actions).squeeze(-1).split(size) for critic in critics]
+        with torch.no_grad():
+            next_q = torch.stack([value[1] for value in values]).amin(0)
+            y = batch["reward"] + gamma * (~batch["terminated"]) * (next_q - alpha * next_log_prob)
+        loss = sum((value[0] - y).pow(2).mean() for value in values)
+        if (i + 1) % delay == 0:
+            action, log_prob = sample(batch["observation"], training=True)
+            detached = [{k: v.detach() for k, v in c.named_parameters()} for c in critics]
+            q = torch.stack(
+                [
+                    torch.func.functional_call(c.eval(), p, (batch["observation"], action)).squeeze(-1)
+                    for c, p in zip(critics, detached, strict=True)
+                ]
+            ).amin(0)
+            loss = loss + (alpha * log_prob - q).mean() - (log_alpha * (log_prob.detach() + target_entropy)).mean()
+        loss.backward()
+        optimizer_step(parameters, optimizer, model.optim.max_grad_norm)
         return loss.detach()
 
     return step

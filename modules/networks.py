@@ -8,7 +8,7 @@ An agent reading one observation picks its network with the ``network`` option g
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -19,6 +19,7 @@ from torch import nn
 
 from compat.torch import is_batch_norm
 from envs.tokens import GLOBAL_LOCATION
+from modules.batch_renorm import BatchRenorm
 from modules.spaces import SpaceError
 
 
@@ -38,13 +39,18 @@ def mlp(
     hidden_sizes: Sequence[int],
     out_features: int,
     activation: type[nn.Module] = nn.ReLU,
+    normalization: Callable[[int], nn.Module] | None = None,
 ) -> nn.Sequential:
-    """``in → hidden... → out`` with ``activation`` between layers and a linear output."""
+    """``in → hidden... → out`` with ``activation`` between layers and a linear output; with ``normalization`` (a
+    layer of a width), one before every linear layer, as Stable-Baselines3's ``pre_linear_modules`` (CrossQ's)."""
     layers: list[nn.Module] = []
-    for width in hidden_sizes:
-        layers += [nn.Linear(in_features, width), activation()]
+    for index, width in enumerate((*hidden_sizes, out_features)):
+        if normalization is not None:
+            layers.append(normalization(in_features))
+        layers.append(nn.Linear(in_features, width))
+        if index < len(hidden_sizes):
+            layers.append(activation())
         in_features = width
-    layers.append(nn.Linear(in_features, out_features))
     return nn.Sequential(*layers)
 
 
@@ -114,7 +120,8 @@ class CriticOptions:
 
 class QNetwork(nn.Module):
     """``(observation, action) → Q``: an MLP over the observation and the action scaled from its box to [−1, 1];
-    ``outputs`` values per pair (1: the Q-value; TQC's: the return's quantiles)."""
+    ``outputs`` values per pair (1: the Q-value; TQC's: the return's quantiles); ``normalization``: a layer before
+    each linear one (CrossQ's batch renormalisation, :mod:`modules.batch_renorm`)."""
 
     def __init__(
         self,
@@ -123,43 +130,55 @@ class QNetwork(nn.Module):
         low: torch.Tensor,
         high: torch.Tensor,
         outputs: int = 1,
+        normalization: Callable[[int], nn.Module] | None = None,
     ):
         super().__init__()
         self.register_buffer("centre", (high + low) / 2)
         self.register_buffer("half_range", (high - low) / 2)
-        self.network = mlp(observation_dim + low.numel(), hidden_sizes, outputs)
+        self.network = mlp(observation_dim + low.numel(), hidden_sizes, outputs, normalization=normalization)
 
     def forward(self, observation: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
         return self.network(torch.cat([observation, (action - self.centre) / self.half_range], -1))
 
-    def ensemble(self, parameters: TensorDictBase, observation: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+    def ensemble(
+        self, parameters: TensorDictBase, observation: torch.Tensor, action: torch.Tensor, training: bool = False
+    ) -> torch.Tensor:
         """Every critic's Q of a batch ``[batch, ...]`` at once, ``[critics, batch]``: ``parameters`` holds each of
         this network's entries stacked over the critics (``SACLoss``'s ``qvalue_network_params``), and each linear
-        layer is one batched matmul over them, what ``vmap`` of :meth:`forward` computes without its Python."""
-        return self.ensemble_outputs(parameters, observation, action).squeeze(-1)
+        layer is one batched matmul over them, what ``vmap`` of :meth:`forward` computes without its Python.
+        ``training``: batch renormalisation layers normalise with the batch's statistics and update their running
+        ones (CrossQ's critics); else with the running ones."""
+        return self.ensemble_outputs(parameters, observation, action, training).squeeze(-1)
 
     def ensemble_outputs(
-        self, parameters: TensorDictBase, observation: torch.Tensor, action: torch.Tensor
+        self, parameters: TensorDictBase, observation: torch.Tensor, action: torch.Tensor, training: bool = False
     ) -> torch.Tensor:
         """:meth:`ensemble` with the outputs' dimension kept: ``[critics, batch, outputs]``."""
         scaled = (action - parameters["centre"].unsqueeze(-2)) / parameters["half_range"].unsqueeze(-2)
         x = torch.cat([observation.expand(scaled.shape[0], *observation.shape), scaled], -1)
         for index, layer in enumerate(self.network):
+            entries = parameters["network", str(index)] if isinstance(layer, nn.Linear | BatchRenorm) else None
             if isinstance(layer, nn.Linear):
-                weight, bias = parameters["network", str(index), "weight"], parameters["network", str(index), "bias"]
-                x = torch.baddbmm(bias.unsqueeze(-2), x, weight.mT)
+                x = torch.baddbmm(entries["bias"].unsqueeze(-2), x, entries["weight"].mT)
+            elif isinstance(layer, BatchRenorm):  # each critic's own statistics, updated in place when training
+                x = layer.ensemble(x, entries, training)
             else:  # the activation, elementwise
                 x = layer(x)
         return x
 
 
 def q_critic(
-    observation_dim: int, hidden_sizes: Sequence[int], low: torch.Tensor, high: torch.Tensor, outputs: int = 1
+    observation_dim: int,
+    hidden_sizes: Sequence[int],
+    low: torch.Tensor,
+    high: torch.Tensor,
+    outputs: int = 1,
+    normalization: Callable[[int], nn.Module] | None = None,
 ) -> TensorDictModule:
     """A :class:`QNetwork` as the TensorDict module TorchRL's actor-critic losses take: ``observation`` and ``action``
     in, ``state_action_value`` out."""
     return TensorDictModule(
-        QNetwork(observation_dim, hidden_sizes, low, high, outputs),
+        QNetwork(observation_dim, hidden_sizes, low, high, outputs, normalization),
         in_keys=["observation", "action"],
         out_keys=["state_action_value"],
     )
@@ -478,8 +497,8 @@ class BatchNormCNN(nn.Module):
 
 
 def has_batch_norm(network: nn.Module) -> bool:
-    """Whether ``network``'s output depends on its train/eval mode through BatchNorm."""
-    return any(is_batch_norm(module) for module in network.modules())
+    """Whether ``network``'s output depends on its train/eval mode through BatchNorm (or batch renormalisation)."""
+    return any(is_batch_norm(module) or isinstance(module, BatchRenorm) for module in network.modules())
 
 
 class EvalModeActor(TensorDictModuleBase):

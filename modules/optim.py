@@ -59,6 +59,8 @@ class OptimizerOptions:
         weight_decay: decoupled weight decay (AdamW, Loshchilov & Hutter 2019); 0: plain Adam.
         eps: the ε added to the root of the second-moment estimate (PyTorch's default 1e-8; Stable-Baselines3's
             PPO and A2C, and CleanRL's PPO, use 1e-5: A2C's ``rms_prop_eps``).
+        betas: Adam's decay rates of the gradient's first and second moment estimates (PyTorch's default 0.9, 0.999;
+            Stable-Baselines3 contrib's CrossQ: 0.5, 0.999).
         alpha: RMSprop's smoothing constant of the squared gradients' average (PyTorch's and Stable-Baselines3's
             0.99); unused by Adam.
         max_grad_norm: clip the gradients' global L2 norm to this before each step; None: no clipping.
@@ -77,6 +79,7 @@ class OptimizerOptions:
     lr_decay: str = "cosine"
     weight_decay: float = 0.0
     eps: float = 1e-8
+    betas: tuple[float, float] = (0.9, 0.999)
     alpha: float = 0.99
     max_grad_norm: float | None = None
     accumulate_grad_batches: int = 1
@@ -100,6 +103,9 @@ class OptimizerOptions:
             raise ValueError(f"{OPTION}.weight_decay must be >= 0, got {self.weight_decay}")
         if self.algorithm not in ALGORITHMS:
             raise ValueError(f"{OPTION}.algorithm must be one of {', '.join(ALGORITHMS)}, got {self.algorithm!r}")
+        if len(self.betas) != 2 or not all(0 <= beta < 1 for beta in self.betas):
+            raise ValueError(f"{OPTION}.betas must be two numbers in [0, 1), got {list(self.betas)}")
+        object.__setattr__(self, "betas", tuple(self.betas))
         if not 0 <= self.alpha < 1:
             raise ValueError(f"{OPTION}.alpha must be in [0, 1), got {self.alpha}")
         if not self.eps > 0:
@@ -137,8 +143,10 @@ class OptimizerOptions:
         # it is several times faster than the default implementation (docs/results/snake.md, "The update against its
         # bare arithmetic").
         if self.weight_decay:
-            return torch.optim.AdamW(groups, lr=self.lr, weight_decay=self.weight_decay, eps=self.eps, fused=True)
-        return torch.optim.Adam(groups, lr=self.lr, eps=self.eps, fused=True)
+            return torch.optim.AdamW(
+                groups, lr=self.lr, betas=self.betas, weight_decay=self.weight_decay, eps=self.eps, fused=True
+            )
+        return torch.optim.Adam(groups, lr=self.lr, betas=self.betas, eps=self.eps, fused=True)
 
 
 class FusedAdamStep:

@@ -212,7 +212,7 @@ class SAC(RLModule):
         (action_dim,) = action_spec.shape
 
         # Location and scale from one MLP; the scale through softplus shifted so that an output of 0 gives init_scale.
-        network = mlp(observation_dim, actor.hidden_sizes, 2 * action_dim)
+        network = self.make_actor_network(observation_dim, actor.hidden_sizes, 2 * action_dim)
         # The clone the actor starts from (a frozen copy, filled by load_behaviour_cloning): what the BC term keeps the
         # actor near, or what a bounded actor corrects.
         self.clone_network = copy.deepcopy(network).requires_grad_(False)
@@ -252,13 +252,17 @@ class SAC(RLModule):
         self.loss_module.make_value_estimator(gamma=gamma)
         # SACLoss resolves "auto" into a buffer on first use; resolved now, so that a fresh model loads a checkpoint.
         _ = self.loss_module.target_entropy
-        # TorchRL's updater of the target critics; the update applies the same Polyak step fused (soft_update).
-        self.target_updater = SoftUpdate(self.loss_module, tau=critics.tau)
+        if self.target_networks:  # TorchRL's updater of the target critics; the update applies it fused (soft_update)
+            self.target_updater = SoftUpdate(self.loss_module, tau=critics.tau)
         # The box the actions are squashed into (not saved: the action spec gives it).
         self.register_buffer("action_centre", (high + low) / 2, persistent=False)
         self.register_buffer("action_half_range", (high - low) / 2, persistent=False)
         if actor_init is not None and Path(actor_init).suffix == ".ckpt":
             self.read_clone(Path(actor_init))  # a wrong file fails now, not after the run has started
+
+    def make_actor_network(self, observation_dim: int, hidden_sizes: Sequence[int], outputs: int) -> nn.Module:
+        """The actor's network, ``observation → [location, scale]`` (``outputs`` values)."""
+        return mlp(observation_dim, hidden_sizes, outputs)
 
     def make_critic(
         self, observation_dim: int, hidden_sizes: Sequence[int], low: torch.Tensor, high: torch.Tensor

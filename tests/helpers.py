@@ -12,6 +12,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import lightning.pytorch as pl
+import pytest
 import torch
 import yaml
 
@@ -149,6 +150,72 @@ def doc_code_blocks(page: str, section: str | None = None) -> dict[str, str]:
 def write_config(config: dict, path: Path) -> Path:
     path.write_text(yaml.safe_dump(config))
     return path
+
+
+def racing_transitions(rows: int = 64) -> Any:
+    """One step of ``rows`` racing cars (a box of unequal half-ranges, per dimension) at random actions, as a replay
+    sample: a loss's test batch, a third of whose transitions end their episode."""
+    from envs.racing.env import RacingEnv
+
+    env = RacingEnv(num_envs=rows, curvature_ahead=[5, 15, 30])
+    td = env.reset()
+    td["action"] = env.action_spec.rand()
+    batch = env.step(td)
+    batch["next", "terminated"][::3] = True
+    return batch
+
+
+def on_the_racing_car(config_path: Path, root: Path) -> Path:
+    """A shipped Gymnasium config of a continuous-action agent (SAC's family, TD3) moved onto the racing car, written
+    under ``root`` with its run folder there: an environment whose state a checkpoint restores exactly (a Gymnasium
+    task's episodes restart on loading) and a box of unequal half-ranges (throttle [−6, 4], steering ±0.44). It
+    checkpoints at the end only: a greedy racing episode at the start and the end of each fit, and the throughput
+    report's yardstick, would be most of a resume test's time and resume nothing."""
+    config = yaml.safe_load(config_path.read_text())
+    config["data"]["init_args"]["env"] = {"class_path": "envs.racing.env.RacingEnv"}
+    config["data"]["init_args"]["num_envs"] = 4
+    config["trainer"]["logger"]["init_args"]["save_dir"] = str(root / "runs")
+    config["trainer"]["callbacks"] = [
+        {"class_path": "callbacks.schedule.FrameCheckpoint", "init_args": {"every_n_frames": 10**9}}
+    ]
+    root.mkdir(parents=True, exist_ok=True)
+    return write_config(config, root / f"{config_path.stem}_racing.yaml")
+
+
+def resumed_on_the_racing_car(
+    config_path: Path, root: Path, updates: int, *overrides: str
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """:func:`on_the_racing_car`'s run of ``config_path`` for ``updates`` updates, uninterrupted (in ``root/full``),
+    and stopped halfway then resumed with ``--ckpt_path last`` and another seed (in ``root/half``): the last
+    checkpoint's weights of the uninterrupted run, of the first half, and of the resumed run."""
+    half = updates // 2
+    fit(on_the_racing_car(config_path, root / "full"), *overrides, "--trainer.max_steps", str(updates))
+    interrupted = on_the_racing_car(config_path, root / "half")
+    fit(interrupted, *overrides, "--trainer.max_steps", str(half))
+    (checkpoint,) = (root / "half/runs").glob("*/version_0/checkpoints/last.ckpt")
+    first_half = weights(checkpoint)
+    cli = fit(interrupted, *overrides, "--trainer.max_steps", str(updates), "--ckpt_path", "last", *RESEEDED)
+    assert cli.trainer.global_step == updates
+    assert not (checkpoint.parents[2] / "version_1").exists()  # continued in its run folder
+    full = weights(root / "full" / checkpoint.relative_to(root / "half"))
+    return full, first_half, weights(checkpoint)
+
+
+def assert_the_bare_update_computes(model: Any, data: Any, loss: Any = None) -> None:
+    """The bare reference update (callbacks/bare_updates.py) of ``model``'s agent, on its first pre-drawn batch,
+    computes the total of ``loss`` (the agent's own by default) from the same random draws; and it trains: the same
+    batch one pass later gives another."""
+    from callbacks.bare_updates import as_replay_sample, bare_update, batch_pool
+
+    step = bare_update(model, data)
+    pool = batch_pool(data, data.batch_size)
+    batch = as_replay_sample(pool[0])
+    torch.manual_seed(7)  # actions, noise or points drawn inside the loss
+    expected = sum(value for key, value in (loss or model.loss)(batch).items() if key.startswith("loss")).detach()
+    torch.manual_seed(7)
+    assert step(0) == pytest.approx(expected.item(), rel=1e-5)
+    torch.manual_seed(7)
+    assert step(len(pool)) != pytest.approx(expected.item(), rel=1e-5)
 
 
 def fit(config_path: Path, *overrides: str):

@@ -7,13 +7,12 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
 from torchrl.data import Bounded, Composite, Unbounded
 
 from app.cli import build, main
 from callbacks.bare_updates import as_replay_sample, bare_update, batch_pool
 from modules.td3 import TD3
-from tests.helpers import RESEEDED, ROOT, AfterUpdate, fit, saved_replay, weights, write_config
+from tests.helpers import ROOT, AfterUpdate, fit, resumed_on_the_racing_car, saved_replay
 
 CONFIG = ROOT / "configs/gym/pendulum_td3.yaml"
 #: Small networks and batches, a short warm-up, evaluation off: seconds, not the Zoo's minutes.
@@ -75,33 +74,11 @@ def test_the_actor_and_the_targets_move_every_second_update_and_the_warm_up_acts
     assert len(after) > 0 and after.std() < 0.5  # the actor's action plus noise of 0.1 half-range (0.2)
 
 
-def racing_config(root: Path) -> Path:
-    """The shipped TD3 config on the racing car: an environment whose state a checkpoint restores exactly (a
-    Gymnasium task's episodes restart on loading), and a box of unequal half-ranges (throttle [−6, 4], steering
-    ±0.44), each dimension with its own noise scales."""
-    config = yaml.safe_load(CONFIG.read_text())
-    config["data"]["init_args"]["env"] = {"class_path": "envs.racing.env.RacingEnv"}
-    config["data"]["init_args"]["num_envs"] = 4
-    config["trainer"]["logger"]["init_args"]["save_dir"] = str(root / "runs")
-    config["trainer"]["callbacks"] = [
-        {"class_path": "callbacks.schedule.FrameCheckpoint", "init_args": {"every_n_frames": 10**9}}
-    ]
-    root.mkdir(parents=True, exist_ok=True)
-    return write_config(config, root / "td3_racing.yaml")
-
-
 @pytest.mark.slow
 def test_a_resumed_run_ends_with_the_uninterrupted_runs_weights(tmp_path):
     # The stop falls after a critic-only update; the checkpoint carries the replay buffer, the targets, Adam's state
     # of both groups, every RNG, and the update counter that keeps the delay's rhythm and ends the uniform warm-up.
-    half, small = 15, NETS
-    fit(racing_config(tmp_path / "full"), *small, "--trainer.max_steps", str(2 * half))
-    interrupted = racing_config(tmp_path / "half")
-    fit(interrupted, *small, "--trainer.max_steps", str(half))
-    first_half = weights(checkpoint_of(tmp_path / "half"))
-    cli = fit(interrupted, *small, "--trainer.max_steps", str(2 * half), "--ckpt_path", "last", *RESEEDED)
-    assert cli.trainer.global_step == 2 * half
-    full, resumed = weights(checkpoint_of(tmp_path / "full")), weights(checkpoint_of(tmp_path / "half"))
+    full, first_half, resumed = resumed_on_the_racing_car(CONFIG, tmp_path, 30, *NETS)
     assert full.keys() == resumed.keys() and any("target_actor" in key for key in full)
     for key in full:
         assert torch.equal(full[key], resumed[key]), key
@@ -109,7 +86,6 @@ def test_a_resumed_run_ends_with_the_uninterrupted_runs_weights(tmp_path):
         key for key in resumed if resumed[key].is_floating_point() and not torch.equal(first_half[key], resumed[key])
     ]
     assert any("target_qvalue" in key for key in moved) and any(key.startswith("actor.") for key in moved)
-    assert not (tmp_path / "half/runs/gym_pendulum_td3/version_1").exists()  # continued in its run folder
 
 
 def test_the_update_loss_is_torchrls_td3_loss_in_values_and_gradients():

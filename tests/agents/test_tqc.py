@@ -3,28 +3,22 @@ exact resume with the shipped config, and its options' errors."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
-import yaml
-from tensordict import TensorDict
 
 from app.cli import build
-from callbacks.bare_updates import as_replay_sample, bare_update, batch_pool
 from envs.racing.env import RacingEnv
 from modules.networks import CriticOptions
 from modules.quantiles import quantile_huber
 from modules.sac import ActorOptions
 from modules.tqc import TQC
 from tests.helpers import (
-    RESEEDED,
     ROOT,
     app_in_process,
     assert_same_losses_and_gradients,
-    fit,
-    weights,
-    write_config,
+    assert_the_bare_update_computes,
+    racing_transitions,
+    resumed_on_the_racing_car,
 )
 
 CONFIG = ROOT / "configs/gym/pendulum_tqc.yaml"
@@ -55,15 +49,6 @@ def tqc(critics: int = 2, quantiles: int = 5, dropped: int = 1, learn_alpha: boo
     return model
 
 
-def transitions(rows: int = 64) -> TensorDict:
-    env = RacingEnv(num_envs=rows, curvature_ahead=[5, 15, 30])
-    td = env.reset()
-    td["action"] = env.action_spec.rand()
-    batch = env.step(td)
-    batch["next", "terminated"][::3] = True  # a third of the transitions end their episode
-    return batch
-
-
 @pytest.mark.parametrize(
     ("critics", "quantiles", "dropped", "learn_alpha"),
     [(2, 5, 1, True), (1, 4, 0, True), (3, 7, 2, True), (2, 25, 2, False)],
@@ -73,13 +58,13 @@ def test_the_update_loss_is_torchrls_tqc_loss_in_values_and_gradients(critics, q
     # terms, and the same gradient for every parameter, as TQCLoss.forward from the same random draws.
     model = tqc(critics, quantiles, dropped, learn_alpha)
     keys = {"loss_actor", "loss_qvalue", "loss_alpha", "alpha", "entropy"}
-    assert_same_losses_and_gradients(model, model.loss_module, model.loss, transitions(), keys)
+    assert_same_losses_and_gradients(model, model.loss_module, model.loss, racing_transitions(), keys)
 
 
 def test_the_target_keeps_the_lowest_of_the_pooled_quantiles():
     # Written from the definition, one transition at a time: pool the target critics' quantiles at the next action
     # the actor samples, drop the highest dropped x critics, subtract α·log π, discount unless terminated.
-    model, batch = tqc(critics=3, quantiles=4, dropped=1), transitions(8)
+    model, batch = tqc(critics=3, quantiles=4, dropped=1), racing_transitions(8)
     critic, parameters = model.qvalue.module, model.loss_module.target_qvalue_network_params["module"]
     alpha = model.loss_module.log_alpha.exp().item()
     torch.manual_seed(3)
@@ -109,43 +94,13 @@ def test_the_bare_reference_update_computes_the_agents_loss():
     overrides = [*NETS, "--model.init_args.critics.count", "3", "--model.init_args.quantiles", "9"]
     model, data = build([str(CONFIG)], overrides)
     assert isinstance(model, TQC) and model.kept_quantiles == 3 * (9 - 2)
-    step = bare_update(model, data)
-    batch = as_replay_sample(batch_pool(data, data.batch_size)[0])
-    torch.manual_seed(7)  # the next and the current actions are sampled inside the loss
-    expected = sum(value for key, value in model.loss(batch).items() if key.startswith("loss")).detach()
-    torch.manual_seed(7)
-    assert step(0) == pytest.approx(expected.item(), rel=1e-5)
-    torch.manual_seed(7)
-    assert step(len(batch_pool(data, data.batch_size))) != pytest.approx(expected.item(), rel=1e-5)  # it trains
-
-
-def racing_config(root: Path) -> Path:
-    """The shipped TQC config on the racing car, whose state a checkpoint restores exactly (a Gymnasium task's
-    episodes restart on loading), checkpointing at the end only (as tests/agents/test_td3.py runs TD3's)."""
-    config = yaml.safe_load(CONFIG.read_text())
-    config["data"]["init_args"]["env"] = {"class_path": "envs.racing.env.RacingEnv"}
-    config["data"]["init_args"]["num_envs"] = 4
-    config["trainer"]["logger"]["init_args"]["save_dir"] = str(root / "runs")
-    # The checkpoint only: a greedy racing episode at the start and the end of each fit, and the throughput report's
-    # yardstick, were most of the test's time and resume nothing.
-    config["trainer"]["callbacks"] = [
-        {"class_path": "callbacks.schedule.FrameCheckpoint", "init_args": {"every_n_frames": 10**9}}
-    ]
-    root.mkdir(parents=True, exist_ok=True)
-    return write_config(config, root / "tqc_racing.yaml")
+    assert_the_bare_update_computes(model, data)
 
 
 @pytest.mark.slow
 def test_a_resumed_run_ends_with_the_uninterrupted_runs_weights_and_its_policy_exports(tmp_path, capsys):
     # The checkpoint carries the replay buffer, the target critics, log α and Adam's state, and every RNG.
-    half, checkpoint = 20, "runs/gym_pendulum_tqc/version_0/checkpoints/last.ckpt"
-    fit(racing_config(tmp_path / "full"), *NETS, "--trainer.max_steps", str(2 * half))
-    interrupted = racing_config(tmp_path / "half")
-    fit(interrupted, *NETS, "--trainer.max_steps", str(half))
-    first_half = weights(tmp_path / "half" / checkpoint)
-    cli = fit(interrupted, *NETS, "--trainer.max_steps", str(2 * half), "--ckpt_path", "last", *RESEEDED)
-    assert cli.trainer.global_step == 2 * half
-    full, resumed = weights(tmp_path / "full" / checkpoint), weights(tmp_path / "half" / checkpoint)
+    full, first_half, resumed = resumed_on_the_racing_car(CONFIG, tmp_path, 40, *NETS)
     assert full.keys() == resumed.keys() and any("target_qvalue" in key for key in full)
     for key in full:
         assert torch.equal(full[key], resumed[key]), key
@@ -154,7 +109,8 @@ def test_a_resumed_run_ends_with_the_uninterrupted_runs_weights_and_its_policy_e
     # TorchScript, as SAC's export test: `auto` also compiles an AOT Inductor library to time against it
     # (tests/export/test_export.py checks that), a cold compilation of 15-20 s here for the same network code.
     out = tmp_path / "export"
-    args = ("--ckpt_path", str(tmp_path / "half" / checkpoint), "--out", str(out), "--batch-sizes", "8")
+    checkpoint = tmp_path / "half/runs/gym_pendulum_tqc/version_0/checkpoints/last.ckpt"
+    args = ("--ckpt_path", str(checkpoint), "--out", str(out), "--batch-sizes", "8")
     args += ("--backend", "torchscript")
     result = app_in_process(capsys, "export", *args, "--no-benchmark")
     assert result.returncode == 0, result.stderr

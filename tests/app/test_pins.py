@@ -47,6 +47,7 @@ SHORT: dict[str, tuple[int, tuple[str, ...]]] = {
     "gym/cartpole_a2c": (8, ()),
     "gym/pendulum_sac": (8, ()),
     "gym/pendulum_tqc": (8, ()),
+    "gym/pendulum_crossq": (8, ()),
     "gym/pendulum_td3": (8, ("--data.init_args.warmup_frames", "256")),  # the Zoo's 10,000 uniform frames: seconds
     "gym/pendulum_ddpg": (8, ("--data.init_args.warmup_frames", "256")),
     "gym/lunarlander_dqn": (8, ()),

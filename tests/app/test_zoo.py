@@ -26,6 +26,7 @@ SHIPPED = {
     ("td3", "Pendulum-v1"): "configs/gym/pendulum_td3.yaml",
     ("ddpg", "Pendulum-v1"): "configs/gym/pendulum_ddpg.yaml",
     ("tqc", "Pendulum-v1"): "configs/gym/pendulum_tqc.yaml",
+    ("crossq", "Pendulum-v1"): "configs/gym/pendulum_crossq.yaml",
 }
 
 
@@ -117,6 +118,7 @@ SHORT = {
     "td3": ("--data.init_args.warmup_frames", "64"),
     "ddpg": ("--data.init_args.warmup_frames", "64"),
     "tqc": ("--data.init_args.warmup_frames", "64"),
+    "crossq": ("--data.init_args.warmup_frames", "64"),
     "a2c": (),  # a rollout is n_envs x 5 frames already
     "ppo": (
         "--data.init_args.collect_steps",
@@ -164,7 +166,7 @@ def test_every_pair_the_command_maps_builds_and_trains(algo, env_id, tmp_path, c
 
 
 def test_the_coverage_figure_has_every_pair_this_file_trains():
-    assert len(mapped_pairs()) >= 69  # DQN 4, QR-DQN 4, PPO 13, A2C 10, SAC 9, TQC 9, TD3 10, DDPG 10 (2026-11-30)
+    assert len(mapped_pairs()) >= 79  # DQN 4, QR-DQN 4, PPO 13, A2C 10, SAC 9, TQC 9, CrossQ 10, TD3 10, DDPG 10
 
 
 @pytest.mark.parametrize(
@@ -240,7 +242,8 @@ def test_the_coverage_counts_every_pair_and_maps_every_installed_dqn_entry(capsy
     assert rows["qrdqn"]["installed"] == len(rows["qrdqn"]["mapped"]) == 4
     assert {"Pendulum-v1", "HalfCheetah-v4", "BipedalWalker-v3"} <= set(rows["ddpg"]["mapped"])
     assert {"Pendulum-v1", "Hopper-v4", "Humanoid-v4"} <= set(rows["tqc"]["mapped"])
-    mapped = ("dqn", "qrdqn", "ppo", "a2c", "sac", "tqc", "td3", "ddpg")
+    assert {"Pendulum-v1", "BipedalWalker-v3", "HalfCheetah-v4"} <= set(rows["crossq"]["mapped"])
+    mapped = ("dqn", "qrdqn", "ppo", "a2c", "sac", "tqc", "crossq", "td3", "ddpg")
     assert all(row["mapped"] == [] for algo, row in rows.items() if algo not in mapped)
     # Every installed pair not mapped is one line saying why: the refusal `zoo --algo ... --env ...` gives.
     assert all(len(row["mapped"]) + len(row["refused"]) == row["installed"] for row in rows.values() if row["mapped"])
@@ -250,4 +253,4 @@ def test_the_coverage_counts_every_pair_and_maps_every_installed_dqn_entry(capsy
     listed = result.stdout.split("Installed pairs not mapped:\n")[1].splitlines()
     unmapped = sum(len(row["refused"]) + (algo not in MAPPED and row["installed"] > 0) for algo, row in rows.items())
     assert len(listed) == unmapped and f"- {rows['ppo']['refused']['Pendulum-v1']}" in listed
-    assert f"- crossq ({rows['crossq']['installed']} installed): --algo crossq: not mapped yet" in listed
+    assert f"- trpo ({rows['trpo']['installed']} installed): --algo trpo: not mapped yet" in listed
