@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
-from tensordict import TensorDictBase
+import torch.nn.functional as F
+from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 from torch import nn
 from torchrl.data import TensorSpec
@@ -201,11 +202,51 @@ class DQN(RLModule):
         return [*keys, "steps_to_next_obs"] if self.n_steps > 1 else keys
 
     def loss(self, batch: TensorDictBase) -> TensorDictBase:
-        losses = self.loss_module(batch)  # applies the batch's `priority_weight`, when prioritized replay gives one
-        # DQNLoss writes each sample's squared TD error into the batch; |δ| goes back with the losses (a prioritized
-        # replay store's new priorities; a uniform one ignores them).
-        losses["td_error"] = batch["td_error"].detach().sqrt().view(-1)
-        return losses
+        """DQN's loss as TorchRL's ``DQNLoss`` defines it, from the parameters it holds: the squared (or Huber) error of
+        ``Q(s, a)`` to its target (:meth:`predicted_and_target`), averaged — weighted by prioritized replay's
+        importance weights when the batch has them, ``Σ w·ℓ / Σ w`` — and each sample's ``|δ|`` (a prioritized replay
+        store's new priorities; a uniform one ignores them). ``DQNLoss.forward`` returns the same numbers
+        (tests/agents/test_dqn.py), but most of a small network's update went to its TensorDict plumbing."""
+        predicted, target = self.predicted_and_target(batch)
+        if self.loss_module.loss_function == "smooth_l1":
+            per_sample = F.smooth_l1_loss(predicted, target, reduction="none")
+        else:
+            per_sample = F.mse_loss(predicted, target, reduction="none")
+        loss = self.batch_mean(per_sample, batch)
+        return TensorDict({"loss": loss, "td_error": (predicted - target).detach().abs()})
+
+    @staticmethod
+    def batch_mean(per_sample: torch.Tensor, batch: TensorDictBase) -> torch.Tensor:
+        """The mean of ``per_sample`` over the batch; weighted by prioritized replay's importance weights when the
+        batch has them, as TorchRL's losses weigh it: ``Σ w·ℓ / Σ w``."""
+        # A membership test, whose guard the compiled loss keeps: with `batch.get(key, None)` Dynamo lost it, and a
+        # weighted batch replayed the graph of an unweighted one (tests/agents/test_lightning_features.py).
+        if "priority_weight" not in batch.keys():  # noqa: SIM118 (a TensorDict has no `in`)
+            return per_sample.mean()
+        weight = batch["priority_weight"]
+        return (per_sample * weight).sum() / weight.sum()
+
+    def predicted_and_target(self, batch: TensorDictBase) -> tuple[torch.Tensor, torch.Tensor]:
+        """``Q(s, a)`` of each transition and its target, held fixed: ``r + γⁿ (1 − terminated) maxₐ′ Q_target(s′, a′)``
+        (Double DQN: ``Q_target(s′, argmaxₐ′ Q(s′, a′))``; n is the window's length with n-step returns, else 1). The
+        networks run in ``DQNLoss``'s order, so that BatchNorm's statistics move as they do there."""
+        q = self.q_network(batch["observation"])
+        action = batch["action"]
+        predicted = q.gather(-1, action if action.ndim == q.ndim else action.unsqueeze(-1)).squeeze(-1)
+        following = batch["next"]
+        with torch.no_grad():
+            double = self.loss_module.double_dqn
+            next_action = self.q_network(following["observation"]).argmax(-1, keepdim=True) if double else None
+            with self.loss_module.target_value_network_params.to_module(self.loss_module.value_network):
+                next_q = self.q_network(following["observation"])
+            next_value = next_q.max(-1, keepdim=True).values if next_action is None else next_q.gather(-1, next_action)
+            reward, gamma = following["reward"], self.loss_module.value_estimator.gamma
+            steps = batch.get("steps_to_next_obs", None)
+            if steps is not None:  # the window's length: γ raised to it
+                gamma = gamma ** steps.view_as(reward)
+            # TorchRL's td0_return_estimate, to the bit.
+            target = reward + gamma * (~following["terminated"]).int() * next_value
+        return predicted, target.squeeze(-1)
 
     def epsilon(self, frames: int) -> float:
         """Linear annealing from ``eps_start`` to ``eps_end`` over ``eps_frames`` frames."""

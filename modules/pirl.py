@@ -168,24 +168,11 @@ class PhysicsInformedDQN(DQN):
 
     def loss(self, batch: TensorDictBase, collocation: dict[str, torch.Tensor] | None = None) -> TensorDictBase:
         """The DQN error and the physics terms at ``collocation`` (drawn by :meth:`loss_draws` when not given)."""
-        # The DQN error with discount 1: Q(s, a) against r + (1 − terminated) · maxₐ' Q_target(s', a') (Double DQN:
-        # Q_target(s', argmaxₐ' Q(s', a'))). Written out rather than through DQNLoss.forward, which is markedly slower
-        # on this small network (benchmarks/pirl_step.py; docs/results/pirl.md, "One training step"); the target weights
-        # are still DQNLoss's, updated by TorchRL's HardUpdate or SoftUpdate (tests check both losses agree).
-        q = self.q_network(batch["observation"]).gather(-1, batch["action"].unsqueeze(-1)).squeeze(-1)
-        next_observation = batch["next", "observation"]
-        with torch.no_grad():
-            next_action = self.q_network(next_observation).argmax(-1, keepdim=True) if self.double_dqn else None
-            with self.loss_module.target_value_network_params.to_module(self.loss_module.value_network):
-                next_q = self.q_network(next_observation)
-            next_value = next_q.max(-1).values if next_action is None else next_q.gather(-1, next_action).squeeze(-1)
-        # With n-step returns the reward is the window's sum and `next` is n steps on; discount 1 needs no γ^n.
-        not_over = ~batch["next", "terminated"].view(-1)
-        target = batch["next", "reward"].view(-1) + not_over * next_value
-        error = q - target
-        weight = batch.get("priority_weight", None)  # prioritized replay's importance weights
-        # Weighted as TorchRL's DQNLoss weighs its mean: Σ w·δ² / Σ w.
-        dqn_error = error.pow(2).mean() if weight is None else (weight * error.pow(2)).sum() / weight.sum()
+        # DQN's error with discount 1 (gamma 1.0): Q(s, a) against r + (1 − terminated) · maxₐ' Q_target(s', a')
+        # (Double DQN: Q_target(s', argmaxₐ' Q(s', a'))), its mean weighted by prioritized replay's weights.
+        predicted, target = self.predicted_and_target(batch)
+        error = predicted - target
+        dqn_error = self.batch_mean(error.pow(2), batch)
         # Each sample's |δ|, always (a prioritized replay store's new priorities; a uniform one ignores them): nothing
         # after the graph break below (physics_losses) may depend on whether the batch was weighted.
         td_error = error.detach().abs()

@@ -8,7 +8,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 from tensordict.nn import TensorDictSequential
-from torchrl.data import Binary, Categorical, Composite
+from torchrl.data import Binary, Bounded, Categorical, Composite, Unbounded
 
 from modules.dqn import DQN, ExplorationOptions, TargetOptions
 from modules.networks import NetworkOptions
@@ -72,6 +72,72 @@ def test_double_dqn_evaluates_online_argmax_with_target_network():
     batch = transition(obs=[1, 0], action=0, next_obs=[0, 1], reward=0.0, terminated=False)
     # Q(s, 0) = 0; target = 0 + 1 * Q_target(s', argmax_online) = Q_target(s', 1) = 2 (not max_target = 7)
     assert dqn.loss(batch)["loss"].item() == pytest.approx(2.0**2)
+
+
+@pytest.mark.parametrize(
+    ("options", "extra"),
+    [
+        ({"loss_function": "l2"}, {}),
+        ({"loss_function": "smooth_l1", "double_dqn": True}, {}),
+        ({"double_dqn": True, "n_steps": 3}, {"steps_to_next_obs": True}),
+        ({"network": NetworkOptions(kind="batch_norm_cnn")}, {"priority_weight": True}),
+    ],
+    ids=["l2", "huber-double", "n-step", "batch-norm-prioritized"],
+)
+def test_the_update_loss_is_torchrls_dqn_loss_in_values_gradients_statistics_and_priorities(options, extra):
+    # DQN.loss computes DQNLoss's loss from its parameters: the same value and gradients, the same |δ| as DQNLoss's δ²
+    # written into the batch, and (the Mario network) BatchNorm's statistics moved alike, online and target.
+    torch.manual_seed(0)
+    image = options.get("network", NetworkOptions()).kind == "batch_norm_cnn"
+    shape, rows = ((4, 36, 36), 16) if image else ((6,), 64)
+    observation = Unbounded(shape) if not image else Bounded(0, 255, shape, dtype=torch.uint8)
+    network = options.pop("network", NetworkOptions(hidden_sizes=(16,)))
+    model = DQN(Composite(observation=observation), Categorical(5), network=network, gamma=0.9, **options)
+    with torch.no_grad():
+        for value in model.loss_module.target_value_network_params.values(True, True):
+            if value.is_floating_point():
+                value.add_(0.1 * torch.randn_like(value))  # a target network apart from the online one
+    batch = TensorDict(
+        {
+            "observation": observation.rand((rows,)),
+            "action": torch.randint(0, 5, (rows,)),
+            "next": {
+                "observation": observation.rand((rows,)),
+                "reward": torch.randn(rows, 1),
+                "done": torch.rand(rows, 1) < 0.3,
+            },
+        },
+        batch_size=[rows],
+    )
+    batch["next", "terminated"] = batch["next", "done"].clone()
+    if extra.get("steps_to_next_obs"):
+        batch["steps_to_next_obs"] = torch.randint(1, 4, (rows, 1))
+    if extra.get("priority_weight"):
+        batch["priority_weight"] = torch.rand(rows) + 0.5
+    model.train()
+    start = copy.deepcopy(model.state_dict())
+    outcomes = []
+    for loss in (model.loss_module, model.loss):
+        model.load_state_dict(start)
+        model.zero_grad()
+        given = batch.clone()
+        losses = loss(given)
+        losses["loss"].backward()
+        td_error = losses["td_error"] if "td_error" in losses.keys() else given["td_error"].sqrt().view(-1)  # noqa: SIM118
+        gradients = [parameter.grad.clone() for parameter in model.trainable_parameters()]
+        statistics = {key: value.clone() for key, value in model.state_dict().items() if "running" in key}
+        outcomes.append((losses["loss"].detach(), td_error, gradients, statistics))
+    (expected, expected_td, expected_gradients, expected_statistics), (actual, actual_td, gradients, statistics) = (
+        outcomes
+    )
+    assert torch.equal(actual, expected)
+    torch.testing.assert_close(actual_td, expected_td, rtol=1e-6, atol=1e-6)
+    for a, b in zip(gradients, expected_gradients, strict=True):
+        assert torch.equal(a, b)
+    assert statistics.keys() == expected_statistics.keys() and (bool(statistics) == image)
+    for key, value in expected_statistics.items():
+        assert torch.equal(statistics[key], value), key
+    assert any(not torch.equal(value, start[key]) for key, value in statistics.items()) == image
 
 
 def test_epsilon_anneals_linearly_over_frames():

@@ -45,8 +45,9 @@ def test_quick_mode_runs_every_item_from_any_folder_and_writes_both_reports(tmp_
     figures = {name: item["figures"] for name, item in report["items"].items()}
     assert figures["snake_env"]["steps_per_s"]["256"]["torchrl"] > 0
     assert figures["snake_env"]["steps_per_s"]["64"]["compiled_torchrl"] > 0  # --quick compiles at one size
-    for env in ("vehicle", "racing"):  # the compiled step beside the eager one
-        assert figures["vehicle_racing_env"]["steps_per_s"][env]["compiled_torchrl"] > 0, env
+    for env in ("vehicle", "racing"):  # eager: --quick compiles Snake's step only (a cold compilation each)
+        rates = figures["vehicle_racing_env"]["steps_per_s"][env]
+        assert rates["torchrl"] > 0 and not any(name.startswith("compiled_") for name in rates), env
     # benchmarks/env_speed.py --count-ops, as the results page runs it: the eager Snake step reads its masks back to
     # skip idle work (the counter's own test is in tests/app/test_throughput.py); compiled, it reads nothing, runs
     # fewer ATen operations, and is one graph for the step and one for the masked reset, every step.
