@@ -171,6 +171,10 @@ class RLModule(pl.LightningModule):
         """Where the batches come from: all an agent may ask of its data module (:class:`DataSource`)."""
         return self.trainer.datamodule
 
+    #: Whether a compiled update on the CPU runs in Inductor's C++ wrapper (below); an agent whose graphs it cannot
+    #: build sets False.
+    cpp_wrapper = True
+
     def compiled(self, function: Callable) -> Callable:
         """``function`` compiled with the ``compile`` option's mode, or ``function`` itself when compile is off.
 
@@ -189,7 +193,7 @@ class RLModule(pl.LightningModule):
         # The update calls the loss with the same code, modules and flags every time, so the guards on the model are
         # dropped (_batch_guards): a batch of another shape, or with other entries, still recompiles.
         options = {**inductor_mode_options(mode), "guard_filter_fn": _batch_guards}
-        if self.device.type == "cpu":
+        if self.device.type == "cpu" and self.cpp_wrapper:
             # Inductor's default wrapper is Python: between two of the graph's kernels it returns to the interpreter
             # and takes the GIL back, and while a prefetch thread holds the GIL (its collection is mostly Python) the
             # update waits. The C++ wrapper runs the whole graph without the interpreter, which makes the update faster

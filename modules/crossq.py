@@ -84,6 +84,9 @@ class CrossQ(SAC):
     """
 
     target_networks = ()
+    # torch 2.13's Inductor writes a C++ wrapper for the backward of CrossQ's update that does not compile (a
+    # generated variable declared twice, `conflicting declaration 'auto var_1'`); its Python wrapper builds and runs it.
+    cpp_wrapper = False
 
     def __init__(
         self,

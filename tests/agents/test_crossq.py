@@ -22,6 +22,8 @@ from tests.helpers import (
     ROOT,
     app_in_process,
     assert_the_bare_update_computes,
+    fit,
+    on_the_racing_car,
     racing_transitions,
     resumed_on_the_racing_car,
 )
@@ -218,6 +220,25 @@ def test_a_resumed_run_ends_with_the_uninterrupted_runs_weights_and_statistics_a
     result = app_in_process(capsys, "export", *args, "--backend", "torchscript", "--no-benchmark")
     assert result.returncode == 0, result.stderr
     assert any(out.iterdir())
+
+
+@pytest.mark.slow
+def test_the_compiled_update_trains_as_the_eager_one(tmp_path):
+    # compile: true, as `lightrl zoo` writes it for the Zoo's long CrossQ runs (the MuJoCo tasks'), on the shipped
+    # config: the same weights and statistics as the eager update's after its first updates, to compilation's rounding.
+    states = []
+    for compile_option in ("false", "true"):
+        cli = fit(
+            on_the_racing_car(CONFIG, tmp_path / compile_option), *NETS, "--trainer.max_steps", "12",
+            "--model.init_args.compile", compile_option, "--trainer.callbacks", "[]",
+        )  # fmt: skip
+        assert cli.model.global_step == 12
+        compiled_loss = getattr(cli.model._compiled_critic_loss, "_torchdynamo_orig_callable", None)
+        assert (compiled_loss is not None) == (compile_option == "true")
+        states.append(cli.model.state_dict())
+    eager, compiled = states
+    for key, value in eager.items():
+        torch.testing.assert_close(compiled[key], value, rtol=1e-3, atol=1e-4, msg=key)
 
 
 @pytest.mark.parametrize(
