@@ -9,9 +9,10 @@ run, no host read.
 
 Not TorchRL's ``BatchRenorm1d``: its warm-up factor, ``num_batches_tracked // warmup_steps``, keeps growing past 1
 (its ``clamp_max`` result is discarded), so after twice the warm-up it doubles ``r − 1`` and ``d``; and it differs
-from SB3 contrib's in ``eps`` and in how the correction enters. This one computes SB3 contrib's numbers to the bit
-(``tests/agents/test_crossq.py``), the comparison's partner, with one difference: a feature constant over a batch (a
-dead ReLU's) sends a NaN gradient back through SB3 contrib's correction once it renormalises, and a finite one here.
+from SB3 contrib's in ``eps`` and in how the correction enters. This one computes SB3 contrib's outputs and statistics
+to the bit and its gradients to within 1e-6 (``tests/agents/test_crossq.py``), the comparison's partner, with one
+difference: a feature constant over a batch (a dead ReLU's) sends a NaN gradient back through SB3 contrib's
+correction once it renormalises, and a finite one here.
 """
 
 from __future__ import annotations
