@@ -15,6 +15,7 @@ import copy
 import math
 import time
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -390,6 +391,43 @@ def reference_tqc_update(model: Any, data: Any) -> Callable[[int], torch.Tensor]
     return reference_soft_actor_critic_update(model, data, truncated, critic_loss, mean_quantile)
 
 
+def soft_actor_critic_copies(model: Any, device: torch.device, targets: bool = False) -> SimpleNamespace:
+    """What a bare update of SAC's family starts from, copied off the agent onto ``device``: its actor network
+    (``observation → (location, scale)``), each critic of the loss module as a plain module (and, with ``targets``,
+    each target critic, frozen), log α (a parameter where α is learned), the parameters and the agent's optimizer over
+    them, γ, the target entropy and the action box's centre and half-range."""
+    actor = copy.deepcopy(model.actor.module[0].module).to(device)
+    critics, target_critics = [], []
+    names = [(critics, "qvalue_network_params")] + (
+        [(target_critics, "target_qvalue_network_params")] if targets else []
+    )
+    for index in range(model.loss_module.num_qvalue_nets):  # the loss module's own critics (and targets), as modules
+        for copies, name in names:
+            module = copy.deepcopy(model.qvalue).to(device)
+            state = getattr(model.loss_module, name).detach()[index].flatten_keys(".")
+            module.load_state_dict({key: value.clone() for key, value in state.items()})
+            copies.append(module.module)
+    for target in target_critics:
+        target.requires_grad_(False)
+    learned = isinstance(model.loss_module.log_alpha, nn.Parameter)  # else a fixed α (learn_alpha false)
+    log_alpha = model.loss_module.log_alpha.detach().to(device).clone().requires_grad_(learned)
+    parameters = [*actor.parameters(), *(p for critic in critics for p in critic.parameters())]
+    parameters += [log_alpha] if learned else []
+    space = model.action_spec.space
+    return SimpleNamespace(
+        actor=actor,
+        critics=critics,
+        targets=target_critics,
+        log_alpha=log_alpha,
+        parameters=parameters,
+        optimizer=make_optimizer(parameters, model),
+        gamma=float(model.loss_module.value_estimator.gamma),
+        target_entropy=float(model.loss_module.target_entropy),
+        centre=((space.high + space.low).float() / 2).to(device),
+        half_range=((space.high - space.low).float() / 2).to(device),
+    )
+
+
 def reference_soft_actor_critic_update(
     model: Any,
     data: Any,
@@ -404,28 +442,10 @@ def reference_soft_actor_critic_update(
     (tanh's and the action box's Jacobians), the critics run one after the other rather than batched. Same weights,
     same batches and the same random draws in the same order as the agent's loss."""
     device = data.device
-    actor = copy.deepcopy(model.actor.module[0].module).to(device)  # observation -> (location, scale)
-    critics, targets = [], []
-    for index in range(model.loss_module.num_qvalue_nets):  # the loss module's own critics and targets, as modules
-        for copies, name in ((critics, "qvalue_network_params"), (targets, "target_qvalue_network_params")):
-            module = copy.deepcopy(model.qvalue).to(device)
-            state = getattr(model.loss_module, name).detach()[index].flatten_keys(".")
-            module.load_state_dict({key: value.clone() for key, value in state.items()})
-            copies.append(module.module)
-    for target in targets:
-        target.requires_grad_(False)
-    learned = isinstance(model.loss_module.log_alpha, nn.Parameter)  # else a fixed α (learn_alpha false)
-    log_alpha = model.loss_module.log_alpha.detach().to(device).clone().requires_grad_(learned)
-    parameters = [*actor.parameters(), *(p for critic in critics for p in critic.parameters())]
-    parameters += [log_alpha] if learned else []
-    optimizer = make_optimizer(parameters, model)
-    gamma, tau = float(model.loss_module.value_estimator.gamma), model.tau
-    target_entropy = float(model.loss_module.target_entropy)
-    space = model.action_spec.space
-    centre, half_range = (
-        ((space.high + space.low).float() / 2).to(device),
-        ((space.high - space.low).float() / 2).to(device),
-    )
+    copies = soft_actor_critic_copies(model, device, targets=True)
+    actor, critics, targets, log_alpha = copies.actor, copies.critics, copies.targets, copies.log_alpha
+    parameters, optimizer, tau = copies.parameters, copies.optimizer, model.tau
+    gamma, target_entropy, centre, half_range = copies.gamma, copies.target_entropy, copies.centre, copies.half_range
     target_pairs = (
         [p.data for target in targets for p in target.parameters()],
         [p.data for critic in critics for p in critic.parameters()],
@@ -473,26 +493,10 @@ def reference_crossq_update(model: Any, data: Any) -> Callable[[int], torch.Tens
     loss; backward, clip and fused Adam. No target networks. Plain modules switched between training and evaluation
     mode, the critics one after the other rather than batched. Same weights, statistics, batches and random draws in
     the same order as the agent's loss."""
-    device = data.device
-    actor = copy.deepcopy(model.actor.module[0].module).to(device)  # observation -> (location, scale)
-    critics = []
-    for index in range(model.loss_module.num_qvalue_nets):  # the loss module's own critics, as modules
-        module = copy.deepcopy(model.qvalue).to(device)
-        state = model.loss_module.qvalue_network_params.detach()[index].flatten_keys(".")
-        module.load_state_dict({key: value.clone() for key, value in state.items()})
-        critics.append(module.module)
-    learned = isinstance(model.loss_module.log_alpha, nn.Parameter)
-    log_alpha = model.loss_module.log_alpha.detach().to(device).clone().requires_grad_(learned)
-    parameters = [*actor.parameters(), *(p for critic in critics for p in critic.parameters())]
-    parameters += [log_alpha] if learned else []
-    optimizer = make_optimizer(parameters, model)
-    gamma, delay = float(model.loss_module.value_estimator.gamma), model.policy_delay
-    target_entropy = float(model.loss_module.target_entropy)
-    space = model.action_spec.space
-    centre, half_range = (
-        ((space.high + space.low).float() / 2).to(device),
-        ((space.high - space.low).float() / 2).to(device),
-    )
+    copies = soft_actor_critic_copies(model, data.device)
+    actor, critics, log_alpha = copies.actor, copies.critics, copies.log_alpha
+    parameters, optimizer, delay = copies.parameters, copies.optimizer, model.policy_delay
+    gamma, target_entropy, centre, half_range = copies.gamma, copies.target_entropy, copies.centre, copies.half_range
     batches = batch_pool(data, data.batch_size)
 
     def sample(observation: torch.Tensor, training: bool) -> tuple[torch.Tensor, torch.Tensor]:

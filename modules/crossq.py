@@ -196,13 +196,4 @@ class CrossQ(SAC):
         new_action, log_prob = self.sample(observation, training=True)
         critics = crossq.qvalue_network_params["module"].detach()
         q = critic.ensemble(critics, observation, new_action).amin(0)  # the actor's gradient only
-        return TensorDict(
-            {
-                "loss_actor": (alpha * log_prob - q).mean(),
-                "loss_qvalue": loss_qvalue,
-                "loss_alpha": -(crossq.log_alpha * (log_prob.detach() + crossq.target_entropy)).mean(),
-                "alpha": alpha,
-                "entropy": -log_prob.detach().mean(),
-            },
-            batch_size=[],
-        )
+        return self.soft_losses(loss_qvalue, log_prob, q, alpha)

@@ -416,11 +416,20 @@ class SAC(RLModule):
         loss_qvalue = (critic.ensemble(critics, observation, action) - target).pow(2).sum(0).mean()
         new_action, log_prob = self.sample(observation)
         q = critic.ensemble(critics.detach(), observation, new_action).amin(0)  # the actor's gradient only
+        return self.soft_losses(loss_qvalue, log_prob, q, alpha)
+
+    def soft_losses(
+        self, loss_qvalue: torch.Tensor, log_prob: torch.Tensor, q: torch.Tensor, alpha: torch.Tensor
+    ) -> TensorDictBase:
+        """The loss terms of SAC's family from the critics' loss, the log-probability of each fresh action and the
+        value ``q`` the actor climbs there: the actor's ``α·log π − q``, α's loss towards the target entropy, α and
+        the entropy."""
+        log_alpha = self.loss_module.log_alpha
         return TensorDict(
             {
                 "loss_actor": (alpha * log_prob - q).mean(),
                 "loss_qvalue": loss_qvalue,
-                "loss_alpha": -(sac.log_alpha * (log_prob.detach() + sac.target_entropy)).mean(),
+                "loss_alpha": -(log_alpha * (log_prob.detach() + self.loss_module.target_entropy)).mean(),
                 "alpha": alpha,
                 "entropy": -log_prob.detach().mean(),
             },

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from tensordict import TensorDict, TensorDictBase
+from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModule
 from torchrl.data import TensorSpec
 from torchrl.objectives import TQCLoss
@@ -114,13 +114,4 @@ class TQC(SAC):
         new_action, log_prob = self.sample(observation)
         # The actor's gradient only: the mean of every critic's quantiles, the critics held fixed.
         q = critic.ensemble_outputs(critics.detach(), observation, new_action).mean((0, -1))
-        return TensorDict(
-            {
-                "loss_actor": (alpha * log_prob - q).mean(),
-                "loss_qvalue": loss_qvalue,
-                "loss_alpha": -(loss_module.log_alpha * (log_prob.detach() + loss_module.target_entropy)).mean(),
-                "alpha": alpha,
-                "entropy": -log_prob.detach().mean(),
-            },
-            batch_size=[],
-        )
+        return self.soft_losses(loss_qvalue, log_prob, q, alpha)
