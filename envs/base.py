@@ -69,8 +69,9 @@ class BatchedEnv(FastStepAndMaybeReset, EnvBase):
 
     A subclass calls ``super().__init__(batch_size=torch.Size([num_envs]), device=device)``, then sets its
     observation, action and reward specs; it overrides the class attributes below that it has. One whose ``_step``
-    and ``_reset`` are tensor arithmetic with fixed shapes offers the option ``compile_step`` (passed on here): both
-    compiled into one graph each. Its step then skips work only where :attr:`skips_idle_work` holds.
+    and ``_reset`` are tensor arithmetic with fixed shapes offers the option ``compile_step`` (passed on here): the step and
+    the masked reset of finished rows compiled into one graph each (the whole batch's first reset, which runs once,
+    stays eager). Its step then skips work only where :attr:`skips_idle_work` holds.
     """
 
     #: per-step entries (``[*batch, 1]``, 0 except where an episode ends, so an episode's sum is its value) that the
@@ -112,7 +113,16 @@ class BatchedEnv(FastStepAndMaybeReset, EnvBase):
             # few fused kernels and a CUDA graph can capture it. TorchRL's ``compile=`` compiles its own bookkeeping
             # around the step as well, which is not needed for this.
             self._step = torch.compile(self._step, fullgraph=True)
-            self._reset = torch.compile(self._reset, fullgraph=True)
+            eager_reset, masked_reset = self._reset, torch.compile(self._reset, fullgraph=True)
+
+            def _reset(tensordict: TensorDictBase | None = None, **kwargs: Any) -> TensorDictBase:
+                # Only the masked reset of finished rows runs every step; the whole batch's first reset runs once, and
+                # compiling it would cost a compilation of its own (seconds) for nothing.
+                if tensordict is None or "_reset" not in tensordict.keys():  # noqa: SIM118 (a TensorDict has no `in`)
+                    return eager_reset(tensordict, **kwargs)
+                return masked_reset(tensordict, **kwargs)
+
+            self._reset = _reset
 
     def init_kwargs(self) -> dict[str, Any]:
         """The constructor's options (all but ``num_envs``, ``seed`` and ``device``), defaults included: what rebuilds

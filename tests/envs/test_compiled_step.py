@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch._dynamo.utils import counters
 
 from envs.racing.env import RacingEnv
 from envs.safety.toy import ToyEnv
@@ -46,6 +47,7 @@ def random_actions(env, steps: int) -> list[torch.Tensor]:
 @pytest.mark.parametrize("case", list(CASES))
 def test_the_compiled_step_plays_what_the_eager_step_plays(case):
     cls, options = CASES[case]
+    graphs_before = counters["stats"]["unique_graphs"]
     eager, compiled = (cls(num_envs=32, seed=5, compile_step=flag, **options) for flag in (False, True))
     assert eager.skips_idle_work and not compiled.skips_idle_work
     exact = cls is SnakeEnv  # integer rules; the float dynamics are fused by the compiler, so equal up to rounding
@@ -65,6 +67,8 @@ def test_the_compiled_step_plays_what_the_eager_step_plays(case):
                 torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-3)
         resets += int(outputs[0]["next", "done"].sum())
     assert resets > 0  # the masked reset ran where rows finished
+    # Two graphs, the step's and the masked reset's: the whole batch's first reset runs once, and stays eager.
+    assert counters["stats"]["unique_graphs"] - graphs_before == 2
     for name, a in eager.state_dict().items():
         b = compiled.state_dict()[name]
         if cls is SnakeEnv and name in ("board", "trail"):  # the last column is a write-only scratch slot
