@@ -114,7 +114,9 @@ def framework_free_update(model: Any, data: Any) -> Callable[[int], torch.Tensor
     update (:func:`bare_update`): what the framework's update step costs before the loop around it.
 
     It trains ``model`` itself (a copy would not do: the TorchRL loss holds the parameters PIRL's loss reads from its
-    network, and a deep copy separates the two), so pass a model built for the measurement.
+    network, and a deep copy separates the two), so pass a model built for the measurement. An agent whose actor
+    trains on some updates only (``updates_actor``: TD3's and CrossQ's ``policy_delay``) keeps its rhythm here: the
+    other updates compute the critics' loss alone, and TD3's targets move on the actor's updates only.
     """
     if data.declared.physics is not None:
         model.physics = data.declared.physics  # what PIRL's setup takes from the data module
@@ -124,14 +126,18 @@ def framework_free_update(model: Any, data: Any) -> Callable[[int], torch.Tensor
     optimizer = make_optimizer(model.trainable_parameters(), model)
     optimizer_step = FusedAdamStep(optimizer, model.optim.max_grad_norm)
     batches = [as_replay_sample(batch) for batch in batch_pool(data, data.batch_size)]
+    updates_actor = getattr(model, "updates_actor", lambda update: True)
+    critic_loss = model.compiled(model.critic_loss) if hasattr(model, "updates_actor") else None
+    hard_copies = getattr(model, "target", None) is not None and model.target.update == "hard"  # DQN's option
 
     def step(i: int) -> torch.Tensor:
         batch = batches[i % len(batches)]
-        total = sum(value for key, value in loss(batch, **loss_inputs(batch)).items() if key.startswith("loss"))
+        with_actor = updates_actor(i)
+        losses = loss(batch, **loss_inputs(batch)) if with_actor else critic_loss(batch)
+        total = sum(value for key, value in losses.items() if key.startswith("loss"))
         total.backward()
         optimizer_step()
-        hard_copies = getattr(model, "target", None) is not None and model.target.update == "hard"  # DQN's option
-        if model.target_networks and not hard_copies:
+        if model.target_networks and not hard_copies and with_actor:
             model.soft_update()
         return total.detach()
 
@@ -486,16 +492,17 @@ def reference_soft_actor_critic_update(
 
 
 def reference_crossq_update(model: Any, data: Any) -> Callable[[int], torch.Tensor]:
-    """CrossQ written out: the actor's next action with its running statistics; the current and next pairs through
-    each critic in one training-mode batch, the target from the second half (the critics' minimum less α·log π,
-    discounted unless terminated, detached); each critic's squared error to it and, every ``policy_delay``-th update,
-    the actor's ``α·log π − min Q`` (the actor in training mode, the critics detached in evaluation mode) and α's
-    loss; backward, clip and fused Adam. No target networks. Plain modules switched between training and evaluation
-    mode, the critics one after the other rather than batched. Same weights, statistics, batches and random draws in
-    the same order as the agent's loss."""
+    """CrossQ written out: the actor's next action with its running statistics; the current and next pairs through each
+    critic in one training-mode batch, the target from the second half (the critics' minimum less α·log π,
+    discounted unless terminated, detached); each critic's squared error to it and, every ``policy_delay``-th update
+    once ``actor.warmup_updates`` have passed, the actor's ``α·log π − min Q`` (the actor in training mode, the
+    critics detached in evaluation mode) and α's loss; backward, clip and fused Adam. No target networks. Plain
+    modules switched between training and evaluation mode, the critics one after the other rather than batched. Same
+    weights, statistics, batches and random draws in the same order as the agent's loss."""
     copies = soft_actor_critic_copies(model, data.device)
     actor, critics, log_alpha = copies.actor, copies.critics, copies.log_alpha
     parameters, optimizer, delay = copies.parameters, copies.optimizer, model.policy_delay
+    warmup = model.actor_warmup_updates
     gamma, target_entropy, centre, half_range = copies.gamma, copies.target_entropy, copies.centre, copies.half_range
     batches = batch_pool(data, data.batch_size)
 
@@ -515,7 +522,7 @@ def reference_crossq_update(model: Any, data: Any) -> Callable[[int], torch.Tens
             next_q = torch.stack([value[1] for value in values]).amin(0)
             y = batch["reward"] + gamma * (~batch["terminated"]) * (next_q - alpha * next_log_prob)
         loss = sum((value[0] - y).pow(2).mean() for value in values)
-        if (i + 1) % delay == 0:
+        if (i + 1) % delay == 0 and i >= warmup:
             action, log_prob = sample(batch["observation"], training=True)
             detached = [{k: v.detach() for k, v in c.named_parameters()} for c in critics]
             q = torch.stack(

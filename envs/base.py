@@ -69,9 +69,9 @@ class BatchedEnv(FastStepAndMaybeReset, EnvBase):
 
     A subclass calls ``super().__init__(batch_size=torch.Size([num_envs]), device=device)``, then sets its
     observation, action and reward specs; it overrides the class attributes below that it has. One whose ``_step``
-    and ``_reset`` are tensor arithmetic with fixed shapes offers the option ``compile_step`` (passed on here): the step and
-    the masked reset of finished rows compiled into one graph each (the whole batch's first reset, which runs once,
-    stays eager). Its step then skips work only where :attr:`skips_idle_work` holds.
+    and ``_reset`` are tensor arithmetic with fixed shapes offers the option ``compile_step`` (passed on here): the
+    step and the masked reset of finished rows compiled into one graph each (the whole batch's first reset, which
+    runs once, stays eager). Its step then skips work only where :attr:`skips_idle_work` holds.
     """
 
     #: per-step entries (``[*batch, 1]``, 0 except where an episode ends, so an episode's sum is its value) that the

@@ -140,13 +140,17 @@ class CrossQ(SAC):
         """One CrossQ update: the critics' loss and, every ``policy_delay``-th update (after ``actor.warmup_updates``),
         the actor's and α's; their backward, gradient clip and Adam step. On the others the actor and α get no
         gradient, and Adam leaves them alone."""
-        # From the restored update counter, so a resumed run keeps the same rhythm (Stable-Baselines3: its 3rd, 6th, …).
-        step = self.global_step
-        delayed = (step + 1) % self.policy_delay == 0 and step >= self.actor_warmup_updates
+        # From the restored update counter, so a resumed run keeps the same rhythm.
+        delayed = self.updates_actor(self.global_step)
         loss, losses, _ = self.loss_backward(batches, loss=None if delayed else self._compiled_critic_loss)
         self.optimizer_step()
         self.datamodule.after_update(None)
         return loss, losses
+
+    def updates_actor(self, update: int) -> bool:
+        """Whether update ``update`` (counted from 0) trains the actor and α: every ``policy_delay``-th (sb3-contrib:
+        its 3rd, 6th, …) once ``actor.warmup_updates`` have passed; the others train the critics alone."""
+        return (update + 1) % self.policy_delay == 0 and update >= self.actor_warmup_updates
 
     def sample(self, observation: torch.Tensor, training: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """A reparametrised action of the actor's tanh-Gaussian for each observation, and its log-probability;

@@ -204,14 +204,19 @@ class TD3(RLModule):
         """One TD3 update: the critics' loss and, every ``policy_delay``-th update, the actor's, their backward,
         gradient clip and Adam step, then on those updates the Polyak step of the target actor and critics. On the
         others only the critics' loss is computed: the actor gets no gradient, and Adam leaves it alone."""
-        # From the restored update counter, so a resumed run keeps the same rhythm (Stable-Baselines3: its 2nd, 4th, …).
-        delayed = (self.global_step + 1) % self.policy_delay == 0
+        # From the restored update counter, so a resumed run keeps the same rhythm.
+        delayed = self.updates_actor(self.global_step)
         loss, losses, _ = self.loss_backward(batches, loss=None if delayed else self._compiled_critic_loss)
         self.optimizer_step()
         if delayed:
             self.soft_update()
         self.datamodule.after_update(None)
         return loss, losses
+
+    def updates_actor(self, update: int) -> bool:
+        """Whether update ``update`` (counted from 0) trains the actor and moves the targets: every ``policy_delay``-th
+        (Stable-Baselines3: its 2nd, 4th, …); the others train the critics alone (:meth:`critic_loss`)."""
+        return (update + 1) % self.policy_delay == 0
 
     def loss(self, batch: TensorDictBase) -> TensorDictBase:
         """TD3's losses as TorchRL's ``TD3Loss`` defines them, from the parameters it holds: the actor's

@@ -64,6 +64,30 @@ def test_framework_free_update_is_the_agents_update_step(config):
     assert not any(torch.equal(a, b) for a, b in zip(before, model.trainable_parameters(), strict=True))
 
 
+def test_framework_free_td3_update_trains_the_actor_on_its_rhythm_only():
+    # The bare TD3 update trains the actor and moves the targets every policy_delay-th update: the agent's own update
+    # timed against it (update_cost.py --arithmetic) must do the same, or it times more arithmetic than the bare one.
+    overrides = [*SMALL, "--data.init_args.batch_size", "64", "--model.init_args.compile", "false"]
+    model, data = build([str(ROOT / "configs/gym/pendulum_td3.yaml")], overrides)
+    assert model.policy_delay == 2 and [model.updates_actor(i) for i in range(4)] == [False, True, False, True]
+    step = framework_free_update(model, data)
+    pool = batch_pool(data, data.batch_size)
+    actor = [p.detach().clone() for p in model.loss_module.actor_network_params.values(True, True)]
+    targets = [p.detach().clone() for p in model.loss_module.target_qvalue_network_params.values(True, True)]
+
+    def unchanged(before, params) -> bool:
+        return all(torch.equal(a, b) for a, b in zip(before, params.values(True, True), strict=True))
+
+    for i, with_actor in enumerate([False, True]):
+        batch = as_replay_sample(pool[i])
+        torch.manual_seed(i)  # the target policy's noise
+        expected = total(model.loss(batch) if with_actor else model.critic_loss(batch)).item()
+        torch.manual_seed(i)
+        assert step(i) == pytest.approx(expected, rel=1e-5)
+        assert unchanged(actor, model.loss_module.actor_network_params) is not with_actor
+        assert unchanged(targets, model.loss_module.target_qvalue_network_params) is not with_actor
+
+
 @pytest.mark.parametrize(("critics", "learn_alpha"), [(2, "true"), (3, "true"), (2, "false")])
 def test_bare_sac_update_computes_the_agents_loss(critics, learn_alpha):
     # With more critics than the twin pair, TorchRL's loss and the written-out one both take the minimum over all; with
