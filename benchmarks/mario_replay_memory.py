@@ -12,6 +12,10 @@ sample (one per transition plus one per episode start) and the bytes the same 50
 Then the buffer's checkpoint, as ``FrameCheckpoint`` writes it: the folder beside the checkpoint (memory-mapped
 storage and frame ring, flushed to disk, renamed into place) with its size and write time, the time to load it into a
 fresh data module (checked equal), and, for comparison, the same buffer pickled inline with ``torch.save``.
+
+The played steps are written in batches of 16 steps of the 4 emulators, as a worker delivers them, and the writes are
+timed: milliseconds per transition of the learner's buffer write (the frame store's bookkeeping on the host and the
+storage's write), on 1 torch thread.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from checkpoints.files import write_folder_atomically  # noqa: E402
 from compat.torchrl import storage_contents  # noqa: E402
 
 MIB = 2**20
+BATCH_STEPS = 16  # steps of each emulator per written batch: a worker's batch of the shipped config (collect_steps)
 
 
 def main() -> None:
@@ -46,11 +51,16 @@ def main() -> None:
     data.setup("fit")
     data.batch_keys = model.batch_keys()
     env = data.make_env(4, seed=0)
-    td, start = env.reset(), time.perf_counter()
-    for _ in range(args.steps):
+    td, start, storing, steps = env.reset(), time.perf_counter(), 0.0, []
+    for step in range(args.steps):
         td["action"] = env.action_spec.rand()
         out, td = env.step_and_maybe_reset(td)
-        data.store(out.unsqueeze(1))  # [envs, 1 step], as a collector batch
+        steps.append(out)
+        if len(steps) == BATCH_STEPS or step == args.steps - 1:
+            batch = torch.stack(steps, 1)  # [envs, steps], as a worker's batch
+            steps, started = [], time.perf_counter()
+            data.store(batch)
+            storing += time.perf_counter() - started
     played = time.perf_counter() - start
     storage = storage_contents(data.buffer.storage)
     store = data.frame_store  # the buffer's transform
@@ -73,6 +83,8 @@ def main() -> None:
         "total_MiB": (entries + ring) / MIB,
         "whole_stacks_MiB": (stacks + entries - slots * 2 * 8 * 8) / MIB,  # the frame ids' 128 bytes become stacks
         "seconds_played": played,
+        # The learner's write of the played batches: the frame store's bookkeeping on the host, then the storage.
+        "store_ms_per_transition": storing / transitions * 1e3,
     }
     result.update(checkpoint_costs(data))
     for key, value in result.items():
@@ -92,12 +104,13 @@ def checkpoint_costs(data) -> dict:
         start = time.perf_counter()
         fresh._load_buffer(folder)
         loaded = time.perf_counter() - start
-        same = len(fresh.buffer) == len(data.buffer) and all(
+        stored = len(data.buffer)  # the slots past it were never written: whatever memory they were allocated with
+        same = len(fresh.buffer) == stored and all(
             torch.equal(a, b)
             for a, b in [
                 (
-                    storage_contents(fresh.buffer.storage)["frame_ids"],
-                    storage_contents(data.buffer.storage)["frame_ids"],
+                    storage_contents(fresh.buffer.storage)["frame_ids"][:stored],
+                    storage_contents(data.buffer.storage)["frame_ids"][:stored],
                 ),
                 (fresh.frame_store.frames, data.frame_store.frames),
                 (fresh.buffer.sampler._priority, data.buffer.sampler._priority),
