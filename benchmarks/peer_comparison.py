@@ -7,8 +7,8 @@ environment frames, ``eval_episodes`` greedy (deterministic) episodes, one on ea
 which every evaluation resets from the same seeds (lightrl's: the run's seed + 1,000,003 + i), so both frameworks face
 the same starting states, the same at every evaluation. A run stops at the first evaluation whose mean return reaches
 the task's threshold, or at the RL Zoo's step budget. Tasks without a threshold (HalfCheetah, Breakout: budgets for a
-GPU machine) are short runs: each run trains for ``--seconds`` and the report sets their frames/s and returns beside
-the random policy's.
+GPU machine) are short runs: each run trains for ``--seconds``, is evaluated once more where its time ran out, and
+the report sets their frames/s and returns beside the random policy's.
 
 Written to ``--out``: ``peers.json`` (every evaluation of every run: frames, wall seconds, mean return),
 ``peers.md`` (per task: time and frames to the threshold, the return both reached at equal frames and at equal wall
@@ -514,6 +514,7 @@ def sb3_run(task_name: str, seed: int, csv_path: Path, episodes: int, threads: i
         EvalCallback,
         StopTrainingOnRewardThreshold,
     )
+    from stable_baselines3.common.evaluation import evaluate_policy
 
     torch.set_num_threads(threads)
     task = task_of(task_name)
@@ -544,6 +545,13 @@ def sb3_run(task_name: str, seed: int, csv_path: Path, episodes: int, threads: i
     first_evaluation_seed = evaluation_seed(seed)
     start = time.perf_counter()
 
+    def record(frames: int, mean_return: float) -> None:
+        rows.append({"frames": frames, "seconds": time.perf_counter() - start, "return": mean_return})
+        with open(csv_path, "w", newline="") as file:
+            writer = csv.DictWriter(file, fieldnames=["frames", "seconds", "return"])
+            writer.writeheader()
+            writer.writerows(rows)
+
     class Recorder(EvalCallback):
         def _on_step(self) -> bool:
             if self.eval_freq > 0 and self.n_calls % self.eval_freq == 0:  # EvalCallback evaluates at this step
@@ -551,24 +559,21 @@ def sb3_run(task_name: str, seed: int, csv_path: Path, episodes: int, threads: i
             evaluations = len(self.evaluations_results)
             keep_going = super()._on_step()
             if len(self.evaluations_results) > evaluations:
-                rows.append(
-                    {
-                        "frames": self.num_timesteps,
-                        "seconds": time.perf_counter() - start,
-                        "return": self.last_mean_reward,
-                    }
-                )
-                with open(csv_path, "w", newline="") as file:
-                    writer = csv.DictWriter(file, fieldnames=["frames", "seconds", "return"])
-                    writer.writeheader()
-                    writer.writerows(rows)
+                record(self.num_timesteps, self.last_mean_reward)
             return keep_going
 
     class StopAfter(BaseCallback):
-        """A short run's stop: ``seconds`` after the start of training, as lightrl's ``max_time``."""
+        """A short run's stop: ``seconds`` after the start of training, as lightrl's ``max_time``, with an evaluation
+        there, as lightrl's at the end of fit: a run on a busy machine that stops before its first periodic
+        evaluation still has its return at the time it was given."""
 
         def _on_step(self) -> bool:
-            return time.perf_counter() - start < seconds
+            if time.perf_counter() - start < seconds:
+                return True
+            recorder.eval_env.seed(first_evaluation_seed)
+            mean_return, _ = evaluate_policy(self.model, recorder.eval_env, episodes, deterministic=True)
+            record(self.num_timesteps, float(mean_return))
+            return False
 
     short = task.threshold is None
     stop = None if short else StopTrainingOnRewardThreshold(reward_threshold=task.threshold, verbose=0)

@@ -4,6 +4,7 @@ lightrl's time went, read from each run's evaluations and throughput report."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 
 import pytest
@@ -148,6 +149,10 @@ def test_a_zoo_pair_runs_both_frameworks_and_reports_them(tmp_path):
     lightrl, sb3 = (line for line in report.splitlines() if line.startswith("| CartPole-v1 (ppo:CartPole-v1:none)"))
     assert "| lightrl | short run |" in lightrl and "| sb3 | short run |" in sb3
     assert (out / "configs" / "ppo_CartPole-v1_none.yaml").is_file() and (out / "peers.png").stat().st_size > 0
+    # Each side's last evaluation is the one where its time ran out (lightrl's at the end of fit, SB3's at its stop),
+    # however few periodic evaluations a busy machine let it reach before.
+    runs = json.loads((out / "peers.json").read_text())["tasks"]["ppo:CartPole-v1:none"]
+    assert all(run["curve"][-1]["seconds"] >= 3 for name in ("lightrl", "sb3") for run in runs[name])
 
 
 @pytest.mark.parametrize(

@@ -13,8 +13,9 @@ moved (the docs/results/ pages name each curve's command) and say in the commit 
 
     LIGHTRL_UPDATE_PINS=1 python -m pytest -n logical tests/app/test_pins.py tests/app/test_metta.py
 
-The comparison allows a relative 1e-4: far below what any change of the trajectory moves (a different draw, an
-update one step earlier), so that a processor with other vector units does not fail it.
+The comparison allows a relative 1e-3: far below what any change of the trajectory moves (a different draw, an
+update one step earlier), so that a processor with other vector units does not fail it (Pendulum CrossQ's evaluation
+after eight updates lands 1.3e-4 apart on two x86 machines with the same packages, 2026-11-30).
 """
 
 from __future__ import annotations
@@ -139,8 +140,8 @@ def evaluations(run_dir: Path) -> dict[str, dict[str, float]]:
 
 
 def same(value: float, pinned: float) -> bool:
-    """Equal within a relative 1e-4; NaN (a lap time with no lap completed) equals NaN."""
-    return (math.isnan(value) and math.isnan(pinned)) or math.isclose(value, pinned, rel_tol=1e-4, abs_tol=1e-6)
+    """Equal within a relative 1e-3; NaN (a lap time with no lap completed) equals NaN."""
+    return (math.isnan(value) and math.isnan(pinned)) or math.isclose(value, pinned, rel_tol=1e-3, abs_tol=1e-6)
 
 
 def assert_pinned(name: str, run_dir: Path) -> None:

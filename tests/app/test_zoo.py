@@ -145,11 +145,13 @@ def test_every_pair_the_command_maps_builds_and_trains(algo, env_id, tmp_path, c
     monkeypatch.chdir(tmp_path)
     result = app_in_process(capsys, "zoo", "--algo", algo, "--env", env_id, "--out", "zoo.yaml")
     assert result.returncode == 0, result.stderr
-    # The evaluations (at the start and the end) play one episode, not the config's 16: a MuJoCo task's 16 greedy
-    # episodes of 1,000 steps were most of a pair's time, and the mapping writes the same callback for every pair.
+    # The evaluations (at the start and the end) play one episode, not the config's 16, of at most 64 steps (through
+    # Gymnasium's own time limit): a MuJoCo task's greedy and random episodes of 1,000 steps were most of a pair's
+    # time, and the mapping writes the same callback and the same environment for every pair.
     config = yaml.safe_load((tmp_path / "zoo.yaml").read_text())
     (evaluation,) = [c for c in config["trainer"]["callbacks"] if c["class_path"].endswith(".PeriodicEvaluation")]
     evaluation["init_args"]["episodes"] = 1
+    config["data"]["init_args"]["env"]["init_args"].setdefault("env_kwargs", {})["max_episode_steps"] = 64
     compiles = config["model"]["init_args"].get("compile", False)
     assert compiles or (algo, env_id) not in COMPILED  # the compiled pairs still compile as written
     if compiles and (algo, env_id) not in COMPILED:
