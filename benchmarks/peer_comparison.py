@@ -515,6 +515,7 @@ def sb3_run(task_name: str, seed: int, csv_path: Path, episodes: int, threads: i
         StopTrainingOnRewardThreshold,
     )
     from stable_baselines3.common.evaluation import evaluate_policy
+    from stable_baselines3.common.vec_env import sync_envs_normalization
 
     torch.set_num_threads(threads)
     task = task_of(task_name)
@@ -570,6 +571,7 @@ def sb3_run(task_name: str, seed: int, csv_path: Path, episodes: int, threads: i
         def _on_step(self) -> bool:
             if time.perf_counter() - start < seconds:
                 return True
+            sync_envs_normalization(self.training_env, recorder.eval_env)  # VecNormalize's statistics, as EvalCallback
             recorder.eval_env.seed(first_evaluation_seed)
             mean_return, _ = evaluate_policy(self.model, recorder.eval_env, episodes, deterministic=True)
             record(self.num_timesteps, float(mean_return))
