@@ -27,7 +27,7 @@ import random
 from collections.abc import Callable, Container, Iterator, Sequence
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import lightning.pytorch as pl
 import numpy as np
@@ -57,7 +57,18 @@ from datamodules.remote import AsyncRayCollectors, RayCollectors  # noqa: F401 -
 from datamodules.timing import PhaseTimer
 from envs.base import BatchedEnv, EnvDeclaration
 
-__all__ = ["RLDataModule", "EnvSpecs", "AutocastPolicy", "check_positive", "fixed_seed", "rng_state", "set_rng_state"]
+__all__ = [
+    "RLDataModule",
+    "EnvSpecs",
+    "AutocastPolicy",
+    "check_positive",
+    "fixed_seed",
+    "rng_state",
+    "send",
+    "set_rng_state",
+]
+
+T = TypeVar("T", torch.Tensor, TensorDictBase)
 
 
 #: ``collection``'s default: collect in the training process. A lazy instance, so that the command line can set its
@@ -81,6 +92,18 @@ def resolve_device(device: str | None, trainer: pl.Trainer | None = None) -> tor
     if resolved.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"data.device {device!r} is not available on this machine (no CUDA device)")
     return resolved
+
+
+def send(values: T, device: torch.device) -> T:
+    """Host tensors (a tensor or a tensordict) to ``device`` without waiting for the work already queued there.
+
+    A plain copy from the host to a GPU waits for every kernel queued before it: in the training thread, for the
+    update just launched, so the host's next work (storing a batch) could not overlap the update's kernels. From
+    pinned memory the copy is queued behind them instead. Anything else (to the CPU, from a device) is a plain ``to``.
+    """
+    if device.type == "cuda" and values.device is not None and values.device.type == "cpu":
+        return values.pin_memory().to(device, non_blocking=True)
+    return values.to(device)
 
 
 def rng_state() -> dict[str, Any]:

@@ -69,7 +69,8 @@ class ReplayHost(Protocol):
 
     def prepare_round(self, frames: int, credit: float, timer: PhaseTimer) -> Round: ...
 
-    def store(self, batch: TensorDictBase) -> None: ...
+    def store(self, batch: TensorDictBase) -> None:
+        """Write a batch (on any device) into the buffer on :attr:`device`."""
 
     def draw(self, updates: int, timer: PhaseTimer) -> list[TensorDictBase]: ...
 
@@ -249,7 +250,7 @@ class DeliveredRounds(InlineRounds):
             frames += batch.numel() + dropped_frames  # the dropped batches were collected too
             replay.episodes.count()  # what the feeder observed, delivered or dropped
             with replay.timer.phase("buffer_write"):
-                replay.store(batch.to(replay.device))
+                replay.store(batch)  # from the host: the store sends what it keeps, without waiting for the update
             if frames >= replay.warmup_frames:
                 credit += batch.numel() / replay.frames_per_update
         # A learner slower than the workers does not owe the updates it could not take: it samples the freshest buffer

@@ -40,6 +40,8 @@ import torch
 from tensordict import NestedKey, TensorDictBase
 from torchrl.envs import Transform
 
+from datamodules.base import send
+
 FRAME_IDS = "frame_ids"  # [stack] ids of the observation's frames, then [stack] of the next observation's
 # Recent next stacks an incoming observation is matched against. A worker's batch continues its environments' episodes
 # from its previous batch, with the other workers' batches in between: 64 was too few for two workers of 64-step
@@ -151,14 +153,10 @@ class FrameStackStore(Transform):
         slots = torch.cat(self._unsent).unique()  # a slot written twice in one call sends its last frame, once
         self._unsent = []
         device = self.frames.device
-
-        def send(values: torch.Tensor) -> torch.Tensor:
-            return values.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else values.to(device)
-
-        on_device = send(slots)
+        on_device = send(slots, device)
         self.frames[on_device], self.slot_id[on_device] = (
-            send(self._host_frames[slots]),
-            send(self._host_slot_id[slots]),
+            send(self._host_frames[slots], device),
+            send(self._host_slot_id[slots], device),
         )
 
     def _copy_to_host(self, *_: object) -> None:
@@ -202,8 +200,9 @@ class FrameStackStore(Transform):
 
     @torch.no_grad()
     def _inv_call(self, tensordict: TensorDictBase) -> TensorDictBase:
-        """Transitions ``[N]`` with both stacks → the same with ``frame_ids`` ``[N, 2 S]`` instead (on ``extend``; a
-        replay buffer's ``Compose`` calls ``_inv_call``)."""
+        """Transitions ``[N]`` with both stacks → the same with ``frame_ids`` ``[N, 2 S]`` instead, on the ring's device
+        (on ``extend``; a replay buffer's ``Compose`` calls ``_inv_call``). Transitions on the host (asynchronous
+        workers' batches) are read where they are: only their new frames and the small entries travel."""
         # The comparisons below read single values: on the host, each is a read, not a device synchronisation.
         observations, nexts = tensordict.get(self.key).cpu(), tensordict.get(("next", self.key)).cpu()
         ids = torch.empty(observations.shape[0], 2 * self.stack, dtype=torch.long)
@@ -222,7 +221,7 @@ class FrameStackStore(Transform):
         self._send_written()
         out = tensordict.exclude(self.key, ("next", self.key))
         out.set(FRAME_IDS, ids.to(tensordict.device) if tensordict.device is not None else ids)
-        return out
+        return send(out, self.frames.device)
 
     # ------------------------------------------------------------------------------------------- reading
     def _read(self, ids: torch.Tensor) -> torch.Tensor:

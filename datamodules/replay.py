@@ -24,7 +24,7 @@ from checkpoints.files import (
     write_folder_atomically,
 )
 from compat.torchrl import multistep_window, set_multistep_window
-from datamodules.base import RLDataModule, check_positive
+from datamodules.base import RLDataModule, check_positive, send
 from datamodules.delivery import Round
 from datamodules.frames import FRAME_IDS, FrameStackStore, ring_capacity
 from datamodules.memory import MemoryNeed, spec_bytes, transition_bytes
@@ -324,6 +324,8 @@ class ReplayDataModule(RLDataModule):
             if keep is None:
                 return
             keep = keep.select(*self.batch_keys) if self.batch_keys else keep
+        if self.frame_store is None:  # a frame store reads the stacks where they are and sends only what it keeps
+            keep = send(keep, self.device)
         self.buffer.extend(keep.reshape(-1))
 
     def state_dict(self) -> dict[str, Any]:

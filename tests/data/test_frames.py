@@ -30,22 +30,30 @@ def play():
     return batch
 
 
-def buffer(capacity: int, frames: int, host_copy: bool | None = None) -> TensorDictReplayBuffer:
-    store = FrameStackStore(frames, (4, 40, 40), reuse_window=frames // 4, host_copy=host_copy)
-    return TensorDictReplayBuffer(storage=LazyTensorStorage(capacity), transform=store, batch_size=8)
+def buffer(capacity: int, frames: int, host_copy: bool | None = None, device: str = "cpu") -> TensorDictReplayBuffer:
+    store = FrameStackStore(frames, (4, 40, 40), reuse_window=frames // 4, host_copy=host_copy, device=device)
+    return TensorDictReplayBuffer(storage=LazyTensorStorage(capacity, device=device), transform=store, batch_size=8)
+
+
+ON_A_GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("host_copy", [False, True], ids=["ring", "host_copy_of_the_ring"])
-def test_sampled_stacks_equal_the_written_ones_in_any_arrival_order(play, host_copy):
-    # host_copy: the path a ring on a GPU takes (bookkeeping on a host copy, new frames sent once per call), on the CPU
-    rb = buffer(capacity=1000, frames=1000, host_copy=host_copy)
+@pytest.mark.parametrize(
+    ("host_copy", "device"),
+    [(False, "cpu"), (True, "cpu"), pytest.param(None, "cuda", marks=ON_A_GPU)],
+    ids=["ring", "host_copy_of_the_ring", "ring_on_a_gpu"],
+)
+def test_sampled_stacks_equal_the_written_ones_in_any_arrival_order(play, host_copy, device):
+    # host_copy: the path a ring on a GPU takes (bookkeeping on a host copy, new frames sent once per call), on the CPU;
+    # on a GPU, the batches arrive from the host, as asynchronous workers deliver them, and are stored on the device
+    rb = buffer(capacity=1000, frames=1000, host_copy=host_copy, device=device)
     # Batches of 10 steps of one environment, arriving interleaved as worker processes deliver them.
     pieces = [play[env, start : start + 10] for start in range(0, 90, 10) for env in (1, 0)]
     for piece in pieces:
         rb.extend(piece.select("observation", "action", ("next", "observation"), ("next", "reward")))
     written = torch.cat(pieces)
-    stored = rb[torch.arange(len(rb))]
+    stored = rb[torch.arange(len(rb))].cpu()
     assert torch.equal(stored["observation"], written["observation"])
     assert torch.equal(stored["next", "observation"], written["next", "observation"])
     assert torch.equal(stored["action"], written["action"])
