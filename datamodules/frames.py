@@ -36,6 +36,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 from tensordict import NestedKey, TensorDictBase
 from torchrl.envs import Transform
@@ -53,6 +54,12 @@ _FINGERPRINT_STRIDE = 61  # bytes of a stack between two that its fingerprint re
 # stack's frames may be; a worker's episode continues after the other workers' batches (14 workers of 8 emulators × 16
 # steps put 1,792 frames between), so a quarter of a small buffer would miss those matches and write whole stacks.
 MIN_SPARE_FRAMES = 4096
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two host tensors hold the same values: NumPy's comparison, which on stacks of frames is many times
+    faster than ``torch.equal``'s on the CPU (the bookkeeping makes two of these per stored transition)."""
+    return a.shape == b.shape and bool(np.array_equal(a.numpy(), b.numpy()))
 
 
 def ring_capacity(transitions: int, capacity: int | None = None) -> int:
@@ -118,7 +125,7 @@ class FrameStackStore(Transform):
         self.register_load_state_dict_post_hook(FrameStackStore._copy_to_host)
         sampled = len(range(0, stack * height * width, _FINGERPRINT_STRIDE))
         # Fixed odd multipliers (no random state): a weighted sum of the sampled bytes, wrapping in int64.
-        self._fingerprint_weights = torch.arange(sampled, dtype=torch.long) * 2_654_435_761 + 1
+        self._fingerprint_weights = np.arange(sampled, dtype=np.int64) * 2_654_435_761 + 1
 
     @classmethod
     def for_buffer(
@@ -175,8 +182,9 @@ class FrameStackStore(Transform):
         return new[torch.cumsum((~same).long(), 0) - 1]
 
     def _fingerprint(self, stack: torch.Tensor) -> int:
-        sampled = stack.reshape(-1)[::_FINGERPRINT_STRIDE].cpu().long()
-        return int((sampled * self._fingerprint_weights).sum())
+        # In NumPy: a few operations on a host array, each a fraction of a torch operation's fixed cost.
+        sampled = stack.numpy().reshape(-1)[::_FINGERPRINT_STRIDE].astype(np.int64)
+        return int(np.dot(sampled, self._fingerprint_weights))  # wraps in int64, as the sum of products always did
 
     def _matching_open_end(self, stack: torch.Tensor, key: int) -> torch.Tensor | None:
         """The ids of a recent next stack equal to ``stack`` (fingerprint ``key``; its frames among the last
@@ -186,7 +194,7 @@ class FrameStackStore(Transform):
         rows = (self.open_keys[: min(count, _OPEN_ENDS)] == key).nonzero().flatten().tolist()
         for row in sorted(rows, key=lambda row: (count - 1 - row) % _OPEN_ENDS):
             ids = self.open_ends[row]
-            if int(ids.min()) >= int(self.written) - self.reuse_window and torch.equal(self._read(ids), stack):
+            if int(ids.min()) >= int(self.written) - self.reuse_window and _same(self._read(ids), stack):
                 return ids.clone()
         return None
 
@@ -211,7 +219,7 @@ class FrameStackStore(Transform):
             if current is None:
                 current = self._write_stack(observation)
             following_key = self._fingerprint(following)
-            if torch.equal(following[:-1], observation[1:]):
+            if _same(following[:-1], observation[1:]):
                 upcoming = torch.cat((current[1:], self._write(following[-1:])))
             else:
                 upcoming = self._matching_open_end(following, following_key)
@@ -225,8 +233,9 @@ class FrameStackStore(Transform):
 
     # ------------------------------------------------------------------------------------------- reading
     def _read(self, ids: torch.Tensor) -> torch.Tensor:
-        """The frames ``ids`` on the host (the comparisons' reads)."""
-        return self._host_frames[ids % self.capacity]
+        """The frames ``ids`` on the host (the comparisons' reads): ``index_select`` copies whole frames, where
+        indexing's general kernel goes element by element, many times slower."""
+        return self._host_frames.index_select(0, ids % self.capacity)
 
     @torch.no_grad()
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
