@@ -140,6 +140,41 @@ def test_the_documents_show_commands_to_check():
     assert any(flags for _, flags in COMMANDS), "no command with flags found"
 
 
+#: The front page's sections, in order: what a newcomer reads first.
+README_SECTIONS = [
+    "Why lightrl",
+    "Install",
+    "First run",
+    "How it fits together",
+    "Systems and results",
+    "Documentation",
+    "Tests",
+    "License",
+]
+
+
+def test_the_readme_keeps_its_sections_its_commands_and_ci_runs_its_test_command():
+    # An edit that loses a section or a command of the front page fails here (once, a replacement of the empty
+    # string wrote a paragraph between every character of it, and no other test failed).
+    text = (ROOT / "README.md").read_text()
+    assert re.findall(r"^## (.+)$", text, re.MULTILINE) == README_SECTIONS
+    assert len(text.splitlines()) < 200, "README.md is meant to be short: the documentation site holds the rest"
+    commands = [
+        shlex.join(words) for info, body in fenced_blocks(text) if info == "bash" for words in shell_commands(body)
+    ]
+    for command in (
+        "pip install torch==2.13.0",
+        "lightrl fit --config configs/gym/cartpole_ppo.yaml",
+        "lightrl fit --config configs/gym/cartpole_ppo.yaml --ckpt_path last",
+        "python -m pytest -q -n logical tests",
+        "python -m pytest -q -n logical tests -m 'not slow'",
+    ):
+        assert command in commands, f"README.md lost the command {command!r}"
+    # CI runs the README's test command (with the slowest tests listed at the end of its log).
+    tests = [line for line in (ROOT / ".ci/run").read_text().splitlines() if line.startswith("python -m pytest")]
+    assert len(tests) == 1 and tests[0].startswith("python -m pytest -q -n logical tests"), tests
+
+
 def test_every_config_a_command_names_exists():
     missing = []
     for document, words in documented_commands():
