@@ -14,8 +14,9 @@ How the Zoo's numbers become lightrl's (Stable-Baselines3's defaults for the key
 
 - a round is what Stable-Baselines3 collects between two trainings, ``train_freq × n_envs`` frames, and trains on it
   ``gradient_steps`` updates (``-1``: one per environment step, ``train_freq``); lightrl collects the same frames per
-  round as copies stepped together (``num_envs``: the Zoo's ``n_envs`` when it has several, else up to 8 copies
-  dividing the round) and sets ``frames_per_update`` to the round's frames over its updates;
+  round from the Zoo's ``n_envs`` copies (``num_envs``; ``--copies N``: N copies stepped together dividing the
+  round, faster on a batched environment but not Stable-Baselines3's episodes: docs/guide/zoo.md) and sets
+  ``frames_per_update`` to the round's frames over its updates;
 - a round of more than 64 updates of batches of at most 64 samples becomes half the updates of twice the batch: the
   same samples per frame, for about half the cost, where each update costs little more than its launch (lightrl
   differs here on purpose, chosen by measurement on CartPole: docs/systems/gymnasium.md; ``--exact-updates`` keeps
@@ -166,8 +167,6 @@ SB3_DEFAULTS["crossq"] = {
         "batch_norm_momentum=0.01, renorm_warmup_steps=100000)"
     ),
 }
-#: Most copies stepped together for a Zoo entry of one environment (its round divided among them).
-MAX_COPIES = 8
 #: Above this many updates a round, DQN's updates of at most this batch are merged in pairs (module docstring).
 MERGED_UPDATES = 64
 #: Runs of more updates than this compile their update: the compilation (seconds) is then a small share.
@@ -184,6 +183,31 @@ def display_name(algo: str) -> str:
 
 class ZooError(ValueError):
     """One line: what of the Zoo's entry cannot be mapped, and why."""
+
+
+@dataclass(frozen=True)
+class Options:
+    """How the command maps an entry beyond its numbers (its flags).
+
+    Attributes:
+        exact_updates: keep DQN's ``gradient_steps`` and ``batch_size`` as they are (``--exact-updates``).
+        copies: environment copies an off-policy round is divided among (``--copies``); None: the Zoo's ``n_envs``.
+    """
+
+    exact_updates: bool = False
+    copies: int | None = None
+
+    def flags(self) -> str:
+        """The command-line flags that give these options (for the config's header)."""
+        return " --exact-updates" * self.exact_updates + ("" if self.copies is None else f" --copies {self.copies}")
+
+    def refuse_copies(self, algo: str) -> None:
+        """On-policy entries: their rollout is the Zoo's ``n_envs`` copies, not a round to divide."""
+        if self.copies is not None:
+            raise ZooError(
+                f"--copies {self.copies}: divides an off-policy round; {display_name(algo)}'s rollout is n_steps "
+                "from each of the Zoo's n_envs copies"
+            )
 
 
 @dataclass
@@ -389,25 +413,25 @@ def config(threads_note: str, train: Node, model: str, model_args: dict, data: s
     }
 
 
-def map_dqn(entry: dict[str, Any], env_id: str, run_name: str, exact_updates: bool = False) -> dict[str, Node]:
+def map_dqn(entry: dict[str, Any], env_id: str, run_name: str, options: Options = Options()) -> dict[str, Node]:
     """The lightrl config of a DQN entry (module docstring: the rules)."""
-    return map_q_learning("dqn", entry, env_id, run_name, exact_updates)
+    return map_q_learning("dqn", entry, env_id, run_name, options)
 
 
-def map_qrdqn(entry: dict[str, Any], env_id: str, run_name: str, exact_updates: bool = False) -> dict[str, Node]:
+def map_qrdqn(entry: dict[str, Any], env_id: str, run_name: str, options: Options = Options()) -> dict[str, Node]:
     """The lightrl config of a QR-DQN entry: DQN's rules, ``policy_kwargs`` ``n_quantiles`` as ``model.quantiles``."""
-    return map_q_learning("qrdqn", entry, env_id, run_name, exact_updates)
+    return map_q_learning("qrdqn", entry, env_id, run_name, options)
 
 
-def map_q_learning(algo: str, entry: dict[str, Any], env_id: str, run_name: str, exact_updates: bool) -> dict:
+def map_q_learning(algo: str, entry: dict[str, Any], env_id: str, run_name: str, options: Options) -> dict:
     """DQN's and QR-DQN's config (module docstring: the rules)."""
     zoo = Entry(algo, env_id, entry)
     zoo.refuse_unknown()
     budget = number(zoo["n_timesteps"])
-    round_frames, updates, copies, frames_per_update = replay_round(zoo)
+    round_frames, updates, copies, frames_per_update = replay_round(zoo, options.copies)
     n_envs, train_freq = zoo["n_envs"], round_frames // zoo["n_envs"]
     batch, batch_note = zoo["batch_size"], zoo.name("batch_size")
-    if not exact_updates and updates > MERGED_UPDATES and batch <= MERGED_UPDATES and updates % 2 == 0:
+    if not options.exact_updates and updates > MERGED_UPDATES and batch <= MERGED_UPDATES and updates % 2 == 0:
         updates, batch = updates // 2, 2 * batch
         batch_note = f"batch_size {batch // 2} x gradient_steps {updates * 2}, taken as {batch} x {updates}"
         frames_per_update = number(round_frames / updates)
@@ -472,9 +496,10 @@ def replay_budget(budget: int, warmup: int, frames_per_update: int | float) -> t
     return steps, f"n_timesteps {budget} frames, less {warmup} of warm-up, {frames_per_update} an update"
 
 
-def replay_round(zoo: Entry) -> tuple[int, int, int, int | float]:
+def replay_round(zoo: Entry, copies: int | None = None) -> tuple[int, int, int, int | float]:
     """An off-policy entry's round: its frames (``train_freq × n_envs``), its updates (``gradient_steps``; ``-1``: one
-    per environment step), the copies that step it together, and the frames per update."""
+    per environment step), the copies that step it together (``copies``, which must divide the round; None: the
+    Zoo's ``n_envs``), and the frames per update."""
     train_freq = zoo["train_freq"]
     if not isinstance(train_freq, int):
         zoo.problems.append(f"train_freq {train_freq}: rounds counted in episodes are not mapped (lightrl's: frames)")
@@ -482,28 +507,34 @@ def replay_round(zoo: Entry) -> tuple[int, int, int, int | float]:
     n_envs = zoo["n_envs"]
     frames = train_freq * n_envs
     updates = zoo["gradient_steps"] if zoo["gradient_steps"] > 0 else train_freq
-    copies = n_envs if n_envs > 1 else max(c for c in range(1, MAX_COPIES + 1) if frames % c == 0)
+    if copies is None:
+        copies = n_envs
+    elif copies < 1 or frames % copies:
+        raise ZooError(
+            f"--copies {copies}: must be a positive divisor of the round's {frames} frames "
+            f"(train_freq {train_freq} x n_envs {n_envs})"
+        )
     return frames, updates, copies, number(frames / updates)
 
 
-def map_sac(entry: dict[str, Any], env_id: str, run_name: str, exact_updates: bool = False) -> dict[str, Node]:
+def map_sac(entry: dict[str, Any], env_id: str, run_name: str, options: Options = Options()) -> dict[str, Node]:
     """The lightrl config of a SAC entry: rounds, warm-up and budget as DQN's, the data as :func:`replay_data`;
     ``ent_coef: auto`` or ``auto_X`` is α learned from 1 or X, a number a fixed α; one soft update of the target
     critics per update (``target_update_interval`` 1); ``policy_kwargs`` ``n_critics`` the critics' count."""
-    return map_soft_actor_critic("sac", entry, env_id, run_name)
+    return map_soft_actor_critic("sac", entry, env_id, run_name, options)
 
 
-def map_tqc(entry: dict[str, Any], env_id: str, run_name: str, exact_updates: bool = False) -> dict[str, Node]:
+def map_tqc(entry: dict[str, Any], env_id: str, run_name: str, options: Options = Options()) -> dict[str, Node]:
     """The lightrl config of a TQC entry: SAC's (:func:`map_sac`), with ``policy_kwargs`` ``n_quantiles`` each
     critic's quantiles and ``top_quantiles_to_drop_per_net`` the target's quantiles dropped per critic."""
-    return map_soft_actor_critic("tqc", entry, env_id, run_name)
+    return map_soft_actor_critic("tqc", entry, env_id, run_name, options)
 
 
-def map_crossq(entry: dict[str, Any], env_id: str, run_name: str, exact_updates: bool = False) -> dict[str, Node]:
+def map_crossq(entry: dict[str, Any], env_id: str, run_name: str, options: Options = Options()) -> dict[str, Node]:
     """The lightrl config of a CrossQ entry: SAC's (:func:`map_sac`) without target networks, with ``policy_delay``,
     ``policy_kwargs`` ``batch_norm_momentum`` and ``renorm_warmup_steps`` (the batch renormalisation), and
     Stable-Baselines3 contrib's Adam β₁ of 0.5."""
-    return map_soft_actor_critic("crossq", entry, env_id, run_name)
+    return map_soft_actor_critic("crossq", entry, env_id, run_name, options)
 
 
 #: Each soft actor-critic's own ``policy_kwargs`` beyond the networks' sizes and activation.
@@ -514,7 +545,9 @@ SOFT_ACTOR_CRITIC_KWARGS = {
 }
 
 
-def map_soft_actor_critic(algo: str, entry: dict[str, Any], env_id: str, run_name: str) -> dict[str, Node]:
+def map_soft_actor_critic(
+    algo: str, entry: dict[str, Any], env_id: str, run_name: str, options: Options
+) -> dict[str, Node]:
     """SAC's, TQC's and CrossQ's config on ``modules.sac.SAC``, ``modules.tqc.TQC`` and ``modules.crossq.CrossQ``
     (:func:`map_sac`, :func:`map_tqc`, :func:`map_crossq`)."""
     zoo = Entry(algo, env_id, entry)
@@ -570,7 +603,7 @@ def map_soft_actor_critic(algo: str, entry: dict[str, Any], env_id: str, run_nam
         ),
     }
     model_class = {"sac": "modules.sac.SAC", "tqc": "modules.tqc.TQC", "crossq": "modules.crossq.CrossQ"}[algo]
-    return actor_critic_config(zoo, env_id, run_name, budget, model_class, model)
+    return actor_critic_config(zoo, env_id, run_name, budget, model_class, model, options.copies)
 
 
 def _kwarg_note(key: str, given: dict[str, Any]) -> str:
@@ -596,23 +629,29 @@ def actor_critic_networks(zoo: Entry, net: dict[str, Node], count: int = 2) -> t
 
 
 def actor_critic_config(
-    zoo: Entry, env_id: str, run_name: str, budget: int, model_class: str, model: dict[str, Node]
+    zoo: Entry,
+    env_id: str,
+    run_name: str,
+    budget: int,
+    model_class: str,
+    model: dict[str, Node],
+    copies: int | None,
 ) -> dict[str, Node]:
     """The whole config of an actor-critic entry: ``model`` under ``model_class``, the budget in updates after the
-    warm-up, and the data of :func:`replay_data`."""
-    _, _, _, frames_per_update = replay_round(zoo)
+    warm-up, and the data of :func:`replay_data` (``copies``: :attr:`Options.copies`)."""
+    _, _, _, frames_per_update = replay_round(zoo, copies)
     max_steps, steps_note = replay_budget(budget, number(zoo["learning_starts"]), frames_per_update)
     small = "batch-256 updates of small MLPs: one thread is fastest on a shared CPU"
     train = trainer(max_steps, steps_note, run_name, budget)
-    data = replay_data(zoo, env_id, budget)
+    data = replay_data(zoo, env_id, budget, copies)
     return config(small, train, model_class, model, "datamodules.replay.ReplayDataModule", data)
 
 
-def replay_data(zoo: Entry, env_id: str, budget: int) -> dict[str, Any]:
+def replay_data(zoo: Entry, env_id: str, budget: int, copies: int | None) -> dict[str, Any]:
     """``data`` of an actor-critic off-policy entry (SAC, TD3): the round of ``train_freq × n_envs`` frames and its
     ``gradient_steps``, the replay buffer at most the run's frames (a larger one never overwrites: the same draws, less
     memory), the batch and the warm-up."""
-    round_frames, updates, copies, frames_per_update = replay_round(zoo)
+    round_frames, updates, copies, frames_per_update = replay_round(zoo, copies)
     buffer = min(number(zoo["buffer_size"]), budget)
     buffer_note = zoo.name("buffer_size") + (": at most the run's frames" if buffer < zoo["buffer_size"] else "")
     return {
@@ -626,23 +665,25 @@ def replay_data(zoo: Entry, env_id: str, budget: int) -> dict[str, Any]:
     }
 
 
-def map_td3(entry: dict[str, Any], env_id: str, run_name: str, exact_updates: bool = False) -> dict[str, Node]:
+def map_td3(entry: dict[str, Any], env_id: str, run_name: str, options: Options = Options()) -> dict[str, Node]:
     """The lightrl config of a TD3 entry: rounds, warm-up, budget and buffer as SAC's; ``noise_type: normal`` with
     ``noise_std`` is the acting noise (in half-range units, as Stable-Baselines3's); the target policy's smoothing
     noise, its clip and the policy delay as Stable-Baselines3's (``target_policy_noise``, ``target_noise_clip``,
     ``policy_delay``); actor and critics of ``net_arch``. During the warm-up lightrl's TD3 acts uniformly at random,
     as Stable-Baselines3 does before ``learning_starts``."""
-    return map_deterministic("td3", entry, env_id, run_name)
+    return map_deterministic("td3", entry, env_id, run_name, options)
 
 
-def map_ddpg(entry: dict[str, Any], env_id: str, run_name: str, exact_updates: bool = False) -> dict[str, Node]:
+def map_ddpg(entry: dict[str, Any], env_id: str, run_name: str, options: Options = Options()) -> dict[str, Node]:
     """The lightrl config of a DDPG entry: TD3's (:func:`map_td3`) with what Stable-Baselines3's DDPG sets, which is
     TD3 without its three tricks: one critic (``n_critics`` 1), no target policy smoothing, the actor and the targets
     updated every update."""
-    return map_deterministic("ddpg", entry, env_id, run_name)
+    return map_deterministic("ddpg", entry, env_id, run_name, options)
 
 
-def map_deterministic(algo: str, entry: dict[str, Any], env_id: str, run_name: str) -> dict[str, Node]:
+def map_deterministic(
+    algo: str, entry: dict[str, Any], env_id: str, run_name: str, options: Options
+) -> dict[str, Node]:
     """TD3's and DDPG's config on ``modules.td3.TD3`` (:func:`map_td3`, :func:`map_ddpg`)."""
     zoo = Entry(algo, env_id, entry)
     zoo.refuse_unknown("noise_type", "noise_std")
@@ -678,13 +719,14 @@ def map_deterministic(algo: str, entry: dict[str, Any], env_id: str, run_name: s
             children={"lr": Node(learning_rate, zoo.name("learning_rate") + " (actor and critics)"), **schedule}
         ),
     }
-    return actor_critic_config(zoo, env_id, run_name, budget, "modules.td3.TD3", model)
+    return actor_critic_config(zoo, env_id, run_name, budget, "modules.td3.TD3", model, options.copies)
 
 
-def map_ppo(entry: dict[str, Any], env_id: str, run_name: str, exact_updates: bool = False) -> dict[str, Node]:
+def map_ppo(entry: dict[str, Any], env_id: str, run_name: str, options: Options = Options()) -> dict[str, Node]:
     """The lightrl config of a PPO entry: a rollout of ``n_steps`` from each of ``n_envs`` copies, ``n_epochs``
     passes of minibatches of ``batch_size``; the budget is the whole rollouts that fit in ``n_timesteps``.
-    ``exact_updates`` changes nothing here (DQN's rule only)."""
+    ``options.exact_updates`` changes nothing here (DQN's rule only); ``options.copies`` is refused."""
+    options.refuse_copies("ppo")
     zoo = Entry("ppo", env_id, entry)
     zoo.refuse_unknown("normalize")
     budget = number(zoo["n_timesteps"])
@@ -726,10 +768,12 @@ def map_ppo(entry: dict[str, Any], env_id: str, run_name: str, exact_updates: bo
     return config(small, train, "modules.ppo.PPO", model, "datamodules.rollout.RolloutDataModule", data)
 
 
-def map_a2c(entry: dict[str, Any], env_id: str, run_name: str, exact_updates: bool = False) -> dict[str, Node]:
+def map_a2c(entry: dict[str, Any], env_id: str, run_name: str, options: Options = Options()) -> dict[str, Node]:
     """The lightrl config of an A2C entry: a rollout of ``n_steps`` from each of ``n_envs`` copies, one update on
     all of it (one minibatch, one epoch), RMSprop (``use_rms_prop``, ``rms_prop_eps``); the budget is the whole
-    rollouts that fit in ``n_timesteps``. ``exact_updates`` changes nothing here (DQN's rule only)."""
+    rollouts that fit in ``n_timesteps``. ``options.exact_updates`` changes nothing here (DQN's rule only);
+    ``options.copies`` is refused."""
+    options.refuse_copies("a2c")
     zoo = Entry("a2c", env_id, entry)
     zoo.refuse_unknown("normalize")
     budget = number(zoo["n_timesteps"])
@@ -884,12 +928,12 @@ def _commented(line: str, comment: str) -> str:
     return f"{line:<31} # {comment}" if comment else line
 
 
-def config_text(algo: str, env_id: str, out: Path, exact_updates: bool = False) -> str:
+def config_text(algo: str, env_id: str, out: Path, options: Options = Options()) -> str:
     """The text of ``out``: the config of the Zoo's ``algo`` entry of ``env_id``, its run named ``gym_<stem>``."""
     if algo not in MAPPED:
         raise ZooError(f"--algo {algo}: not mapped yet (this command maps {', '.join(MAPPED)})")
-    config = MAPPED[algo](zoo_entry(algo, env_id), env_id, f"gym_{out.stem}", exact_updates)
-    written_by = f"lightrl zoo --algo {algo} --env {env_id} --out {out}{' --exact-updates' * exact_updates}"
+    config = MAPPED[algo](zoo_entry(algo, env_id), env_id, f"gym_{out.stem}", options)
+    written_by = f"lightrl zoo --algo {algo} --env {env_id} --out {out}{options.flags()}"
     header = [
         f"# {env_id}, {display_name(algo)}: python -m app fit --config {out}",
         f"# Written by: {written_by}",
@@ -975,7 +1019,16 @@ def main(argv: Sequence[str] | None = None, prog: str = "lightrl zoo") -> None:
         help=f"keep the Zoo's gradient_steps and batch_size as they are (default: rounds of more than "
         f"{MERGED_UPDATES} updates of small batches take half the updates of twice the batch)",
     )
+    parser.add_argument(
+        "--copies",
+        type=int,
+        metavar="N",
+        help="off-policy entries: step each round as N copies together (a divisor of the round's train_freq x n_envs "
+        "frames; faster on a batched environment, but not Stable-Baselines3's episodes). Default: the Zoo's n_envs",
+    )
     args = parser.parse_args(argv)
+    if args.copies is not None and args.copies < 1:
+        parser.error(f"--copies {args.copies}: must be >= 1")
     if args.coverage:
         try:
             print(coverage_table(coverage()))
@@ -986,7 +1039,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "lightrl zoo") -> None:
     if missing:
         parser.error(f"{', '.join(missing)} required (or --coverage)")
     try:
-        text = config_text(args.algo.lower(), args.env, args.out, args.exact_updates)
+        text = config_text(args.algo.lower(), args.env, args.out, Options(args.exact_updates, args.copies))
     except ZooError as error:
         parser.exit(1, f"{prog}: {error}\n")
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from app.zoo import ZooError, config_text, map_dqn, map_ppo, map_sac, zoo_entry
+from app.zoo import Options, ZooError, config_text, map_dqn, map_ppo, map_sac, zoo_entry
 from tests.helpers import ROOT, app_in_process, fit, write_config
 
 pytest.importorskip("rl_zoo3")  # the zoo extra (CI installs it)
@@ -28,16 +28,23 @@ SHIPPED = {
     ("tqc", "Pendulum-v1"): "configs/gym/pendulum_tqc.yaml",
     ("crossq", "Pendulum-v1"): "configs/gym/pendulum_crossq.yaml",
 }
+#: The options a shipped config was written with (its header says them): its round stepped as copies together.
+SHIPPED_OPTIONS = {
+    ("dqn", "CartPole-v1"): Options(copies=8),
+    ("qrdqn", "CartPole-v1"): Options(copies=8),
+    ("dqn", "LunarLander-v3"): Options(copies=4),
+}
 
 
 @pytest.mark.parametrize(("algo", "env_id"), list(SHIPPED))
 def test_the_shipped_configs_are_the_commands_output(algo, env_id, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(ROOT)  # the command's header names the path it was given, relative to the checkout
-    shipped = Path(SHIPPED[algo, env_id])
-    assert config_text(algo, env_id, shipped) == shipped.read_text()
+    shipped, options = Path(SHIPPED[algo, env_id]), SHIPPED_OPTIONS.get((algo, env_id), Options())
+    assert config_text(algo, env_id, shipped, options) == shipped.read_text()
     # and as a user runs it, from another folder, atomically into a new one
     monkeypatch.chdir(tmp_path)
-    result = app_in_process(capsys, "zoo", "--algo", algo, "--env", env_id, "--out", "mine/dqn.yaml")
+    flags = options.flags().split()
+    result = app_in_process(capsys, "zoo", "--algo", algo, "--env", env_id, "--out", "mine/dqn.yaml", *flags)
     assert result.returncode == 0, result.stderr
     written, ours = (yaml.safe_load(path.read_text()) for path in (tmp_path / "mine/dqn.yaml", ROOT / shipped))
     assert written["data"] == ours["data"] and written["model"] == ours["model"]  # the run's name: the file's
@@ -45,21 +52,45 @@ def test_the_shipped_configs_are_the_commands_output(algo, env_id, tmp_path, cap
 
 
 def test_the_rules_follow_the_zoos_numbers():
-    """CartPole: a round of 256 frames and 128 updates of 64, taken as 64 of 128 (the same samples per frame), so the
-    target copy that the Zoo makes every 10 frames while collecting happens once a round; MountainCar: 16 frames and
-    8 updates, copied every 600 frames = 300 updates; --exact-updates keeps the Zoo's 128 of 64."""
+    """CartPole: a round of 256 frames of the Zoo's one environment and 128 updates of 64, taken as 64 of 128 (the
+    same samples per frame), so the target copy that the Zoo makes every 10 frames while collecting happens once a
+    round; --copies 8 steps the round as 8 copies of 32 steps; MountainCar: 16 frames and 8 updates, copied every 600
+    frames = 300 updates; --exact-updates keeps the Zoo's 128 of 64."""
     cartpole = yaml.safe_load("\n".join(_lines(map_dqn(zoo_entry("dqn", "CartPole-v1"), "CartPole-v1", "r"))))
     data, model = cartpole["data"]["init_args"], cartpole["model"]["init_args"]
-    assert (data["num_envs"], data["collect_steps"], data["frames_per_update"], data["batch_size"]) == (8, 32, 4, 128)
+    assert (data["num_envs"], data["collect_steps"], data["frames_per_update"], data["batch_size"]) == (1, 256, 4, 128)
+    copied = map_dqn(zoo_entry("dqn", "CartPole-v1"), "CartPole-v1", "r", Options(copies=8))
+    copied_data = yaml.safe_load("\n".join(_lines(copied)))["data"]["init_args"]
+    assert (copied_data["num_envs"], copied_data["collect_steps"], copied_data["frames_per_update"]) == (8, 32, 4)
     assert model["target"]["interval"] == 64 and model["exploration"]["eps_frames"] == 8000
     assert cartpole["trainer"]["max_steps"] == (50_000 - 1_000) // 4
-    exact = yaml.safe_load("\n".join(_lines(map_dqn(zoo_entry("dqn", "CartPole-v1"), "CartPole-v1", "r", True))))
+    exact_config = map_dqn(zoo_entry("dqn", "CartPole-v1"), "CartPole-v1", "r", Options(exact_updates=True))
+    exact = yaml.safe_load("\n".join(_lines(exact_config)))
     assert (exact["data"]["init_args"]["frames_per_update"], exact["data"]["init_args"]["batch_size"]) == (2, 64)
     assert exact["model"]["init_args"]["target"]["interval"] == 128
     car = yaml.safe_load("\n".join(_lines(map_dqn(zoo_entry("dqn", "MountainCar-v0"), "MountainCar-v0", "r"))))
     data, model = car["data"]["init_args"], car["model"]["init_args"]
-    assert (data["num_envs"], data["collect_steps"], data["frames_per_update"], data["batch_size"]) == (8, 2, 2, 128)
+    assert (data["num_envs"], data["collect_steps"], data["frames_per_update"], data["batch_size"]) == (1, 16, 2, 128)
     assert model["target"]["interval"] == 300 and model["gamma"] == 0.98
+
+
+def test_copies_must_divide_an_off_policy_round_and_are_refused_for_rollouts(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for flags, message in (
+        (
+            ["--algo", "dqn", "--env", "MountainCar-v0", "--copies", "3"],
+            "--copies 3: must be a positive divisor of the round's 16 frames",
+        ),
+        (
+            ["--algo", "ppo", "--env", "CartPole-v1", "--copies", "8"],
+            "--copies 8: divides an off-policy round; PPO's rollout",
+        ),
+        (["--algo", "sac", "--env", "Pendulum-v1", "--copies", "0"], "--copies 0: must be >= 1"),
+    ):
+        result = app_in_process(capsys, "zoo", *flags, "--out", "x.yaml")
+        assert result.returncode != 0 and message in result.stderr, result.stderr
+        assert len(result.stderr.strip().splitlines()) <= 3  # one line (argparse's usage line before its error)
+    assert not (tmp_path / "x.yaml").exists()
 
 
 def test_ppo_follows_the_zoos_numbers():
