@@ -687,18 +687,12 @@ def summarise(results: dict[str, Any]) -> str:
             # The throughput report's ratio is the whole loop's wall time per update over the bare update; the update
             # step's own is that times the update's share of the wall time (the same process's figures).
             timed = [run for run in runs["lightrl"] if run.get("update_vs_bare")]
-            loop = statistics.median(run["update_vs_bare"] for run in timed) if timed else None
-            step = (
-                statistics.median(run["update_vs_bare"] * run["phases"].get("update", 0.0) for run in timed)
-                if timed
-                else None
-            )
-            bare = (
-                f"; its training loop took {loop:.2f}× its bare update per update, "
-                f"the update step alone about {step:.2f}×"
-                if timed
-                else ""
-            )
+            bare = ""
+            if timed:
+                loop = statistics.median(run["update_vs_bare"] for run in timed)
+                step = statistics.median(run["update_vs_bare"] * run["phases"].get("update", 0.0) for run in timed)
+                bare = f"; its training loop took {loop:.2f}× its bare update per update, "
+                bare += f"the update step alone about {step:.2f}×"
             notes.append(f"- {task.env_id} ({task_name}): lightrl's wall time (median over seeds): {shares}{bare}.")
         randoms = [run["random_return"] for run in runs.get("lightrl", []) if run.get("random_return") is not None]
         if task.threshold is None and randoms:
