@@ -6,7 +6,8 @@ that runs on machines of different speed, or on different days, can be compared,
 update by it. Each reference copies the agent's networks and returns ``step(i)``, one update on the ``i``-th of a
 few batches of real transitions drawn from the agent's environment before timing: the loss maths written out (the
 same as the agent's TorchRL loss computes), backward, gradient clip and a fused Adam step. :func:`bare_update` picks
-the agent's (DQN, QR-DQN and PIRL, PPO, A2C, SAC, TQC, CrossQ, TD3); the agents' own files hold the agents only.
+the agent's (DQN, QR-DQN and PIRL, PPO, A2C, SAC, TQC, CrossQ, TD3, discrete SAC); the agents' own files hold the
+agents only.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from torch import nn
 from compat.torch import foreach_lerp_
 from modules.a2c import A2C
 from modules.crossq import CrossQ
+from modules.discrete_sac import DiscreteSAC
 from modules.dqn import DQN
 from modules.gaussian import tanh_gaussian_sample
 from modules.networks import heads_on_features
@@ -212,6 +214,7 @@ def reference_for(model: Any) -> Callable[[Any, Any], Callable[[int], torch.Tens
         (CrossQ, reference_crossq_update),
         (SAC, reference_sac_update),
         (TD3, reference_td3_update),
+        (DiscreteSAC, reference_discrete_sac_update),
     )
     for agent, reference in references:
         if isinstance(model, agent):
@@ -401,7 +404,7 @@ def soft_actor_critic_copies(model: Any, device: torch.device, targets: bool = F
     """What a bare update of SAC's family starts from, copied off the agent onto ``device``: its actor network
     (``observation → (location, scale)``), each critic of the loss module as a plain module (and, with ``targets``,
     each target critic, frozen), log α (a parameter where α is learned), the parameters and the agent's optimizer over
-    them, γ, the target entropy and the action box's centre and half-range."""
+    them, γ, the target entropy and the action box's centre and half-range (None for discrete actions)."""
     actor = copy.deepcopy(model.actor.module[0].module).to(device)
     critics, target_critics = [], []
     names = [(critics, "qvalue_network_params")] + (
@@ -420,6 +423,7 @@ def soft_actor_critic_copies(model: Any, device: torch.device, targets: bool = F
     parameters = [*actor.parameters(), *(p for critic in critics for p in critic.parameters())]
     parameters += [log_alpha] if learned else []
     space = model.action_spec.space
+    box = hasattr(space, "low")
     return SimpleNamespace(
         actor=actor,
         critics=critics,
@@ -429,8 +433,8 @@ def soft_actor_critic_copies(model: Any, device: torch.device, targets: bool = F
         optimizer=make_optimizer(parameters, model),
         gamma=float(model.loss_module.value_estimator.gamma),
         target_entropy=float(model.loss_module.target_entropy),
-        centre=((space.high + space.low).float() / 2).to(device),
-        half_range=((space.high - space.low).float() / 2).to(device),
+        centre=((space.high + space.low).float() / 2).to(device) if box else None,
+        half_range=((space.high - space.low).float() / 2).to(device) if box else None,
     )
 
 
@@ -486,6 +490,48 @@ def reference_soft_actor_critic_update(
         loss.backward()
         optimizer_step(parameters, optimizer, model.optim.max_grad_norm)
         foreach_lerp_(*target_pairs, tau)
+        return loss.detach()
+
+    return step
+
+
+def reference_discrete_sac_update(model: Any, data: Any) -> Callable[[int], torch.Tensor]:
+    """Discrete SAC written out: the target ``r + γ (1 − terminated) Σₐ′ π(a′|s′) (minᵢ Q̄ᵢ(s′, a′) − α log π(a′|s′))``
+    from the target critics, each critic's squared (or Huber) error at the taken action summed over the critics, the
+    actor's ``Σₐ π(a|s) (α log π(a|s) − minᵢ Qᵢ(s, a))`` through detached critics, α's loss (moving nothing where α is
+    fixed), backward, clip, fused Adam and the Polyak step of the target critics. The expectations over the actions
+    are exact sums: no random draws. The critics run one after the other."""
+    copies = soft_actor_critic_copies(model, data.device, targets=True)
+    actor, critics, targets, log_alpha = copies.actor, copies.critics, copies.targets, copies.log_alpha
+    huber = model.hparams.loss_function == "smooth_l1"
+    target_pairs = (
+        [p.data for target in targets for p in target.parameters()],
+        [p.data for critic in critics for p in critic.parameters()],
+    )
+    batches = batch_pool(data, data.batch_size)
+
+    def step(i: int) -> torch.Tensor:
+        batch = batches[i % len(batches)]
+        alpha = log_alpha.detach().exp()
+        with torch.no_grad():
+            next_prob = actor(batch["next_observation"]).softmax(-1)
+            next_log_prob = torch.log(torch.where(next_prob == 0, 1e-8, next_prob))
+            next_q = torch.stack([t(batch["next_observation"]) for t in targets]).amin(0)
+            next_value = (next_prob * (next_q - alpha * next_log_prob)).sum(-1)
+            y = batch["reward"] + copies.gamma * (~batch["terminated"]) * next_value
+        taken = batch["action"].unsqueeze(-1)
+        chosen = [c(batch["observation"]).gather(-1, taken).squeeze(-1) for c in critics]
+        loss_of_critics = sum((F.smooth_l1_loss if huber else F.mse_loss)(q, y, reduction="none") for q in chosen)
+        log_prob = actor(batch["observation"]).log_softmax(-1)
+        with torch.no_grad():
+            q = torch.stack([c(batch["observation"]) for c in critics]).amin(0)
+        actor_loss = (log_prob.exp() * (alpha * log_prob - q)).sum(-1).mean()
+        entropy_term = (log_prob.exp() * log_prob).sum(-1).detach()  # −H(π(·|s))
+        alpha_loss = -(log_alpha * (entropy_term + copies.target_entropy)).mean()
+        loss = loss_of_critics.mean() + actor_loss + alpha_loss
+        loss.backward()
+        optimizer_step(copies.parameters, copies.optimizer, model.optim.max_grad_norm)
+        foreach_lerp_(*target_pairs, model.tau)
         return loss.detach()
 
     return step

@@ -94,6 +94,26 @@ def check_widths(name: str, sizes: Sequence[int]) -> None:
 
 
 @dataclass(frozen=True)
+class ActorOptions:
+    """An actor of its own network and learning rate: ``actor:`` in a TD3's or a discrete SAC's ``init_args`` (SAC's
+    family has its own, :class:`modules.sac.ActorOptions`).
+
+    Args:
+        hidden_sizes: widths of the actor's hidden layers.
+        lr: the actor's own learning rate; None: ``optimizer.lr``, the critics'.
+    """
+
+    hidden_sizes: Sequence[int] = (256, 256)
+    lr: float | None = None
+
+    def __post_init__(self) -> None:
+        check_widths("model.actor.hidden_sizes", self.hidden_sizes)
+        object.__setattr__(self, "hidden_sizes", tuple(self.hidden_sizes))
+        if self.lr is not None and not self.lr > 0:
+            raise ValueError(f"model.actor.lr must be > 0 (or null for optimizer.lr), got {self.lr}")
+
+
+@dataclass(frozen=True)
 class CriticOptions:
     """The Q critics: ``critics:`` in a SAC's or a TD3's ``init_args``.
 

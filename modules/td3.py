@@ -20,8 +20,6 @@ Usage::
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -35,28 +33,9 @@ from torchrl.objectives import TD3Loss
 
 from datamodules.source import DataSource
 from modules.base import RLModule
-from modules.networks import CriticOptions, ScaledTanhPolicy, check_widths, mlp, q_critic
+from modules.networks import ActorOptions, CriticOptions, ScaledTanhPolicy, mlp, q_critic
 from modules.optim import OptimizerOptions
 from modules.spaces import BOX, check_action_space, check_bounded, check_flat_observation, model_name, observation_entry
-
-
-@dataclass(frozen=True)
-class ActorOptions:
-    """The deterministic actor: ``actor:`` in a TD3's ``init_args``.
-
-    Args:
-        hidden_sizes: widths of the actor's hidden layers (Stable-Baselines3's TD3: 400, 300).
-        lr: the actor's own learning rate; None: ``optimizer.lr``, the critics'.
-    """
-
-    hidden_sizes: Sequence[int] = (400, 300)
-    lr: float | None = None
-
-    def __post_init__(self) -> None:
-        check_widths("model.actor.hidden_sizes", self.hidden_sizes)
-        object.__setattr__(self, "hidden_sizes", tuple(self.hidden_sizes))
-        if self.lr is not None and not self.lr > 0:
-            raise ValueError(f"model.actor.lr must be > 0 (or null for optimizer.lr), got {self.lr}")
 
 
 class BoxExploration(TensorDictModuleBase):
@@ -91,7 +70,8 @@ class TD3(RLModule):
         observation_spec: linked from the data module (``observation`` is a flat vector).
         action_spec: linked from the data module: a Box whose every dimension is bounded (any bounds: asymmetric,
             per dimension), onto which the actor's tanh is mapped.
-        actor: the actor's network (:class:`ActorOptions`).
+        actor: the deterministic actor's network (:class:`~modules.networks.ActorOptions`; Stable-Baselines3's TD3:
+            400, 300).
         critics: the Q critics and their targets (:class:`~modules.networks.CriticOptions`).
         gamma: discount.
         action_noise: the standard deviation of the acting policy's Gaussian noise, in half-range units
@@ -109,7 +89,7 @@ class TD3(RLModule):
         self,
         observation_spec: Any,
         action_spec: TensorSpec,
-        actor: ActorOptions = ActorOptions(),
+        actor: ActorOptions = ActorOptions(hidden_sizes=(400, 300)),
         critics: CriticOptions = CriticOptions(hidden_sizes=(400, 300)),
         gamma: float = 0.99,
         action_noise: float = 0.1,

@@ -46,6 +46,7 @@ SHORT: dict[str, tuple[int, tuple[str, ...]]] = {
     "gym/cartpole_qrdqn": (8, ()),
     "gym/cartpole_ppo": (8, ()),
     "gym/cartpole_a2c": (8, ()),
+    "gym/cartpole_discrete_sac": (8, ()),
     "gym/pendulum_sac": (8, ()),
     "gym/pendulum_tqc": (8, ()),
     "gym/pendulum_crossq": (8, ()),
