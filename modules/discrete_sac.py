@@ -11,8 +11,9 @@ sums over the actions, weighted by their probabilities:
 - α's loss towards a target entropy, by default ``target_entropy_weight × log(actions)`` (0.98 of the uniform
   policy's entropy, as the paper).
 
-So the update draws no random numbers. Stable-Baselines3 has no discrete SAC (its SAC takes a Box only), and the RL Zoo
-tunes none: the shipped config is ours (``configs/gym/cartpole_discrete_sac.yaml``).
+So the update draws no random numbers. TorchRL's ``DiscreteSACLoss`` defines the losses; the update computes the same
+numbers from its parameters (``tests/agents/test_discrete_sac.py``). Stable-Baselines3 has no discrete SAC (its SAC
+takes a Box only), and the RL Zoo tunes none: the shipped config is ours (``configs/gym/cartpole_discrete_sac.yaml``).
 
 Usage::
 
@@ -24,6 +25,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.nn.functional as F
+from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import TensorDictModule, TensorDictModuleBase
 from torch import nn
 from torchrl.data import TensorSpec
@@ -88,7 +91,7 @@ class DiscreteSAC(RLModule):
             raise ValueError(f"model.target_entropy_weight must be in (0, 1], got {target_entropy_weight}")
         if loss_function not in ("l2", "smooth_l1"):
             raise ValueError(f"model.loss_function must be l2 or smooth_l1, got {loss_function!r}")
-        self.tau = critics.tau
+        self.tau, self.loss_function = critics.tau, loss_function
         self.actor_lr = optimizer.lr if actor.lr is None else actor.lr
         observation = observation_entry(self, observation_spec)
         check_flat_observation(self, observation)
@@ -142,12 +145,65 @@ class DiscreteSAC(RLModule):
     def check_datamodule(self, datamodule: DataSource, cannot_capture: tuple[str, ...] = ()) -> None:
         if datamodule.prioritized:
             raise ValueError(f"data.priority.alpha: {type(self).__name__} gives the replay buffer no priorities; use 0")
-        # The update is TorchRL's loss module called as it is, not yet written for a captured graph.
+        # A captured update (as DQN's) is not written for this agent: nothing here has run on a GPU yet.
         super().check_datamodule(datamodule, (*cannot_capture, f"{type(self).__name__}'s update"))
 
+    def loss(self, batch: TensorDictBase) -> TensorDictBase:
+        """Discrete SAC's losses as TorchRL's ``DiscreteSACLoss`` defines them, from the parameters it holds: each
+        critic's error at the taken action to ``r + γ (1 − terminated) Σₐ′ π(a′|s′) (minᵢ Q̄ᵢ(s′, a′) − α log π(a′|s′))``
+        (summed over the critics), the actor's ``Σₐ π(a|s) (α log π(a|s) − minᵢ Qᵢ(s, a))`` through the critics' values
+        held fixed, and α's loss towards the target entropy. ``DiscreteSACLoss.forward`` returns the same values and
+        gradients (tests/agents/test_discrete_sac.py); here every critic runs in one batched matmul a layer, where its
+        forward runs them through ``vmap`` and TensorDict plumbing that cost more than a small network's arithmetic."""
+        sac = self.loss_module
+        critics, targets = sac.qvalue_network_params["module"], sac.target_qvalue_network_params["module"]
+        alpha = sac.log_alpha.detach().exp()
+        observation, following = batch["observation"], batch["next"]
+        with torch.no_grad():
+            next_prob = self.actor_network(following["observation"]).softmax(-1)
+            next_log_prob = torch.log(torch.where(next_prob == 0, 1e-8, next_prob))  # as DiscreteSACLoss guards it
+            next_q = self.critic_values(targets, following["observation"]).amin(0)
+            next_value = (next_prob * (next_q - alpha * next_log_prob)).sum(-1)
+            continues = ~following["terminated"].squeeze(-1)
+            target = following["reward"].squeeze(-1) + sac.value_estimator.gamma * continues * next_value
+        values = self.critic_values(critics, observation)  # [critics, batch, actions]
+        action = batch["action"].unsqueeze(-1).expand(values.shape[0], -1, 1)
+        chosen = values.gather(-1, action).squeeze(-1)
+        error = F.smooth_l1_loss if self.loss_function == "smooth_l1" else F.mse_loss
+        loss_qvalue = error(chosen, target.expand_as(chosen), reduction="none").sum(0).mean()
+        log_prob = self.actor_network(observation).log_softmax(-1)
+        prob = log_prob.exp()
+        q = values.detach().amin(0)  # the actor's gradient only: the critics' values held fixed
+        expected_log_prob = (prob * log_prob).sum(-1).detach()  # −H(π(·|s))
+        return TensorDict(
+            {
+                "loss_actor": (prob * (alpha * log_prob - q)).sum(-1).mean(),
+                "loss_qvalue": loss_qvalue,
+                "loss_alpha": -(sac.log_alpha * (expected_log_prob + sac.target_entropy)).mean(),
+                "alpha": alpha,
+                "entropy": -expected_log_prob.mean(),
+            },
+            batch_size=[],
+        )
+
+    def critic_values(self, parameters: TensorDictBase, observation: torch.Tensor) -> torch.Tensor:
+        """Every critic's values of a batch ``[batch, ...]`` at once, ``[critics, batch, actions]``: ``parameters``
+        holds the critic network's entries stacked over the critics (the loss module's ``qvalue_network_params``), and
+        each linear layer is one batched matmul over them, what ``vmap`` of the network computes without its Python."""
+        flatten, network = self.qvalue.module  # observation_mlp: the flattening (and cast), then the MLP
+        layers = parameters["1"]
+        x = flatten(observation).expand(layers["0", "weight"].shape[0], -1, -1)
+        for index, layer in enumerate(network):
+            if isinstance(layer, nn.Linear):
+                entries = layers[str(index)]
+                x = torch.baddbmm(entries["bias"].unsqueeze(-2), x, entries["weight"].mT)
+            else:  # the activation, elementwise
+                x = layer(x)
+        return x
+
     def update(self, batches: list) -> tuple[torch.Tensor, Any]:
-        """One discrete SAC update: the critics', the actor's and α's losses as ``DiscreteSACLoss`` computes them,
-        their backward, gradient clip and Adam step, then the Polyak step of the target critics."""
+        """One discrete SAC update: the critics', the actor's and α's losses (:meth:`loss`), their backward, gradient
+        clip and Adam step, then the Polyak step of the target critics."""
         loss, losses, _ = self.loss_backward(batches)
         self.optimizer_step()
         self.soft_update()

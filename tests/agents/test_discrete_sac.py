@@ -13,10 +13,12 @@ from torchrl.envs.utils import ExplorationType, set_exploration_type
 
 from app.cli import build
 from modules.discrete_sac import DiscreteSAC
+from modules.networks import ActorOptions, CriticOptions
 from tests.helpers import (
     RESEEDED,
     ROOT,
     app_in_process,
+    assert_same_losses_and_gradients,
     assert_the_bare_update_computes,
     chain_config,
     fit,
@@ -25,6 +27,49 @@ from tests.helpers import (
 
 CONFIG = ROOT / "configs/gym/cartpole_discrete_sac.yaml"
 SHORT = ("--threads", "1", "--trainer.callbacks.init_args.bare_update_seconds", "0")
+
+
+def transitions(rows: int = 64, actions: int = 5) -> TensorDict:
+    """Random transitions of a 6-feature observation and ``actions`` actions, a quarter of them terminal."""
+    generator = torch.Generator().manual_seed(2)
+    terminated = torch.rand(rows, 1, generator=generator) < 0.25
+    return TensorDict(
+        {
+            "observation": torch.randn(rows, 6, generator=generator),
+            "action": torch.randint(actions, (rows,), generator=generator),
+            "next": {
+                "observation": torch.randn(rows, 6, generator=generator),
+                "reward": torch.randn(rows, 1, generator=generator),
+                "done": terminated,
+                "terminated": terminated,
+            },
+        },
+        batch_size=[rows],
+    )
+
+
+@pytest.mark.parametrize(
+    ("loss_function", "critics", "learn_alpha"), [("l2", 2, True), ("smooth_l1", 3, True), ("l2", 1, False)]
+)
+def test_the_update_loss_is_torchrls_discrete_sac_loss_in_values_and_gradients(loss_function, critics, learn_alpha):
+    # The update computes DiscreteSACLoss's losses from its parameters (every critic in one batched matmul a layer):
+    # the same terms, and the same gradient for every parameter, as DiscreteSACLoss.forward.
+    torch.manual_seed(0)
+    model = DiscreteSAC(
+        Composite(observation=Unbounded(shape=(6,))),
+        Categorical(5),
+        actor=ActorOptions(hidden_sizes=(16, 8)),
+        critics=CriticOptions(hidden_sizes=(16, 8), count=critics),
+        gamma=0.9,
+        learn_alpha=learn_alpha,
+        loss_function=loss_function,
+    )
+    with torch.no_grad():
+        model.loss_module.log_alpha.fill_(-0.7)  # α off its start
+        for target in model.loss_module.target_qvalue_network_params.values(True, True):
+            target.add_(0.1 * torch.randn_like(target))  # targets that differ from the critics
+    keys = {"loss_actor", "loss_qvalue", "loss_alpha", "alpha", "entropy"}
+    assert_same_losses_and_gradients(model, model.loss_module, model.loss, transitions(), keys)
 
 
 @pytest.mark.parametrize(
