@@ -36,7 +36,7 @@ from torchrl.objectives import DiscreteSACLoss, SoftUpdate
 
 from datamodules.source import DataSource
 from modules.base import RLModule
-from modules.networks import ActorOptions, CriticOptions, observation_mlp
+from modules.networks import ActorOptions, CriticOptions, ensemble_mlp, observation_mlp
 from modules.optim import OptimizerOptions
 from modules.spaces import DISCRETE, check_action_space, check_flat_observation, observation_entry
 
@@ -187,19 +187,12 @@ class DiscreteSAC(RLModule):
         )
 
     def critic_values(self, parameters: TensorDictBase, observation: torch.Tensor) -> torch.Tensor:
-        """Every critic's values of a batch ``[batch, ...]`` at once, ``[critics, batch, actions]``: ``parameters``
-        holds the critic network's entries stacked over the critics (the loss module's ``qvalue_network_params``), and
-        each linear layer is one batched matmul over them, what ``vmap`` of the network computes without its Python."""
+        """Every critic's values of a batch ``[batch, ...]`` at once, ``[critics, batch, actions]``, from ``parameters``
+        (the loss module's critics or their targets, stacked): :func:`~modules.networks.ensemble_mlp`."""
         flatten, network = self.qvalue.module  # observation_mlp: the flattening (and cast), then the MLP
         layers = parameters["1"]
         x = flatten(observation).expand(layers["0", "weight"].shape[0], -1, -1)
-        for index, layer in enumerate(network):
-            if isinstance(layer, nn.Linear):
-                entries = layers[str(index)]
-                x = torch.baddbmm(entries["bias"].unsqueeze(-2), x, entries["weight"].mT)
-            else:  # the activation, elementwise
-                x = layer(x)
-        return x
+        return ensemble_mlp(network, layers, x)
 
     def update(self, batches: list) -> tuple[torch.Tensor, Any]:
         """One discrete SAC update: the critics', the actor's and α's losses (:meth:`loss`), their backward, gradient

@@ -176,15 +176,26 @@ class QNetwork(nn.Module):
         """:meth:`ensemble` with the outputs' dimension kept: ``[critics, batch, outputs]``."""
         scaled = (action - parameters["centre"].unsqueeze(-2)) / parameters["half_range"].unsqueeze(-2)
         x = torch.cat([observation.expand(scaled.shape[0], *observation.shape), scaled], -1)
-        for index, layer in enumerate(self.network):
-            entries = parameters["network", str(index)] if isinstance(layer, nn.Linear | BatchRenorm) else None
-            if isinstance(layer, nn.Linear):
-                x = torch.baddbmm(entries["bias"].unsqueeze(-2), x, entries["weight"].mT)
-            elif isinstance(layer, BatchRenorm):  # each critic's own statistics, updated in place when training
-                x = layer.ensemble(x, entries, training)
-            else:  # the activation, elementwise
-                x = layer(x)
-        return x
+        return ensemble_mlp(self.network, parameters["network"], x, training)
+
+
+def ensemble_mlp(
+    network: nn.Sequential, parameters: TensorDictBase, x: torch.Tensor, training: bool = False
+) -> torch.Tensor:
+    """:func:`mlp` ``network`` run with an ensemble's weights at once: ``parameters`` holds its entries stacked over
+    the ensemble (a TorchRL loss module's ``qvalue_network_params``), ``x`` is ``[members, batch, features]``, and each
+    linear layer is one batched matmul over the members, what ``vmap`` of the network computes without its Python.
+    ``training``: batch renormalisation layers normalise with the batch's statistics and update their running ones
+    (CrossQ's critics); else with the running ones."""
+    for index, layer in enumerate(network):
+        entries = parameters[str(index)] if isinstance(layer, nn.Linear | BatchRenorm) else None
+        if isinstance(layer, nn.Linear):
+            x = torch.baddbmm(entries["bias"].unsqueeze(-2), x, entries["weight"].mT)
+        elif isinstance(layer, BatchRenorm):  # each member's own statistics, updated in place when training
+            x = layer.ensemble(x, entries, training)
+        else:  # the activation, elementwise
+            x = layer(x)
+    return x
 
 
 def q_critic(
