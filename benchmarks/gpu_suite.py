@@ -86,8 +86,9 @@ def snake_env(ctx: Context) -> dict:
         rows[str(size)] = steps_per_s(report)
         per_step = per_step or ({"num_envs": size, "eager": report["per_step"]} if count else {})
         # The step and reset compiled into one graph each (compile_step): no host read, fused kernels. A compilation
-        # per size (dynamic=False); --quick checks the code path at one size (a cold compile takes half a minute).
-        if ctx.quick and size != sizes[0]:
+        # per size (dynamic=False). --quick leaves them out (a cold compilation takes half a minute):
+        # tests/envs/test_compiled_step.py compiles the step, checks it against the eager one and counts what it runs.
+        if ctx.quick:
             continue
         compiled = compiled_speed(env_speed, [*common, "--compile-step", *count], errors, f"snake {size}")
         rows[str(size)].update(steps_per_s(compiled, "compiled_"))
@@ -109,8 +110,8 @@ def vehicle_racing_env(ctx: Context) -> dict:
         common = ["--env", env, "--num-envs", str(size), "--steps", steps, "--device", ctx.device]
         report = env_speed(common)
         rows[env] = steps_per_s(report)
-        # The compiled step and reset (a graph each). --quick leaves them out: the code path is Snake's (snake_env
-        # compiles its step), and tests/envs/test_compiled_step.py checks these compiled steps against the eager ones.
+        # The compiled step and reset (a graph each), left out by --quick as Snake's are: the code path is Snake's, and
+        # tests/envs/test_compiled_step.py checks these compiled steps against the eager ones.
         if not ctx.quick:
             compiled = compiled_speed(env_speed, [*common, "--compile-step"], errors, env)
             rows[env].update(steps_per_s(compiled, "compiled_"))

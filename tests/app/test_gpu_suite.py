@@ -43,18 +43,16 @@ def test_quick_mode_runs_every_item_from_any_folder_and_writes_both_reports(tmp_
         for target in item["targets"]:
             assert isinstance(target["met"], bool) and target["value"] == target["value"], (name, target)
     figures = {name: item["figures"] for name, item in report["items"].items()}
-    assert figures["snake_env"]["steps_per_s"]["256"]["torchrl"] > 0
-    assert figures["snake_env"]["steps_per_s"]["64"]["compiled_torchrl"] > 0  # --quick compiles at one size
-    for env in ("vehicle", "racing"):  # eager: --quick compiles Snake's step only (a cold compilation each)
-        rates = figures["vehicle_racing_env"]["steps_per_s"][env]
-        assert rates["torchrl"] > 0 and not any(name.startswith("compiled_") for name in rates), env
+    # Eager steps only: --quick compiles no environment step (a cold compilation each; tests/envs/test_compiled_step.py
+    # compiles them, and counts the compiled Snake step's operations and host reads).
+    rates = [*figures["snake_env"]["steps_per_s"].values(), *figures["vehicle_racing_env"]["steps_per_s"].values()]
+    assert len(rates) == 4 and all(rate["torchrl"] > 0 for rate in rates)
+    assert not any(name.startswith("compiled_") for rate in rates for name in rate)
     # benchmarks/env_speed.py --count-ops, as the results page runs it: the eager Snake step reads its masks back to
-    # skip idle work (the counter's own test is in tests/app/test_throughput.py); compiled, it reads nothing, runs
-    # fewer ATen operations, and is one graph for the step and one for the masked reset, every step.
+    # skip idle work (the counter's own test is in tests/app/test_throughput.py).
     snake_step = figures["snake_env"]["per_step"]
-    assert snake_step["compiled"]["host_reads"] == 0 < snake_step["eager"]["host_reads"]
-    assert snake_step["compiled"]["aten_ops"] < snake_step["eager"]["aten_ops"]
-    assert snake_step["compiled"]["compiled_graphs"] == 2 and snake_step["eager"]["compiled_graphs"] == 0
+    assert snake_step["eager"]["host_reads"] > 0 and snake_step["eager"]["compiled_graphs"] == 0
+    assert "compiled" not in snake_step
     assert figures["pirl_export"]["max_abs_exported_minus_eager"] == 0.0  # the exported files compute the network
     assert set(figures["pirl_export"]["samples_per_s"]) == {"512", "1024", "2048", "4096", "16384"}
     assert figures["snake_ppo"]["frames_per_s"] > 0 and figures["sac"]["updates_per_s"] > 0
