@@ -66,7 +66,10 @@ def describe_action_space(spec: TensorSpec) -> str:
 
 
 #: The agents that act in each kind of action space, for the error line of one that does not.
-AGENTS = {DISCRETE: "modules.dqn.DQN or modules.ppo.PPO", BOX: "modules.sac.SAC or modules.ppo.PPO"}
+AGENTS = {
+    DISCRETE: "modules.dqn.DQN, modules.ppo.PPO or modules.discrete_sac.DiscreteSAC",
+    BOX: "modules.sac.SAC or modules.ppo.PPO",
+}
 
 
 def check_action_space(model: Any, spec: TensorSpec, accepts: tuple[str, ...]) -> str:

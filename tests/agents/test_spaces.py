@@ -108,7 +108,7 @@ SPACE_ERRORS = [
         Categorical(4),
         {},
         "--model modules.sac.SAC acts in a Box action space; the environment has a discrete action space (Categorical, "
-        "4 actions): use modules.dqn.DQN or modules.ppo.PPO",
+        "4 actions): use modules.dqn.DQN, modules.ppo.PPO or modules.discrete_sac.DiscreteSAC",
     ),
     (
         SAC,
