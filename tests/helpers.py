@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import re
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -31,6 +33,15 @@ RESEEDED = ("--seed_everything", "123", "--data.init_args.seed", "0")
 
 #: ``collection`` of a replay data module that prepares each round in a background thread.
 PREFETCH = {"class_path": "datamodules.collection.InProcess", "init_args": {"prefetch": True}}
+
+
+def benchmark_module(name: str) -> Any:
+    """``benchmarks/<name>.py`` imported (benchmarks/ is not a package), under its own name in ``sys.modules``, where
+    dataclasses look their module up."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    module = sys.modules[name] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def chain_config(agent: str, root: Path, **data: Any) -> dict:

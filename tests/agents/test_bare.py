@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import statistics
 
@@ -12,7 +11,7 @@ from tensordict import TensorDict
 
 from app.cli import build
 from callbacks.bare_updates import as_replay_sample, bare_update, batch_pool, framework_free_update, ppo_batches
-from tests.helpers import ROOT, assert_the_bare_update_computes, chain_config, write_config
+from tests.helpers import ROOT, assert_the_bare_update_computes, benchmark_module, chain_config, write_config
 
 SMALL = ["--threads", "1", "--data.init_args.num_envs", "4"]
 
@@ -116,7 +115,7 @@ def test_bare_ppo_update_computes_clip_ppo_loss():
 def test_update_cost_reads_the_runs_own_yardstick_its_stretches_and_its_phases(tmp_path):
     # benchmarks/update_cost.py on a tiny run: the fit's own throughput report times the bare slices between stretches
     # of training, and the benchmark's figures are the report's (one yardstick, not a second one beside it).
-    update_cost = load_update_cost()
+    update_cost = benchmark_module("update_cost")
     config = write_config(chain_config("dqn", tmp_path), tmp_path / "c.yaml")
     bench = str(ROOT / "configs" / "bench" / "throughput.yaml")  # the report as the benchmarks compose it
     extra = ["--trainer.callbacks.init_args.skip_first_steps", "5"]  # after the benchmark's 200: a short warm-up
@@ -133,15 +132,8 @@ def test_update_cost_reads_the_runs_own_yardstick_its_stretches_and_its_phases(t
     assert sum(phases.values()) == pytest.approx(1e3 * steady["wall_s"] / steady["updates"])
 
 
-def load_update_cost():
-    spec = importlib.util.spec_from_file_location("update_cost", ROOT / "benchmarks" / "update_cost.py")
-    update_cost = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(update_cost)
-    return update_cost
-
-
 def test_update_cost_arithmetic_mode_alternates_the_two_update_steps():
-    update_cost = load_update_cost()
+    update_cost = benchmark_module("update_cost")
     result = update_cost.arithmetic("dqn", "false", threads=1, rounds=3, seconds=0.02)
     assert [len(result["rounds"][name]) for name in ("bare", "update")] == [3, 3]
     ratios = [u / b for u, b in zip(result["rounds"]["update"], result["rounds"]["bare"], strict=True)]

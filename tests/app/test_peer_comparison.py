@@ -3,17 +3,13 @@ lightrl's time went, read from each run's evaluations and throughput report."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 
 import pytest
 
-from tests.helpers import ROOT
+from tests.helpers import ROOT, benchmark_module
 
-spec = importlib.util.spec_from_file_location("peer_comparison", ROOT / "benchmarks" / "peer_comparison.py")
-peers = sys.modules["peer_comparison"] = importlib.util.module_from_spec(spec)  # dataclasses look their module up
-spec.loader.exec_module(peers)
+peers = benchmark_module("peer_comparison")
 
 
 def curve(*points: tuple[int, float, float]) -> list[dict[str, float]]:

@@ -5,8 +5,6 @@ and the GPU suite (whose quick mode compiles no step: one compilation of each in
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 import torch
 from torch._dynamo.utils import counters
@@ -15,11 +13,9 @@ from envs.racing.env import RacingEnv
 from envs.safety.toy import ToyEnv
 from envs.safety.vehicle import VehicleEnv
 from envs.snake.env import SnakeEnv
-from tests.helpers import ROOT
+from tests.helpers import benchmark_module
 
-spec = importlib.util.spec_from_file_location("env_speed", ROOT / "benchmarks" / "env_speed.py")
-env_speed = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(env_speed)
+env_speed = benchmark_module("env_speed")
 
 # Short episodes, so that resets and crashes happen within the steps below.
 CASES = {
