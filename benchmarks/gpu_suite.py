@@ -261,7 +261,7 @@ def captured_update(model: Any, data: Any) -> Callable[[int], Any]:
     optimizer = make_optimizer(model.trainable_parameters(), model)
     model._optimizer_step = FusedAdamStep(optimizer, model.optim.max_grad_norm)
     _ = model.loss_module.in_keys
-    model._compiled_loss = model.compiled(model.loss)
+    model._compiled_loss = model.compiled_loss()
     graphed = CudaGraphModule(model._captured_update, warmup=3, in_keys=[], out_keys=[])
     batches = [as_replay_sample(batch) for batch in batch_pool(data, data.batch_size)]
 

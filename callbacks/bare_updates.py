@@ -122,8 +122,9 @@ def framework_free_update(model: Any, data: Any) -> Callable[[int], torch.Tensor
     """
     if data.declared.physics is not None:
         model.physics = data.declared.physics  # what PIRL's setup takes from the data module
-    # The function the agent's update compiles (SAC's own, with its term towards the clone), and PIRL's loss inputs.
-    loss = model.compiled(model.training_loss() if hasattr(model, "training_loss") else model.loss)
+    # The loss the agent's update calls (SAC's with its term towards the clone; recurrent PPO's eager trunk and
+    # compiled heads), and PIRL's loss inputs.
+    loss = model.compiled_loss()
     loss_inputs = getattr(model, "loss_draws", lambda batch: {})
     optimizer = make_optimizer(model.trainable_parameters(), model)
     optimizer_step = FusedAdamStep(optimizer, model.optim.max_grad_norm)

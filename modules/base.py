@@ -203,6 +203,11 @@ class RLModule(pl.LightningModule):
         # dynamic=False: every update sees the same batch shape; a dynamic-shape graph would only be slower.
         return torch.compile(own_code(function), options=options, dynamic=False)
 
+    def compiled_loss(self) -> Callable[[TensorDictBase], TensorDictBase]:
+        """What an update computes its loss with: :meth:`loss`, compiled with ``compile`` (an agent that compiles
+        part of its loss, or another function, says so here)."""
+        return self.compiled(self.loss)
+
     def check_datamodule(self, datamodule: DataSource, cannot_capture: tuple[str, ...] = ()) -> None:
         """Raise a ValueError naming the flag when this model cannot train on ``datamodule`` (the CLI calls this right
         after building both, so the error comes before any output folder exists; ``setup`` calls it again for a
@@ -290,7 +295,7 @@ class RLModule(pl.LightningModule):
         self._optimizer_step = FusedAdamStep(self._lightning_optimizer.optimizer, self.optim.max_grad_norm)
         # TorchRL fills a loss's input keys on first use; doing it before compiling spares one recompilation.
         _ = self.loss_module.in_keys
-        self._compiled_loss = self.compiled(self.loss)
+        self._compiled_loss = self.compiled_loss()
         if self.compile_mode == "cudagraph" and self.device.type == "cuda":
             if self.trainer.world_size > 1:
                 raise ValueError("model.compile cudagraph: not with DDP (the all-reduce runs in hooks)")

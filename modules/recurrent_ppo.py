@@ -9,8 +9,8 @@ The pieces are TorchRL's: ``LSTMModule`` keeps its state in the TensorDict (``re
 resets it where ``is_init`` is set; the environment carries the ``InitTracker`` and the state primer
 (:meth:`RecurrentPPO.env_transform`, which the data module applies to every environment it builds), so the collector
 stores each step's input state and carries the state across collector calls (and checkpoints, with the rest of the
-collector's carrier). The loss is ``ClipPPOLoss``, run with ``set_recurrent_mode(True)`` on ``[segments, bptt]``
-minibatches (the data module's ``bptt`` option cuts them).
+collector's carrier). An update runs the trunk (encoder and LSTM) with ``set_recurrent_mode(True)`` over
+``[segments, bptt]`` minibatches (the data module's ``bptt`` option cuts them), then ``ClipPPOLoss`` on the heads.
 
 Usage::
 
@@ -19,6 +19,7 @@ Usage::
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,20 +40,6 @@ from modules.optim import OptimizerOptions
 from modules.ppo import PPOLossOptions, check_advantage_options, clip_ppo_loss, decay_clip, ppo_batch_keys, ppo_update
 
 _STATE_KEYS = ("recurrent_state_h", "recurrent_state_c")
-
-
-class EagerLSTMModule(LSTMModule):
-    """TorchRL's ``LSTMModule``, run eagerly inside a compiled loss.
-
-    Where an episode starts inside a segment, its "pad" backend splits the segment there and pads the pieces: shapes
-    that depend on the data. Compiled, every new layout of resets was a new graph (Dynamo's frames, recompiled until
-    its limit, then eager anyway); its "scan" backend, which would avoid them, has a backward that does not compile
-    with torch 2.13. Left eager, the LSTM's fused kernel runs as in acting, and the rest of the loss compiles once.
-    """
-
-    @torch.compiler.disable
-    def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
-        return super().forward(tensordict)
 
 
 @dataclass(frozen=True)
@@ -78,6 +65,22 @@ class RecurrentNetworkOptions:
                 raise ValueError(f"model.network.{name} must be > 0, got {getattr(self, name)}")
         if not 5 <= self.grid_size <= 16:
             raise ValueError(f"model.network.grid_size must be in [5, 16] (a packed token cell), got {self.grid_size}")
+
+
+#: Where a checkpoint written while the loss ran the trunk (before 2026-12-01) holds the loss's actor: the trunk
+#: (``0.``, the same weights as the model's ``trunk.``) and the actor head (``1.module.``, now the loss's whole actor).
+_FORMER_LOSS_ACTOR = "loss_module.actor_network_params.module.0.module."
+
+
+def forget_trunk_in_loss(state_dict: dict[str, Any]) -> None:
+    """A checkpoint's weights in the loss's layout of today, in place: the loss's copy of the trunk's weights dropped,
+    its actor head's renamed. A migration with an end: it goes in app.errors.FORMER_NAMES_REMOVED_IN."""
+    if not any(key.startswith(f"{_FORMER_LOSS_ACTOR}0.") for key in state_dict):
+        return
+    for key in [key for key in state_dict if key.startswith(_FORMER_LOSS_ACTOR)]:
+        value = state_dict.pop(key)
+        if key.startswith(f"{_FORMER_LOSS_ACTOR}1.module."):
+            state_dict[_FORMER_LOSS_ACTOR + key.removeprefix(f"{_FORMER_LOSS_ACTOR}1.module.")] = value
 
 
 class RecurrentPPO(RLModule):
@@ -114,7 +117,7 @@ class RecurrentPPO(RLModule):
 
         grid_size, lstm_hidden = network.grid_size, network.lstm_hidden
         self.encoder = TokenEncoder(network.grid_features, grid_size, grid_size, network.trunk_features)
-        self.lstm = EagerLSTMModule(
+        self.lstm = LSTMModule(
             input_size=network.trunk_features, hidden_size=lstm_hidden, in_key="embed", out_key="hidden"
         )
         self.trunk = TensorDictSequential(TensorDictModule(self.encoder, ["observation"], ["embed"]), self.lstm)
@@ -123,10 +126,17 @@ class RecurrentPPO(RLModule):
         self.actor = CategoricalActor(
             TensorDictSequential(self.trunk, TensorDictModule(self.actor_head, ["hidden"], ["logits"])), action_spec
         )
-        # The critic is the value head alone, on the LSTM output the actor's pass wrote into the batch: the loss runs
-        # the trunk once per minibatch, and the value loss trains it too (TorchRL's shared-trunk form of the loss).
+        # The critic is the value head alone, on the LSTM output the actor's pass wrote into the batch.
         self.critic = ValueOperator(self.value_head, in_keys=["hidden"])
-        self.loss_module = clip_ppo_loss(self.actor, self.critic, loss)
+        # The loss is the heads' on the trunk's output: an update runs the trunk once per minibatch, and the policy and
+        # value losses both train it through its output. The encoder and the heads' loss compile, the LSTM between
+        # them runs eagerly (compiled_loss): where an episode starts inside a segment, its "pad" backend splits the
+        # segment there and pads the pieces, shapes that depend on the data, so a compiled LSTM was a new graph for
+        # every layout of resets (its "scan" backend has a backward that does not compile with torch 2.13), and an
+        # eager one inside one compiled loss broke it into dozens of Dynamo frames. Eager, the LSTM runs its fused
+        # kernel as in acting; the encoder compiles because its eager convolutions are much slower on a CPU.
+        heads = CategoricalActor(TensorDictModule(self.actor_head, ["hidden"], ["logits"]), action_spec)
+        self.loss_module = clip_ppo_loss(heads, self.critic, loss)
 
     # ------------------------------------------------------------------------------------------------ acting
     def policy(self) -> TensorDictModuleBase:
@@ -177,11 +187,40 @@ class RecurrentPPO(RLModule):
         grid.scale[: len(scale)] = scale
         grid.scale[len(scale) :] = 0  # channels the environment never fills, and the slot for padding
 
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        forget_trunk_in_loss(checkpoint.get("state_dict", {}))
+        super().on_load_checkpoint(checkpoint)
+
     # ------------------------------------------------------------------------------------------------ update
     def loss(self, batch: TensorDictBase) -> TensorDictBase:
         """The PPO loss on ``[segments, bptt]``: the LSTM runs through each segment from its stored first state."""
+        return self.heads_loss(self.run_trunk(batch))
+
+    def run_trunk(self, batch: TensorDictBase, encode: Callable[[torch.Tensor], torch.Tensor] | None = None):
+        """A copy of the batch with the trunk's output (``hidden``) of every step of its segments; ``encode``: the
+        encoder to run (the compiled one)."""
+        batch = batch.copy()
+        batch["embed"] = (encode or self.encode)(batch["observation"])
         with set_recurrent_mode(True):
-            return self.loss_module(batch)
+            return self.lstm(batch)
+
+    def encode(self, observation: torch.Tensor) -> torch.Tensor:
+        """The token encoder's embedding of observations."""
+        return self.encoder(observation)
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        # The loss module holds the heads; the trunk runs before it (in the order the loss's actor held them, which
+        # optimizer states of checkpoints count on).
+        return [*self.trunk.parameters(), *super().trainable_parameters()]
+
+    def heads_loss(self, batch: TensorDictBase) -> TensorDictBase:
+        """The clipped objective, the entropy bonus and the value loss of a batch that holds the trunk's output."""
+        return self.loss_module(batch)
+
+    def compiled_loss(self) -> Callable[[TensorDictBase], TensorDictBase]:
+        # The encoder and the heads' loss compiled, the LSTM between them eager (see __init__).
+        encode, heads_loss = self.compiled(self.encode), self.compiled(self.heads_loss)
+        return lambda batch: heads_loss(self.run_trunk(batch, encode))
 
     def update(self, batches: list[TensorDictBase]) -> tuple[torch.Tensor, TensorDictBase]:
         """PPO's update (:func:`~modules.ppo.ppo_update`) on ``[segments, bptt]`` minibatches."""
@@ -218,4 +257,6 @@ class RecurrentPPO(RLModule):
         rollout["value_target"] = value_target.reshape(*rollout.shape, 1)
 
     def batch_keys(self) -> list:
-        return ppo_batch_keys(self.loss_module)
+        trunk_inputs = [key for key in self.trunk.in_keys if key not in self.trunk.out_keys]
+        heads_inputs = [key for key in ppo_batch_keys(self.loss_module) if key not in self.trunk.out_keys]
+        return list(dict.fromkeys([*trunk_inputs, *heads_inputs]))

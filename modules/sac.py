@@ -325,7 +325,9 @@ class SAC(RLModule):
         if self.actor_init is not None and self.trainer.ckpt_path is None:
             self.load_behaviour_cloning(self.actor_init)
         super().on_fit_start()
-        self._compiled_loss = self.compiled(self.training_loss())
+
+    def compiled_loss(self) -> Callable[[TensorDictBase], TensorDictBase]:
+        return self.compiled(self.training_loss())
 
     def load_behaviour_cloning(self, source: str | Path) -> Path:
         """Copy a behaviour-cloning network into the actor; returns the checkpoint used.

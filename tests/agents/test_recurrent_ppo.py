@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch._dynamo.utils import counters
 from torch.nn import functional as F
 from torchrl.collectors import Collector
 from torchrl.envs import TransformedEnv
@@ -157,16 +158,40 @@ def test_a_grid_smaller_than_the_environments_features_is_refused(tmp_path, caps
 
 @pytest.mark.slow
 def test_the_compiled_loss_equals_the_eager_loss_on_segments_with_and_without_resets():
-    # Where an episode starts inside a segment, TorchRL's LSTM splits and pads the segment, an eager island inside
-    # the compiled loss; the compiled loss still equals the eager one there, and where segments start episodes.
+    # Where an episode starts inside a segment, TorchRL's LSTM splits and pads the segment: shapes that depend on the
+    # data. The LSTM runs eagerly between the compiled encoder and the compiled heads' loss: two graphs for every
+    # layout of resets, and a loss equal to the eager one there, and where segments start episodes.
     torch.manual_seed(0)
     model, _ = small_model(compile=True)
     rollout = collect(model, calls=1, steps=16)[0]
     model.postprocess(rollout)
     rows = rollout.reshape(-1, 16).select(*model.batch_keys())
-    compiled = model.compiled(model.loss)
+    compiled = model.compiled_loss()  # what an update computes its loss with
+    graphs = counters["stats"]["unique_graphs"]
     for start in (0, 2, 4, 5):  # episodes of 4 steps: resets at different places in the segments, or at their start
         segments = rows[:, start : start + 8]
         eager, fast = model.loss(segments.clone()), compiled(segments.clone())
         for key in ("loss_objective", "loss_critic", "loss_entropy"):
             torch.testing.assert_close(fast[key], eager[key], rtol=1e-4, atol=1e-5)
+    assert counters["stats"]["unique_graphs"] == graphs + 2  # no break and no recompilation
+
+
+def test_a_checkpoint_whose_loss_ran_the_trunk_loads_its_weights():
+    # Until 2026-12-01 the loss's actor held the trunk: a checkpoint of then holds the trunk's weights a second time
+    # under the loss and the actor head under another name. It loads, every weight where it was.
+    torch.manual_seed(0)
+    trained, _ = small_model()
+    state = trained.state_dict()
+    former = "loss_module.actor_network_params.module.0.module."
+    head = {key: state.pop(key) for key in list(state) if key.startswith(former)}
+    state.update({former + "1.module." + key.removeprefix(former): value for key, value in head.items()})
+    trunk = {key.removeprefix("trunk."): value for key, value in state.items() if key.startswith("trunk.")}
+    state.update({f"{former}0.{key}": value for key, value in trunk.items()})
+    checkpoint = {"state_dict": state}
+
+    torch.manual_seed(1)
+    model, _ = small_model()
+    model.on_load_checkpoint(checkpoint)
+    model.load_state_dict(checkpoint["state_dict"])  # strict: every entry known, none missing
+    for (name, ours), theirs in zip(model.state_dict().items(), trained.state_dict().values(), strict=True):
+        assert torch.equal(ours, theirs), name

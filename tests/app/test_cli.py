@@ -641,7 +641,8 @@ def test_former_option_names_are_gone_by_the_version_they_are_removed_in():
 
     distribution = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["name"]
     assert Version(version(distribution)) < Version(FORMER_NAMES_REMOVED_IN), (
-        "this version removes the option groups' former names: delete the fields' formerly metadata and its reader"
+        "this version removes the option groups' former names: delete the fields' formerly metadata and its reader, "
+        "and RecurrentPPO's reading of checkpoints whose loss held its trunk (recurrent_ppo.forget_trunk_in_loss)"
     )
 
 
