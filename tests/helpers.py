@@ -251,6 +251,13 @@ def app_in_process(capsys, *args: str) -> SimpleNamespace:
     return SimpleNamespace(returncode=code or 0, stdout=out, stderr=err)
 
 
+#: The batch of the shortened Snake fits (with ``--threads 1``) whose configs compile their update: one batch size,
+#: so that they compile one graph between them (a cold compilation is seconds; Inductor's cache is on disk, shared
+#: by the test processes), not one each.
+SNAKE_DQN_BATCH = ("--data.init_args.batch_size", "32")
+SNAKE_PPO_MINIBATCH = ("--data.init_args.minibatch_size", "32")
+
+
 def short_snake_fit(config_name: str, *overrides: str):
     """A shipped Snake config (``configs/<config_name>``) run as the docs run it, shortened by ``overrides``.
 

@@ -8,7 +8,7 @@ import pytest
 
 from callbacks.progress import RLProgressBar, compact
 from callbacks.schedule import PeriodicEvaluation
-from tests.helpers import chain_config, fit, short_snake_fit, write_config
+from tests.helpers import SNAKE_DQN_BATCH, chain_config, fit, short_snake_fit, write_config
 
 
 def number(shown: str) -> float:
@@ -29,7 +29,7 @@ def test_shipped_config_shows_frames_rates_and_the_latest_evaluation(tmp_path, m
     monkeypatch.chdir(tmp_path)  # the config's CSV logger writes runs/snake_dqn/version_0 here
     small = ("--data.init_args.buffer_size", "2000", "--data.init_args.warmup_frames", "512")
     small += ("--trainer.log_every_n_steps", "10")  # the config logs every 500 updates
-    cli = short_snake_fit("snake_dqn.yaml", "--trainer.max_steps", "20", "--data.init_args.batch_size", "64", *small)
+    cli = short_snake_fit("snake_dqn.yaml", "--trainer.max_steps", "20", *SNAKE_DQN_BATCH, *small)
     bar = cli.trainer.progress_bar_callback
     assert type(bar) is RLProgressBar  # registered by default: the config does not list it
     metrics = bar.get_metrics(cli.trainer, cli.model)

@@ -20,6 +20,8 @@ from tests.helpers import (
     PREFETCH,
     RESEEDED,
     ROOT,
+    SNAKE_DQN_BATCH,
+    SNAKE_PPO_MINIBATCH,
     AfterUpdate,
     chain_config,
     fit,
@@ -183,10 +185,10 @@ def test_nan_loss_stops_with_clear_error_and_keeps_last_good_checkpoint(tmp_path
 SHORT = {
     "snake_ppo": [
         "--data.init_args.num_envs", "16", "--data.init_args.collect_steps", "8",
-        "--data.init_args.minibatch_size", "32", "--data.init_args.env.init_args.max_steps", "50",
+        *SNAKE_PPO_MINIBATCH, "--data.init_args.env.init_args.max_steps", "50",
     ],
     "snake_dqn": [
-        "--data.init_args.num_envs", "8", "--data.init_args.buffer_size", "2000", "--data.init_args.batch_size", "32",
+        "--data.init_args.num_envs", "8", "--data.init_args.buffer_size", "2000", *SNAKE_DQN_BATCH,
         "--data.init_args.warmup_frames", "64", "--data.init_args.env.init_args.max_steps", "50",
     ],
 }  # fmt: skip

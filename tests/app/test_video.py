@@ -18,7 +18,7 @@ from app.watch import main as watch
 from callbacks.video import VideoWriter
 from envs.snake.env import SnakeEnv
 from tests.app.test_cli import assert_one_error_line
-from tests.helpers import ROOT, chain_config, fit, short_snake_fit, write_config
+from tests.helpers import ROOT, SNAKE_DQN_BATCH, chain_config, fit, short_snake_fit, write_config
 
 imageio_ffmpeg = pytest.importorskip("imageio_ffmpeg")
 
@@ -115,7 +115,7 @@ def test_the_callback_records_in_a_fit_and_watch_plays_the_checkpoint(tmp_path, 
     monkeypatch.chdir(run)
     video = ("--trainer.callbacks+=callbacks.video.EvaluationVideo", "--trainer.callbacks.every_n_frames", "1024")
     short = ("--trainer.callbacks.max_frames", "20", "--trainer.callbacks.episodes", "2", "--trainer.max_steps", "60")
-    short += ("--data.init_args.warmup_frames", "256")
+    short += ("--data.init_args.warmup_frames", "256", *SNAKE_DQN_BATCH)
     cli = short_snake_fit("snake_dqn.yaml", *video, *short)
     folder = Path(cli.trainer.log_dir)
     videos = sorted((folder / "videos").glob("frames_*.mp4"))

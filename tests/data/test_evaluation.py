@@ -13,7 +13,7 @@ import torch
 
 from app.cli import build
 from datamodules.evaluation import episode_statistics
-from tests.helpers import ROOT, short_snake_fit
+from tests.helpers import ROOT, SNAKE_PPO_MINIBATCH, short_snake_fit
 
 # The same games as the default C++ kernel (tests/envs/test_snake_env.py), without its first-use compilation.
 TORCH_BACKEND = ("--data.init_args.env.init_args.backend", "torch")
@@ -50,7 +50,7 @@ def test_shipped_config_logs_the_random_policy_once_beside_the_greedy_one(tmp_pa
         "--trainer.max_steps", "4",
         "--trainer.enable_progress_bar", "false",
         "--data.init_args.num_envs", "64",
-        "--data.init_args.minibatch_size", "512",
+        *SNAKE_PPO_MINIBATCH,
     )  # fmt: skip
     run = tmp_path / "runs" / "snake_ppo" / "version_0"
     rows = list(csv.DictReader((run / "metrics.csv").open()))
