@@ -196,7 +196,9 @@ class RecurrentPPO(RLModule):
         """The PPO loss on ``[segments, bptt]``: the LSTM runs through each segment from its stored first state."""
         return self.heads_loss(self.run_trunk(batch))
 
-    def run_trunk(self, batch: TensorDictBase, encode: Callable[[torch.Tensor], torch.Tensor] | None = None):
+    def run_trunk(
+        self, batch: TensorDictBase, encode: Callable[[torch.Tensor], torch.Tensor] | None = None
+    ) -> TensorDictBase:
         """A copy of the batch with the trunk's output (``hidden``) of every step of its segments; ``encode``: the
         encoder to run (the compiled one)."""
         batch = batch.copy()
