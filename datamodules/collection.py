@@ -413,6 +413,7 @@ class EnvWorkers(Collection):
                     logged_env,
                     self._log_dir / f"worker{w}.log",
                     data.declared.env_class,
+                    os.getpid(),
                     num_envs=per_worker,
                     seed=seed + w * per_worker,
                     device=data.device,

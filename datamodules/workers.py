@@ -5,8 +5,9 @@ What is shared here:
 
 - :func:`worker_env_factories`: one picklable factory per worker. It runs in the worker process: it copies the
   worker's stderr to ``<log_dir>/worker<i>.log`` (so that the learner can name the exception a dead worker printed),
-  seeds the worker's torch generator (a spawned process starts from torch's fixed default seed, so without it every
-  worker would draw the same exploration noise), and builds the worker's environments with the seeds one batch of
+  ignores SIGTERM (the learner stops the workers: :mod:`datamodules.ignore_sigterm`), seeds the worker's torch
+  generator (a spawned process starts from torch's fixed default seed, so without it every worker would draw the same
+  exploration noise), and builds the worker's environments with the seeds one batch of
   all of them would use.
 - :func:`multi_process_collector`: TorchRL's ``MultiSyncCollector`` or ``MultiAsyncCollector`` with the options every
   caller needs, weights through shared memory without waiting for acknowledgements (TorchRL's default waits without a
@@ -408,10 +409,11 @@ def _running(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
-#: What the forkserver imports once, before it forks the workers. Not TorchRL: with TorchRL imported in the server,
-#: an asynchronous run's forked collector workers died at their first frames (2026-11-28: 3 of 3 runs; with torch and
-#: tensordict alone, 3 of 3 ran), so each worker still imports TorchRL and the environment's module itself.
-WORKER_IMPORTS = ("torch", "tensordict")
+#: What the forkserver imports once, before it forks the workers: torch and tensordict, and the module by which the
+#: server and its workers ignore SIGTERM (:mod:`datamodules.ignore_sigterm`). Not TorchRL: with TorchRL imported in
+#: the server, an asynchronous run's forked collector workers died at their first frames (2026-11-28: 3 of 3 runs;
+#: with torch and tensordict alone, 3 of 3 ran), so each worker still imports TorchRL and the environment's module.
+WORKER_IMPORTS = ("torch", "tensordict", "datamodules.ignore_sigterm")
 
 
 def use_forkserver() -> None:
@@ -426,10 +428,14 @@ def use_forkserver() -> None:
     multiprocessing.set_start_method("forkserver", force=True)
 
 
-def logged_env(log: Path, env_class: type, **options: Any) -> EnvBase:
+def logged_env(log: Path, env_class: type, learner: int, **options: Any) -> EnvBase:
     """Builds an environment worker's environments (``EnvWorkers``), its standard error also written to ``log``: a
-    worker that dies names its exception there, which the death's error line quotes."""
-    _log_stderr_to(log)
+    worker that dies names its exception there, which the death's error line quotes. TorchRL's ``ParallelEnv`` calls
+    the first worker's factory in the learner too (process ``learner``), for the environments' specs: there it only
+    builds them."""
+    if os.getpid() != learner:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the learner stops the workers (datamodules/ignore_sigterm.py)
+        _log_stderr_to(log)
     return env_class(**options)
 
 
@@ -439,6 +445,7 @@ def _log_stderr_to(log: Path) -> None:
 
 def _worker_env(log: Path, env_class: type, transform: Any, **options: Any) -> EnvBase:
     """Builds a worker's environments in the worker process (see the module docstring)."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the learner stops the workers (datamodules/ignore_sigterm.py)
     _log_stderr_to(log)
     torch.manual_seed(options["seed"])  # the worker's own exploration noise (the seed of its first environment)
     env = env_class(**options)

@@ -171,10 +171,20 @@ def test_an_error_in_the_learner_stops_the_workers_before_it_leaves_fit(tmp_path
 
 
 @pytest.mark.slow
-def test_sigterm_saves_and_stops_the_run_and_its_workers_with_the_signals_exit_status(tmp_path):
-    # What a scheduler or `kill` sends to the training process alone (Ctrl-C reaches the workers too).
+@pytest.mark.parametrize("collection", ["CollectorWorkers", "EnvWorkers"])
+def test_sigterm_to_the_runs_process_group_saves_and_stops_the_run_and_its_workers_with_the_signals_exit_status(
+    tmp_path, collection
+):
+    # SIGTERM to every process of the run (`kill -TERM -- -PGID`, GNU timeout, a service manager stopping the job):
+    # the learner gets what a scheduler's `kill` of it alone sends, and the workers, which leave stopping to the
+    # learner, are still there when its checkpoint asks them for their state. Until 2026-12-01 they ended on the
+    # signal and the run ended with status 1 and no checkpoint (EnvWorkers' learner even ignored SIGTERM).
     config = parallel_config(tmp_path)
     config["trainer"]["max_steps"] = 100_000
+    config["data"]["init_args"]["collection"] = {
+        "class_path": f"datamodules.collection.{collection}",
+        "init_args": {"workers": 2},
+    }
     path = write_config(config, tmp_path / "c.yaml")
     run = subprocess.Popen(
         [sys.executable, "-m", "app", "fit", "--config", str(path)],
@@ -190,10 +200,13 @@ def test_sigterm_saves_and_stops_the_run_and_its_workers_with_the_signals_exit_s
         time.sleep(0.2)
     time.sleep(2.0)  # the workers deliver and the learner updates (it stops after an update either way)
     assert run.poll() is None, run.stderr.read()
-    run.send_signal(signal.SIGTERM)
+    os.killpg(run.pid, signal.SIGTERM)
     _, errors = run.communicate(timeout=60)
     assert run.returncode == 128 + signal.SIGTERM, errors
     assert errors.strip().splitlines()[-1] == "stopped by SIGTERM: continue with --ckpt_path last"
+    # A worker's log holds what the worker printed, not the learner's lines (ParallelEnv builds the first worker's
+    # environments in the learner too, for their specs).
+    assert "SIGTERM" not in (tmp_path / "collector_workers" / "worker0.log").read_text()
     # The run checkpointed where it stopped (its config's own interval is never reached), replay buffer beside.
     saved = torch.load(tmp_path / "checkpoints/last.ckpt", weights_only=True)
     assert saved["global_step"] > 0
