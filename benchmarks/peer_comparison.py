@@ -599,7 +599,9 @@ def run_sb3(task_name: str, seed: int, args: argparse.Namespace, folder: Path) -
     command += ["--eval-episodes", str(args.eval_episodes), "--threads", str(args.threads)]
     command += ["--seconds", str(args.seconds)]
     start = time.perf_counter()
-    result = subprocess.run(command, cwd=folder, capture_output=True, text=True, timeout=args.timeout)
+    # SB3's logger makes a folder for its (here empty) output: the run's, not a new SB3-<time> folder in /tmp per run.
+    environment = {**os.environ, "SB3_LOGDIR": str(folder)}
+    result = subprocess.run(command, cwd=folder, capture_output=True, text=True, timeout=args.timeout, env=environment)
     process_seconds = time.perf_counter() - start
     (folder / "output.log").write_text(result.stdout + result.stderr)
     if result.returncode != 0:

@@ -133,11 +133,14 @@ def test_a_zoo_pair_is_compared_with_the_zoos_numbers_on_both_sides(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_zoo_pair_runs_both_frameworks_and_reports_them(tmp_path):
+def test_a_zoo_pair_runs_both_frameworks_and_reports_them(tmp_path, monkeypatch):
     # As a user runs it: a short run of a pair (1 s of training each), lightrl from the written config, SB3 in its
     # own process from the pair's name.
     pytest.importorskip("rl_zoo3")
     pytest.importorskip("stable_baselines3")
+    scratch = tmp_path / "tmp"  # the runs' temporary folder, to see what they leave there
+    scratch.mkdir()
+    monkeypatch.setenv("TMPDIR", str(scratch))
     out = tmp_path / "peers"
     peers.main(
         ["--tasks", "ppo:CartPole-v1:none", "--seeds", "1", "--seconds", "1", "--eval-episodes", "2"]
@@ -151,6 +154,7 @@ def test_a_zoo_pair_runs_both_frameworks_and_reports_them(tmp_path):
     # however few periodic evaluations a busy machine let it reach before.
     runs = json.loads((out / "peers.json").read_text())["tasks"]["ppo:CartPole-v1:none"]
     assert all(run["curve"][-1]["seconds"] >= 1 for name in ("lightrl", "sb3") for run in runs[name])
+    assert not list(scratch.glob("SB3-*"))  # SB3's logger folder is the run's, not a new one in /tmp per run
 
 
 @pytest.mark.parametrize(
