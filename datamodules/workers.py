@@ -434,19 +434,20 @@ def logged_env(log: Path, env_class: type, learner: int, **options: Any) -> EnvB
     the first worker's factory in the learner too (process ``learner``), for the environments' specs: there it only
     builds them."""
     if os.getpid() != learner:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the learner stops the workers (datamodules/ignore_sigterm.py)
-        _log_stderr_to(log)
+        _become_worker(log)
     return env_class(**options)
 
 
-def _log_stderr_to(log: Path) -> None:
+def _become_worker(log: Path) -> None:
+    """What a worker's factory does first in its worker process: ignore SIGTERM (the learner stops the workers, after
+    the checkpoint that asks them for their state: :mod:`datamodules.ignore_sigterm`) and copy stderr to ``log``."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     sys.stderr = _Tee(sys.stderr, open(log, "a", buffering=1))  # noqa: SIM115 - open for the process's life
 
 
 def _worker_env(log: Path, env_class: type, transform: Any, **options: Any) -> EnvBase:
     """Builds a worker's environments in the worker process (see the module docstring)."""
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the learner stops the workers (datamodules/ignore_sigterm.py)
-    _log_stderr_to(log)
+    _become_worker(log)
     torch.manual_seed(options["seed"])  # the worker's own exploration noise (the seed of its first environment)
     env = env_class(**options)
     return env if transform is None else TransformedEnv(env, transform.clone())
