@@ -20,11 +20,11 @@ from tensordict.nn import TensorDictModuleBase
 from torch import nn
 from torchrl.data import TensorSpec
 from torchrl.envs import MultiStepTransform
-from torchrl.envs.utils import ExplorationType, exploration_type
 from torchrl.modules import EGreedyModule, QValueActor
 from torchrl.objectives import DQNLoss, HardUpdate, SoftUpdate
 
 from modules.base import RLModule
+from modules.exploration import GreedyRowsEGreedy
 from modules.networks import (
     BatchNormCNN,
     EvalModeActor,
@@ -283,37 +283,3 @@ class DQN(RLModule):
 
     def extra_metrics(self) -> dict[str, torch.Tensor | float]:
         return {"train/epsilon": self.egreedy.eps}
-
-
-class GreedyRowsEGreedy(TensorDictModuleBase):
-    """ε-greedy acting that runs the Q-network only for the rows that act greedily.
-
-    TorchRL's ``EGreedyModule`` replaces the actions an actor already chose, so the network runs on every row even
-    when ε is near 1 — as it is for all of the Mario reference's first 500k annealing frames, where the forward pass of
-    its CNN is a noticeable share of a collector worker's time (docs/results/mario.md, "ε-greedy that skips the
-    network"). This draws what ``EGreedyModule`` draws, in its order (which rows explore, then a random action for
-    every row: the same actions for the same generator), and then evaluates the actor on the greedy rows alone; it
-    writes ``action`` only, since the rows that explore have no Q-values.
-
-    On an accelerator the whole batch costs what a few rows do and choosing rows would wait for the device, so there
-    (and under a deterministic exploration type, where nothing explores) it is ``EGreedyModule`` after the actor.
-    """
-
-    def __init__(self, actor: TensorDictModuleBase, egreedy: EGreedyModule) -> None:
-        super().__init__()
-        self.actor, self.egreedy = actor, egreedy
-        self.in_keys, self.out_keys = list(actor.in_keys), [egreedy.action_key]
-
-    def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
-        eps = self.egreedy.eps
-        if eps.device.type != "cpu" or exploration_type() not in (ExplorationType.RANDOM, None):
-            return self.egreedy(self.actor(tensordict))
-        explore = torch.rand(tensordict.shape, device=eps.device) < eps
-        action = self.egreedy.spec[self.egreedy.action_key].expand(tensordict.shape).rand()
-        if not explore.any():  # all greedy (most steps once ε is small): no rows to select
-            action = self.actor(tensordict.select(*self.in_keys)).get(self.egreedy.action_key)
-        elif not explore.all():
-            greedy = ~explore
-            action[greedy] = self.actor(tensordict.select(*self.in_keys)[greedy]).get(self.egreedy.action_key)
-        tensordict.set(self.egreedy.action_key, action)
-        return tensordict

@@ -31,29 +31,7 @@ from datamodules.source import DataSource
 from modules.dqn import DQN, ExplorationOptions, TargetOptions
 from modules.networks import NetworkOptions
 from modules.optim import OptimizerOptions
-from modules.quantiles import quantile_huber
-
-
-class QuantileNetwork(nn.Module):
-    """``network``'s ``actions × quantiles`` outputs as ``[..., actions, quantiles]``."""
-
-    def __init__(self, network: nn.Module, actions: int, quantiles: int) -> None:
-        super().__init__()
-        self.network, self.actions, self.quantiles = network, actions, quantiles
-
-    def forward(self, observation: torch.Tensor) -> torch.Tensor:
-        return self.network(observation).unflatten(-1, (self.actions, self.quantiles))
-
-
-class MeanOfQuantiles(nn.Module):
-    """The Q-values: the mean of each action's quantiles (what acting, evaluation and export read)."""
-
-    def __init__(self, quantiles: QuantileNetwork) -> None:
-        super().__init__()
-        self.quantiles = quantiles
-
-    def forward(self, observation: torch.Tensor) -> torch.Tensor:
-        return self.quantiles(observation).mean(-1)
+from modules.quantiles import MeanOfQuantiles, QuantileNetwork, quantile_huber
 
 
 class QRDQN(DQN):

@@ -28,39 +28,14 @@ from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import TensorDictModule, TensorDictModuleBase, TensorDictSequential
 from torch import nn
 from torchrl.data import TensorSpec
-from torchrl.envs.utils import ExplorationType, exploration_type
 from torchrl.objectives import TD3Loss
 
 from datamodules.source import DataSource
 from modules.base import RLModule
+from modules.exploration import BoxExploration
 from modules.networks import ActorOptions, CriticOptions, ScaledTanhPolicy, mlp, q_critic
 from modules.optim import OptimizerOptions
 from modules.spaces import BOX, check_action_space, check_bounded, check_flat_observation, model_name, observation_entry
-
-
-class BoxExploration(TensorDictModuleBase):
-    """The acting policy's exploration on the actor's ``action``: Gaussian noise of ``scale`` (in the action's units)
-    added and the sum clipped to the box, or, while ``uniform`` is set (the warm-up before the first update), an action
-    drawn uniformly from the box instead. Under a deterministic exploration type (evaluation) the action is left as it
-    is. ``uniform`` is a tensor, so that choosing between the two reads nothing back to the host."""
-
-    def __init__(self, low: torch.Tensor, high: torch.Tensor, scale: torch.Tensor) -> None:
-        super().__init__()
-        self.in_keys, self.out_keys = ["action"], ["action"]
-        self.register_buffer("low", low)
-        self.register_buffer("high", high)
-        self.register_buffer("scale", scale)
-        # Not saved: set from the update counter when a fit starts (TD3.on_fit_start), cleared at the first update.
-        self.register_buffer("uniform", torch.tensor(False), persistent=False)
-
-    def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
-        if exploration_type() not in (ExplorationType.RANDOM, None):
-            return tensordict
-        action = tensordict.get("action")
-        noisy = torch.minimum(torch.maximum(action + self.scale * torch.randn_like(action), self.low), self.high)
-        uniform = self.low + (self.high - self.low) * torch.rand_like(action)
-        tensordict.set("action", torch.where(self.uniform, uniform, noisy))
-        return tensordict
 
 
 class TD3(RLModule):

@@ -5,10 +5,15 @@ that imports nothing of the training stack, and its loader needs only torch."""
 from __future__ import annotations
 
 import ast
+import contextlib
+import io
+import pickle
 from pathlib import Path
 
 import pytest
+import yaml
 
+from app.cli import build
 from tests.helpers import ROOT
 
 
@@ -313,6 +318,35 @@ def test_what_a_worker_process_imports_needs_no_lightning():
     files = [ROOT / "datamodules" / "workers.py", *sorted(set((ROOT / "envs").rglob("*.py")) - learner_only)]
     assert ROOT / "envs" / "mettagrid" / "env.py" in files
     assert offending_chains(files, ("lightning", "pytorch_lightning")) == []
+
+
+def test_the_policy_a_collector_worker_receives_needs_no_lightning(tmp_path, monkeypatch):
+    # A collector worker unpickles the acting policy it is sent, which imports every module the policy's classes are
+    # defined in. DQN's ε-greedy, TD3's exploration and QR-DQN's head once lived in their agents' files, which import
+    # Lightning: every collector worker of those agents imported it (about a second of a core each). One shipped config
+    # per agent, its policy pickled as a collector sends it.
+    configs = {}
+    for path in sorted((ROOT / "configs").rglob("*.yaml")):
+        model = (yaml.safe_load(path.read_text()) or {}).get("model")
+        if isinstance(model, dict) and "class_path" in model:
+            configs.setdefault(model["class_path"], path)
+    assert {"modules.dqn.DQN", "modules.qrdqn.QRDQN", "modules.td3.TD3", "modules.sac.SAC"} <= set(configs)
+    named: set[str] = set()
+
+    class Names(pickle.Unpickler):
+        def find_class(self, module: str, name: str):
+            named.add(module)
+            return super().find_class(module, name)
+
+    monkeypatch.chdir(tmp_path)  # building a config makes its logger's folder
+    for path in configs.values():
+        with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+            model, _ = build([str(path)])
+        Names(io.BytesIO(pickle.dumps(model.policy()))).load()
+    ours = sorted(ROOT / f"{module.replace('.', '/')}.py" for module in named)
+    ours = [path for path in ours if path.exists()]
+    assert {"exploration.py", "quantiles.py", "networks.py"} <= {path.name for path in ours}
+    assert offending_chains(ours, ("lightning", "pytorch_lightning")) == []
 
 
 #: The strategies' own files: the only ones that may know which strategy collects.

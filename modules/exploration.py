@@ -1,0 +1,74 @@
+"""What acting adds to an actor's action in the collector: exploration.
+
+These modules run wherever the acting policy runs, in collector worker processes too, so this file imports no
+Lightning (nor an agent's file, which does): a worker that unpickles its policy imports only what the policy is made of
+(tests/app/test_layout.py). The agents that use them: :class:`~modules.dqn.DQN` (and its subclasses) and
+:class:`~modules.td3.TD3`.
+"""
+
+from __future__ import annotations
+
+import torch
+from tensordict import TensorDictBase
+from tensordict.nn import TensorDictModuleBase
+from torchrl.envs.utils import ExplorationType, exploration_type
+from torchrl.modules import EGreedyModule
+
+
+class GreedyRowsEGreedy(TensorDictModuleBase):
+    """ε-greedy acting that runs the Q-network only for the rows that act greedily.
+
+    TorchRL's ``EGreedyModule`` replaces the actions an actor already chose, so the network runs on every row even
+    when ε is near 1 — as it is for all of the Mario reference's first 500k annealing frames, where the forward pass of
+    its CNN is a noticeable share of a collector worker's time (docs/results/mario.md, "ε-greedy that skips the
+    network"). This draws what ``EGreedyModule`` draws, in its order (which rows explore, then a random action for
+    every row: the same actions for the same generator), and then evaluates the actor on the greedy rows alone; it
+    writes ``action`` only, since the rows that explore have no Q-values.
+
+    On an accelerator the whole batch costs what a few rows do and choosing rows would wait for the device, so there
+    (and under a deterministic exploration type, where nothing explores) it is ``EGreedyModule`` after the actor.
+    """
+
+    def __init__(self, actor: TensorDictModuleBase, egreedy: EGreedyModule) -> None:
+        super().__init__()
+        self.actor, self.egreedy = actor, egreedy
+        self.in_keys, self.out_keys = list(actor.in_keys), [egreedy.action_key]
+
+    def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+        eps = self.egreedy.eps
+        if eps.device.type != "cpu" or exploration_type() not in (ExplorationType.RANDOM, None):
+            return self.egreedy(self.actor(tensordict))
+        explore = torch.rand(tensordict.shape, device=eps.device) < eps
+        action = self.egreedy.spec[self.egreedy.action_key].expand(tensordict.shape).rand()
+        if not explore.any():  # all greedy (most steps once ε is small): no rows to select
+            action = self.actor(tensordict.select(*self.in_keys)).get(self.egreedy.action_key)
+        elif not explore.all():
+            greedy = ~explore
+            action[greedy] = self.actor(tensordict.select(*self.in_keys)[greedy]).get(self.egreedy.action_key)
+        tensordict.set(self.egreedy.action_key, action)
+        return tensordict
+
+
+class BoxExploration(TensorDictModuleBase):
+    """The acting policy's exploration on the actor's ``action``: Gaussian noise of ``scale`` (in the action's units)
+    added and the sum clipped to the box, or, while ``uniform`` is set (the warm-up before the first update), an action
+    drawn uniformly from the box instead. Under a deterministic exploration type (evaluation) the action is left as it
+    is. ``uniform`` is a tensor, so that choosing between the two reads nothing back to the host."""
+
+    def __init__(self, low: torch.Tensor, high: torch.Tensor, scale: torch.Tensor) -> None:
+        super().__init__()
+        self.in_keys, self.out_keys = ["action"], ["action"]
+        self.register_buffer("low", low)
+        self.register_buffer("high", high)
+        self.register_buffer("scale", scale)
+        # Not saved: set from the update counter when a fit starts (TD3.on_fit_start), cleared at the first update.
+        self.register_buffer("uniform", torch.tensor(False), persistent=False)
+
+    def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+        if exploration_type() not in (ExplorationType.RANDOM, None):
+            return tensordict
+        action = tensordict.get("action")
+        noisy = torch.minimum(torch.maximum(action + self.scale * torch.randn_like(action), self.low), self.high)
+        uniform = self.low + (self.high - self.low) * torch.rand_like(action)
+        tensordict.set("action", torch.where(self.uniform, uniform, noisy))
+        return tensordict
