@@ -28,7 +28,7 @@ from datamodules.collection import AsyncCollectorWorkers, CollectorWorkers, _Fee
 from datamodules.episodes import EpisodeStatistics
 from datamodules.evaluation import EvaluationOptions
 from datamodules.replay import ReplayDataModule
-from datamodules.workers import WorkerWatch, multi_process_collector, worker_death_error
+from datamodules.workers import WorkerWatch, multi_process_collector, use_forkserver, worker_death_error
 from envs.testing.chain import ChainEnv
 from modules.dqn import DQN, ExplorationOptions
 from modules.networks import NetworkOptions
@@ -479,7 +479,8 @@ def test_a_push_writes_the_weights_the_workers_share_once():
     That the workers act with what a push wrote: test_the_learners_weights_reach_the_workers_when_pushed_..."""
     policy = QValueActor(torch.nn.Linear(4, 2), in_keys=["observation"], spec=GymEnv("CartPole-v1").action_spec)
     make_env = partial(GymEnv, "CartPole-v1")
-    collector = multi_process_collector(MultiAsyncCollector, [make_env] * 3, policy, 8, torch.device("cpu"))
+    use_forkserver()  # the workers start as the collection strategies start theirs
+    collector = multi_process_collector(MultiAsyncCollector, [make_env] * 2, policy, 8, torch.device("cpu"))
     try:
         next(iter(collector))
         with torch.profiler.profile() as profile:
