@@ -361,14 +361,19 @@ class WorkerWatch(threading.Thread):
 
 def worker_pids(pid: int | None = None) -> list[int]:
     """The worker processes ``multiprocessing`` started for process ``pid`` (this one by default): its children
-    started with ``spawn`` and the children of its forkserver (:func:`use_forkserver`), which forks them."""
+    started with ``spawn`` and the forks of its forkserver (:func:`use_forkserver`).
+
+    A fork keeps the server's command line; any other child of the server is not a worker: a process that a module
+    imported in the server starts (MuJoCo, which TorchRL imports, imports glfw, which runs a Python process to read its
+    library's version) was taken for worker 0, and its end for the worker's death. An ended worker not yet collected
+    has no command line, and is still one."""
     found = []
     for child in _children(os.getpid() if pid is None else pid):
         command = _command_line(child)
         if b"spawn_main" in command:
             found.append(child)
         elif b"multiprocessing.forkserver" in command:
-            found += _children(child)
+            found += [fork for fork in _children(child) if _command_line(fork) in (command, b"")]
     return found
 
 
@@ -410,18 +415,19 @@ def _running(pid: int) -> bool:
 
 
 #: What the forkserver imports once, before it forks the workers: torch and tensordict, and the module by which the
-#: server and its workers ignore SIGTERM (:mod:`datamodules.ignore_sigterm`). Not TorchRL: with TorchRL imported in
-#: the server, an asynchronous run's forked collector workers died at their first frames (2026-11-28: 3 of 3 runs;
-#: with torch and tensordict alone, 3 of 3 ran), so each worker still imports TorchRL and the environment's module.
+#: server and its workers ignore SIGTERM (:mod:`datamodules.ignore_sigterm`). Not TorchRL: a worker forked from a
+#: server that has it dies within a fraction of a second when it raises at once (a checkpoint's state it refuses),
+#: before the worker watch's first look; no death is seen and the learner waits for good (2 of 3 refused resumes,
+#: 2026-12-01). A worker importing TorchRL itself lives long enough to be seen.
 WORKER_IMPORTS = ("torch", "tensordict", "datamodules.ignore_sigterm")
 
 
 def use_forkserver() -> None:
     """Start worker processes from a forkserver that has imported :data:`WORKER_IMPORTS`, so that a worker does not
-    import torch and tensordict anew (seconds, and a core's worth of them per worker). TorchRL takes the start method
-    set here. Importing TorchRL sets ``spawn`` when no method was chosen yet, so ``spawn`` is read as that default and
-    replaced; a program's other choice (``fork``), a server chosen by an earlier call, and platforms other than Linux
-    are left alone."""
+    import torch and tensordict anew (seconds, and a core's worth of them per worker). TorchRL takes the
+    start method set here. Importing TorchRL sets ``spawn`` when no method was chosen yet, so ``spawn`` is read as that
+    default and replaced; a program's other choice (``fork``), a server chosen by an earlier call, and platforms other
+    than Linux are left alone."""
     if sys.platform != "linux" or multiprocessing.get_start_method(allow_none=True) not in (None, "spawn"):
         return
     multiprocessing.set_forkserver_preload(list(WORKER_IMPORTS))

@@ -442,6 +442,37 @@ def test_the_watch_names_the_worker_killed_first_and_stops_the_others(start_meth
     )
 
 
+#: A forkserver whose preload starts a process of its own, as glfw does when TorchRL imports MuJoCo: the helper ends
+#: while two workers run, and the watch must not take it for a worker that died.
+HELPER_IN_THE_SERVER = """
+import multiprocessing, sys, time
+from datamodules.workers import WorkerWatch
+if __name__ == "__main__":
+    multiprocessing.set_forkserver_preload(["starts_a_helper"])
+    context = multiprocessing.get_context("forkserver")
+    watch = WorkerWatch(poll_s=0.02)
+    watch.start()
+    workers = [context.Process(target=time.sleep, args=(60,)) for _ in range(2)]
+    for worker in workers:
+        worker.start()
+    time.sleep(2.0)  # the helper (1 s) has come and gone
+    print(watch.workers == [worker.pid for worker in workers], watch.death)
+    for worker in workers:
+        worker.kill()
+"""
+
+
+@pytest.mark.slow
+def test_a_process_the_forkserver_starts_while_importing_is_no_worker(tmp_path):
+    (tmp_path / "starts_a_helper.py").write_text(
+        "import subprocess, sys\nhelper = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(1)'])\n"
+    )
+    (tmp_path / "run.py").write_text(HELPER_IN_THE_SERVER)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(tmp_path)])}
+    done = subprocess.run([sys.executable, "run.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=99)
+    assert done.stdout.split() == ["True", "None"], done.stdout + done.stderr
+
+
 def test_of_workers_that_ended_together_the_error_names_the_one_killed_not_one_that_exited_cleanly():
     # Forkserver workers' codes are unknown to the watch: when it first sees two ended at once (the killed one and a
     # survivor that TorchRL's shutdown let exit cleanly), the error reads their codes and names the killed one,
