@@ -59,8 +59,8 @@ import torch  # noqa: E402
 
 from checkpoints.files import TEMPORARY_MARK, kept_path, updates_in_name  # noqa: E402
 from datamodules.workers import worker_pids  # noqa: E402
-from tests.app.test_resume import SHORT, assert_same, metrics_rows  # noqa: E402
-from tests.helpers import fill, saved_replay, small_file_system  # noqa: E402
+from tests.app.test_resume import SHORT, metrics_rows  # noqa: E402
+from tests.helpers import assert_same, fill, saved_replay, small_file_system  # noqa: E402
 
 # Snake's boards stepped by the torch backend: the same games as the default C++ kernel without its first-use build;
 # the loss eager: compiling it costs seconds at every start of a process, which the soak starts dozens of times

@@ -365,15 +365,15 @@ def worker_pids(pid: int | None = None) -> list[int]:
 
     A fork keeps the server's command line; any other child of the server is not a worker: a process that a module
     imported in the server starts (MuJoCo, which TorchRL imports, imports glfw, which runs a Python process to read its
-    library's version) was taken for worker 0, and its end for the worker's death. An ended worker not yet collected
-    has no command line, and is still one."""
+    library's version) was taken for worker 0, and its end for the worker's death. A child that has ended has no
+    command line left, so only those alive are found (the watch follows a worker it has seen to its end)."""
     found = []
     for child in _children(os.getpid() if pid is None else pid):
         command = _command_line(child)
         if b"spawn_main" in command:
             found.append(child)
         elif b"multiprocessing.forkserver" in command:
-            found += [fork for fork in _children(child) if _command_line(fork) in (command, b"")]
+            found += [fork for fork in _children(child) if _command_line(fork) == command]
     return found
 
 

@@ -229,6 +229,23 @@ def assert_the_bare_update_computes(model: Any, data: Any, loss: Any = None) -> 
     assert step(len(pool)) != pytest.approx(expected.item(), rel=1e-5)
 
 
+def assert_same(a, b, where: str = "") -> None:
+    """Nested checkpoint contents (dicts, sequences, tensors, numbers) are equal, leaf by leaf."""
+    assert type(a) is type(b), where
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for key in a:
+            assert_same(a[key], b[key], f"{where}/{key}")
+    elif isinstance(a, list | tuple):
+        assert len(a) == len(b), where
+        for index, (x, y) in enumerate(zip(a, b, strict=True)):
+            assert_same(x, y, f"{where}/{index}")
+    elif isinstance(a, torch.Tensor):
+        assert torch.equal(a, b), where
+    else:
+        assert a == b, where
+
+
 def fit(config_path: Path, *overrides: str):
     """``python -m app fit --config config_path overrides...`` in-process; returns the CLI (trainer, model, data)."""
     return main(["fit", "--config", str(config_path), *overrides])

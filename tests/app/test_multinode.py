@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from app.cli import RENDEZVOUS_VARIABLES
-from tests.helpers import RESEEDED, ROOT, app_in_process, chain_config, saved_replay, write_config
+from tests.helpers import RESEEDED, ROOT, app_in_process, assert_same, chain_config, saved_replay, write_config
 
 
 class DumpRankWeights(pl.Callback):
@@ -40,23 +40,6 @@ def fit_ddp(config: Path, *overrides: str) -> None:
         timeout=300,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-
-
-def assert_same(a, b, where: str = "") -> None:
-    """Nested checkpoint contents (dicts, sequences, tensors, numbers) are equal, leaf by leaf."""
-    assert type(a) is type(b), where
-    if isinstance(a, dict):
-        assert a.keys() == b.keys(), where
-        for key in a:
-            assert_same(a[key], b[key], f"{where}/{key}")
-    elif isinstance(a, list | tuple):
-        assert len(a) == len(b), where
-        for index, (x, y) in enumerate(zip(a, b, strict=True)):
-            assert_same(x, y, f"{where}/{index}")
-    elif isinstance(a, torch.Tensor):
-        assert torch.equal(a, b), where
-    else:
-        assert a == b, where
 
 
 class TerminateAgentAt(pl.Callback):
