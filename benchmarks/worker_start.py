@@ -10,7 +10,7 @@ environment's module; TorchRL's default, kept although lightrl's strategies woul
 server imports torch and tensordict once, each worker is its fork: what lightrl's worker collections choose on Linux,
 ``datamodules/workers.py::use_forkserver``). The two alternate, ``--repeats`` times each, so the machine's drift falls
 on both. Reported for each fit: its wall time from the process's start to its end (the imports
-of the training process itself are in all) and the machine's busy CPU seconds meanwhile, read from ``/proc/stat``
+of the training process itself are in both) and the machine's busy CPU seconds meanwhile, read from ``/proc/stat``
 (a forkserver is not waited for by the process that started it, so its share would go uncounted in the process's own
 CPU time; so nothing else may run on the machine); and their medians. Writes a JSON and a Markdown table beside
 ``--out``.

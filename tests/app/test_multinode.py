@@ -80,18 +80,17 @@ def test_ddp_ranks_resume_their_own_state_on_one_node_and_after_sigterm_across_t
     # the reference. A run resumed from its checkpoint of update 20, as if killed after it, ends with its weights,
     # data and buffers; so does the same config as two nodes (the same global ranks), stopped by SIGTERM to both
     # agents and continued by the same command with --ckpt_path last.
-    def config_in(folder: str, every_n_frames: int, *callbacks: dict) -> tuple[dict, Path]:
+    def config_in(folder: str, checkpoints: dict, *callbacks: dict) -> tuple[dict, Path]:
         config = chain_config("dqn", tmp_path / folder)
         config["trainer"]["callbacks"] = [
-            {"class_path": "callbacks.schedule.FrameCheckpoint", "init_args": {"every_n_frames": every_n_frames}},
+            {"class_path": "callbacks.schedule.FrameCheckpoint", "init_args": checkpoints},
             {"class_path": f"{__name__}.DumpRankWeights", "init_args": {"dirpath": str(tmp_path / folder)}},
             *callbacks,
         ]
         return config, write_config(config, tmp_path / f"{folder}.yaml")
 
-    config, full_config = config_in("full", 96)
-    config["trainer"]["callbacks"][0]["init_args"]["save_top_k"] = -1
-    fit_ddp(write_config(config, full_config), "--trainer.max_steps", "40")
+    config, full_config = config_in("full", {"every_n_frames": 96, "save_top_k": -1})
+    fit_ddp(full_config, "--trainer.max_steps", "40")
     full = tmp_path / "full/checkpoints"
     middle = full / "frames=96.ckpt"
     # 64 warm-up frames, then 8 frames per 4 updates, which one step takes: 96 frames in the step of updates 17-20, and
@@ -158,8 +157,9 @@ def test_ddp_ranks_resume_their_own_state_on_one_node_and_after_sigterm_across_t
     # The same ranks as two nodes of one process each: SIGTERM to both agents after update 12, as a scheduler ends a
     # job, then the same command continued. (The config's own checkpoints never come: the one saved at the stop is
     # what continues.)
+    never = {"every_n_frames": 10**9}
     stop = {"class_path": f"{__name__}.TerminateAgentAt", "init_args": {"step": 12}}
-    stopped = run_two_nodes(config_in("nodes", 10**9, stop)[1], "--trainer.max_steps", "40")
+    stopped = run_two_nodes(config_in("nodes", never, stop)[1], "--trainer.max_steps", "40")
     assert all(node.returncode != 0 for node in stopped)  # the agents end on the signal
     # Every rank stopped at the same update and says how to continue; each saved its own state beside the checkpoint.
     for node in stopped:
@@ -170,7 +170,7 @@ def test_ddp_ranks_resume_their_own_state_on_one_node_and_after_sigterm_across_t
     assert (checkpoints / f"last.ckpt.rank1-step{step}").exists()
     assert (checkpoints / f"last.ckpt.replay-rank1-step{step}").exists()
     # Every rank restores its own collection, buffer and generators: the one-node run's weights, rank by rank.
-    continued = run_two_nodes(config_in("nodes", 10**9)[1], "--trainer.max_steps", "40", "--ckpt_path", "last")
+    continued = run_two_nodes(config_in("nodes", never)[1], "--trainer.max_steps", "40", "--ckpt_path", "last")
     assert [node.returncode for node in continued] == [0, 0], continued[0].stdout[-3000:] + continued[1].stdout[-3000:]
     for rank in (0, 1):
         assert_same(
