@@ -134,7 +134,8 @@ class RecurrentPPO(RLModule):
         # segment there and pads the pieces, shapes that depend on the data, so a compiled LSTM was a new graph for
         # every layout of resets (its "scan" backend has a backward that does not compile with torch 2.13), and an
         # eager one inside one compiled loss broke it into dozens of Dynamo frames. Eager, the LSTM runs its fused
-        # kernel as in acting; the encoder compiles because its eager convolutions are much slower on a CPU.
+        # kernel as in acting; the encoder compiles, which on a CPU is a little faster than its eager (channels-last)
+        # convolutions at an update's size.
         heads = CategoricalActor(TensorDictModule(self.actor_head, ["hidden"], ["logits"]), action_spec)
         self.loss_module = clip_ppo_loss(heads, self.critic, loss)
 

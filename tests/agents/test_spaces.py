@@ -13,7 +13,7 @@ from torchrl.envs.utils import ExplorationType, set_exploration_type
 
 from app.errors import environment_name
 from modules.dqn import DQN
-from modules.networks import NatureCNN, NetworkOptions, observation_network
+from modules.networks import BatchNormCNN, NatureCNN, NetworkOptions, TokenEncoder, observation_network
 from modules.ppo import PPO, GaussianOptions
 from modules.sac import SAC, ActorOptions, CriticOptions
 from modules.spaces import SpaceError
@@ -205,6 +205,51 @@ def test_the_nature_cnn_is_mnih_et_al_reading_uint8_pixels_in_either_channel_ord
     torch.testing.assert_close(channels_last(image), channels_first(image.permute(0, 3, 1, 2)))
     # Leading batch dimensions are kept (PPO's [envs, steps] rollouts).
     assert network(torch.zeros(2, 3, 4, 84, 84, dtype=torch.uint8)).shape == (2, 3, 6)
+
+
+@pytest.mark.parametrize("cnn", ["nature", "mario", "tokens"])
+def test_every_cnn_convolves_channels_last_images_and_computes_what_nchw_ones_give(cnn):
+    # The layout is for speed (modules/networks.py, as_channels_last): every convolution is handed channels-last
+    # images, forward and backward give the NCHW computation's values up to rounding, and the weights keep their own
+    # layout (checkpoints and the weights collector workers share are as before).
+    torch.manual_seed(0)
+    if cnn == "tokens":
+        network = TokenEncoder(20, 13, 13)
+        tokens = torch.stack(
+            [torch.randint(0, 13, (6, 50)) << 4 | torch.randint(0, 13, (6, 50)), torch.randint(0, 20, (6, 50))]
+            + [torch.randint(0, 256, (6, 50))],
+            dim=-1,
+        ).to(torch.uint8)
+        observation, images = tokens, lambda: network.grid(tokens)
+    else:
+        observation = torch.randint(0, 256, (6, 4, 84, 84), dtype=torch.uint8)
+        if cnn == "nature":
+            network = NatureCNN((4, 84, 84), 6)
+            images = lambda: observation.float() * network.scale  # noqa: E731 - the network's own scaling
+        else:
+            network = BatchNormCNN((4, 84, 84), 7)
+            images = lambda: observation.float() / 255.0  # noqa: E731
+    convolutions = [module for module in network.modules() if isinstance(module, torch.nn.Conv2d)]
+    layouts = []
+    for convolution in convolutions:
+        convolution.register_forward_pre_hook(
+            lambda _, args: layouts.append(args[0].is_contiguous(memory_format=torch.channels_last))
+        )
+    output = network(observation)
+    assert layouts == [True] * len(convolutions)
+    assert all(parameter.is_contiguous() for parameter in network.parameters())
+
+    def nchw(images: torch.Tensor) -> torch.Tensor:
+        features = network.conv if cnn == "tokens" else network.features
+        return network.head(features(images.contiguous()))
+
+    torch.testing.assert_close(output, nchw(images()), rtol=1e-4, atol=1e-5)
+    output.square().sum().backward()
+    gradients = [parameter.grad.clone() for parameter in network.parameters()]
+    network.zero_grad()
+    nchw(images()).square().sum().backward()
+    for channels_last, reference in zip(gradients, [parameter.grad for parameter in network.parameters()], strict=True):
+        torch.testing.assert_close(channels_last, reference, rtol=1e-3, atol=1e-4)
 
 
 def test_auto_takes_the_nature_cnn_for_images_only_and_keeps_the_shipped_networks():
