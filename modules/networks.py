@@ -435,9 +435,11 @@ class TokenGrid(nn.Module):
     ``[features, height, width]`` with ``grid[f, y, x] = value * scale[f]`` (``scale``: the environment's per-feature
     normalisation, so counts, flags and percentages land in similar ranges); cells without a token are 0.
 
-    Every token is scattered at once into a flat ``features * height * width`` row with one extra slot at its end:
-    padding, and anything outside the grid, lands in that slot and is cut off, so no mask or Python loop is needed.
-    Two tokens on one cell and feature add up (MettaGrid emits at most one).
+    Every token of the batch is scattered at once into one flat row of ``batch * height * width * features`` cells
+    with one extra slot at its end: padding, and anything outside the grid, lands in that slot and is cut off, so no
+    mask or Python loop is needed. Two tokens on one cell and feature add up (MettaGrid emits at most one). The cells
+    are ordered features last, so the grid comes out laid out channels-last in memory, as the convolutions read it
+    (:func:`as_channels_last`), with no copy.
 
     Args:
         num_features: feature channels (feature ids ``>= num_features`` are dropped).
@@ -460,12 +462,14 @@ class TokenGrid(nn.Module):
         centre = (self.height // 2) << 4 | (self.width // 2)
         location = torch.where(location == GLOBAL_LOCATION, centre, location)
         y, x = location >> 4, location & 15
-        cells = self.num_features * self.height * self.width
+        batch, cells = location.shape[0], self.num_features * self.height * self.width
         inside = (feature < self.num_features) & (y < self.height) & (x < self.width)
-        index = torch.where(inside, (feature * self.height + y) * self.width + x, cells)
+        row = torch.arange(batch, device=tokens.device).unsqueeze(-1) * cells
+        index = torch.where(inside, row + (y * self.width + x) * self.num_features + feature, batch * cells)
         values = value.to(self.scale.dtype) * self.scale[feature.clamp(max=self.num_features)]
-        grid = values.new_zeros(index.shape[0], cells + 1).scatter_add_(1, index, values)
-        return grid[:, :cells].reshape(*lead, self.num_features, self.height, self.width)
+        grid = values.new_zeros(batch * cells + 1).scatter_add_(0, index.flatten(), values.flatten())
+        grid = grid[: batch * cells].view(batch, self.height, self.width, self.num_features).permute(0, 3, 1, 2)
+        return grid.reshape(*lead, self.num_features, self.height, self.width)
 
 
 class TokenEncoder(nn.Module):

@@ -35,6 +35,8 @@ def test_tokens_scatter_into_the_grid_cell_by_cell():
     expected[0, 0, 3, 4] = 7.0
     expected[1, 1, 0, 0] = 3.0
     assert torch.equal(grid(tokens), expected)
+    # Laid out as the convolutions read it (channels-last, modules/networks.py: as_channels_last), with no copy.
+    assert grid(tokens).is_contiguous(memory_format=torch.channels_last)
     # Any leading batch dimensions: [segments, bptt] when training.
     assert torch.equal(grid(tokens.reshape(1, 2, 4, 3)), expected.reshape(1, 2, 3, 4, 5))
 
