@@ -415,10 +415,10 @@ def _running(pid: int) -> bool:
 
 
 #: What the forkserver imports once, before it forks the workers: torch and tensordict, and the module by which the
-#: server and its workers ignore SIGTERM (:mod:`datamodules.ignore_sigterm`). Not TorchRL: a worker forked from a
-#: server that has it dies within a fraction of a second when it raises at once (a checkpoint's state it refuses),
-#: before the worker watch's first look; no death is seen and the learner waits for good (2 of 3 refused resumes,
-#: 2026-12-01). A worker importing TorchRL itself lives long enough to be seen.
+#: server and its workers ignore SIGTERM (:mod:`datamodules.ignore_sigterm`). Not TorchRL: with it in the server, the
+#: learner waited for good in 2 of 3 resumes whose workers refused the checkpoint's state (2026-12-01; 8 of 8 fine
+#: later). Suspected, not shown: such a worker, raising at once, dies before the worker watch's first look, so no death
+#: is seen; a worker importing TorchRL itself lives long enough to be seen.
 WORKER_IMPORTS = ("torch", "tensordict", "datamodules.ignore_sigterm")
 
 

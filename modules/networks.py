@@ -374,8 +374,9 @@ class NatureCNN(nn.Module):
         x = images.reshape(-1, *images.shape[-3:])
         if self.channels_last:
             x = x.permute(0, 3, 1, 2)
-        x = x.float() * self.scale
-        return self.head(self.features(as_channels_last(x))).reshape(*lead, -1)
+        # Laid out before the conversion to floats, which keeps the layout: the copy moves bytes, not floats.
+        x = as_channels_last(x).float() * self.scale
+        return self.head(self.features(x)).reshape(*lead, -1)
 
 
 class TorsoHead(nn.Sequential):
@@ -539,8 +540,8 @@ class BatchNormCNN(nn.Module):
 
     def forward(self, frames: torch.Tensor) -> torch.Tensor:
         lead = frames.shape[: -self.observation_dims]
-        x = frames.reshape(-1, *frames.shape[-self.observation_dims :]).float() / 255.0
-        return self.head(self.features(as_channels_last(x))).reshape(*lead, -1)
+        x = as_channels_last(frames.reshape(-1, *frames.shape[-self.observation_dims :])).float() / 255.0
+        return self.head(self.features(x)).reshape(*lead, -1)
 
 
 def has_batch_norm(network: nn.Module) -> bool:
