@@ -66,8 +66,8 @@ class PremadeBatches(InProcess):
         super().build(data)
         self._made = [super(PremadeBatches, self).collect().clone() for _ in range(self.batches)]
 
-    def collect(self) -> TensorDictBase:
-        batch = self._made[self._handed % len(self._made)]
+    def collect(self, steps: int = 0) -> TensorDictBase:
+        batch = self._made[self._handed % len(self._made)]  # whatever ``steps`` asks: the premade batches are it
         self._handed += 1
         return batch.clone()
 

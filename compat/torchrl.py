@@ -2,7 +2,8 @@
 accessor, and two private hooks.
 
 - a ``Collector`` carries the last observations (and recurrent states) between calls in ``_carrier`` and counts in
-  ``_frames`` and ``_iter``; its own ``state_dict`` holds neither the carrier nor the environments' state;
+  ``_frames`` and ``_iter``; its own ``state_dict`` holds neither the carrier nor the environments' state; its rounds
+  act with ``_wrapped_policy`` and merge its ``_policy_output_keys`` (:func:`longer_round` steps one as they do);
 - a ``MultiStepTransform`` keeps each environment's last n steps in ``_buffer``;
 - a ``ParallelEnv`` signals "step done" through shared flags, ``_shm_done_flags``, which loading a state leaves up;
 - a replay buffer hands its sampler the generator to draw with as ``Sampler._rng``;
@@ -33,6 +34,7 @@ from tensordict import TensorDict, TensorDictBase, is_non_tensor
 from torchrl.collectors import Collector, MultiAsyncCollector
 from torchrl.collectors.weight_update import RayWeightUpdater
 from torchrl.envs import ParallelEnv, Transform
+from torchrl.envs.utils import set_exploration_type
 from torchrl.weight_update import SharedMemWeightSyncScheme
 from torchrl.weight_update._shared import SharedMemTransport
 
@@ -48,6 +50,14 @@ PRIVATE_API = (
     ("torchrl.collectors.Collector", "_carrier", "collector_carrier"),
     ("torchrl.collectors.Collector", "_frames", "collector_counters, set_collector_counters"),
     ("torchrl.collectors.Collector", "_iter", "collector_counters, set_collector_counters"),
+    ("torchrl.collectors.Collector", "_carrier", "longer_round"),
+    ("torchrl.collectors.Collector", "_wrapped_policy", "longer_round"),
+    ("torchrl.collectors.Collector", "_policy_output_keys", "longer_round"),
+    ("torchrl.collectors.Collector", "_cast_to_policy_device", "longer_round"),
+    ("torchrl.collectors.Collector", "_cast_to_env_device", "longer_round"),
+    ("torchrl.collectors.Collector", "_carrier_has_no_device", "longer_round"),
+    ("torchrl.collectors.Collector", "_compact_next_keys", "longer_round"),
+    ("torchrl.collectors.Collector", "_exclude_private_keys", "longer_round"),
     ("torchrl.envs.MultiStepTransform", "_buffer", "multistep_window, set_multistep_window"),
     ("torchrl.envs.ParallelEnv", "_shm_done_flags", "parallel_env_lower_done_flags"),
     ("torchrl.envs.ParallelEnv", "_workers", "parallel_env_processes"),
@@ -92,6 +102,64 @@ def set_collector_counters(collector: Collector, frames: int, iterations: int) -
     """Restore the counters :func:`collector_counters` read."""
     # Collector._frames, Collector._iter (private; torchrl 0.14.1).
     collector._frames, collector._iter = frames, iterations
+
+
+def longer_round(collector: Collector, steps: int) -> TensorDictBase | None:
+    """``steps`` steps of every environment of ``collector`` from where it stands, stepped as its own rounds step them,
+    in one batch ``[*environments, steps]``; its next round continues where they end. None where its rounds do more
+    than this (moving data between devices, a compiled policy, trajectory ids, random frames, a replay buffer of its
+    own...): then only its own rounds collect.
+
+    What a round of ``Collector.rollout`` does at each step, in the case this handles: the policy acts on the carrier
+    (in place, or its outputs merged in) under the collector's exploration type, ``step_and_maybe_reset`` sets the
+    step's ``"next"`` on it and gives the next carrier; the round is the steps stacked, private (``_``) entries
+    dropped. A round of ``steps`` steps costs one stack and one pass over its entries instead of ``steps`` of each,
+    and none of the collector's per-round bookkeeping.
+    """
+    # Collector._carrier, _wrapped_policy, _policy_output_keys, _cast_to_policy_device, _cast_to_env_device,
+    # _carrier_has_no_device, _compact_next_keys, _exclude_private_keys (private; torchrl 0.14.1): what
+    # Collector.rollout and its post-processing read.
+    if (
+        collector._cast_to_policy_device
+        or collector._cast_to_env_device
+        or collector._carrier_has_no_device
+        or collector._compact_next_keys
+        or collector.compiled_policy
+        or collector.cudagraphed_policy
+        or collector.track_traj_ids
+        or collector.reset_at_each_iter
+        or collector.init_random_frames
+        or collector.replay_buffer is not None
+        or collector.split_trajs
+        or collector.postproc is not None
+        or collector.interruptor is not None
+        or collector.storing_device not in (None, collector.env_device)
+        or collector.pre_collect_hook is not None
+        or collector.post_collect_hook is not None
+    ):
+        return None
+    policy, env, carrier = collector._wrapped_policy, collector.env, collector._carrier
+    steps_taken = []
+    with torch.no_grad(), set_exploration_type(collector.exploration_type):
+        for _ in range(steps):
+            acted = policy(carrier)
+            if acted is not carrier:
+                carrier.update(acted, keys_to_update=collector._policy_output_keys)
+            stepped, following = env.step_and_maybe_reset(carrier)
+            if stepped is not carrier:
+                carrier.set("next", stepped.get("next"))
+            steps_taken.append(carrier)
+            carrier = following
+    collector._carrier = carrier
+    batch = torch.stack(steps_taken, dim=-1)
+    if collector._exclude_private_keys:
+        private = [key for key in batch.keys(True) if any(part.startswith("_") for part in _key_parts(key))]
+        batch = batch.exclude(*private) if private else batch
+    return batch
+
+
+def _key_parts(key: str | tuple[str, ...]) -> tuple[str, ...]:
+    return (key,) if isinstance(key, str) else key
 
 
 def multistep_window(transform: Transform) -> TensorDictBase | None:

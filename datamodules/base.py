@@ -313,6 +313,11 @@ class RLDataModule(EnvSpecs, Evaluation, pl.LightningDataModule):
         """Frames of one collector call: every environment's (and agent's) ``collect_steps`` steps."""
         return self.num_envs * self.agents_per_env * self.collect_steps
 
+    def largest_round_frames(self) -> int:
+        """Frames of the largest batch collected at once: a round (a replay module's warm-up may collect longer
+        ones)."""
+        return self.frames_per_batch
+
     # ------------------------------------------------------------------------------------------------ lifecycle
     @property
     def rank_seed(self) -> int:
@@ -417,7 +422,7 @@ class RLDataModule(EnvSpecs, Evaluation, pl.LightningDataModule):
             MemoryNeed(
                 "the collector's batches",
                 f"data.num_envs {self.num_envs}",
-                copies * self.frames_per_batch * per_frame,
+                copies * self.largest_round_frames() * per_frame,
                 device,
             ),
             *self.collection.memory_needs(self),
@@ -432,12 +437,14 @@ class RLDataModule(EnvSpecs, Evaluation, pl.LightningDataModule):
         self.episodes.count()
         return batch
 
-    def collect_uncounted(self, timer: PhaseTimer) -> TensorDictBase:
+    def collect_uncounted(self, timer: PhaseTimer, steps: int = 0) -> TensorDictBase:
         """:meth:`collect` without adding to ``frames``, timed into ``timer``: for collection off the training thread
         (:class:`~datamodules.replay.ReplayDataModule`'s prefetch), whose frames count when the training thread takes
-        them, and so do the training episodes that end in it: ``EpisodeStatistics.count``)."""
+        them, and so do the training episodes that end in it: ``EpisodeStatistics.count``). ``steps``: a longer round
+        where the strategy can step one (:meth:`~datamodules.collection.Collection.collect`)."""
         with timer.phase("collect"):
-            batch = self.collection.collect()  # a dead worker is one error naming it (Collection.check_workers_alive)
+            # a dead worker is one error naming it (Collection.check_workers_alive)
+            batch = self.collection.collect(steps)
             self.episodes.observe(batch)
         if self.postprocess is not None:
             with timer.phase("advantage"):

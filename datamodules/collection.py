@@ -54,6 +54,7 @@ from checkpoints.files import CheckpointMismatch, from_plain, to_plain
 from compat.torchrl import (
     WorkerTaggedAsyncCollector,
     collector_carrier,
+    longer_round,
     parallel_env_load_state,
     parallel_env_lower_done_flags,
     parallel_env_processes,
@@ -186,9 +187,20 @@ class Collection:
         """Build the collector for ``data`` (connected: it has the model's policy)."""
         raise NotImplementedError
 
-    def collect(self) -> TensorDictBase:
-        """The next collected batch (the training thread, or the prefetch thread)."""
+    #: whether the collector and its environments' carrier live in this process, so that a round of any number of
+    #: steps can be stepped on request (:meth:`collect`'s ``steps``)
+    rounds_of_any_length = False
+
+    def collect(self, steps: int = 0) -> TensorDictBase:
+        """The next collected batch (the training thread, or the prefetch thread): a round of the data module's
+        ``collect_steps``, or with ``steps`` (for rounds no update waits on: the warm-up) a round of that many steps of
+        every environment, where the strategy steps its environments from this process
+        (:func:`compat.torchrl.longer_round`); the others collect their usual round."""
         try:
+            if steps and self.rounds_of_any_length:
+                batch = longer_round(self.collector, steps)
+                if batch is not None:
+                    return batch
             return next(self._iterator)
         except Exception as error:
             self.check_workers_alive(error, self._frames())
@@ -358,6 +370,8 @@ class InProcess(Collection):
             the current round's first update, the same in every run, so runs repeat and resume exactly.
     """
 
+    rounds_of_any_length = True
+
     def __init__(self, prefetch: bool = False) -> None:
         super().__init__()
         self.prefetch = prefetch
@@ -388,6 +402,7 @@ class EnvWorkers(Collection):
 
     uses_workers = True
     worker_kind = "environment"
+    rounds_of_any_length = True
 
     def __init__(self, workers: int, prefetch: bool = False) -> None:
         super().__init__()
@@ -548,7 +563,7 @@ class AsynchronousDelivery:
         frames."""
         return DeliveredRounds(self)
 
-    def collect(self) -> TensorDictBase:
+    def collect(self, steps: int = 0) -> TensorDictBase:
         raise RuntimeError(f"{type(self).__name__} delivers batches as the workers fill them: use delivered()")
 
     def delivered(self, wait: bool) -> tuple[TensorDictBase, int] | None:

@@ -150,9 +150,10 @@ class RayCollectors(Collection):
             if handler is not None:
                 signal.signal(signal.SIGTERM, handler)
 
-    def collect(self) -> TensorDictBase:
-        # [workers, envs per worker, ...] -> [num_envs, ...]: one in-process batch's order
-        return super().collect().flatten(0, 1)
+    def collect(self, steps: int = 0) -> TensorDictBase:
+        # [workers, envs per worker, ...] -> [num_envs, ...]: one in-process batch's order (rounds as usual: the
+        # actors step their environments)
+        return super().collect(steps).flatten(0, 1)
 
     def sync_weights(self, device: torch.device) -> None:
         """Nothing: the actors get the latest weights before each batch."""

@@ -60,6 +60,23 @@ class PriorityOptions:
         check_positive("priority.beta_updates", self.beta_updates)
 
 
+#: The most one warm-up round holds (its transitions, counted as the memory check counts them):
+#: :meth:`ReplayDataModule.warmup_steps` collects the warm-up in rounds of at most this much.
+WARMUP_ROUND_BYTES = 64 * 2**20
+
+
+def in_round_order(batch: TensorDictBase, steps: int) -> TensorDictBase:
+    """A batch of several rounds' steps side by side (``[*environments, k x steps]``: a warm-up round) as ``k`` rounds
+    of ``steps`` one after the other (``[k, *environments, steps]``), the order in which those rounds would have been
+    written; a batch of one round as it is."""
+    rounds = batch.shape[-1] // steps
+    if rounds <= 1:
+        return batch
+    lead = batch.batch_dims - 1
+    split = batch.reshape(*batch.shape[:-1], rounds, steps)
+    return split.permute(lead, *range(lead), lead + 1)
+
+
 class ReplayDataModule(RLDataModule):
     """Collects into a replay buffer on the training device and samples fixed-size batches from it.
 
@@ -84,7 +101,8 @@ class ReplayDataModule(RLDataModule):
         env: environment factory (see :class:`RLDataModule`).
         buffer_size: transitions kept; the oldest are overwritten first.
         batch_size: transitions per update.
-        warmup_frames: frames collected (with the exploring policy) before the first update.
+        warmup_frames: frames collected (with the exploring policy) before the first update; where the collection
+            steps its environments in this process, in rounds as long as memory allows (:meth:`warmup_steps`).
         frames_per_update: environment frames collected per gradient update (the replay ratio's inverse).
         priority: prioritized replay (:class:`PriorityOptions`); its default ``alpha`` 0 is uniform replay.
         store_frames_once: keep each frame of stacked-frame observations (``[stack, H, W]`` uint8, Mario's) once, and
@@ -266,13 +284,31 @@ class ReplayDataModule(RLDataModule):
         and writes no counter of this module (a delivery may call it in a background thread): they come in and go
         out."""
         while credit < 1.0:
-            batch = self.collect_uncounted(timer)
+            batch = self.collect_uncounted(timer, self.warmup_steps(frames))
             frames += batch.numel()
             with timer.phase("buffer_write"):
                 self.store(batch)
             if frames >= self.warmup_frames:
                 credit += batch.numel() / self.frames_per_update
         return Round(self.draw(int(credit), timer), frames, credit)
+
+    def warmup_steps(self, frames: int) -> int:
+        """Steps of every environment to collect in one round from ``frames`` on: during the warm-up, the whole rounds
+        before the one that ends it (as many as :data:`WARMUP_ROUND_BYTES` holds), when there are two or more; else 0,
+        a round as usual. No update waits on those rounds and the weights do not move between them, so one longer
+        round plays what they play, transition for transition, and :meth:`store` writes them in their order; a round
+        costs a collector call, a stack and a write whatever its length (about 0.9 ms a frame in one-frame rounds of
+        Pendulum: docs/results/gymnasium.md, "A warm-up in long rounds"). Not with a store transform (n-step returns)
+        or frames stored once, whose windows follow the rounds."""
+        if self.store_transform is not None or self.store_frames_once:
+            return 0
+        rounds_left = -(-(self.warmup_frames - frames) // self.frames_per_batch)  # the last one ends the warm-up
+        per_frame = transition_bytes(self.observation_spec, self.action_spec)
+        rounds = min(rounds_left - 1, max(1, WARMUP_ROUND_BYTES // (self.frames_per_batch * per_frame)))
+        return rounds * self.collect_steps if rounds > 1 else 0
+
+    def largest_round_frames(self) -> int:
+        return max(self.frames_per_batch, self.warmup_steps(0) // self.collect_steps * self.frames_per_batch)
 
     def draw(self, updates: int, timer: PhaseTimer) -> list[TensorDictBase]:
         """The batches of ``updates`` updates, drawn from the buffer in one call: the buffer does not change until
@@ -326,7 +362,7 @@ class ReplayDataModule(RLDataModule):
             keep = keep.select(*self.batch_keys) if self.batch_keys else keep
         if self.frame_store is None:  # a frame store reads the stacks where they are and sends only what it keeps
             keep = send(keep, self.device)
-        self.buffer.extend(keep.reshape(-1))
+        self.buffer.extend(in_round_order(keep, self.collect_steps).reshape(-1))
 
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()

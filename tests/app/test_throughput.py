@@ -588,8 +588,8 @@ def test_the_ingest_benchmark_feeds_the_learner_its_premade_batches_and_reports_
     handed: dict[int, list] = {}  # each PremadeBatches (the warm-up fit's, the measured fit's): what it handed out
     collect = learner_ingest.PremadeBatches.collect
 
-    def recorded(self):
-        batch = collect(self)
+    def recorded(self, steps=0):
+        batch = collect(self, steps)
         handed.setdefault(id(self), []).append((batch, batch.clone()))  # as handed out: the learner adds to it
         return batch
 

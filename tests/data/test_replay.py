@@ -135,3 +135,60 @@ def test_a_compilation_elsewhere_in_the_process_does_not_derail_a_prefetch_round
     assert len(data.buffer) == stored + 8
     assert data.buffer.sample(4).batch_size == (4,)
     assert mode is None  # TorchRL's default, which explores
+
+
+@pytest.mark.parametrize(
+    ("num_envs", "collect_steps", "collection"),
+    [
+        (1, 1, "InProcess"),
+        (3, 2, "InProcess"),
+        pytest.param(2, 1, "EnvWorkers", marks=pytest.mark.slow),
+    ],
+)
+def test_a_warmup_in_long_rounds_plays_and_stores_what_its_rounds_do(num_envs, collect_steps, collection, monkeypatch):
+    """The shipped Pendulum SAC config (its actor samples its actions from the global generator) with 700 warm-up
+    frames: the first round's preparation collects the warm-up in one long round and then the round that ends it;
+    against the same preparation in rounds of ``collect_steps``, the buffer holds the same transitions in the same
+    slots, to the bit, the environments and the generator stand at the same place, and the same frames were counted."""
+    from compat.torchrl import collector_carrier, storage_contents
+    from datamodules.replay import ReplayDataModule
+
+    def prepared(long_rounds: bool):
+        if not long_rounds:
+            monkeypatch.setattr(ReplayDataModule, "warmup_steps", lambda self, frames: 0)
+        torch.manual_seed(0)
+        flags = ["--data.init_args.num_envs", str(num_envs), "--data.init_args.collect_steps", str(collect_steps)]
+        flags += ["--data.init_args.warmup_frames", "700", "--data.init_args.collection", collection]
+        if collection == "EnvWorkers":
+            flags += ["--data.init_args.collection.workers", str(num_envs)]
+        model, data = build([str(ROOT / "configs/gym/pendulum_sac.yaml")], flags)
+        data.setup("fit")
+        data.connect(model.policy(), None, model.batch_keys())
+        calls = []
+        collect = type(data.collection).collect
+        monkeypatch.setattr(
+            type(data.collection), "collect", lambda self, steps=0: calls.append(steps) or collect(self, steps)
+        )
+        data._build_collector()
+        try:
+            round_ = data.prepare_round(0, 0.0, data.timer)
+            stored = storage_contents(data.buffer.storage)[: len(data.buffer)].clone()
+            carrier = collector_carrier(data.collector).clone()
+            following = data.collect()  # where the environments stand: the next round from here
+        finally:
+            data.collection.teardown()
+            monkeypatch.undo()
+        return round_.frames, round_.credit, calls, stored, carrier, following, torch.get_rng_state()
+
+    long, short = prepared(True), prepared(False)
+    round_frames = num_envs * collect_steps
+    assert long[0] == short[0] == -(-700 // round_frames) * round_frames and long[1] == short[1]
+    assert long[2][0] == (-(-700 // round_frames) - 1) * collect_steps and long[2][1:] == [0, 0]  # then rounds as usual
+    assert set(short[2]) == {0}
+    for ours, theirs in zip(long[3:], short[3:], strict=True):
+        if isinstance(ours, torch.Tensor):
+            assert torch.equal(ours, theirs)
+        else:
+            assert set(ours.keys(True, True)) == set(theirs.keys(True, True))
+            for key in theirs.keys(True, True):
+                assert torch.equal(ours[key], theirs[key]), key
