@@ -148,6 +148,9 @@ def _episode_sums(running: torch.Tensor, values: torch.Tensor, done: torch.Tenso
     (zero before the batch's first end, whose episode includes the running sums) is the sum of the episode ending at
     ``t``."""
     rows, steps, columns = values.shape
+    if steps == 1:  # a round of one step (one-frame rounds: most off-policy runs): the same numbers in three ops
+        cumulative = running + values[:, 0]
+        return torch.where(done, cumulative - cumulative, cumulative), cumulative * done
     cumulative = running.unsqueeze(1) + values.cumsum(1)  # S
     index = torch.arange(steps, device=values.device).expand(rows, steps)
     last_end = torch.where(done, index, -1).cummax(1).values  # each step's latest end, itself included

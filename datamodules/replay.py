@@ -318,7 +318,9 @@ class ReplayDataModule(RLDataModule):
         if self.prioritized:
             self.buffer.sampler.beta = self.importance_beta(self.trainer.global_step if self.trainer else 0)
         with timer.phase("sample"):
-            return list(self.buffer.sample(updates * self.batch_size).split(self.batch_size))
+            sample = self.buffer.sample(updates * self.batch_size)
+            # one batch: without a split's pass over its entries
+            return [sample] if updates == 1 else list(sample.split(self.batch_size))
 
     def stored(self) -> int:
         """Transitions in the buffer."""

@@ -163,3 +163,20 @@ def test_logged_episode_figures_are_those_of_the_episodes_that_ended(tmp_path, m
         reported = counted
     assert reported > 0  # episodes ended, and not all alike:
     assert len({(row["train/return_mean"], row["train/length_mean"]) for row in rows}) > 1
+
+
+def test_one_step_rounds_take_the_short_road_to_the_same_sums_to_the_bit():
+    from datamodules import episodes
+
+    generator = torch.Generator().manual_seed(1)
+    running = torch.randn(64, 4, generator=generator) * 100
+    running[:3] = torch.tensor([-0.0, float("inf"), float("nan"), 1.0])  # signed zero, infinities, NaN as they come
+    values = torch.randn(64, 1, 4, generator=generator)
+    done = torch.rand(64, 1, generator=generator) < 0.5
+    general = (running, torch.cat([values, torch.zeros(64, 1, 4)], 1), torch.cat([done, torch.zeros_like(done)], 1))
+    short = episodes._episode_sums(running, values, done)
+    # The general road over two steps whose second adds nothing and ends nothing: its first step's ended sums, and
+    # running sums that the second step's zeros leave as they were.
+    long_running, long_ended = episodes._episode_sums(*general)
+    for ours, theirs in ((short[0], long_running), (short[1], long_ended.reshape(64, 2, 4)[:, 0])):
+        assert torch.equal(ours.view(torch.int32), theirs.view(torch.int32))  # bitwise, NaN and -0.0 included
