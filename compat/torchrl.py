@@ -47,10 +47,9 @@ WRITTEN_AGAINST = "0.14.1"
 
 #: Every private name used here: (where it lives, the name, the function of this module that uses it).
 PRIVATE_API = (
-    ("torchrl.collectors.Collector", "_carrier", "collector_carrier"),
+    ("torchrl.collectors.Collector", "_carrier", "collector_carrier, longer_round"),
     ("torchrl.collectors.Collector", "_frames", "collector_counters, set_collector_counters"),
     ("torchrl.collectors.Collector", "_iter", "collector_counters, set_collector_counters"),
-    ("torchrl.collectors.Collector", "_carrier", "longer_round"),
     ("torchrl.collectors.Collector", "_wrapped_policy", "longer_round"),
     ("torchrl.collectors.Collector", "_policy_output_keys", "longer_round"),
     ("torchrl.collectors.Collector", "_cast_to_policy_device", "longer_round"),

@@ -297,10 +297,10 @@ class ReplayDataModule(RLDataModule):
         before the one that ends it (as many as :data:`WARMUP_ROUND_BYTES` holds), when there are two or more; else 0,
         a round as usual. No update waits on those rounds and the weights do not move between them, so one longer
         round plays what they play, transition for transition, and :meth:`store` writes them in their order; a round
-        costs a collector call, a stack and a write whatever its length (about 0.9 ms a frame in one-frame rounds of
-        Pendulum: docs/results/gymnasium.md, "A warm-up in long rounds"). Not with a store transform (n-step returns)
-        or frames stored once, whose windows follow the rounds."""
-        if self.store_transform is not None or self.store_frames_once:
+        costs a collector call, a stack and a write whatever its length (docs/results/gymnasium.md, "A warm-up in long
+        rounds"). Not where the collection steps its rounds elsewhere (worker processes), nor with a store transform
+        (n-step returns) or frames stored once, whose windows follow the rounds."""
+        if not self.collection.rounds_of_any_length or self.store_transform is not None or self.store_frames_once:
             return 0
         rounds_left = -(-(self.warmup_frames - frames) // self.frames_per_batch)  # the last one ends the warm-up
         per_frame = transition_bytes(self.observation_spec, self.action_spec)
