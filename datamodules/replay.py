@@ -303,6 +303,8 @@ class ReplayDataModule(RLDataModule):
         if not self.collection.rounds_of_any_length or self.store_transform is not None or self.store_frames_once:
             return 0
         rounds_left = -(-(self.warmup_frames - frames) // self.frames_per_batch)  # the last one ends the warm-up
+        if rounds_left < 3:  # every round after the warm-up: nothing more to work out
+            return 0
         per_frame = transition_bytes(self.observation_spec, self.action_spec)
         rounds = min(rounds_left - 1, max(1, WARMUP_ROUND_BYTES // (self.frames_per_batch * per_frame)))
         return rounds * self.collect_steps if rounds > 1 else 0

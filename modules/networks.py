@@ -319,11 +319,10 @@ def observation_network(
 
 def as_channels_last(images: torch.Tensor) -> torch.Tensor:
     """``[N, C, H, W]`` images (the same values) laid out channels-last in memory, as every CNN here hands them to its
-    convolutions: oneDNN's CPU convolutions run much faster on that layout than on NCHW for MettaGrid's token grids
-    (2.6× acting, 6× for the forward pass at an update's size) and 1.5× for an update's 84×84 frames, forward and
-    backward (docs/results/mettagrid.md, "Per core against the bare engine"; docs/results/gymnasium.md, "The Nature
-    CNN on channels-last images"). Only the activations change layout; the weights keep theirs, so checkpoints,
-    optimizer states and the weights collector workers share are as before."""
+    convolutions: oneDNN's CPU convolutions run much faster on that layout than on NCHW, for MettaGrid's token grids
+    and for 84×84 frames (docs/results/mettagrid.md, "Per core against the bare engine"; docs/results/gymnasium.md,
+    "The Nature CNN on channels-last images"). Only the activations change layout; the weights keep theirs, so
+    checkpoints, optimizer states and the weights collector workers share are as before."""
     # Permutes around a plain copy rather than contiguous(memory_format=...), which vmap does not support (TorchRL's
     # value estimators call networks under vmap); outside vmap the result is the channels-last tensor itself.
     return images.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
