@@ -505,23 +505,25 @@ def test_a_saved_configs_old_checkpoint_plugin_is_one_line_naming_the_new_one(tm
     assert not (tmp_path / "out").exists()
 
 
-def refused_resume(saved: Path, run: Path) -> str:
-    """``saved`` (a run's config.yaml) resumed as the docs say, in a process of its own from the folder above the
-    runs: refused with exit status 2, and nothing in the run folder touched. Its stderr."""
+def refused_resume(saved: Path, run: Path, capsys) -> str:
+    """``saved`` (a run's config.yaml) resumed as the docs say, from the folder above the runs (the current one):
+    refused with exit status 2, and nothing in the run folder touched. Its stderr."""
 
     def files() -> dict[str, bytes]:
         return {path.name: path.read_bytes() for path in run.rglob("*") if path.is_file()}
 
     before = files()
-    command = ["fit", "--config", str(saved), "--ckpt_path", "last", "--trainer.max_steps", "40"]
-    result = subprocess.run([sys.executable, "-m", "app", *command], capture_output=True, text=True, cwd=run.parents[2])
+    assert Path.cwd().resolve() == run.parents[2].resolve()
+    result = app_in_process(capsys, "fit", "--config", str(saved), "--ckpt_path", "last", "--trainer.max_steps", "40")
     assert result.returncode == 2, result.stderr
     assert files() == before
     return result.stderr
 
 
 @pytest.mark.slow
-def test_a_saved_config_from_before_the_move_is_one_line_and_its_run_resumes_after_the_edit(tmp_path, monkeypatch):
+def test_a_saved_config_from_before_the_move_is_one_line_and_its_run_resumes_after_the_edit(
+    tmp_path, monkeypatch, capsys
+):
     monkeypatch.chdir(tmp_path)
     config = write_config(evaluated_chain_config("dqn", every_n_frames=10**9, max_steps=20), tmp_path / "c.yaml")
     fit(config)
@@ -533,7 +535,7 @@ def test_a_saved_config_from_before_the_move_is_one_line_and_its_run_resumes_aft
     saved.write_text(saved.read_text().replace(new, old))
     flag = "--data.init_args.env"
     message = f"{flag}: {old} moved to {new}; give {flag} {new} (or class_path: {new} in a config)"
-    assert refused_resume(saved, run) == f"error: {message}\n"
+    assert refused_resume(saved, run, capsys) == f"error: {message}\n"
 
     saved.write_text(saved.read_text().replace(old, new))  # the edit the line asks for
     cli = fit(saved, "--ckpt_path", "last", "--trainer.max_steps", "40")
@@ -648,7 +650,7 @@ def test_former_option_names_are_gone_by_the_version_they_are_removed_in():
 
 @pytest.mark.slow
 def test_a_saved_config_from_before_the_option_groups_is_one_line_and_its_run_resumes_after_the_edit(
-    tmp_path, monkeypatch
+    tmp_path, monkeypatch, capsys
 ):
     monkeypatch.chdir(tmp_path)
     config = write_config(evaluated_chain_config("dqn", every_n_frames=10**9, max_steps=20), tmp_path / "c.yaml")
@@ -680,7 +682,7 @@ def test_a_saved_config_from_before_the_option_groups_is_one_line_and_its_run_re
     model.update(flat["model"])
     data.update(flat["data"])
     saved.write_text(yaml.safe_dump(written, sort_keys=False))
-    stderr = refused_resume(saved, run)
+    stderr = refused_resume(saved, run, capsys)
     assert len(stderr.strip().splitlines()) == 1, stderr
     head, *parts = stderr.strip().removeprefix("error: ").split("; ")
     assert head == f"{saved}: options moved into option groups"
