@@ -7,9 +7,9 @@ Each measurement is a short fit of ``--config`` (``--args`` appended; by default
 collector workers, 4 updates, compilation off so that it does not blur the comparison) in a fresh process that first
 chooses how workers start: ``spawn`` (each worker a new interpreter importing torch, tensordict, TorchRL and the
 environment's module; TorchRL's default, kept although lightrl's strategies would replace it) or ``forkserver`` (one
-server imports torch and tensordict once, each worker is its fork: what lightrl's worker collections choose on Linux,
-``datamodules/workers.py::use_forkserver``). The two alternate, ``--repeats`` times each, so the machine's drift falls
-on both. Reported for each fit: its wall time from the process's start to its end (the imports
+server imports torch, tensordict and TorchRL once, each worker is its fork: what lightrl's worker collections choose
+on Linux, ``datamodules/workers.py::use_forkserver``). The two alternate, ``--repeats`` times each, so the machine's
+drift falls on both. Reported for each fit: its wall time from the process's start to its end (the imports
 of the training process itself are in both) and the machine's busy CPU seconds meanwhile, read from ``/proc/stat``
 (a forkserver is not waited for by the process that started it, so its share would go uncounted in the process's own
 CPU time; so nothing else may run on the machine); and their medians. Writes a JSON and a Markdown table beside

@@ -26,6 +26,7 @@ these changes meaning; tests/app/test_compat.py fails first, when TorchRL's mino
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import Any
 
@@ -420,3 +421,11 @@ class SharedWeights(SharedMemWeightSyncScheme):
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
         self.shared_transport = _OnePushTransport()
+
+    def __del__(self) -> None:
+        # TorchRL's clean-up puts "stop" on the workers' instruction queues; at the interpreter's exit (a run that
+        # ended on an error before its collector was shut down) a queue whose feeder thread never started starts one
+        # then, and the process waited for that thread for good. Its workers have ended by then (the worker watch,
+        # or their own pipe to the learner closing).
+        if not sys.is_finalizing():
+            super().__del__()

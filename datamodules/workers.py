@@ -19,7 +19,8 @@ What is shared here:
   within a fraction of a second, remembers which and how, and kills the other workers, so that whatever the learner
   waits on in TorchRL (a pipe, a queue, a worker that waits for the dead one) returns at once.
 - :func:`worker_death_error`: one error naming the dead worker, how it died, and its last exception.
-- :func:`use_forkserver`: workers forked from a server that imported torch and tensordict once, not spawned anew.
+- :func:`use_forkserver`: workers forked from a server that imported torch, tensordict and TorchRL once, not spawned
+  anew.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any, TextIO
@@ -195,6 +196,8 @@ def worker_death_error(
     found = next((match for cause in error_chain(error) if (match := DEAD_WORKER.search(str(cause)))), None)
     reported = (int(found.group(1)), int(found.group(2))) if found else None
     death = watch.death if watch is not None and watch.death is not None else reported
+    if death is None and error is not None:  # a worker that died before the watch's first look at it
+        death = first_ended(processes)
     if death is None:
         return None
     # The watch's code is unknown where TorchRL collected the worker first, or the forkserver started it. TorchRL's
@@ -242,6 +245,19 @@ def _exit_code_of(processes: list[Any], index: int) -> int | None:
             process.join(EXIT_CODE_WAIT_S)
         return process.exitcode
     return None
+
+
+def first_ended(processes: Sequence[Any]) -> tuple[int, int] | None:
+    """(index, exit code) of a worker whose ``multiprocessing`` process object has ended, one that died before those
+    TorchRL stopped after it (SIGTERM) or that exited cleanly; None when none has. Read in the learner's thread only:
+    the watch's reads of these objects would race TorchRL's."""
+    ended = []
+    for index, process in enumerate(processes):
+        with contextlib.suppress(ValueError, AssertionError):  # closed by TorchRL; not this process's
+            if process.exitcode is not None:
+                ended.append((index, process.exitcode))
+    ended.sort(key=lambda death: (death[1] == -signal.SIGTERM, death[1] == 0))
+    return ended[0] if ended else None
 
 
 def error_chain(error: BaseException | None) -> list[BaseException]:
@@ -338,14 +354,18 @@ class WorkerWatch(threading.Thread):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
 
-    def settle(self, timeout_s: float = 2.0, ending: bool = False) -> None:
+    def settle(self, timeout_s: float = 2.0, ending: bool = False, processes: Sequence[Any] = ()) -> None:
         """Wait (at most ``timeout_s``) for the watch to record a worker that has ended and not been looked at yet:
         an error in the learner can come from the death (a closed pipe) a moment before the watch's next look.
         ``ending``: the learner saw a worker's pipe close, so a worker is ending (printing its exception, its
-        interpreter exiting: seconds on a busy machine); wait for its end even if no worker has ended yet."""
+        interpreter exiting: seconds on a busy machine); wait for its end even if no worker has ended yet.
+        ``processes``: the workers' process objects; one of them ended is an end the watch may never see (a worker
+        that died before the watch's first look at it), so the wait is over (:func:`first_ended`)."""
         deadline = time.monotonic() + timeout_s
         while self.death is None and self.is_alive() and time.monotonic() < deadline:
             if not ending and not any(_exit_code(pid)[0] for pid in [*self.workers, *self._new_workers()]):
+                return
+            if first_ended(processes) is not None:
                 return
             time.sleep(self.poll_s / 4)
 
@@ -414,17 +434,17 @@ def _running(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
-#: What the forkserver imports once, before it forks the workers: torch and tensordict, and the module by which the
-#: server and its workers ignore SIGTERM (:mod:`datamodules.ignore_sigterm`). Not TorchRL: with it in the server, the
-#: learner waited for good in 2 of 3 resumes whose workers refused the checkpoint's state (2026-12-01; 8 of 8 fine
-#: later). Suspected, not shown: such a worker, raising at once, dies before the worker watch's first look, so no death
-#: is seen; a worker importing TorchRL itself lives long enough to be seen.
-WORKER_IMPORTS = ("torch", "tensordict", "datamodules.ignore_sigterm")
+#: What the forkserver imports once, before it forks the workers: torch, tensordict, the module by which the server and
+#: its workers ignore SIGTERM (:mod:`datamodules.ignore_sigterm`) and this one, whose worker functions a worker runs
+#: (TorchRL's collectors and environments with it): each worker then starts without importing them anew. A worker
+#: that dies at once (refusing a resumed checkpoint's state) can then end before the watch's first look; its process
+#: object still names it (:func:`first_ended`).
+WORKER_IMPORTS = ("torch", "tensordict", "datamodules.ignore_sigterm", "datamodules.workers")
 
 
 def use_forkserver() -> None:
     """Start worker processes from a forkserver that has imported :data:`WORKER_IMPORTS`, so that a worker does not
-    import torch and tensordict anew (seconds, and a core's worth of them per worker). TorchRL takes the
+    import torch, tensordict and TorchRL anew (seconds, and a core's worth of them per worker). TorchRL takes the
     start method set here. Importing TorchRL sets ``spawn`` when no method was chosen yet, so ``spawn`` is read as that
     default and replaced; a program's other choice (``fork``), a server chosen by an earlier call, and platforms other
     than Linux are left alone."""

@@ -491,6 +491,60 @@ def test_of_workers_that_ended_together_the_error_names_the_one_killed_not_one_t
     assert str(error).startswith("collector worker 1 died: killed by SIGKILL (signal 9"), error
 
 
+def test_a_worker_that_died_before_the_watch_saw_it_is_named_from_its_process_object():
+    # A worker refusing a resumed checkpoint's state can start and die between two looks of the watch, which then
+    # never sees it: the learner's closed pipe was a traceback (EOFError), the process then waiting at exit for good.
+    context = multiprocessing.get_context("forkserver")
+    workers = [context.Process(target=time.sleep, args=(60,)), context.Process(target=sys.exit, args=(3,))]
+    for worker in workers:
+        worker.start()
+    try:
+        workers[1].join(timeout=30)
+        watch = WorkerWatch()  # it saw no death
+        watch.start()
+        started = time.monotonic()
+        watch.settle(timeout_s=20.0, ending=True, processes=workers)  # the wait for an end it will never see: over
+        assert time.monotonic() - started < 5 and watch.death is None
+        error = worker_death_error(EOFError(), None, 1024, watch, processes=workers)
+        watch.stop()
+    finally:
+        workers[0].kill()
+    assert str(error).startswith("collector worker 1 died (exit code 3), at 1,024 frames; training stopped"), error
+    assert worker_death_error(None, None, 1024, WorkerWatch(), processes=workers) is None  # no error, no death
+
+
+EXITS_WITHOUT_SHUTDOWN = """
+import os, signal
+from datamodules.collection import CollectorWorkers
+from datamodules.replay import ReplayDataModule
+from envs.testing.chain import ChainEnv
+from modules.dqn import DQN
+from modules.networks import NetworkOptions
+
+if __name__ == "__main__":
+    data = ReplayDataModule(ChainEnv, num_envs=4, collection=CollectorWorkers(workers=2))
+    model = DQN(data.observation_spec, data.action_spec, network=NetworkOptions(hidden_sizes=(8,)))
+    data.setup("fit")
+    data.connect(model.policy(), None, model.batch_keys())
+    data._build_collector()
+    for process in data.collection.collector.procs:  # the workers gone, as after a death the watch saw
+        os.kill(process.pid, signal.SIGKILL)
+        process.join()
+    raise SystemExit(3)  # no teardown: the collector and its weight scheme are left to the interpreter's exit
+"""
+
+
+@pytest.mark.slow
+def test_a_learner_ending_on_an_error_before_shutting_its_collector_down_exits(tmp_path):
+    # TorchRL's weight scheme, cleaned up at the interpreter's exit, started a queue's thread then and waited for it
+    # for good: a run that ended on an uncaught error with its workers dead never exited.
+    script = tmp_path / "ends.py"
+    script.write_text(EXITS_WITHOUT_SHUTDOWN)
+    environment = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=environment, timeout=90, capture_output=True)
+    assert done.returncode == 3, done.stderr[-2000:]
+
+
 @pytest.mark.skipif(sys.platform != "linux", reason="the forkserver is lightrl's choice on Linux only")
 def test_workers_start_from_a_forkserver_although_importing_torchrl_chose_spawn():
     # Importing TorchRL sets `spawn` as the global start method; a worker collection replaces that default with a
