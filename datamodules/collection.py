@@ -245,11 +245,12 @@ class Collection:
         playing.) Strategies without workers have nothing to check."""
         if self._watch is None:
             return
+        processes = self._processes()
         if error is not None:  # the learner's wait may have ended (a closed pipe) before the watch's next look
             closed = any(isinstance(cause, EOFError | ConnectionError) for cause in error_chain(error))
-            self._watch.settle(timeout_s=_ENDING_S if closed else 2.0, ending=closed, processes=self._processes())
+            self._watch.settle(timeout_s=_ENDING_S if closed else 2.0, ending=closed, processes=processes)
         death = worker_death_error(
-            error, self._log_dir, frames, self._watch, self.worker_kind, self._processes(), self._checkpointed()
+            error, self._log_dir, frames, self._watch, self.worker_kind, processes, self._checkpointed()
         )
         if death is not None:
             self._died = True

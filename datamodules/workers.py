@@ -210,7 +210,7 @@ def worker_death_error(
         # Forkserver workers' codes are not known to the watch: of those that ended together, the one whose code
         # says most (a signal or an error's exit code, before a SIGTERM TorchRL sent, before a clean exit).
         codes = {ended: _exit_code_of(processes, ended) for ended in watch.ended}
-        index = min(codes, key=lambda ended: (codes[ended] in (0, None), codes[ended] == -signal.SIGTERM, ended))
+        index = min(codes, key=lambda ended: (*_telling_first(codes[ended]), ended))
     code = code if code is not None else _exit_code_of(processes, index)
     cause = _last_exception_line(log_dir / f"worker{index}.log") if log_dir is not None else ""
     if cause.startswith(_REFUSED_STATE):
@@ -247,17 +247,22 @@ def _exit_code_of(processes: list[Any], index: int) -> int | None:
     return None
 
 
+def _telling_first(code: int | None) -> tuple[bool, bool]:
+    """Sort key of an ended worker's exit code: the one that says most first (a signal or an error's exit code, then a
+    SIGTERM TorchRL sent the others, then a clean exit or an unknown code)."""
+    return code in (0, None), code == -signal.SIGTERM
+
+
 def first_ended(processes: Sequence[Any]) -> tuple[int, int] | None:
-    """(index, exit code) of a worker whose ``multiprocessing`` process object has ended, one that died before those
-    TorchRL stopped after it (SIGTERM) or that exited cleanly; None when none has. Read in the learner's thread only:
-    the watch's reads of these objects would race TorchRL's."""
+    """(index, exit code) of a worker whose ``multiprocessing`` process object has ended, the one whose code says most
+    (:func:`_telling_first`); None when none has. Read in the learner's thread only: the watch's reads of these objects
+    would race TorchRL's."""
     ended = []
     for index, process in enumerate(processes):
         with contextlib.suppress(ValueError, AssertionError):  # closed by TorchRL; not this process's
             if process.exitcode is not None:
                 ended.append((index, process.exitcode))
-    ended.sort(key=lambda death: (death[1] == -signal.SIGTERM, death[1] == 0))
-    return ended[0] if ended else None
+    return min(ended, key=lambda death: (*_telling_first(death[1]), death[0]), default=None)
 
 
 def error_chain(error: BaseException | None) -> list[BaseException]:
