@@ -2,13 +2,8 @@
 
 from __future__ import annotations
 
-import json
 import shutil
-import subprocess
-import sys
-from pathlib import Path
 
-import lightning.pytorch as pl
 import pytest
 import torch
 from tensordict import TensorDict
@@ -163,70 +158,6 @@ def test_a_whole_update_cuda_graph_is_refused_where_replaying_it_could_not_be_ex
     assert len(lines) == 1 and lines[0].startswith("error: --model.init_args.compile cudagraph cannot capture "), lines
     assert reason in lines[0] and lines[0].endswith(": use compile true")
     assert not (tmp_path / "out").exists()
-
-
-class DumpRankState(pl.Callback):
-    """Saves each rank's weights, seed and collected experience at the end of fit (for the DDP test)."""
-
-    def __init__(self, dirpath: str) -> None:
-        self.dirpath = Path(dirpath)
-
-    def on_train_end(self, trainer, pl_module):
-        data = trainer.datamodule
-        torch.save(
-            {
-                "state_dict": pl_module.state_dict(),
-                "rank_seed": data.rank_seed,
-                "actions": data.buffer.storage[: len(data.buffer)]["action"].clone(),
-                "frames": data.frames,
-            },
-            self.dirpath / f"rank{trainer.global_rank}.pt",
-        )
-
-
-@pytest.mark.slow
-def test_ddp_on_cpu_keeps_weights_identical_while_ranks_collect_differently(tmp_path):
-    config = chain_config("dqn", tmp_path)
-    config["trainer"]["callbacks"].append(
-        {"class_path": "tests.agents.test_lightning_features.DumpRankState", "init_args": {"dirpath": str(tmp_path)}}
-    )
-    report = {"class_path": "callbacks.throughput.ThroughputReport", "init_args": {"bare_update_seconds": 0}}
-    config["trainer"]["callbacks"].append(report)
-    path = write_config(config, tmp_path / "c.yaml")
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "app",
-            "fit",
-            "--config",
-            str(path),
-            "--trainer.strategy",
-            "ddp",
-            "--trainer.devices",
-            "2",
-            "--trainer.accelerator",
-            "cpu",
-            "--trainer.max_steps",
-            "30",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    rank0, rank1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in (0, 1))
-    assert rank0["rank_seed"] != rank1["rank_seed"]
-    assert rank0["frames"] == rank1["frames"] > 0
-    assert not torch.equal(rank0["actions"], rank1["actions"])  # each rank explored on its own
-    for key, value in rank0["state_dict"].items():
-        assert torch.equal(value, rank1["state_dict"][key]), key  # gradients all-reduced: one set of weights
-    # The throughput report: the total over the ranks, and each rank's own share beside it.
-    written = json.loads((tmp_path / "throughput.json").read_text())
-    assert written["machine"]["world_size"] == 2 and [rank["rank"] for rank in written["per_rank"]] == [0, 1]
-    assert sum(rank["frames"] for rank in written["per_rank"]) == written["this_process"]["frames"] > 0
-    assert "| rank | frames | frames/s |" in (tmp_path / "throughput.md").read_text()
 
 
 @pytest.mark.slow

@@ -4,8 +4,6 @@ learner's update, and carried by checkpoints so that a resumed run ends where an
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from functools import partial
 from pathlib import Path
 
@@ -22,6 +20,7 @@ from modules.networks import NetworkOptions
 from modules.normalization import RAW_OBSERVATION, ObservationNormalizer, RewardScaler
 from modules.ppo import PPO, NormalizationOptions
 from tests.agents.test_ppo_continuous import racing_ppo_config
+from tests.app_process import run_app_process
 from tests.helpers import RESEEDED, ROOT, fit, weights, write_config
 
 
@@ -170,8 +169,7 @@ def test_ddp_ranks_normalise_with_statistics_of_all_their_rollouts(tmp_path):
     )
     path = write_config(config, tmp_path / "ddp.yaml")
     ddp = ["--trainer.strategy", "ddp", "--trainer.devices", "2", "--trainer.accelerator", "cpu"]
-    command = [sys.executable, "-m", "app", "fit", "--config", str(path), *ddp]
-    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    result = run_app_process("fit", "--config", str(path), *ddp, cwd=ROOT)
     assert result.returncode == 0, result.stderr[-3000:]
     rank0, rank1 = (torch.load(tmp_path / f"rank{rank}.pt", weights_only=True) for rank in (0, 1))
     assert rank0["frames"] == rank1["frames"] == 2 * 64

@@ -16,23 +16,18 @@ import torch
 import yaml
 
 from app.cli import main
+from tests.app_process import run_app_process
 from tests.helpers import ROOT, app_in_process, chain_config, evaluated_chain_config, fit, write_config
 
 
 def run_app(*args: str, cwd: Path, pythonpath: tuple[Path, ...] = ()) -> subprocess.CompletedProcess:
-    """``python -m app *args`` in a fresh process with a bare environment, but the test run's ``PATH``, home and
-    compiled-extensions folder: the Snake kernel built once for the suite is then the one every process loads (another
-    folder, or another ``ninja`` found on another ``PATH``, would compile it again: half a minute). ``pythonpath``:
-    folders importable after the repository."""
+    """``python -m app *args`` in a process of its own (``tests/app_process.py``) with a bare environment, but the
+    test run's ``PATH``, home and compiled-extensions folder: the Snake kernel built once for the suite is then the one
+    every process loads (another folder, or another ``ninja`` found on another ``PATH``, would compile it again: half
+    a minute). ``pythonpath``: folders importable after the repository."""
     kept = {name: os.environ[name] for name in ("PATH", "HOME", "TORCH_EXTENSIONS_DIR") if name in os.environ}
-    return subprocess.run(
-        [sys.executable, "-m", "app", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={"PYTHONPATH": os.pathsep.join(map(str, (ROOT, *pythonpath))), "PATH": "/usr/bin:/bin", **kept},
-    )
+    pythonpath = os.pathsep.join(map(str, (ROOT, *pythonpath)))
+    return run_app_process(*args, cwd=cwd, env={"PYTHONPATH": pythonpath, "PATH": "/usr/bin:/bin", **kept})
 
 
 def test_print_config_resolves_composed_configs_and_overrides(tmp_path, capsys, monkeypatch):

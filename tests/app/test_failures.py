@@ -25,6 +25,7 @@ from datamodules.memory import WORKER_POOL, MemoryNeed, check_memory
 from datamodules.replay import ReplayDataModule
 from datamodules.workers import worker_pids
 from envs.snake.env import SnakeEnv
+from tests.app_process import AppProcess, run_app_process, start_app
 from tests.helpers import ROOT, app_in_process, short_snake_fit
 
 SNAKE_DQN = ROOT / "configs" / "snake_dqn.yaml"
@@ -66,21 +67,13 @@ def _alive_in_group(group: int) -> list[str]:
     return alive
 
 
-def _fit_with_workers(tmp_path: Path, strategy: str, *flags: str) -> subprocess.Popen:
+def _fit_with_workers(tmp_path: Path, strategy: str, *flags: str) -> AppProcess:
     """``python -m app fit`` of the short Snake DQN run (``flags`` before the shortening ones) collected by 2
     ``strategy`` workers, started in ``tmp_path`` (on its module path: ``python -m``), in a process group of its own,
-    which its workers join; its stderr piped."""
-    command = [sys.executable, "-m", "app", "fit", "--config", str(SNAKE_DQN), *flags, *SHORT]
-    command += ["--data.init_args.collection", strategy, "--data.init_args.collection.workers", "2"]
-    return subprocess.Popen(
-        command,
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    which its workers join."""
+    args = ["fit", "--config", str(SNAKE_DQN), *flags, *SHORT]
+    args += ["--data.init_args.collection", strategy, "--data.init_args.collection.workers", "2"]
+    return start_app(*args, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, new_session=True)
 
 
 @pytest.mark.slow
@@ -121,17 +114,9 @@ def _limit_address_space() -> None:
 
 @pytest.mark.slow
 def test_a_buffer_that_cannot_fit_is_refused_at_start_naming_the_flag_with_the_numbers(tmp_path):
-    command = [sys.executable, "-m", "app", "fit", "--config", str(SNAKE_DQN), *SHORT[:-4]]
-    command += ["--data.init_args.buffer_size", "10000000000"]
-    done = subprocess.run(
-        command,
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        preexec_fn=_limit_address_space,
-    )
+    args = ["fit", "--config", str(SNAKE_DQN), *SHORT[:-4], "--data.init_args.buffer_size", "10000000000"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = run_app_process(*args, cwd=tmp_path, env=env, timeout=120, preexec=_limit_address_space)
     assert done.returncode == 2, done.stderr
     lines = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and lines == done.stderr.strip().splitlines()[-1:], done.stderr

@@ -17,6 +17,7 @@ from checkpoints import files as checkpoint_files
 from checkpoints.files import SUMS, TEMPORARY_MARK, checkpoint_damage, reserve
 from datamodules import replay
 from tests.app.test_resume import SHORT, fit_shipped, start_step
+from tests.app_process import run_app_process
 from tests.helpers import ROOT, chain_config, fill, fit, small_file_system, write_config
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -47,14 +48,9 @@ def test_a_full_disk_at_the_end_of_fit_is_one_error_and_the_previous_checkpoint_
     filler = fill(small_disk, buffer_bytes // 2)
     args = [*SHORT["snake_dqn"], "--threads", "1", "--trainer.logger.init_args.save_dir", str(runs)]
     args += ["--trainer.enable_progress_bar", "false", "--data.init_args.env.init_args.backend", "torch"]
-    result = subprocess.run(
-        [sys.executable, "-m", "app", "fit", "--config", "configs/snake_dqn.yaml", *args]
-        + ["--trainer.max_steps", "40", "--ckpt_path", "last", *eager],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    args += ["--trainer.max_steps", "40", "--ckpt_path", "last", *eager]
+    result = run_app_process(
+        "fit", "--config", "configs/snake_dqn.yaml", *args, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}
     )
 
     assert result.returncode == 1, result.stderr[-3000:]  # not 135 (128 + SIGBUS)

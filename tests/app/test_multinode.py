@@ -4,6 +4,7 @@ rank's data-module state is its own, saved beside the checkpoint and restored by
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -16,6 +17,7 @@ import pytest
 import torch
 
 from app.cli import RENDEZVOUS_VARIABLES
+from tests.app_process import run_app_process
 from tests.helpers import RESEEDED, ROOT, app_in_process, assert_same, chain_config, saved_replay, write_config
 
 
@@ -30,15 +32,10 @@ class DumpRankWeights(pl.Callback):
 
 
 def fit_ddp(config: Path, *overrides: str) -> None:
-    """``python -m app fit`` of ``config`` on two CPU ranks of this machine (Lightning starts the second)."""
+    """``python -m app fit`` of ``config`` on two CPU ranks of this machine (Lightning starts the second, in a fresh
+    interpreter)."""
     ddp = ["--trainer.strategy", "ddp", "--trainer.devices", "2", "--trainer.accelerator", "cpu"]
-    result = subprocess.run(
-        [sys.executable, "-m", "app", "fit", "--config", str(config), *ddp, *overrides],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    result = run_app_process("fit", "--config", str(config), *ddp, *overrides, cwd=ROOT)
     assert result.returncode == 0, result.stderr[-3000:]
 
 
@@ -77,7 +74,8 @@ def run_two_nodes(config: Path, *overrides: str) -> list[subprocess.CompletedPro
 @pytest.mark.slow
 def test_ddp_ranks_resume_their_own_state_on_one_node_and_after_sigterm_across_two(tmp_path):
     # One 2-rank run on one node, 40 updates, a checkpoint every 96 frames (rank 1 writes its own state beside each):
-    # the reference. A run resumed from its checkpoint of update 20, as if killed after it, ends with its weights,
+    # the reference. Its ranks explore on their own and hold one set of weights, and the throughput report counts
+    # both. A run resumed from its checkpoint of update 20, as if killed after it, ends with its weights,
     # data and buffers; so does the same config as two nodes (the same global ranks), stopped by SIGTERM to both
     # agents and continued by the same command with --ckpt_path last.
     def config_in(folder: str, checkpoints: dict, *callbacks: dict) -> tuple[dict, Path]:
@@ -89,9 +87,16 @@ def test_ddp_ranks_resume_their_own_state_on_one_node_and_after_sigterm_across_t
         ]
         return config, write_config(config, tmp_path / f"{folder}.yaml")
 
-    config, full_config = config_in("full", {"every_n_frames": 96, "save_top_k": -1})
+    report = {"class_path": "callbacks.throughput.ThroughputReport", "init_args": {"bare_update_seconds": 0}}
+    config, full_config = config_in("full", {"every_n_frames": 96, "save_top_k": -1}, report)
     fit_ddp(full_config, "--trainer.max_steps", "40")
     full = tmp_path / "full/checkpoints"
+    weights = [torch.load(tmp_path / f"full/rank{rank}.pt", weights_only=True) for rank in (0, 1)]
+    assert_same(weights[0], weights[1], "the ranks' weights")  # gradients all-reduced: one set of weights
+    written = json.loads((tmp_path / "full" / "throughput.json").read_text())
+    assert written["machine"]["world_size"] == 2 and [rank["rank"] for rank in written["per_rank"]] == [0, 1]
+    assert sum(rank["frames"] for rank in written["per_rank"]) == written["this_process"]["frames"] > 0
+    assert "| rank | frames | frames/s |" in (tmp_path / "full" / "throughput.md").read_text()
     middle = full / "frames=96.ckpt"
     # 64 warm-up frames, then 8 frames per 4 updates, which one step takes: 96 frames in the step of updates 17-20, and
     # the end of fit at 136 frames.

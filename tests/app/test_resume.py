@@ -16,6 +16,7 @@ import torch
 
 from app.cli import main
 from checkpoints.io import AtomicCheckpointIO
+from tests.app_process import run_app_process
 from tests.helpers import (
     PREFETCH,
     RESEEDED,
@@ -342,18 +343,13 @@ def test_a_process_killed_right_after_a_checkpoint_keeps_the_rows_it_logged_befo
     )
     straight_runs, runs = tmp_path / "straight", tmp_path / "runs"
     fit_shipped("snake_ppo", straight_runs, "--config", str(every_256), "--trainer.max_steps", "60")
-    killed = subprocess.run(
-        [
-            *(sys.executable, "-m", "app", "fit", "--config", str(ROOT / "configs/snake_ppo.yaml")),
-            *SHORT["snake_ppo"],
-            *("--threads", "1", "--trainer.logger.init_args.save_dir", str(runs), "--trainer.log_every_n_steps", "5"),
-            *("--trainer.enable_progress_bar", "false", "--config", str(every_256), "--trainer.max_steps", "60"),
-            *("--trainer.callbacks+=tests.app.test_resume.KillBefore", "--trainer.callbacks.init_args.step", "50"),
-        ],
+    killed = run_app_process(
+        *("fit", "--config", str(ROOT / "configs/snake_ppo.yaml")),
+        *SHORT["snake_ppo"],
+        *("--threads", "1", "--trainer.logger.init_args.save_dir", str(runs), "--trainer.log_every_n_steps", "5"),
+        *("--trainer.enable_progress_bar", "false", "--config", str(every_256), "--trainer.max_steps", "60"),
+        *("--trainer.callbacks+=tests.app.test_resume.KillBefore", "--trainer.callbacks.init_args.step", "50"),
         cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
     )
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     run_dir = runs / "snake_ppo/version_0"
@@ -376,7 +372,6 @@ def test_a_process_killed_right_after_a_checkpoint_keeps_the_rows_it_logged_befo
 WRITE_AND_HANG = """
 import io, sys, time, torch
 from pathlib import Path
-from app.cli import main
 from checkpoints.io import AtomicCheckpointIO
 from checkpoints.files import write_folder_atomically
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -15,6 +13,7 @@ import torch
 import yaml
 
 from tests.app.test_cli import run_app
+from tests.app_process import run_app_process, start_app
 from tests.helpers import ROOT, app_in_process, evaluated_chain_config, write_config
 
 
@@ -115,9 +114,9 @@ def children(pid: int) -> list[int]:
 def test_sigterm_to_the_seeds_stops_their_fit_at_a_checkpoint_and_the_same_command_continues_it(tmp_path):
     config = evaluated_chain_config("dqn", every_n_frames=200, max_steps=1_000_000)  # runs until it is stopped
     path = write_config(config, tmp_path / "chain.yaml")
-    command = [sys.executable, "-m", "app", "seeds", "--config", str(path), "--seeds", "1", "--out", "out"]
+    command = ["seeds", "--config", str(path), "--seeds", "1", "--out", "out"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    seeds = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seeds = start_app(*command, cwd=tmp_path, env=env)
     metrics = tmp_path / "out" / "seed_0" / "version_0" / "metrics.csv"
     deadline = time.monotonic() + 120
     while not (metrics.is_file() and metrics.read_text().count("\n") > 2) and time.monotonic() < deadline:
@@ -132,9 +131,7 @@ def test_sigterm_to_the_seeds_stops_their_fit_at_a_checkpoint_and_the_same_comma
     stopped_at = torch.load(checkpoint, weights_only=True)["global_step"]
     assert stopped_at > 0
     # The same command (its budget now reachable) continues the seed from there.
-    again = subprocess.run(
-        [*command, "--trainer.max_steps", str(stopped_at + 50)], cwd=tmp_path, env=env, capture_output=True, text=True
-    )
+    again = run_app_process(*command, "--trainer.max_steps", str(stopped_at + 50), cwd=tmp_path, env=env)
     assert again.returncode == 0, again.stderr
     assert "seed 0: continuing it" in again.stdout
     assert torch.load(checkpoint, weights_only=True)["global_step"] == stopped_at + 50

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from app.watch import main as watch
 from callbacks.video import VideoWriter
 from envs.snake.env import SnakeEnv
 from tests.app.test_cli import assert_one_error_line
+from tests.app_process import run_app_process
 from tests.helpers import ROOT, SNAKE_DQN_BATCH, chain_config, fit, short_snake_fit, write_config
 
 imageio_ffmpeg = pytest.importorskip("imageio_ffmpeg")
@@ -129,11 +129,9 @@ def test_the_callback_records_in_a_fit_and_watch_plays_the_checkpoint(tmp_path, 
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     out = elsewhere / "watched.mp4"
-    command = [sys.executable, "-m", "app", "watch", "--ckpt_path", str(folder.resolve()), "--episodes", "2"]
-    command += ["--max_frames", "30", "--out", str(out), "--data.init_args.env.init_args.backend", "torch"]
-    done = subprocess.run(
-        command, cwd=elsewhere, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}
-    )
+    args = ["watch", "--ckpt_path", str(folder.resolve()), "--episodes", "2", "--max_frames", "30", "--out", str(out)]
+    args += ["--data.init_args.env.init_args.backend", "torch"]
+    done = run_app_process(*args, cwd=elsewhere, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert done.returncode == 0, done.stderr
     written = int(re.search(r"Wrote .*watched\.mp4 \((\d+) frames at 30 fps\)", done.stdout).group(1))
     lengths = [int(steps) for steps in re.findall(r"episode \d: return \S+, (\d+) steps", done.stdout)]

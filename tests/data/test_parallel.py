@@ -32,6 +32,7 @@ from datamodules.workers import WorkerWatch, multi_process_collector, use_forkse
 from envs.testing.chain import ChainEnv
 from modules.dqn import DQN, ExplorationOptions
 from modules.networks import NetworkOptions
+from tests.app_process import start_app
 from tests.helpers import CHAIN, ROOT, chain_config, fit, saved_replay, weights, write_config
 
 
@@ -186,15 +187,9 @@ def test_sigterm_to_the_runs_process_group_saves_and_stops_the_run_and_its_worke
         "init_args": {"workers": 2},
     }
     path = write_config(config, tmp_path / "c.yaml")
-    run = subprocess.Popen(
-        [sys.executable, "-m", "app", "fit", "--config", str(path)],
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},  # as tests/app/test_resume.py runs its killed process
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,  # its own process group, which the workers join
-    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}  # as tests/app/test_resume.py runs its killed process
+    # In its own process group, which the workers join.
+    run = start_app("fit", "--config", str(path), cwd=tmp_path, env=env, new_session=True)
     deadline = time.monotonic() + 120
     while not (tmp_path / "collector_workers" / "worker1.log").exists() and time.monotonic() < deadline:
         time.sleep(0.2)

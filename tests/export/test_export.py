@@ -25,6 +25,7 @@ from export.loader import TracedPolicy
 from export.report import format_rate
 from export.tracing import ExportMismatchError, export_network_of, export_policy
 from modules.networks import observation_mlp
+from tests.app_process import run_app_process
 from tests.export_helpers import (
     CHAIN_SHAPE,
     Shift,
@@ -375,7 +376,7 @@ def test_cli_bad_input_is_one_line_naming_the_flag(trained, tmp_path, capsys, ar
 
 @pytest.mark.slow
 def test_the_export_command_runs_and_its_old_names_say_where_it_went(trained, tmp_path, capsys):
-    """``python -m app export`` as a real process; its old names, ``python -m export`` and
+    """``python -m app export`` in a process of its own; its old names, ``python -m export`` and
     ``python -m callbacks.export``, only print the new command, in one line, with exit status 2. (A missing
     checkpoint's line, in this process.)"""
     cli, _ = trained
@@ -396,7 +397,7 @@ def test_the_export_command_runs_and_its_old_names_say_where_it_went(trained, tm
     )
     args = ["--ckpt_path", str(run / "checkpoints" / "last.ckpt"), "--batch-sizes", "4", "--backend", "torchscript"]
     args += ["--no-benchmark"]
-    done = command("app", "export", *args)
+    done = run_app_process("export", *args, cwd=ROOT, env=environment)
     assert done.returncode == 0, done.stderr
     assert f"Wrote {run / 'export' / 'export.json'}" in done.stdout
     assert TracedPolicy.load(run / "export").batch_sizes == (4,)
