@@ -21,6 +21,7 @@ import atexit
 import io
 import os
 import runpy
+import signal
 import subprocess
 import sys
 import tempfile
@@ -185,7 +186,7 @@ def run_app_process(
     try:
         output, errors = command.communicate(timeout)
     except subprocess.TimeoutExpired:
-        command.send_signal(9)
+        command.send_signal(signal.SIGKILL)
         command.wait()
         raise
     return subprocess.CompletedProcess(command.args, command.returncode, output, errors)
