@@ -7,6 +7,7 @@ importing the training stack only once its flags are checked. ``lightrl --help``
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -61,16 +62,24 @@ def dispatch(argv: Sequence[str] | None = None, prog: str = "python -m app") -> 
     if module == "app.cli":  # fit, validate, or anything else: Lightning's parser names what it does not know
         from app.cli import main
 
-        main(None if argv is None else words)  # None: Lightning reads the command line (given one, it warns)
+        main(None if argv is None else words, prog=prog)  # None: Lightning reads the command line (given, it warns)
     else:
         importlib.import_module(module).main(words[1:], prog=f"{prog} {words[0]}")
 
 
 def run(prog: str) -> None:
     """``dispatch`` with the error handling of a command line: a dead worker or memory that ran out is one line
-    (app/errors.py) and exit status 1; any other error keeps its traceback."""
+    (app/errors.py) and exit status 1; a reader that stopped early (``| head``) ends it quietly, with status 1; any
+    other error keeps its traceback."""
     try:
-        dispatch(prog=prog)
+        try:
+            dispatch(prog=prog)
+        finally:
+            sys.stdout.flush()  # the closed pipe is met here, not in the interpreter's flush at exit
+    except BrokenPipeError:
+        # What Python's documentation advises (signal module, "Note on SIGPIPE"): nothing more to that reader.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise SystemExit(1) from None
     except Exception as error:
         from app.errors import exit_on_fatal_error
 

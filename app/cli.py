@@ -510,9 +510,9 @@ def trainer_defaults() -> dict:
     }
 
 
-def main(args: list[str] | None = None, extra_callbacks: Sequence[Callback] = ()) -> RLCLI:
+def main(args: list[str] | None = None, extra_callbacks: Sequence[Callback] = (), prog: str = "python -m app") -> RLCLI:
     """``python -m app``: the CLI on ``args`` (default: the command line). ``extra_callbacks`` join the config's
-    (benchmarks add their instruments this way)."""
+    (benchmarks add their instruments this way); ``prog`` is the command its help and usage lines name."""
     argv = sys.argv[1:] if args is None else args
     defaults = trainer_defaults()
     defaults["callbacks"] = [*defaults["callbacks"], *extra_callbacks]
@@ -529,6 +529,7 @@ def main(args: list[str] | None = None, extra_callbacks: Sequence[Callback] = ()
             save_config_kwargs={"overwrite": True},
             args=args,
             auto_configure_optimizers=False,
+            parser_kwargs={"prog": prog},
         )
     except SIGTERMException:
         # Lightning stops after the current update (FrameCheckpoint saves then) and exits with status 0, which a

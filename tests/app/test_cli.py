@@ -15,6 +15,7 @@ import pytest
 import torch
 import yaml
 
+from app.__main__ import dispatch
 from app.cli import main
 from tests.app_process import run_app_process
 from tests.helpers import ROOT, app_in_process, chain_config, evaluated_chain_config, fit, write_config
@@ -739,6 +740,34 @@ def test_seed_everything_seeds_the_environments_unless_their_seed_is_set_apart(f
         ["--seed_everything", "3", *flags] if flags[:1] == ["--data.init_args.seed"] else flags,
     )
     assert data.seed == env_seed
+
+
+def test_a_reader_that_stopped_reading_ends_the_overview_quietly(tmp_path):
+    # `python -m app --help | head -1`: a pipe with no reader left is exit status 1 and nothing on stderr, not a
+    # BrokenPipeError traceback. (The overview imports nothing heavy: a fresh interpreter is cheap here.)
+    read, write = os.pipe()
+    os.close(read)  # as `head` that has taken its line and gone
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "app", "--help"],
+            cwd=tmp_path,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        os.close(write)
+    assert (done.returncode, done.stderr) == (1, "")
+
+
+@pytest.mark.parametrize("prog", ["python -m app", "lightrl"])
+def test_a_commands_help_names_the_command_as_it_was_run(prog, capsys):
+    with pytest.raises(SystemExit) as exited:
+        dispatch(["fit", "--help"], prog=prog)
+    assert exited.value.code == 0
+    assert capsys.readouterr().out.startswith(f"usage: {prog} [options] fit ")
 
 
 @pytest.mark.slow
