@@ -84,7 +84,13 @@ def _exit_status(code: object) -> int:
 
 
 def _run(
-    args: Sequence[str], cwd: str, env: dict[str, str], out: str, err: str, new_session: bool, preexec: Callable | None
+    args: Sequence[str],
+    cwd: str,
+    env: dict[str, str],
+    out: str,
+    err: str,
+    new_session: bool,
+    preexec: Callable[[], None] | None,
 ) -> None:
     """In the forked child: become ``python -m app *args`` started in ``cwd`` with ``env``, and exit as it would."""
     if new_session:
@@ -121,7 +127,12 @@ class AppProcess:
     ``send_signal``, ``communicate`` and ``stderr`` (its output so far), its output kept in files until it ends."""
 
     def __init__(
-        self, args: Sequence[str], cwd: Path, env: dict[str, str], new_session: bool, preexec: Callable | None
+        self,
+        args: Sequence[str],
+        cwd: Path,
+        env: dict[str, str],
+        new_session: bool,
+        preexec: Callable[[], None] | None,
     ) -> None:
         self.args = [sys.executable, "-m", "app", *args]
         self._folder = tempfile.TemporaryDirectory(prefix="app-process-")

@@ -187,9 +187,8 @@ def test_sigterm_to_the_runs_process_group_saves_and_stops_the_run_and_its_worke
         "init_args": {"workers": 2},
     }
     path = write_config(config, tmp_path / "c.yaml")
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}  # as tests/app/test_resume.py runs its killed process
-    # In its own process group, which the workers join.
-    run = start_app("fit", "--config", str(path), cwd=tmp_path, env=env, new_session=True)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    run = start_app("fit", "--config", str(path), cwd=tmp_path, env=env, new_session=True)  # a group the workers join
     deadline = time.monotonic() + 120
     while not (tmp_path / "collector_workers" / "worker1.log").exists() and time.monotonic() < deadline:
         time.sleep(0.2)
