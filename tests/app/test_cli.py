@@ -17,6 +17,7 @@ import yaml
 
 from app.__main__ import dispatch
 from app.cli import main
+from app.run_folder import SaveRunConfig
 from tests.app_process import run_app_process
 from tests.helpers import ROOT, app_in_process, chain_config, evaluated_chain_config, fit, write_config
 
@@ -252,6 +253,20 @@ def test_with_the_logger_off_the_config_goes_to_the_checkpoint_folder(tmp_path, 
     assert saved["trainer"]["max_steps"] == 5 and saved["trainer"]["logger"] is False
     assert sorted(path.name for path in tmp_path.iterdir()) == ["c.yaml", "out"]  # nothing in the current folder
     assert sorted(path.name for path in (tmp_path / "out").iterdir()) == ["checkpoints"]
+
+
+@pytest.mark.slow
+def test_the_saved_config_and_the_checkpoints_hyperparameters_are_what_a_checked_dump_writes(tmp_path, monkeypatch):
+    # The parser writes the configs its own parse_args checked without checking them again (app/errors.py): to the
+    # byte what jsonargparse's checked dump writes, for the run folder's config.yaml and the model's hyperparameters.
+    monkeypatch.chdir(tmp_path)
+    cli = fit(ROOT / "configs/gym/cartpole_ppo.yaml", "--trainer.max_steps", "1")
+    saver = next(callback for callback in cli.trainer.callbacks if isinstance(callback, SaveRunConfig))
+    checked = saver.parser.dump(saver.config, skip_none=False, skip_validation=False)
+    assert (tmp_path / "runs/gym_cartpole_ppo/version_0/config.yaml").read_text() == checked
+    hyperparameters = cli.parser.dump(cli.config, skip_link_targets=False, skip_none=False, skip_validation=False)
+    assert cli.config_dump == yaml.safe_load(hyperparameters)["fit"]
+    assert cli.model.hparams["optimizer"] == cli.config_dump["model"]["init_args"]["optimizer"]
 
 
 @pytest.mark.parametrize(
