@@ -140,9 +140,9 @@ class RLCLI(LightningCLI):
         # Lightning's test and predict need a test_step/predict_step over a dataset; an RL run's evaluation is
         # `validate` (greedy episodes), so only the subcommands that work are offered.
         offered = {name: skip for name, skip in LightningCLI.subcommands().items() if name in ("fit", "validate")}
-        # A subcommand's parser holds every option of the Trainer, the model and the data module, and building one
-        # is a sixth of a command's start: a command line that names its subcommand gets that one's parser alone
-        # (the overview, `--help` without one, and a misspelt one still list them all).
+        # A subcommand's parser holds every option of the Trainer, the model and the data module, so a command line
+        # that names its subcommand builds that one's parser alone (the overview, `--help` without one, and a
+        # misspelt one still list them all).
         named = self.argv[0] if self.argv else None
         return {named: offered[named]} if named in offered else offered
 
