@@ -30,7 +30,6 @@ import csv
 import json
 import math
 import signal
-import subprocess
 import sys
 import threading
 from collections.abc import Sequence
@@ -41,6 +40,7 @@ from typing import Any
 import torch
 import yaml
 
+from app import launch
 from app.errors import OneLineArgumentParser, check_config_files
 from app.stages import stage_configs
 from checkpoints.resume import LAST
@@ -78,7 +78,7 @@ class Stopped(Exception):
 
 
 #: The seeds' ``fit`` processes running now, and whether SIGTERM stopped the seeds (see :func:`_forward_sigterm`).
-_RUNNING: set[subprocess.Popen] = set()
+_RUNNING: set[launch.Command] = set()
 _STOPPING = threading.Event()
 
 
@@ -121,7 +121,7 @@ def run_seed(configs: Sequence[str], seed: int, out: Path, threads: int, overrid
     if _STOPPING.is_set():
         raise Stopped
     with open(log, "a") as output:
-        process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT)
+        process = launch.start(command[3:], stdout=output.fileno(), stderr=output.fileno())  # after `python -m app`
         _RUNNING.add(process)
         try:
             exit_code = process.wait()

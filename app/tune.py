@@ -38,7 +38,6 @@ import math
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -50,6 +49,7 @@ from typing import Any
 
 import yaml
 
+from app import launch
 from app.errors import OneLineArgumentParser, check_config_files
 from app.seeds import _composed
 from compat.extras import install_command
@@ -283,8 +283,9 @@ class Search:
 
     # -- one trial ----------------------------------------------------------------------------------------------------
     def command(self, number: int, values: dict[str, Any]) -> list[str]:
+        """Trial ``number``'s ``fit``: its arguments after ``python -m app``."""
         configs = [arg for path in self.args.config for arg in ("--config", path)]
-        command = [sys.executable, "-m", "app", "fit", *configs, "--threads", str(self.args.threads)]
+        command = ["fit", *configs, "--threads", str(self.args.threads)]
         command += ["--trainer.logger.init_args.save_dir", str(self.out)]
         command += ["--trainer.logger.init_args.name", f"trial_{number}", "--trainer.logger.init_args.version", "0"]
         command += ["--trainer.callbacks+=callbacks.tuning.EvaluationFeed", *self.overrides]
@@ -305,7 +306,7 @@ class Search:
         start = time.perf_counter()
         feed, reported, records, pruned = run / "version_0" / FEED, set(), [], False
         with open(log, "w") as output:
-            process = subprocess.Popen(self.command(trial.number, values), stdout=output, stderr=subprocess.STDOUT)
+            process = launch.start(self.command(trial.number, values), stdout=output.fileno(), stderr=output.fileno())
             while True:
                 exited = process.poll() is not None
                 for record in _read_feed(feed)[len(records) :]:

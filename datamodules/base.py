@@ -24,6 +24,7 @@ from __future__ import annotations
 import glob
 import os
 import random
+import sys
 from collections.abc import Callable, Container, Iterator, Sequence
 from functools import partial
 from pathlib import Path
@@ -32,7 +33,6 @@ from typing import Any, TypeVar
 import lightning.pytorch as pl
 import numpy as np
 import torch
-from jsonargparse import lazy_instance
 from tensordict import NestedKey, TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 from torch.utils.data import DataLoader, IterableDataset
@@ -49,6 +49,7 @@ from checkpoints.files import (
     updates_in_name,
     write_sums,
 )
+from compat.jsonargparse import lazy_instance
 from datamodules.collection import ACT_DTYPES, AutocastPolicy, Collection, InProcess
 from datamodules.episodes import EpisodeStatistics
 from datamodules.evaluation import Evaluation, EvaluationOptions, fixed_seed
@@ -73,7 +74,7 @@ T = TypeVar("T", torch.Tensor, TensorDictBase)
 
 #: ``collection``'s default: collect in the training process. A lazy instance, so that the command line can set its
 #: options alone (``--data.init_args.collection.prefetch true``) and the resolved config shows it.
-DEFAULT_COLLECTION: Collection = lazy_instance(InProcess)
+DEFAULT_COLLECTION: Collection = lazy_instance(InProcess, sys.modules[__name__])
 
 
 def check_positive(name: str, value: float, *, allow_zero: bool = False) -> None:

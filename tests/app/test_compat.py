@@ -408,6 +408,23 @@ def test_each_compat_module_lists_every_private_name_it_uses(module):
             assert hasattr(module, name.strip()), f"{module.__name__}.PRIVATE_API names {name.strip()}"
 
 
+def test_a_lazy_instance_made_for_a_module_is_the_one_jsonargparse_makes_for_its_caller():
+    import jsonargparse
+
+    import datamodules.base
+    from datamodules.collection import InProcess
+
+    this_module = inspect.getmodule(test_compat_is_a_shipped_package)
+    theirs = jsonargparse.lazy_instance(InProcess, prefetch=True)  # its class made for this module, found on the stack
+    ours = compat.jsonargparse.lazy_instance(InProcess, this_module, prefetch=True)
+    assert type(ours) is type(theirs)  # the class jsonargparse made for this module, found by name and reused
+    assert ours.lazy_get_init_data() == theirs.lazy_get_init_data()
+    default = datamodules.base.DEFAULT_COLLECTION
+    assert type(default).__name__ == type(ours).__name__ and type(default).__module__ == "datamodules.base"
+    assert type(default).__mro__[1:] == type(ours).__mro__[1:]
+    assert default.lazy_get_init_data() == jsonargparse.lazy_instance(InProcess).lazy_get_init_data()
+
+
 def test_from_any_returns_a_tensor_without_asking_the_import_system(monkeypatch):
     import importlib.util
 

@@ -111,18 +111,25 @@ def children(pid: int) -> list[int]:
 
 
 @pytest.mark.slow
-def test_sigterm_to_the_seeds_stops_their_fit_at_a_checkpoint_and_the_same_command_continues_it(tmp_path):
+@pytest.mark.parametrize("group", [False, True], ids=["to the seeds", "to their process group"])
+def test_sigterm_to_the_seeds_stops_their_fit_at_a_checkpoint_and_the_same_command_continues_it(tmp_path, group):
+    # SIGTERM to the seeds alone (a `kill`), or to every process of their group (a scheduler ending a job: the server
+    # that forks the fits gets it too, and must outlive them to tell the seeds how they ended).
     config = evaluated_chain_config("dqn", every_n_frames=200, max_steps=1_000_000)  # runs until it is stopped
     path = write_config(config, tmp_path / "chain.yaml")
     command = ["seeds", "--config", str(path), "--seeds", "1", "--out", "out"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    seeds = start_app(*command, cwd=tmp_path, env=env)
+    seeds = start_app(*command, cwd=tmp_path, env=env, new_session=group)
     metrics = tmp_path / "out" / "seed_0" / "version_0" / "metrics.csv"
     deadline = time.monotonic() + 120
     while not (metrics.is_file() and metrics.read_text().count("\n") > 2) and time.monotonic() < deadline:
         time.sleep(0.5)  # the fit is training: its first evaluations are logged
-    (fit,) = children(seeds.pid)  # the seed's `python -m app fit`
-    seeds.send_signal(signal.SIGTERM)
+    (server,) = children(seeds.pid)  # the server that forks the seed's `python -m app fit` (app/launch.py)
+    (fit,) = children(server)
+    if group:
+        os.killpg(seeds.pid, signal.SIGTERM)
+    else:
+        seeds.send_signal(signal.SIGTERM)
     _, errors = seeds.communicate(timeout=60)
     assert seeds.returncode == 128 + signal.SIGTERM, errors
     assert errors.strip().splitlines()[-1] == "stopped by SIGTERM: the same command continues the seeds"

@@ -22,8 +22,8 @@ SPACE = {LR: {"type": "categorical", "choices": [0.003, 1.0e-12]}, EPOCHS: {"typ
 MEDIAN_AFTER_ONE = ["--startup-trials", "1"]
 
 
-def tune_config(tmp_path):
-    config = evaluated_chain_config("ppo", every_n_frames=200, max_steps=60)
+def tune_config(tmp_path, max_steps=60):
+    config = evaluated_chain_config("ppo", every_n_frames=200, max_steps=max_steps)
     (tmp_path / "configs").mkdir(exist_ok=True)
     space = tmp_path / "configs" / "space.yaml"
     space.write_text(yaml.safe_dump(SPACE, sort_keys=False))
@@ -44,7 +44,9 @@ def load(out):
 
 @pytest.mark.slow
 def test_search_prunes_a_poor_trial_its_best_config_runs_and_a_stopped_search_resumes(tmp_path, monkeypatch):
-    config, space = tune_config(tmp_path)
+    # Trials of 400 updates (a few seconds each): the search reads a running trial's evaluations twice a second, so the
+    # poor trial must still be training when its first ones are read (a trial of 60 updates ends within a second).
+    config, space = tune_config(tmp_path, max_steps=400)
     work = tmp_path / "work"  # a folder that is neither the checkout nor the config's
     out = work / "runs" / "chain_tune"
     queue(out, (0.003, 2), (0.003, 1), (1.0e-12, 1))
