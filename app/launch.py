@@ -1,8 +1,8 @@
 """The fits a command starts by the dozen (``seeds``' and ``tune``'s): ``python -m app fit ...`` in a process of its
 own, forked from a server that imported the app once.
 
-A fresh interpreter spends about six CPU-seconds importing torch, Lightning and TorchRL before a command starts: for a
-search of fifty short trials, minutes of a small machine. (A pipeline stage, one per run, starts a fresh interpreter:
+A fresh interpreter spends seconds importing torch, Lightning and TorchRL before a command starts: for a search of
+fifty short trials, minutes of a small machine. (A pipeline stage, one per run, starts a fresh interpreter:
 a server would cost the same imports and then sit beside the run.) :func:`start` forks each command from one server per
 process (a ``multiprocessing`` forkserver of its own, apart from the one a run starts its workers from), which imports
 the app when the first command starts. The command then runs as ``python -m app`` does from where that interpreter's

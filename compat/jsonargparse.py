@@ -40,8 +40,8 @@ def lazy_instance(class_type: type[Class], module: ModuleType, **kwargs: Any) ->
     A lazy instance is an option's default whose own options the command line can still set one by one
     (``--data.init_args.collection.prefetch true``) and which a resolved config shows as its class and options. The
     public function finds the module of its caller with ``inspect.stack()``, which reads the source of every frame on
-    the stack; for a default made while the app imports, that walk of the whole import chain was a tenth to half a
-    second of every command's start."""
+    the stack; for a default made while the app imports, that walk of the whole import chain was a noticeable share of
+    every command's start."""
     # jsonargparse.typing.lazy_instance's body (jsonargparse 4.53.0), with the module given.
     name = f"LazyInstance_{class_type.__name__}"
     lazy_class = getattr(module, name, None)

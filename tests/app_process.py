@@ -1,13 +1,13 @@
 """``python -m app`` in a process of its own, forked from a server that imported the app once (:mod:`app.launch`,
-the way ``seeds``, ``tune`` and pipeline stages start their fits), its output kept in files until it ends.
+the way ``seeds`` and ``tune`` start their fits), its output kept in files until it ends.
 
-A fresh interpreter spends about six CPU-seconds importing torch, Lightning and TorchRL before a command starts, and the
-tests that need a process of their own (signals, process groups, a worker's death, a limit on memory, an exit status, a
-user's module on the path) start dozens. What a fork does not repeat, and the tests that start a fresh interpreter
-show instead: the imports under the command's own environment variables and the interpreter's final garbage
-collection (``tests/app/test_cli.py`` runs the installed ``lightrl`` command, Lightning's DDP relaunches
-``python -m app`` for its second rank, ``tests/app/test_app_process.py`` compares the two, and
-``tests/data/test_parallel.py`` ends a learner in a fresh interpreter).
+A fresh interpreter spends seconds importing torch, Lightning and TorchRL before a command starts, and the tests that
+need a process of their own (signals, process groups, a worker's death, a limit on memory, an exit status, a user's
+module on the path) start dozens. What a fork does not repeat, and the tests that start a fresh interpreter show
+instead: the imports under the command's own environment variables and the interpreter's final garbage collection
+(``tests/app/test_cli.py`` runs the installed ``lightrl`` command, Lightning's DDP relaunches ``python -m app`` for its
+second rank, ``tests/app/test_app_process.py`` compares the two, and ``tests/data/test_parallel.py`` ends a learner in
+a fresh interpreter).
 """
 
 from __future__ import annotations
