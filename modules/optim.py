@@ -153,8 +153,9 @@ class FusedAdamStep:
     """``clip_grad_norm_(max_grad_norm)`` + ``optimizer.step()`` + ``zero_grad(set_to_none=True)``, same arithmetic.
 
     The direct path makes one fused call per parameter group, each with its group's learning rate. The optimizer's
-    own ``step()`` runs whenever it does not apply: an optimizer other than a fused Adam without AMSGrad, the first
-    step (which creates the state), or a parameter without a gradient.
+    own ``step()`` runs whenever it does not apply: an optimizer other than a fused Adam without AMSGrad, the steps
+    until every parameter has its state, or a group with only some of its gradients. A group with none is skipped,
+    as Adam's own step skips each parameter without a gradient.
 
     Args:
         optimizer: the optimizer whose parameters, hyperparameters and state are used.
@@ -174,21 +175,19 @@ class FusedAdamStep:
 
     def __call__(self) -> None:
         grads = [p.grad for p in self.params]
-        if any(grad is None for grad in grads):
-            grads = [grad for grad in grads if grad is not None]
-        if self.max_grad_norm is not None and grads:
-            clip_grads_by_global_norm_(grads, self.max_grad_norm)  # clip_grads_with_norm_'s arithmetic
-        if self._state is None or len(grads) != len(self.params):
+        given = [grad for grad in grads if grad is not None]
+        if self.max_grad_norm is not None and given:
+            clip_grads_by_global_norm_(given, self.max_grad_norm)  # clip_grads_with_norm_'s arithmetic
+        groups = self._groups_with_gradients(grads)
+        if groups is None:
             self.optimizer.step()
-            self._state = self._bind_state() if self.direct and len(grads) == len(self.params) else None
+            self._state = self._bind_state() if self.direct else None
         else:
-            start = 0
-            for group, (exp_avgs, exp_avg_sqs, steps) in zip(self.optimizer.param_groups, self._state, strict=True):
-                count = len(group["params"])
+            for group, group_grads, (exp_avgs, exp_avg_sqs, steps) in groups:
                 beta1, beta2 = group["betas"]
                 fused_adam_step_(
                     group["params"],
-                    grads[start : start + count],
+                    group_grads,
                     exp_avgs,
                     exp_avg_sqs,
                     steps,
@@ -198,12 +197,32 @@ class FusedAdamStep:
                     weight_decay=group["weight_decay"],
                     eps=group["eps"],
                 )
-                start += count
         for p in self.params:
             p.grad = None
 
-    def _bind_state(self) -> list[tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]]:
-        # After the optimizer's own step, so that the state exists and is the one a resume loaded.
+    def _groups_with_gradients(self, grads: list[torch.Tensor | None]) -> list[tuple[dict, list, tuple]] | None:
+        """The groups the direct path steps, each with its gradients and state: those whose parameters all have a
+        gradient. A group with none is left alone, as Adam's own step leaves every parameter without a gradient (TD3's
+        and CrossQ's actor between its delayed updates). None: the optimizer's own step is due (no bound state yet, or
+        a group with only some of its gradients)."""
+        if self._state is None:
+            return None
+        groups, start = [], 0
+        for group, state in zip(self.optimizer.param_groups, self._state, strict=True):
+            group_grads = grads[start : start + len(group["params"])]
+            start += len(group["params"])
+            missing = sum(grad is None for grad in group_grads)
+            if missing == 0:
+                groups.append((group, group_grads, state))
+            elif missing < len(group_grads):
+                return None
+        return groups
+
+    def _bind_state(self) -> list[tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]] | None:
+        # After the optimizer's own step, so that the state is the one a resume loaded; None while a parameter has
+        # none yet (it has had no gradient so far).
+        if any(not self.optimizer.state.get(p) for p in self.params):
+            return None
         bound = []
         for group in self.optimizer.param_groups:
             state = [self.optimizer.state[p] for p in group["params"]]

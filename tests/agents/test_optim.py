@@ -91,6 +91,56 @@ def test_other_optimizers_and_missing_gradients_take_the_optimizers_own_step():
     assert torch.equal(net[0].weight, frozen) and all(p.grad is None for p in net.parameters())
 
 
+def test_a_group_without_gradients_is_skipped_by_the_fused_step_as_adams_own_step_skips_it():
+    # Two groups (an actor's and a critic's, as TD3 and CrossQ hold them): the critic trains every step, the actor
+    # every other one. The fused kernels step the groups that have gradients, bit for bit what Adam's own step does,
+    # and only the steps before every parameter has its state take the optimizer's own step.
+    torch.manual_seed(0)
+    actor, critic = nn.Linear(6, 2), nn.Linear(8, 1)
+    ours, reference = (actor, critic), copy.deepcopy((actor, critic))
+
+    def optimizer(pair):
+        groups = [{"params": list(pair[0].parameters()), "lr": 1e-2}, {"params": list(pair[1].parameters())}]
+        return torch.optim.Adam(groups, lr=3e-3, fused=True)
+
+    step, reference_optimizer = FusedAdamStep(optimizer(ours), 0.5), optimizer(reference)
+    own_steps = 0
+    own_step = step.optimizer.step
+
+    def counted_step(*args, **kwargs):
+        nonlocal own_steps
+        own_steps += 1
+        return own_step(*args, **kwargs)
+
+    step.optimizer.step = counted_step
+    for index in range(9):
+        x = torch.randn(16, 6, generator=torch.Generator().manual_seed(index))
+        for (net_actor, net_critic), stepper in ((ours, step), (reference, None)):
+            action = net_actor(x)
+            if index % 2 == 0:  # the critic's step alone: the actor's output held fixed
+                action = action.detach()
+            loss = net_critic(torch.cat([x, action], -1)).pow(2).mean()
+            loss.backward()
+            if stepper is not None:
+                stepper()
+            else:
+                torch.nn.utils.clip_grad_norm_([*net_actor.parameters(), *net_critic.parameters()], 0.5)
+                reference_optimizer.step()
+                reference_optimizer.zero_grad(set_to_none=True)
+    for a, b in zip(
+        [*ours[0].parameters(), *ours[1].parameters()],
+        [*reference[0].parameters(), *reference[1].parameters()],
+        strict=True,
+    ):
+        assert torch.equal(a, b)
+    states = step.optimizer.state_dict()["state"], reference_optimizer.state_dict()["state"]
+    steps = [float(states[0][index]["step"]) for index in range(4)]
+    assert steps == [4, 4, 9, 9]  # the actor (parameters 0 and 1) stepped 4 times of 9
+    for index, state in states[1].items():
+        assert all(torch.equal(states[0][index][key], value) for key, value in state.items())
+    assert own_steps == 2  # the first (the critic's state) and the second (the actor's): then the fused kernels
+
+
 def test_learning_rate_follows_a_cosine_in_frames_to_lr_end():
     options = OptimizerOptions(lr=1e-3, lr_end=1e-4, lr_frames=1000)
     assert options.learning_rate(0) == pytest.approx(1e-3)
