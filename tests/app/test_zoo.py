@@ -188,9 +188,10 @@ def test_every_pair_the_command_maps_builds_and_trains(algo, env_id, tmp_path, c
     if compiles and (algo, env_id) not in COMPILED:
         config["model"]["init_args"]["compile"] = False
     write_config(config, tmp_path / "zoo.yaml")
-    # The throughput report's bare-update yardstick (its last callback) times seconds that check nothing here.
-    no_yardstick = ("--trainer.callbacks.init_args.bare_update_seconds", "0")
-    cli = fit(tmp_path / "zoo.yaml", "--trainer.max_steps", "1", *SHORT[algo], *no_yardstick)
+    # The throughput report (the last callback) without its bare-update yardstick and its figures: seconds of timing
+    # and drawing that check nothing here (tests/app/test_throughput.py checks both).
+    report = ("--trainer.callbacks.init_args.bare_update_seconds", "0", "--trainer.callbacks.init_args.plots", "false")
+    cli = fit(tmp_path / "zoo.yaml", "--trainer.max_steps", "1", *SHORT[algo], *report)
     assert cli.trainer.global_step == 1
     folder = tmp_path / "runs/gym_zoo/version_0"
     assert (folder / "checkpoints/last.ckpt").is_file()
