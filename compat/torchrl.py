@@ -85,7 +85,8 @@ PRIVATE_API = (
 def collector_carrier(collector: Collector) -> TensorDictBase:
     """The tensordict ``collector`` carries between calls (last observations, recurrent states); update it in place
     to restore them."""
-    # Collector._carrier (private; torchrl 0.14.1): made in the collector's constructor, never replaced after.
+    # Collector._carrier (private; torchrl 0.14.1): made in the collector's constructor and replaced by the next
+    # step's output at every step of a round, so read it at each call, never kept.
     carrier = getattr(collector, "_carrier", None)
     if carrier is None:
         raise RuntimeError("this torchrl version's Collector has no `_carrier`: exact resume is not supported")
