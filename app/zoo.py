@@ -889,6 +889,20 @@ MAPPED = {
     "ddpg": map_ddpg,
 }
 
+#: The Zoo's algorithms this command does not map, each with what lightrl lacks for it.
+NOT_MAPPED = {
+    "ppo_lstm": "lightrl's recurrent PPO reads MettaGrid's token grids; an LSTM over other observations is not built",
+    "trpo": "no TRPO agent in lightrl (TorchRL has no TRPO loss)",
+    "ars": "no ARS agent in lightrl (a random search over linear policies, without gradients: no TorchRL loss)",
+    "her": "hindsight relabelling of goal-conditioned replay is not built",
+}
+
+
+def not_mapped(algo: str) -> str:
+    """The one line for an algorithm this command does not map."""
+    reason = NOT_MAPPED.get(algo)
+    return f"--algo {algo}: not mapped yet: {reason}" if reason else f"--algo {algo}: not mapped yet"
+
 
 def render(config: dict[str, Node], indent: int = 0) -> list[str]:
     """YAML lines of ``config``, each value's comment beside it (column 32, as the shipped configs)."""
@@ -931,7 +945,7 @@ def _commented(line: str, comment: str) -> str:
 def config_text(algo: str, env_id: str, out: Path, options: Options = Options()) -> str:
     """The text of ``out``: the config of the Zoo's ``algo`` entry of ``env_id``, its run named ``gym_<stem>``."""
     if algo not in MAPPED:
-        raise ZooError(f"--algo {algo}: not mapped yet (this command maps {', '.join(MAPPED)})")
+        raise ZooError(f"{not_mapped(algo)} (this command maps {', '.join(MAPPED)})")
     config = MAPPED[algo](zoo_entry(algo, env_id), env_id, f"gym_{out.stem}", options)
     written_by = f"lightrl zoo --algo {algo} --env {env_id} --out {out}{options.flags()}"
     header = [
@@ -998,7 +1012,7 @@ def coverage_table(rows: list[dict[str, Any]]) -> str:
     lines += ["", "Installed pairs not mapped:"]
     for r in rows:
         if r["algo"] not in MAPPED and r["installed"]:
-            lines.append(f"- {r['algo']} ({r['installed']} installed): --algo {r['algo']}: not mapped yet")
+            lines.append(f"- {r['algo']} ({r['installed']} installed): {not_mapped(r['algo'])}")
         lines += [f"- {message}" for message in r["refused"].values()]
     return "\n".join(lines)
 

@@ -213,6 +213,11 @@ def test_the_coverage_figure_has_every_pair_this_file_trains():
             "--algo a3c: not mapped yet (this command maps dqn, qrdqn, ppo",
         ),
         (["--algo", "ppo", "--env", "Pendulum-v1"], "cannot map ppo Pendulum-v1: sde_sample_freq: not mapped"),
+        (
+            ["--algo", "ars", "--env", "Pendulum-v1"],
+            "--algo ars: not mapped yet: no ARS agent in lightrl (a random search over linear policies, without "
+            "gradients: no TorchRL loss) (this command maps dqn, qrdqn, ppo",
+        ),
     ],
 )
 def test_what_cannot_be_mapped_is_one_line_naming_it(args, line, tmp_path, capsys, monkeypatch):
@@ -287,4 +292,9 @@ def test_the_coverage_counts_every_pair_and_maps_every_installed_dqn_entry(capsy
     listed = result.stdout.split("Installed pairs not mapped:\n")[1].splitlines()
     unmapped = sum(len(row["refused"]) + (algo not in MAPPED and row["installed"] > 0) for algo, row in rows.items())
     assert len(listed) == unmapped and f"- {rows['ppo']['refused']['Pendulum-v1']}" in listed
-    assert f"- trpo ({rows['trpo']['installed']} installed): --algo trpo: not mapped yet" in listed
+    # An algorithm not mapped: what lightrl lacks for it.
+    lacks = "--algo trpo: not mapped yet: no TRPO agent in lightrl (TorchRL has no TRPO loss)"
+    assert f"- trpo ({rows['trpo']['installed']} installed): {lacks}" in listed
+    assert any(
+        line.startswith("- ppo_lstm (") and "recurrent PPO reads MettaGrid's token grids" in line for line in listed
+    )
