@@ -6,9 +6,10 @@ config that means the same.
 
 It reads ``hyperparams/<algo>.yml`` from the installed ``rl_zoo3`` package (the ``zoo`` extra: never needed to
 train) and writes every mapped field with the Zoo's name beside it. A key it cannot map (an option lightrl lacks, a
-wrapper, an image policy) stops it with one line naming each such key and why: a config that silently meant something
-else would mislead the comparison it exists for. ``configs/gym/cartpole_dqn.yaml`` and ``lunarlander_dqn.yaml`` are
-this command's output, as are the other RL Zoo configs in ``configs/gym/`` (``SHIPPED`` in tests/app/test_zoo.py).
+wrapper or an image policy other than the Atari entries') stops it with one line naming each such key and why: a
+config that silently meant something else would mislead the comparison it exists for. ``configs/gym/cartpole_dqn.yaml``
+and ``lunarlander_dqn.yaml`` are this command's output, as are the other RL Zoo configs in ``configs/gym/``
+(``SHIPPED`` in tests/app/test_zoo.py).
 
 How the Zoo's numbers become lightrl's (Stable-Baselines3's defaults for the keys an entry leaves out). DQN:
 
@@ -38,6 +39,12 @@ learned from 1/X; actor and critics of ``net_arch``. TQC: SAC's, with ``n_quanti
 ``top_quantiles_to_drop_per_net``. CrossQ: SAC's without target networks, with ``policy_delay`` and the batch
 renormalisation's ``batch_norm_momentum`` and ``renorm_warmup_steps``. TD3: as SAC's, with ``noise_type: normal``'s
 ``noise_std`` as the acting noise and Stable-Baselines3's target policy smoothing and policy delay.
+
+Atari: the Zoo's ``atari`` entry of DQN, QR-DQN, PPO and A2C, for any game whose registered entry point is ale-py's
+``AtariEnv`` (as the Zoo chooses it): ``env_wrapper`` AtariWrapper as Gymnasium's wrappers and ``episodic_life``
+(:func:`atari_environment`), ``frame_stack`` stacked, ``CnnPolicy`` the Nature CNN (``network: {kind: auto}``),
+``optimize_memory_usage`` the replay's frames kept once (the same samples), A2C's ``RMSpropTFLike`` TensorFlow's
+RMSprop (``rmsprop_tf``); evaluations of whole games, two threads, never compiled.
 
 All: greedy evaluations every tenth of the budget, checkpoints every fifth; logging every 100 updates below 10,000
 updates, else 500.
@@ -174,6 +181,14 @@ COMPILE_ABOVE_UPDATES = 50_000
 #: Keys read for every algorithm and needing nothing: the policy class is checked on its own.
 _READ = {"n_timesteps", "policy"}
 _ACTIVATIONS = {"ReLU": "relu", "Tanh": "tanh"}
+#: The wrapper the Zoo's ``atari`` entries name (``env_wrapper``), which the command writes as Gymnasium's wrappers.
+ATARI_WRAPPER = "stable_baselines3.common.atari_wrappers.AtariWrapper"
+#: The game the coverage maps each ``atari`` entry on (the entry is the Zoo's for every Atari game: one pair).
+ATARI_EXAMPLE = "BreakoutNoFrameskip-v4"
+#: The side of AtariWrapper's square grey frames (its ``screen_size``).
+ATARI_SCREEN = 84
+#: ``policy_kwargs`` ``optimizer_class`` values mapped: lightrl's ``model.optimizer.algorithm`` for each.
+OPTIMIZER_CLASSES = {"RMSpropTFLike": "rmsprop_tf"}
 
 
 def display_name(algo: str) -> str:
@@ -212,11 +227,12 @@ class Options:
 
 @dataclass
 class Node:
-    """A config entry: a value with the comment beside it, or children (a mapping, or a list of mappings)."""
+    """A config entry: a value (a dict of scalars is written inline, ``{a: 1, b: 2}``) with the comment beside it,
+    or children (a mapping, or a list of mappings and values)."""
 
     value: Any = None
     comment: str = ""
-    children: dict[str, Node] | list[dict[str, Node]] | None = None
+    children: dict[str, Node] | list[dict[str, Node] | Node] | None = None
 
 
 @dataclass
@@ -228,6 +244,10 @@ class Entry:
     env_id: str
     values: dict[str, Any]
     problems: list[str] = field(default_factory=list)
+    #: keys beyond Stable-Baselines3's defaults that the mapping has read (an Atari entry's wrapper and frame stack)
+    read: set[str] = field(default_factory=set)
+    #: an Atari entry: stacked frames of AtariWrapper on an Atari game, read by CnnPolicy (:func:`atari_environment`)
+    images: bool = False
 
     def __getitem__(self, key: str) -> Any:
         return self.values[key] if key in self.values else SB3_DEFAULTS[self.algo][key]
@@ -238,13 +258,18 @@ class Entry:
 
     def refuse_unknown(self, *known: str) -> None:
         """Every key of the entry that is neither a default's nor among ``known``: a problem each."""
-        for key in sorted(set(self.values) - set(SB3_DEFAULTS[self.algo]) - _READ - set(known)):
+        for key in sorted(set(self.values) - set(SB3_DEFAULTS[self.algo]) - _READ - self.read - set(known)):
             self.problems.append(f"{key}: not mapped (no lightrl option for it in this command yet)")
 
     def check(self) -> None:
-        """Raise the one line naming every problem found (an image policy among them)."""
-        if self.values.get("policy", "MlpPolicy") != "MlpPolicy":
-            self.problems.append(f"policy {self.values['policy']}: only MlpPolicy entries are mapped (image: not yet)")
+        """Raise the one line naming every problem found (a policy other than an MLP, or a CNN on Atari frames,
+        among them)."""
+        policy = self.values.get("policy", "MlpPolicy")
+        if policy != ("CnnPolicy" if self.images else "MlpPolicy"):
+            self.problems.append(
+                f"policy {policy}: only MlpPolicy entries, and CnnPolicy on an Atari game's frames "
+                "(env_wrapper AtariWrapper), are mapped"
+            )
         if self.problems:
             raise ZooError(f"cannot map {self.algo} {self.env_id}: " + "; ".join(self.problems))
 
@@ -259,16 +284,97 @@ def hyperparams_folder() -> Path:
 
 
 def zoo_entry(algo: str, env_id: str) -> dict[str, Any]:
-    """The Zoo's hyperparameters for ``env_id`` in ``hyperparams/<algo>.yml`` of the installed ``rl_zoo3``."""
+    """The Zoo's hyperparameters for ``env_id`` in ``hyperparams/<algo>.yml`` of the installed ``rl_zoo3``: its own
+    entry, or for an Atari game it does not list, its ``atari`` entry (as the Zoo chooses: :func:`atari_game`)."""
     import yaml
 
     table = hyperparams_folder() / f"{algo}.yml"
     if not table.is_file():
         raise ZooError(f"--algo {algo}: the RL Zoo has no hyperparams/{algo}.yml")
     entries = yaml.safe_load(table.read_text())
+    if env_id == "atari":
+        raise ZooError(f"--env atari: the Zoo's entry for every Atari game; name a game, e.g. {ATARI_EXAMPLE}")
+    if env_id not in entries and "atari" in entries and atari_game(env_id) is not None:
+        return dict(entries["atari"])
     if env_id not in entries:
-        raise ZooError(f"--env {env_id}: not in the RL Zoo's hyperparams/{algo}.yml ({len(entries)} entries)")
+        atari = ""
+        if "atari" in entries and importlib.util.find_spec("ale_py") is None:
+            atari = '; an Atari game needs ale-py: pip install -e ".[gym]"'
+        raise ZooError(f"--env {env_id}: not in the RL Zoo's hyperparams/{algo}.yml ({len(entries)} entries){atari}")
     return dict(entries[env_id])
+
+
+def atari_game(env_id: str) -> Any:
+    """``env_id``'s registered spec when it is an Atari game, whose entry point is ALE's ``AtariEnv`` (the Zoo's test
+    for its ``atari`` entry: ``BreakoutNoFrameskip-v4``, ``ALE/Breakout-v5``, ...); None for any other id, and where
+    ale-py is not installed."""
+    import gymnasium
+
+    with contextlib.suppress(ImportError):
+        import ale_py
+
+        gymnasium.register_envs(ale_py)
+    spec = gymnasium.envs.registry.get(env_id)
+    return spec if spec is not None and "AtariEnv" in str(spec.entry_point) else None
+
+
+def atari_environment(zoo: Entry) -> dict[str, Node]:
+    """``env.init_args`` of an Atari entry beyond its ``env_id`` (``env_wrapper`` Stable-Baselines3's AtariWrapper on
+    an Atari game, ``frame_stack``), which marks the entry as one of images (:attr:`Entry.images`). AtariWrapper's
+    steps become Gymnasium's wrappers in its order: ``AtariPreprocessing`` (up to 30 no-op starts, each action
+    repeated on 4 frames with the last two max-pooled, 84×84 grey bytes), ``envs.gym.atari.FireReset`` (FIRE at a
+    game's start and after a lost life, in games that need it), ``FrameStackObservation`` (``frame_stack``) and
+    ``ClipReward`` (±1, the reward's sign); its ``terminal_on_life_loss`` is ``episodic_life``. The emulator is the
+    one AtariWrapper is written for, every frame and no sticky actions (the ``NoFrameskip-v4`` ids'): an id
+    registered otherwise (``ALE/Breakout-v5``: 4 frames a step, sticky actions 0.25) is given these in ``env_kwargs``.
+    An entry without AtariWrapper: nothing (its ``env_wrapper`` and ``frame_stack`` are refused, by name)."""
+    wrappers = zoo.values.get("env_wrapper")
+    if (wrappers if isinstance(wrappers, list) else [wrappers]) != [ATARI_WRAPPER]:
+        return {}  # none, or another wrapper (or AtariWrapper with arguments): refused by refuse_unknown
+    zoo.read |= {"env_wrapper", "frame_stack"}
+    spec = atari_game(zoo.env_id)
+    if spec is None:
+        zoo.problems.append(f"env_wrapper AtariWrapper: {zoo.env_id} is not an Atari game (ale-py's AtariEnv)")
+        return {}
+    stack = zoo.values.get("frame_stack")
+    if not isinstance(stack, int) or stack < 1:
+        zoo.problems.append(f"frame_stack {stack}: AtariWrapper's frames are mapped stacked (frame_stack N)")
+        return {}
+    zoo.images = True
+    nodes = {"env_id": Node(zoo.env_id, "an Atari game (ale-py: the gym extra)")}
+    if spec.kwargs.get("frameskip") != 1 or spec.kwargs.get("repeat_action_probability") != 0:
+        game = zoo.env_id.split("/")[-1].split("-")[0].removesuffix("NoFrameskip").removesuffix("Deterministic")
+        emulator = {
+            "frameskip": Node(1, "every frame (AtariPreprocessing skips 4 and max-pools the last two)"),
+            "repeat_action_probability": Node(0.0, "no sticky actions"),
+        }
+        nodes["env_kwargs"] = Node(children=emulator, comment=f"{game}NoFrameskip-v4's emulator, as the Zoo plays it:")
+    screen = {"noop_max": 30, "frame_skip": 4, "screen_size": ATARI_SCREEN, "grayscale_obs": True, "scale_obs": False}
+    steps = [
+        {
+            "class_path": Node(
+                "AtariPreprocessing", "noop reset (up to 30), frame skip 4, 84x84 grey, uint8 (not scaled)"
+            ),
+            "init_args": Node(screen),
+        },
+        Node("envs.gym.atari.FireReset", "FIRE at game start and after a lost life (FireResetEnv)"),
+        {
+            "class_path": Node("FrameStackObservation", f"frame_stack {stack}: observations {frames_shape(zoo)}"),
+            "init_args": Node({"stack_size": stack}),
+        },
+        {
+            "class_path": Node("ClipReward", "AtariWrapper's reward clipping (its sign: Atari rewards are integers)"),
+            "init_args": Node({"min_reward": -1.0, "max_reward": 1.0}),
+        },
+    ]
+    nodes["wrappers"] = Node(children=steps, comment="AtariWrapper's steps, in its order, as Gymnasium wrappers:")
+    nodes["episodic_life"] = Node(True, "AtariWrapper's terminal_on_life_loss: a lost life ends the agent's episode")
+    return nodes
+
+
+def frames_shape(zoo: Entry) -> str:
+    """An Atari entry's observation as a comment writes it: ``[4, 84, 84]``."""
+    return f"[{zoo.values['frame_stack']}, {ATARI_SCREEN}, {ATARI_SCREEN}]"
 
 
 def zoo_version() -> str:
@@ -289,6 +395,8 @@ def policy_kwargs(text: str) -> dict[str, Any]:
         value = keyword.value
         if isinstance(value, ast.Attribute):  # nn.Tanh
             kwargs[keyword.arg] = value.attr
+        elif isinstance(value, ast.Name):  # optimizer_class=RMSpropTFLike: a class by its name
+            kwargs[keyword.arg] = value.id
         elif isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id == "dict":
             kwargs[keyword.arg] = {k.arg: ast.literal_eval(k.value) for k in value.keywords}  # net_arch=dict(pi=..)
         else:
@@ -336,6 +444,28 @@ def network(zoo: Entry, taken: dict[str, Any] | None = None) -> dict[str, Node]:
         )
     name = display_name(zoo.algo)
     zoo.problems += [f"policy_kwargs {key}: not an option of lightrl's {name} network" for key in kwargs]
+    return nodes
+
+
+def cnn_network(zoo: Entry, taken: dict[str, Any] | None = None) -> dict[str, Node]:
+    """``model.network`` of a CnnPolicy entry: Stable-Baselines3's CnnPolicy is the Nature CNN (Mnih et al. 2015: three
+    convolutions and a 512-wide layer) with a linear layer on its features for each output (its ``net_arch`` after
+    the CNN is empty), which ``network: {kind: auto}`` builds for uint8 frames; PPO's and A2C's actor and critic share
+    it, as CnnPolicy's. ``policy_kwargs`` ``ortho_init`` is ``orthogonal_init``; the keys of ``taken`` are the
+    caller's (their values are put there); any other is a problem."""
+    given = policy_kwargs(zoo.values["policy_kwargs"]) if "policy_kwargs" in zoo.values else {}
+    for key in taken or {}:
+        if key in given:
+            taken[key] = given.pop(key)
+    heads = {
+        "dqn": "the Nature CNN and its linear Q-head",
+        "qrdqn": "the Nature CNN, a linear head of actions x quantiles",
+    }.get(zoo.algo, "one Nature CNN for actor and critic, a linear head each")
+    nodes = {"kind": Node("auto", f"CnnPolicy: {heads} ({frames_shape(zoo)} bytes)")}
+    if zoo.algo in ("ppo", "a2c"):  # ActorCriticCnnPolicy's orthogonal initialisation; DQN's family has none
+        default = "" if "ortho_init" in given else " (Stable-Baselines3's default)"
+        nodes["orthogonal_init"] = Node(bool(given.pop("ortho_init", True)), f"policy_kwargs ortho_init{default}")
+    zoo.problems += [f"policy_kwargs {key}: not an option of lightrl's Nature CNN (CnnPolicy)" for key in given]
     return nodes
 
 
@@ -388,24 +518,36 @@ def trainer(max_steps: int, steps_note: str, run_name: str, budget: int) -> Node
     )
 
 
-def config(threads_note: str, train: Node, model: str, model_args: dict, data: str, data_args: dict) -> dict:
-    """The whole config: one thread, seed 0, ``train`` (:func:`trainer`), the model and the data module."""
+def config(
+    threads_note: str,
+    train: Node,
+    model: str,
+    model_args: dict,
+    data: str,
+    data_args: dict,
+    atari: dict[str, Node] | None = None,
+) -> dict:
+    """The whole config: one thread, seed 0, ``train`` (:func:`trainer`), the model and the data module; with
+    ``atari`` (:func:`atari_environment`'s nodes), the game's wrappers, evaluations of whole games and two threads."""
     env_id = data_args.pop("env_id")
+    environment = {"env_id": Node(env_id, "a registered Gymnasium id (Box2D etc.: the gym extra)")}
+    evaluation = {"episodes": Node(16, "default episodes for `validate`")}
+    threads = Node(1, threads_note)
+    if atari:
+        environment |= atari
+        whole_games = "evaluation plays whole games: episode_return_mean is the game's score"
+        evaluation["env_options"] = Node(children={"episodic_life": Node(False, whole_games)})
+        threads = Node(2, "Nature-CNN updates: both cores of a 2-core CPU")
     data_args = {
         "env": Node(
-            children={
-                "class_path": Node("envs.gym.env.GymnasiumEnv"),
-                "init_args": Node(
-                    children={"env_id": Node(env_id, "a registered Gymnasium id (Box2D etc.: the gym extra)")}
-                ),
-            }
+            children={"class_path": Node("envs.gym.env.GymnasiumEnv"), "init_args": Node(children=environment)}
         ),
         **data_args,
         "seed": Node(0, "environment seed; copy i plays stream seed + i"),
-        "evaluation": Node(children={"episodes": Node(16, "default episodes for `validate`")}),
+        "evaluation": Node(children=evaluation),
     }
     return {
-        "threads": Node(1, threads_note),
+        "threads": threads,
         "seed_everything": Node(0, "seeds model init and exploration; environments are seeded by data.init_args.seed"),
         "trainer": train,
         "model": Node(children={"class_path": Node(model), "init_args": Node(children=model_args)}),
@@ -426,6 +568,9 @@ def map_qrdqn(entry: dict[str, Any], env_id: str, run_name: str, options: Option
 def map_q_learning(algo: str, entry: dict[str, Any], env_id: str, run_name: str, options: Options) -> dict:
     """DQN's and QR-DQN's config (module docstring: the rules)."""
     zoo = Entry(algo, env_id, entry)
+    atari = atari_environment(zoo)
+    if zoo.images:  # how the replay keeps the frames: data.store_frames_once
+        zoo.read.add("optimize_memory_usage")
     zoo.refuse_unknown()
     budget = number(zoo["n_timesteps"])
     round_frames, updates, copies, frames_per_update = replay_round(zoo, options.copies)
@@ -439,7 +584,7 @@ def map_q_learning(algo: str, entry: dict[str, Any], env_id: str, run_name: str,
     interval_frames = zoo["target_update_interval"]
     interval = updates if interval_frames < round_frames else max(1, round(interval_frames / frames_per_update))
     taken: dict[str, Any] = {"n_quantiles": None}
-    net = network(zoo, taken if algo == "qrdqn" else None)
+    net = (cnn_network if zoo.images else network)(zoo, taken if algo == "qrdqn" else None)
     learning_rate, schedule = rate(zoo, "learning_rate", budget)
     zoo.check()
     target = {"update": Node("hard", "Stable-Baselines3 copies the online network (tau 1)")}
@@ -480,6 +625,7 @@ def map_q_learning(algo: str, entry: dict[str, Any], env_id: str, run_name: str,
         "num_envs": Node(copies, f"copies stepped together (the Zoo: n_envs {n_envs})"),
         "collect_steps": Node(round_frames // copies, f"a round of train_freq {train_freq} x n_envs {n_envs} frames"),
         "buffer_size": Node(number(zoo["buffer_size"]), zoo.name("buffer_size")),
+        **(frames_once(zoo) if zoo.images else {}),
         "batch_size": Node(batch, batch_note),
         "warmup_frames": Node(warmup, zoo.name("learning_starts")),
         "frames_per_update": Node(frames_per_update, f"the round's frames over its {updates} updates"),
@@ -487,7 +633,23 @@ def map_q_learning(algo: str, entry: dict[str, Any], env_id: str, run_name: str,
     small = "small MLP updates: one thread is fastest on a shared CPU"
     train = trainer(max_steps, steps_note, run_name, budget)
     agent = "modules.dqn.DQN" if algo == "dqn" else "modules.qrdqn.QRDQN"
-    return config(small, train, agent, model, "datamodules.replay.ReplayDataModule", data)
+    return config(small, train, agent, model, "datamodules.replay.ReplayDataModule", data, atari)
+
+
+def frames_once(zoo: Entry) -> dict[str, Node]:
+    """``data.store_frames_once`` of an Atari replay: each frame kept once, the transitions holding their frames' ids
+    (:class:`~datamodules.frames.FrameStackStore`), where Stable-Baselines3 keeps two whole stacks a transition
+    (``optimize_memory_usage`` false) or each observation once (true). The same transitions are drawn either way:
+    only the memory differs, which the comment gives (the frame ring's default capacity, a quarter more frames than
+    transitions, at least 4,096 more)."""
+    buffer, frame = zoo["buffer_size"], ATARI_SCREEN * ATARI_SCREEN
+    whole = buffer * 2 * zoo.values["frame_stack"] * frame
+    once = (buffer + max(buffer // 4, 4096)) * frame
+    usage = zoo.values.get("optimize_memory_usage", False)
+    sizes = f"{once / 1e9:.1f} GB, not {whole / 1e9:.1f} GB"
+    return {
+        "store_frames_once": Node(True, f"optimize_memory_usage {usage}: the same samples, each frame once: {sizes}")
+    }
 
 
 def replay_budget(budget: int, warmup: int, frames_per_update: int | float) -> tuple[int, str]:
@@ -728,6 +890,7 @@ def map_ppo(entry: dict[str, Any], env_id: str, run_name: str, options: Options 
     ``options.exact_updates`` changes nothing here (DQN's rule only); ``options.copies`` is refused."""
     options.refuse_copies("ppo")
     zoo = Entry("ppo", env_id, entry)
+    atari = atari_environment(zoo)
     zoo.refuse_unknown("normalize")
     budget = number(zoo["n_timesteps"])
     n_envs, n_steps, batch, epochs = zoo["n_envs"], zoo["n_steps"], zoo["batch_size"], zoo["n_epochs"]
@@ -737,7 +900,7 @@ def map_ppo(entry: dict[str, Any], env_id: str, run_name: str, options: Options 
     rollouts = int(budget // rollout)
     updates = epochs * max(rollout // batch, 1)
     taken: dict[str, Any] = {"log_std_init": None}
-    net = network(zoo, taken)
+    net = (cnn_network if zoo.images else network)(zoo, taken)
     learning_rate, schedule = rate(zoo, "learning_rate", budget)
     clip, clip_schedule = rate(zoo, "clip_range", budget)
     normalize = normalization(zoo)
@@ -765,36 +928,36 @@ def map_ppo(entry: dict[str, Any], env_id: str, run_name: str, options: Options 
     }
     small = "small MLPs: one thread is fastest on a shared CPU"
     train = trainer(max_steps, steps_note, run_name, budget)
-    return config(small, train, "modules.ppo.PPO", model, "datamodules.rollout.RolloutDataModule", data)
+    return config(small, train, "modules.ppo.PPO", model, "datamodules.rollout.RolloutDataModule", data, atari)
 
 
 def map_a2c(entry: dict[str, Any], env_id: str, run_name: str, options: Options = Options()) -> dict[str, Node]:
     """The lightrl config of an A2C entry: a rollout of ``n_steps`` from each of ``n_envs`` copies, one update on
-    all of it (one minibatch, one epoch), RMSprop (``use_rms_prop``, ``rms_prop_eps``); the budget is the whole
-    rollouts that fit in ``n_timesteps``. ``options.exact_updates`` changes nothing here (DQN's rule only);
-    ``options.copies`` is refused."""
+    all of it (one minibatch, one epoch), RMSprop (``use_rms_prop``, ``rms_prop_eps``; ``policy_kwargs``
+    ``optimizer_class`` RMSpropTFLike: TensorFlow's, :func:`a2c_optimizer`); the budget is the whole rollouts that fit
+    in ``n_timesteps``. ``options.exact_updates`` changes nothing here (DQN's rule only); ``options.copies`` is
+    refused."""
     options.refuse_copies("a2c")
     zoo = Entry("a2c", env_id, entry)
+    atari = atari_environment(zoo)
     zoo.refuse_unknown("normalize")
     budget = number(zoo["n_timesteps"])
     n_envs, n_steps = zoo["n_envs"], zoo["n_steps"]
     rollout = n_envs * n_steps
     rollouts = int(budget // rollout)
-    taken: dict[str, Any] = {"log_std_init": None}
-    net = network(zoo, taken)
+    taken: dict[str, Any] = {"log_std_init": None, "optimizer_class": None, "optimizer_kwargs": None}
+    net = (cnn_network if zoo.images else network)(zoo, taken)
     learning_rate, schedule = rate(zoo, "learning_rate", budget)
     normalize = normalization(zoo)
+    algorithm, epsilon = a2c_optimizer(zoo, taken["optimizer_class"], taken["optimizer_kwargs"] or {})
     zoo.check()
     steps_note = f"n_timesteps {budget} frames: {rollouts} rollouts of {rollout} frames, one update each"
-    rms_prop = zoo["use_rms_prop"]
     optimizer = {
-        "algorithm": Node("rmsprop" if rms_prop else "adam", zoo.name("use_rms_prop")),
+        "algorithm": algorithm,
         "lr": Node(learning_rate, zoo.name("learning_rate")),
         **schedule,
         "max_grad_norm": Node(float(zoo["max_grad_norm"]), zoo.name("max_grad_norm")),
-        "eps": Node(float(zoo["rms_prop_eps"]), zoo.name("rms_prop_eps"))
-        if rms_prop
-        else Node(1e-5, "Stable-Baselines3's A2C Adam epsilon"),
+        **epsilon,
     }
     model = on_policy_model(zoo, net, taken, normalize, actor_critic_terms(zoo), rollouts, optimizer)
     data = {
@@ -806,7 +969,35 @@ def map_a2c(entry: dict[str, Any], env_id: str, run_name: str, options: Options 
     }
     small = "small MLPs: one thread is fastest on a shared CPU"
     train = trainer(rollouts, steps_note, run_name, budget)
-    return config(small, train, "modules.a2c.A2C", model, "datamodules.rollout.RolloutDataModule", data)
+    return config(small, train, "modules.a2c.A2C", model, "datamodules.rollout.RolloutDataModule", data, atari)
+
+
+def a2c_optimizer(zoo: Entry, optimizer_class: str | None, kwargs: dict[str, Any]) -> tuple[Node, dict[str, Node]]:
+    """A2C's ``model.optimizer.algorithm`` node and its ε (and α) nodes: Stable-Baselines3's A2C steps with PyTorch's
+    RMSprop (``use_rms_prop``, its ε ``rms_prop_eps``) or Adam (ε 1e-5), unless ``policy_kwargs`` names an
+    ``optimizer_class``, whose ``optimizer_kwargs`` alone it then takes (``use_rms_prop`` and ``rms_prop_eps`` unread):
+    ``RMSpropTFLike`` (the Zoo's Atari entry) is ``rmsprop_tf``, TensorFlow's RMSprop, of its defaults but these."""
+    if optimizer_class is None:
+        if zoo["use_rms_prop"]:
+            return Node("rmsprop", zoo.name("use_rms_prop")), {
+                "eps": Node(float(zoo["rms_prop_eps"]), zoo.name("rms_prop_eps"))
+            }
+        return Node("adam", zoo.name("use_rms_prop")), {"eps": Node(1e-5, "Stable-Baselines3's A2C Adam epsilon")}
+    algorithm = OPTIMIZER_CLASSES.get(optimizer_class)
+    if algorithm is None:
+        zoo.problems.append(
+            f"policy_kwargs optimizer_class {optimizer_class}: lightrl maps {', '.join(OPTIMIZER_CLASSES)}"
+        )
+    unknown = sorted(set(kwargs) - {"eps", "alpha"})
+    if unknown:
+        zoo.problems.append(f"policy_kwargs optimizer_kwargs {unknown}: only eps and alpha are mapped")
+    note = f"policy_kwargs optimizer_class {optimizer_class}: TensorFlow's RMSprop"
+    given = {
+        key: Node(float(kwargs[key]), f"policy_kwargs optimizer_kwargs {key}")
+        for key in ("eps", "alpha")
+        if key in kwargs
+    }
+    return Node(algorithm, note), {"eps": Node(1e-8, f"{optimizer_class}'s default"), **given}
 
 
 def actor_critic_terms(zoo: Entry) -> dict[str, Node]:
@@ -840,7 +1031,8 @@ def on_policy_model(
         "gamma": Node(float(zoo["gamma"]), zoo.name("gamma")),
         "gae_lambda": Node(float(zoo["gae_lambda"]), zoo.name("gae_lambda")),
         "loss": Node(children=loss),
-        **compiled(updates),
+        # The Nature CNN's update is its convolutions: compiled, it took a few per cent less (docs/guide/zoo.md).
+        **({} if zoo.images else compiled(updates)),
         "optimizer": Node(children=optimizer),
     }
 
@@ -918,12 +1110,21 @@ def _render_node(head: str, node: Node, indent: int) -> list[str]:
     if isinstance(node.children, list):
         lines = [_commented(head, node.comment)]
         for item in node.children:
+            if isinstance(item, Node):  # a value: `- envs.gym.atari.FireReset  # comment`
+                lines.append(_commented(f"{' ' * (indent + 2)}- {_text(item.value)}", item.comment))
+                continue
             first, *rest = render(item, indent + 4)
             lines += [f"{' ' * (indent + 2)}- {first[indent + 4 :]}", *rest]
         return lines
-    value = node.value
-    text = "[" + ", ".join(map(str, value)) + "]" if isinstance(value, list) else _scalar(value)
-    return [_commented(f"{head} {text}", node.comment)]
+    return [_commented(f"{head} {_text(node.value)}", node.comment)]
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, list):
+        return "[" + ", ".join(map(str, value)) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{key}: {_scalar(item)}" for key, item in value.items()) + "}"
+    return _scalar(value)
 
 
 def _scalar(value: Any) -> str:
@@ -955,6 +1156,10 @@ def config_text(algo: str, env_id: str, out: Path, options: Options = Options())
         f"# {zoo_version()} ships them); the Zoo's names are in the comments, and docs/guide/zoo.md says how each",
         "# is mapped.",
     ]
+    if atari_game(env_id) is not None:
+        header.append(
+            "# Stable-Baselines3's AtariWrapper is written as Gymnasium's wrappers; that page says what differs."
+        )
     return "\n".join([*header, *render(config)]) + "\n"
 
 
@@ -978,9 +1183,16 @@ def installed(env_id: str) -> bool:
     return True
 
 
+def pair_installed(env_id: str) -> bool:
+    """Whether a table's ``env_id`` is installed here: :func:`installed`, or for ``atari``, whether ale-py registers
+    its games (without starting an emulator, whose banner would be the command's output)."""
+    return atari_game(ATARI_EXAMPLE) is not None if env_id == "atari" else installed(env_id)
+
+
 def coverage() -> list[dict[str, Any]]:
     """Per algorithm of the Zoo: its (algorithm, environment) pairs, those whose environment is installed here, and
-    those of these this command maps (``atari`` and ``default`` are not environments: not counted)."""
+    those of these this command maps. ``atari``, the Zoo's entry for every Atari game, is one pair, installed with
+    ale-py and mapped on :data:`ATARI_EXAMPLE`; ``default`` is no environment: not counted."""
     import gymnasium
 
     with contextlib.suppress(ImportError):
@@ -989,12 +1201,12 @@ def coverage() -> list[dict[str, Any]]:
         gymnasium.register_envs(ale_py)
     rows = []
     for algo, table in zoo_tables().items():
-        pairs = [env_id for env_id in table if env_id not in ("atari", "default")]
-        present = [env_id for env_id in pairs if installed(env_id)]
+        pairs = [env_id for env_id in table if env_id != "default"]
+        present = [env_id for env_id in pairs if pair_installed(env_id)]
         mapped, refused = [], {}
         for env_id in present if algo in MAPPED else []:
             try:
-                MAPPED[algo](dict(table[env_id]), env_id, "coverage")
+                MAPPED[algo](dict(table[env_id]), ATARI_EXAMPLE if env_id == "atari" else env_id, "coverage")
                 mapped.append(env_id)
             except ZooError as error:
                 refused[env_id] = str(error)

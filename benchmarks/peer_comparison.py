@@ -297,8 +297,19 @@ SB3_CLASSES = {
     "td3": "TD3",
     "ddpg": "DDPG",
 }
-#: A Zoo entry's keys that are not its algorithm's keyword arguments as they stand.
-_NOT_KWARGS = {"n_timesteps", "policy", "n_envs", "normalize", "noise_type", "noise_std", "policy_kwargs"}
+#: A Zoo entry's keys that are not its algorithm's keyword arguments as they stand (``env_wrapper`` and
+#: ``frame_stack``: the Zoo's atari entry, built by :func:`sb3_envs`).
+_NOT_KWARGS = {
+    "n_timesteps",
+    "policy",
+    "n_envs",
+    "normalize",
+    "noise_type",
+    "noise_std",
+    "policy_kwargs",
+    "env_wrapper",
+    "frame_stack",
+}
 
 
 def task_of(name: str, configs: Path | None = None) -> Task:
@@ -306,9 +317,10 @@ def task_of(name: str, configs: Path | None = None) -> Task:
     of an algorithm
     ``lightrl zoo`` maps: lightrl's config is the command's output, written to ``configs/<name>.yaml`` (None: not
     written, for a process that runs SB3 or reads a report), SB3's arguments the same Zoo entry's (``lin_X``
-    schedules, ``policy_kwargs``, Gaussian action noise, ``n_envs``, ``normalize``). The threshold is the one given,
-    else Gymnasium's ``reward_threshold`` for the id; without either the pair is a short run (``--seconds``). The
-    budget is the entry's ``n_timesteps``, evaluated every twentieth of it."""
+    schedules, ``policy_kwargs``, Gaussian action noise, ``n_envs``, ``normalize``, an Atari game's AtariWrapper and
+    frame stack). The threshold is the one given, else Gymnasium's ``reward_threshold`` for the id; without either
+    the pair is a short run (``--seconds``). The budget is the entry's ``n_timesteps``, evaluated every twentieth of
+    it."""
     if name in TASKS:
         return TASKS[name]
     algo, _, rest = name.partition(":")
@@ -329,13 +341,16 @@ def task_of(name: str, configs: Path | None = None) -> Task:
         config.parent.mkdir(parents=True, exist_ok=True)
         config.write_text(text)
     kwargs = {key: value for key, value in entry.items() if key not in _NOT_KWARGS}
-    if "policy_kwargs" in entry:  # read, never evaluated; sb3_run turns activation names into torch.nn classes
+    if "policy_kwargs" in entry:  # read, never evaluated; sb3_policy_kwargs turns the names into classes
         kwargs["policy_kwargs"] = policy_kwargs(entry["policy_kwargs"])
     if entry.get("noise_type") == "normal":
         kwargs["action_noise_std"] = float(entry["noise_std"])
     normalize = entry.get("normalize", False)
     if normalize not in (False, True):
         raise ValueError(f"--tasks {name}: the Zoo's normalize {normalize!r}: only true or false are compared")
+    atari = "env_wrapper" in entry  # the Zoo's atari entry: lightrl zoo maps no other wrapper
+    if atari and entry.get("frame_stack") != 4:
+        raise ValueError(f"--tasks {name}: the Zoo's frame_stack {entry.get('frame_stack')!r}: 4 is compared")
     if threshold_text == "none":  # a short run even where Gymnasium has a threshold (out of reach on a CPU)
         threshold = None
     elif threshold_text:
@@ -346,6 +361,10 @@ def task_of(name: str, configs: Path | None = None) -> Task:
     else:
         import gymnasium as gym
 
+        if atari:
+            import ale_py
+
+            gym.register_envs(ale_py)
         threshold = gym.spec(env_id).reward_threshold
     budget = int(float(entry["n_timesteps"]))
     return Task(
@@ -357,7 +376,7 @@ def task_of(name: str, configs: Path | None = None) -> Task:
         sb3_algo=SB3_CLASSES[algo],
         sb3_kwargs=kwargs,
         sb3_envs=entry.get("n_envs", 1),
-        sb3_wrap="normalize" if normalize else "none",
+        sb3_wrap="atari" if atari else "normalize" if normalize else "none",
     )
 
 
@@ -494,6 +513,20 @@ def sb3_envs(task: Task, seed: int, episodes: int) -> tuple[Any, Any]:
     return env, eval_env
 
 
+def sb3_policy_kwargs(given: dict[str, Any]) -> dict[str, Any]:
+    """``policy_kwargs`` as Stable-Baselines3 takes them: the classes named in TASKS and the Zoo's entries
+    (``activation_fn`` a ``torch.nn`` class, ``optimizer_class`` RMSpropTFLike: the Zoo's A2C Atari entry)."""
+    import torch
+    from stable_baselines3.common.sb2_compat.rmsprop_tf_like import RMSpropTFLike
+
+    kwargs = dict(given)
+    if "activation_fn" in kwargs:
+        kwargs["activation_fn"] = getattr(torch.nn, kwargs["activation_fn"])
+    if "optimizer_class" in kwargs:
+        kwargs["optimizer_class"] = {"RMSpropTFLike": RMSpropTFLike}[kwargs["optimizer_class"]]
+    return kwargs
+
+
 def evaluation_seed(seed: int) -> int:
     """The seed of the first evaluation environment, copy i taking the next ones: lightrl's for a run of ``seed``."""
     if str(ROOT) not in sys.path:
@@ -525,9 +558,8 @@ def sb3_run(task_name: str, seed: int, csv_path: Path, episodes: int, threads: i
         else value
         for key, value in task.sb3_kwargs.items()
     }
-    if "activation_fn" in kwargs.get("policy_kwargs", {}):  # named in TASKS, a torch.nn class here
-        kwargs["policy_kwargs"] = {**kwargs["policy_kwargs"]}
-        kwargs["policy_kwargs"]["activation_fn"] = getattr(torch.nn, kwargs["policy_kwargs"]["activation_fn"])
+    if "policy_kwargs" in kwargs:
+        kwargs["policy_kwargs"] = sb3_policy_kwargs(kwargs["policy_kwargs"])
     env, eval_env = sb3_envs(task, seed, episodes)
     if "action_noise_std" in kwargs:  # the Zoo's noise_type normal: Gaussian noise on every action dimension
         import numpy as np

@@ -1,6 +1,6 @@
 """The optimizer of an update: its options, shared by every agent (:class:`OptimizerOptions`: Adam, or RMSprop for
-A2C), and its step, global-norm gradient clipping and an Adam step run as PyTorch's fused kernels
-(:class:`FusedAdamStep`).
+A2C, PyTorch's or TensorFlow's: :class:`TFLikeRMSprop`), and its step, global-norm gradient clipping and an Adam
+step run as PyTorch's fused kernels (:class:`FusedAdamStep`).
 
 ``torch.optim.Adam(fused=True).step()`` runs one fused kernel for all parameters, but wraps it in Python (a state
 lookup per parameter, grouping by device and dtype, profiler records), and ``clip_grad_norm_`` groups the gradients
@@ -34,7 +34,7 @@ DECAYS: dict[str, Callable[[float], float]] = {
 }
 
 #: The optimizers of ``algorithm``.
-ALGORITHMS = ("adam", "rmsprop")
+ALGORITHMS = ("adam", "rmsprop", "rmsprop_tf")
 
 
 @dataclass(frozen=True)
@@ -43,8 +43,9 @@ class OptimizerOptions:
     (``--model.init_args.optimizer.lr 3e-4``). Each agent's default instance holds its own defaults.
 
     Args:
-        algorithm: ``adam`` (fused; AdamW with ``weight_decay``) or ``rmsprop`` (PyTorch's, A2C's optimizer in its
-            paper and in Stable-Baselines3, the RL Zoo's ``use_rms_prop``).
+        algorithm: ``adam`` (fused; AdamW with ``weight_decay``), ``rmsprop`` (PyTorch's, A2C's optimizer in its
+            paper and in Stable-Baselines3, the RL Zoo's ``use_rms_prop``) or ``rmsprop_tf`` (TensorFlow's RMSprop,
+            :class:`TFLikeRMSprop`: Stable-Baselines3's ``RMSpropTFLike``, which the RL Zoo's Atari A2C steps with).
         lr: learning rate (at frame 0, when ``lr_end`` is set).
         lr_end: with a value, the learning rate follows a cosine from ``lr`` at frame 0 to ``lr_end`` at ``lr_frames``
             frames, and stays there; None: constant ``lr``. In frames, like ε, so that a run's schedule does not
@@ -62,7 +63,7 @@ class OptimizerOptions:
         betas: Adam's decay rates of the gradient's first and second moment estimates (PyTorch's default 0.9, 0.999;
             Stable-Baselines3 contrib's CrossQ: 0.5, 0.999).
         alpha: RMSprop's smoothing constant of the squared gradients' average (PyTorch's and Stable-Baselines3's
-            0.99); unused by Adam.
+            0.99; both RMSprops); unused by Adam.
         max_grad_norm: clip the gradients' global L2 norm to this before each step; None: no clipping.
             ``--trainer.gradient_clip_val`` is handed to this by the CLI: Lightning clips only in its automatic
             optimization, and the update here is the agent's own.
@@ -72,7 +73,7 @@ class OptimizerOptions:
     """
 
     lr: float = 1e-3
-    algorithm: Literal["adam", "rmsprop"] = "adam"
+    algorithm: Literal["adam", "rmsprop", "rmsprop_tf"] = "adam"
     lr_end: float | None = None
     lr_frames: int = 1_000_000
     lr_restart_mult: float | None = None
@@ -130,8 +131,8 @@ class OptimizerOptions:
         return self.lr_end + (self.lr - self.lr_end) * DECAYS[self.lr_decay](progress)
 
     def build(self, groups: list[dict]) -> torch.optim.Optimizer:
-        """The optimizer on parameter ``groups``: a fused Adam (AdamW with ``weight_decay``), or RMSprop; a group
-        without ``lr`` takes ``lr``."""
+        """The optimizer on parameter ``groups``: a fused Adam (AdamW with ``weight_decay``), or RMSprop (PyTorch's
+        or TensorFlow's); a group without ``lr`` takes ``lr``."""
         for group in groups:
             group.setdefault("lr", self.lr)
             group["base_lr"] = group["lr"]  # what lr_end's schedule scales (kept in the optimizer's checkpoint)
@@ -139,6 +140,8 @@ class OptimizerOptions:
             return torch.optim.RMSprop(
                 groups, lr=self.lr, alpha=self.alpha, eps=self.eps, weight_decay=self.weight_decay, foreach=True
             )
+        if self.algorithm == "rmsprop_tf":
+            return TFLikeRMSprop(groups, lr=self.lr, alpha=self.alpha, eps=self.eps, weight_decay=self.weight_decay)
         # The fused kernel updates every parameter in one op: on a small network, whose step is mostly per-op overhead,
         # it is several times faster than the default implementation (docs/results/snake.md, "The update against its
         # bare arithmetic").
@@ -147,6 +150,42 @@ class OptimizerOptions:
                 groups, lr=self.lr, betas=self.betas, weight_decay=self.weight_decay, eps=self.eps, fused=True
             )
         return torch.optim.Adam(groups, lr=self.lr, betas=self.betas, eps=self.eps, fused=True)
+
+
+class TFLikeRMSprop(torch.optim.Optimizer):
+    """RMSprop as TensorFlow computes it: Stable-Baselines3's ``RMSpropTFLike`` (from OpenAI Baselines' A2C), which
+    the RL Zoo's A2C entry for Atari steps with, and which Stable-Baselines3 advises for a stabler A2C than with
+    PyTorch's RMSprop. Two differences from PyTorch's: ε is added inside the square root,
+    ``p -= lr · g / √(v + ε)`` (PyTorch's: ``g / (√v + ε)``), and the running average ``v`` of the squared gradients
+    starts at 1, not 0, so a first step is about ``lr · g`` where PyTorch's is ``10 · lr · sign(g)`` (α 0.99). No
+    momentum, not centred (the Zoo's use); ``weight_decay`` adds ``weight_decay · p`` to the gradient, as both do.
+    """
+
+    def __init__(self, params, lr: float, alpha: float = 0.99, eps: float = 1e-8, weight_decay: float = 0.0) -> None:
+        super().__init__(params, {"lr": lr, "alpha": alpha, "eps": eps, "weight_decay": weight_decay})
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            for parameter in group["params"]:
+                if parameter.grad is None:
+                    continue
+                grad = parameter.grad
+                if group["weight_decay"]:
+                    grad = grad.add(parameter, alpha=group["weight_decay"])
+                state = self.state[parameter]
+                if not state:
+                    state["step"] = 0
+                    state["square_avg"] = torch.ones_like(parameter, memory_format=torch.preserve_format)
+                state["step"] += 1
+                square_avg = state["square_avg"]
+                square_avg.mul_(group["alpha"]).addcmul_(grad, grad, value=1 - group["alpha"])
+                parameter.addcdiv_(grad, square_avg.add(group["eps"]).sqrt_(), value=-group["lr"])
+        return loss
 
 
 class FusedAdamStep:

@@ -2,7 +2,8 @@
 
 - ``env_id``: a registered id (``CartPole-v1``), or ``module:Id`` to import the module that registers it first
   (Gymnasium's own form: ``my_package.envs:Corridor-v0``). Ids of the ``ALE/`` namespace import ``ale_py``, which
-  registers them. An unknown id lists the close matches among the registered ones.
+  registers them, and so does an id registered nowhere else (ale-py's ``BreakoutNoFrameskip-v4``, the RL Zoo's ids),
+  where ale-py is installed. An unknown id lists the close matches among the registered ones.
 - ``env_kwargs``: keyword arguments of ``gymnasium.make`` (the environment's own, and make's: ``max_episode_steps``).
 - ``wrappers``: applied in order, after Gymnasium's episode statistics (:data:`STATS_KEY`); each is a name from
   ``gymnasium.wrappers`` or a dotted class path, alone or as ``{class_path: ..., init_args: {...}}``.
@@ -31,6 +32,9 @@ from compat.extras import install_command
 EXTRA_MODULES = ("gymnasium.envs.box2d", "gymnasium.envs.mujoco", "ale_py")
 #: Namespaces whose ids a package registers when it is imported, and that package's module.
 NAMESPACE_MODULES = {"ALE": "ale_py"}
+#: Packages that register ids outside a namespace when imported (ale-py: the Atari games' ``v0`` and ``v4`` ids,
+#: ``BreakoutNoFrameskip-v4``), imported for an id not registered yet where they are installed.
+UNNAMESPACED_MODULES = ("ale_py",)
 #: The info key of the episode statistics under the user's wrappers: a key of our own, so that a user's
 #: RecordEpisodeStatistics keeps its.
 STATS_KEY = "lightrl_episode"
@@ -60,6 +64,10 @@ def find_spec(env_id: str) -> EnvSpec:
             raise ValueError(
                 f"env_id {name} needs {error.name}, which is not installed: {install_command('gym')}"
             ) from None
+    if name not in gymnasium.registry and namespace is None:
+        for package in UNNAMESPACED_MODULES:
+            with contextlib.suppress(ImportError):  # not installed: the id is unknown, and said so below
+                importlib.import_module(package)
     if name not in gymnasium.registry:
         close = difflib.get_close_matches(name, list(gymnasium.registry), n=3, cutoff=0.6)
         hint = "; register it (gymnasium.register) in a module and give 'module:Id' to import it"

@@ -79,7 +79,9 @@ def test_the_default_optimizer_is_stable_baselines3s_rmsprop():
     assert (group["lr"], group["alpha"], group["eps"]) == (7e-4, 0.99, 1e-5) and a2c.optim.max_grad_norm == 0.5
     adam = A2C(**SPECS, optimizer=OptimizerOptions(algorithm="adam", lr=1e-3)).configure_optimizers()
     assert type(adam) is torch.optim.Adam
-    with pytest.raises(ValueError, match="model.optimizer.algorithm must be one of adam, rmsprop, got 'sgd'"):
+    with pytest.raises(
+        ValueError, match="model.optimizer.algorithm must be one of adam, rmsprop, rmsprop_tf, got 'sgd'"
+    ):
         OptimizerOptions(algorithm="sgd")
 
 

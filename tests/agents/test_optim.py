@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from modules.dqn import DQN
-from modules.optim import FusedAdamStep, OptimizerOptions
+from modules.optim import FusedAdamStep, OptimizerOptions, TFLikeRMSprop
 from tests.agents.test_dqn import SPECS
 from tests.helpers import chain_config, fit, write_config
 
@@ -204,3 +204,33 @@ def test_adams_eps_reaches_the_fused_step_bit_for_bit():
     assert all(torch.equal(a, b) for a, b in zip(ours.parameters(), reference.parameters(), strict=True))
     with pytest.raises(ValueError, match="^model.optimizer.eps must be > 0, got 0.0$"):
         OptimizerOptions(eps=0.0)
+
+
+def test_rmsprop_tf_steps_as_stable_baselines3s_rmsprop_tf_like_bit_for_bit():
+    """``algorithm: rmsprop_tf`` (the RL Zoo's Atari A2C: RMSpropTFLike, ε 1e-5) against Stable-Baselines3's own, step
+    for step with weight decay; PyTorch's RMSprop moves the same weights elsewhere (its ε outside the root, its
+    average from 0)."""
+    reference_class = pytest.importorskip("stable_baselines3.common.sb2_compat.rmsprop_tf_like").RMSpropTFLike
+    ours, reference = two_copies()
+    pytorchs = copy.deepcopy(ours)
+    options = OptimizerOptions(algorithm="rmsprop_tf", lr=7e-4, eps=1e-5, weight_decay=1e-3)
+    optimizer = options.build([{"params": list(ours.parameters())}])
+    assert type(optimizer) is TFLikeRMSprop
+    theirs = reference_class(reference.parameters(), lr=7e-4, eps=1e-5, weight_decay=1e-3)
+    pytorch = torch.optim.RMSprop(pytorchs.parameters(), lr=7e-4, eps=1e-5, weight_decay=1e-3)
+    inputs = [torch.randn(8, 6, generator=torch.Generator().manual_seed(i)) for i in range(12)]
+    for net, step in ((ours, optimizer), (reference, theirs), (pytorchs, pytorch)):
+        for x in inputs:
+            net(x).pow(2).sum().backward()
+            step.step()
+            step.zero_grad(set_to_none=True)
+    for mine, its, torchs in zip(ours.parameters(), reference.parameters(), pytorchs.parameters(), strict=True):
+        assert torch.equal(mine, its) and not torch.allclose(mine, torchs)
+    # the state a checkpoint holds (a copy, as one read from disk), loaded into a fresh optimizer, continues the same
+    resumed = copy.deepcopy(ours)
+    again = options.build([{"params": list(resumed.parameters())}])
+    again.load_state_dict(copy.deepcopy(optimizer.state_dict()))
+    for net, step in ((ours, optimizer), (resumed, again)):
+        net(inputs[0]).pow(2).sum().backward()
+        step.step()
+    assert all(torch.equal(a, b) for a, b in zip(ours.parameters(), resumed.parameters(), strict=True))

@@ -132,6 +132,24 @@ def test_a_zoo_pair_is_compared_with_the_zoos_numbers_on_both_sides(tmp_path):
     assert peers.task_of("sac:HalfCheetah-v4:none").threshold is None  # a short run
 
 
+def test_an_atari_pair_is_the_zoos_atari_entry_on_both_sides(tmp_path):
+    # lightrl's side AtariWrapper as Gymnasium's wrappers (lightrl zoo's config), SB3's AtariWrapper and the 4 stacked
+    # frames of its own (sb3_envs), with the entry's arguments less the wrapping; the A2C entry's RMSpropTFLike is
+    # Stable-Baselines3's class on its side.
+    pytest.importorskip("rl_zoo3")
+    pytest.importorskip("ale_py")
+    from stable_baselines3.common.sb2_compat.rmsprop_tf_like import RMSpropTFLike
+
+    a2c = peers.task_of("a2c:BreakoutNoFrameskip-v4", configs=tmp_path)
+    assert (a2c.threshold, a2c.budget, a2c.sb3_envs, a2c.sb3_wrap) == (None, 10_000_000, 16, "atari")
+    assert "env_wrapper" not in a2c.sb3_kwargs and "frame_stack" not in a2c.sb3_kwargs
+    policy = peers.sb3_policy_kwargs(a2c.sb3_kwargs["policy_kwargs"])
+    assert policy == {"optimizer_class": RMSpropTFLike, "optimizer_kwargs": {"eps": 1e-5}}
+    config = (tmp_path / "a2c_BreakoutNoFrameskip-v4.yaml").read_text()
+    assert "algorithm: rmsprop_tf" in config and "envs.gym.atari.FireReset" in config
+    assert peers.task_of("dqn:ALE/Pong-v5").sb3_kwargs["optimize_memory_usage"] is False
+
+
 @pytest.mark.slow
 def test_a_zoo_pair_runs_both_frameworks_and_reports_them(tmp_path, monkeypatch):
     # As a user runs it: a short run of a pair (1 s of training each), lightrl from the written config, SB3 in its
@@ -182,6 +200,7 @@ def test_a_pair_that_cannot_be_compared_is_one_error_line(pair, says, tmp_path, 
         ("pendulum_sac", "sac:Pendulum-v1:-200"),
         ("pendulum_tqc", "tqc:Pendulum-v1:-200"),
         ("cartpole_a2c", "a2c:CartPole-v1"),
+        ("breakout_ppo", "ppo:ALE/Breakout-v5"),
     ],
 )
 def test_the_listed_tasks_are_their_zoo_pairs(listed, pair):

@@ -1,16 +1,18 @@
 """``lightrl zoo``: the RL Zoo's tuned DQN, PPO, SAC and TQC entries, read from the installed ``rl_zoo3``, written as
-configs that mean the same; the shipped DQN and PPO configs of CartPole and LunarLander and the Pendulum SAC config
-are its output, every pair it maps trains, and what cannot be mapped is one line naming each key."""
+configs that mean the same; the shipped DQN and PPO configs of CartPole and LunarLander, the Pendulum SAC config and
+the Breakout PPO config are its output, every pair it maps trains (the Zoo's ``atari`` entries on two games), and
+what cannot be mapped is one line naming each key."""
 
 from __future__ import annotations
 
 import csv
+import importlib.util
 from pathlib import Path
 
 import pytest
 import yaml
 
-from app.zoo import Options, ZooError, config_text, map_dqn, map_ppo, map_sac, zoo_entry
+from app.zoo import Options, ZooError, config_text, map_a2c, map_dqn, map_ppo, map_qrdqn, map_sac, zoo_entry
 from tests.helpers import ROOT, app_in_process, fit, write_config
 
 pytest.importorskip("rl_zoo3")  # the zoo extra (CI installs it)
@@ -27,7 +29,13 @@ SHIPPED = {
     ("ddpg", "Pendulum-v1"): "configs/gym/pendulum_ddpg.yaml",
     ("tqc", "Pendulum-v1"): "configs/gym/pendulum_tqc.yaml",
     ("crossq", "Pendulum-v1"): "configs/gym/pendulum_crossq.yaml",
+    ("ppo", "ALE/Breakout-v5"): "configs/gym/breakout_ppo.yaml",
 }
+#: The games each mapped ``atari`` entry is written and trained on: an id the Zoo names (NoFrameskip-v4) and one of
+#: ale-py's ALE/ namespace (its emulator set to the NoFrameskip one in env_kwargs).
+ATARI_GAMES = ("BreakoutNoFrameskip-v4", "ALE/Pong-v5")
+
+
 #: The options a shipped config was written with (its header says them): its round stepped as copies together.
 SHIPPED_OPTIONS = {
     ("dqn", "CartPole-v1"): Options(copies=8),
@@ -110,6 +118,171 @@ def test_ppo_follows_the_zoos_numbers():
     assert model["network"].get("activation", "relu") == "relu"  # ReLU: lightrl's default, not written
 
 
+def mapped(mapper, algo: str, env_id: str) -> dict:
+    """The config ``mapper`` writes for the Zoo's ``algo`` entry of ``env_id``, as YAML reads it."""
+    return yaml.safe_load("\n".join(_lines(mapper(zoo_entry(algo, env_id), env_id, "r"))))
+
+
+#: The mapped algorithms with an ``atari`` entry, and their mappings.
+ATARI_MAPPERS = {"dqn": map_dqn, "qrdqn": map_qrdqn, "ppo": map_ppo, "a2c": map_a2c}
+
+
+def test_an_atari_game_takes_the_zoos_atari_entry_as_the_zoo_chooses():
+    """The Zoo's rule (ExperimentManager.is_atari): an id it does not list whose entry point is ale-py's AtariEnv
+    takes its ``atari`` entry; any other id it does not list is one line."""
+    pytest.importorskip("ale_py")
+    from app.zoo import zoo_tables
+
+    tables = zoo_tables()
+    for algo in ATARI_MAPPERS:
+        for game in (*ATARI_GAMES, "SpaceInvadersNoFrameskip-v4", "ALE/Seaquest-v5"):
+            assert zoo_entry(algo, game) == tables[algo]["atari"]
+    with pytest.raises(ZooError, match="--env Taxi-v3: not in the RL Zoo's hyperparams/dqn.yml"):
+        zoo_entry("dqn", "Taxi-v3")  # registered, not an Atari game
+    with pytest.raises(ZooError, match="--env BreakoutNoFrameskip-v4: not in the RL Zoo's hyperparams/sac.yml"):
+        zoo_entry("sac", "BreakoutNoFrameskip-v4")  # the SAC table has no atari entry
+
+
+@pytest.mark.parametrize("game", ATARI_GAMES)
+def test_the_atari_entries_are_atariwrapper_as_gymnasium_wrappers_and_the_nature_cnn(game):
+    """Each algorithm's atari entry: AtariWrapper's steps in its order as Gymnasium's wrappers (up to 30 no-op
+    starts, 4 frames a step with the last two max-pooled, 84x84 grey bytes; FIRE; frame_stack 4; the reward's sign),
+    a lost life ending the agent's episode but not an evaluation's game, the NoFrameskip-v4 ids' emulator (ALE/
+    ids set to it), and the Nature CNN (network kind auto) on two threads, not compiled."""
+    pytest.importorskip("ale_py")
+    for algo, mapper in ATARI_MAPPERS.items():
+        config = mapped(mapper, algo, game)
+        data, model = config["data"]["init_args"], config["model"]["init_args"]
+        env = data["env"]["init_args"]
+        assert env["wrappers"] == [
+            {
+                "class_path": "AtariPreprocessing",
+                "init_args": {
+                    "noop_max": 30,
+                    "frame_skip": 4,
+                    "screen_size": 84,
+                    "grayscale_obs": True,
+                    "scale_obs": False,
+                },
+            },
+            "envs.gym.atari.FireReset",
+            {"class_path": "FrameStackObservation", "init_args": {"stack_size": 4}},
+            {"class_path": "ClipReward", "init_args": {"min_reward": -1.0, "max_reward": 1.0}},
+        ]
+        assert env["episodic_life"] is True and data["evaluation"]["env_options"] == {"episodic_life": False}
+        if game.startswith("ALE/"):  # registered with 4 frames a step and sticky actions 0.25
+            assert env["env_id"] == game and env["env_kwargs"] == {"frameskip": 1, "repeat_action_probability": 0.0}
+        else:  # registered by ale_py on import, outside its ALE/ namespace
+            assert env["env_id"] == game and "env_kwargs" not in env
+        assert model["network"]["kind"] == "auto" and "hidden_sizes" not in model["network"]
+        assert ("orthogonal_init" in model["network"]) is (algo in ("ppo", "a2c"))  # ActorCriticCnnPolicy's
+        assert config["threads"] == 2 and "compile" not in model
+        assert config["trainer"]["callbacks"][1]["init_args"] == {"every_n_frames": 1_000_000, "episodes": 16}
+
+
+def test_the_atari_entries_follow_the_zoos_numbers():
+    """DQN: one copy, 4 frames and one update a round after 100,000 warm-up frames, the target copied every 1,000
+    frames (250 updates), ε to 0.01 over a tenth of 1e7 frames, 100,000 transitions with each frame kept once.
+    QR-DQN: Stable-Baselines3 contrib's defaults under the entry's warm-up and ε (a million transitions, 200
+    quantiles, lr 5e-5, the target every 10,000 frames, no clipping). PPO: 8 x 128, 4 epochs of 256, the lr and the
+    clip falling linearly to 0 over 1e7 frames: 9,765 whole rollouts. A2C: 16 x 5, TensorFlow's RMSprop with ε 1e-5
+    (policy_kwargs), vf_coef 0.25: 125,000 rollouts."""
+    pytest.importorskip("ale_py")
+    game = ATARI_GAMES[0]
+    dqn = mapped(map_dqn, "dqn", game)
+    data, model = dqn["data"]["init_args"], dqn["model"]["init_args"]
+    assert (data["num_envs"], data["collect_steps"], data["frames_per_update"], data["batch_size"]) == (1, 4, 4, 32)
+    assert (data["warmup_frames"], data["buffer_size"], data["store_frames_once"]) == (100_000, 100_000, True)
+    assert model["target"] == {"update": "hard", "interval": 250} and model["loss_function"] == "smooth_l1"
+    assert model["exploration"] == {"eps_start": 1.0, "eps_end": 0.01, "eps_frames": 1_000_000}
+    assert model["optimizer"] == {"lr": 1e-4, "max_grad_norm": 10.0}
+    assert dqn["trainer"]["max_steps"] == (10_000_000 - 100_000) // 4
+    qrdqn = mapped(map_qrdqn, "qrdqn", game)
+    data, model = qrdqn["data"]["init_args"], qrdqn["model"]["init_args"]
+    assert (data["warmup_frames"], data["buffer_size"], data["store_frames_once"]) == (50_000, 1_000_000, True)
+    assert model["quantiles"] == 200 and model["target"]["interval"] == 2_500 and model["optimizer"] == {"lr": 5e-5}
+    assert model["exploration"] == {"eps_start": 1.0, "eps_end": 0.01, "eps_frames": 250_000}
+    ppo = mapped(map_ppo, "ppo", game)
+    data, model = ppo["data"]["init_args"], ppo["model"]["init_args"]
+    assert (data["num_envs"], data["collect_steps"], data["minibatch_size"], data["update_epochs"]) == (8, 128, 256, 4)
+    assert ppo["trainer"]["max_steps"] == 10_000_000 // 1024 * 16 and model["network"]["orthogonal_init"] is True
+    assert model["loss"]["clip_epsilon"] == 0.1 and model["loss"]["clip_decay_frames"] == 10_000_000
+    assert (model["loss"]["entropy_coef"], model["loss"]["critic_coef"], model["loss"]["critic_loss"]) == (
+        0.01,
+        0.5,
+        "l2",
+    )
+    assert model["optimizer"]["lr"] == 2.5e-4 and model["optimizer"]["lr_decay"] == "linear"
+    assert model["optimizer"]["eps"] == 1e-5
+    a2c = mapped(map_a2c, "a2c", game)
+    data, model = a2c["data"]["init_args"], a2c["model"]["init_args"]
+    assert (data["num_envs"], data["collect_steps"], data["minibatch_size"], data["update_epochs"]) == (16, 5, 80, 1)
+    assert a2c["trainer"]["max_steps"] == 125_000 and (model["gamma"], model["gae_lambda"]) == (0.99, 1.0)
+    assert model["optimizer"] == {"algorithm": "rmsprop_tf", "lr": 7e-4, "max_grad_norm": 0.5, "eps": 1e-5}
+    assert (model["loss"]["entropy_coef"], model["loss"]["critic_coef"], model["loss"]["normalize_advantage"]) == (
+        0.01,
+        0.25,
+        False,
+    )
+
+
+def test_the_atari_configs_play_the_noframeskip_emulator_into_each_agents_nature_cnn():
+    """The written environment, for real: ALE/Pong-v5 set to the NoFrameskip-v4 emulator plays what
+    PongNoFrameskip-v4 plays, seed for seed; its observations are 4 stacked 84x84 bytes, which DQN reads with a Nature
+    CNN and its Q-head, QR-DQN with a head of actions x quantiles, and A2C with one Nature CNN for both heads."""
+    pytest.importorskip("ale_py")
+    import torch
+
+    from envs.gym.env import GymnasiumEnv
+    from modules.a2c import A2C
+    from modules.dqn import DQN
+    from modules.networks import NatureCNN, NetworkOptions
+    from modules.qrdqn import QRDQN
+
+    options = {
+        game: mapped(map_dqn, "dqn", game)["data"]["init_args"]["env"]["init_args"]
+        for game in ("ALE/Pong-v5", "PongNoFrameskip-v4")
+    }
+    v5, v4 = (GymnasiumEnv(num_envs=1, seed=3, **options[game]) for game in options)
+    td, reference = v5.reset(), v4.reset()
+    assert td["observation"].shape == (1, 4, 84, 84) and td["observation"].dtype == torch.uint8
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(50):
+        action = torch.randint(6, (1,), generator=generator)
+        stepped, td = v5.step_and_maybe_reset(td.set("action", action))
+        expected, reference = v4.step_and_maybe_reset(reference.set("action", action))
+        assert torch.equal(stepped["next", "observation"], expected["next", "observation"])
+        assert torch.equal(stepped["next", "reward"], expected["next", "reward"])
+    specs = (v5.observation_spec[0], v5.action_spec[0])
+    network = NetworkOptions(kind="auto")
+    dqn, qrdqn, a2c = DQN(*specs, network=network), QRDQN(*specs, network=network), A2C(*specs, network=network)
+    assert isinstance(dqn.q_network, NatureCNN) and dqn.q_network(td["observation"]).shape == (1, 6)
+    assert qrdqn.q_network.quantiles(td["observation"]).shape == (1, 6, 200)
+    assert isinstance(a2c.actor_network.torso, NatureCNN) and a2c.actor_network.torso is a2c.critic_network.torso
+    v5.close()
+    v4.close()
+
+
+def test_the_atari_entries_refuse_what_they_cannot_map():
+    """AtariWrapper on what is not an Atari game, an Atari entry read by an MLP, and an A2C optimizer lightrl lacks:
+    one line naming each."""
+    pytest.importorskip("ale_py")
+    atari = zoo_entry("a2c", ATARI_GAMES[0])
+    with pytest.raises(ZooError, match="AtariWrapper: CartPole-v1 is not an Atari game"):
+        map_a2c(atari, "CartPole-v1", "r")
+    with pytest.raises(ZooError, match="policy MlpPolicy: only MlpPolicy entries, and CnnPolicy on an Atari game"):
+        map_a2c({**atari, "policy": "MlpPolicy"}, ATARI_GAMES[0], "r")
+    with pytest.raises(ZooError, match="frame_stack None: AtariWrapper's frames are mapped stacked"):
+        map_a2c({key: value for key, value in atari.items() if key != "frame_stack"}, ATARI_GAMES[0], "r")
+    sgd = {**atari, "policy_kwargs": "dict(optimizer_class=SGD, optimizer_kwargs=dict(momentum=0.9), net_arch=[64])"}
+    with pytest.raises(ZooError) as error:
+        map_a2c(sgd, ATARI_GAMES[0], "r")
+    message = str(error.value)
+    assert "optimizer_class SGD: lightrl maps RMSpropTFLike" in message
+    assert "optimizer_kwargs ['momentum']: only eps and alpha are mapped" in message
+    assert "policy_kwargs net_arch: not an option of lightrl's Nature CNN (CnnPolicy)" in message
+
+
 def test_sac_follows_the_zoos_numbers():
     """Pendulum: one update per frame after 100 warm-up frames, a buffer of the run's 20,000 frames (the default
     million never fills), α learned from 1; LunarLanderContinuous: 400-300 networks, tau 0.01, a linear lr."""
@@ -136,9 +309,12 @@ def test_sac_follows_the_zoos_numbers():
 
 
 def mapped_pairs() -> list[tuple[str, str]]:
+    """The coverage figure's mapped pairs, the Zoo's ``atari`` entry as :data:`ATARI_GAMES`."""
     from app.zoo import coverage
 
-    return [(row["algo"], env_id) for row in coverage() for env_id in row["mapped"]]
+    rows = coverage()
+    pairs = [(row["algo"], env_id) for row in rows for env_id in row["mapped"] if env_id != "atari"]
+    return pairs + [(row["algo"], game) for row in rows if "atari" in row["mapped"] for game in ATARI_GAMES]
 
 
 #: Per algorithm: what keeps one update of a mapped config to seconds (the rest of the config as written).
@@ -150,7 +326,7 @@ SHORT = {
     "ddpg": ("--data.init_args.warmup_frames", "64"),
     "tqc": ("--data.init_args.warmup_frames", "64"),
     "crossq": ("--data.init_args.warmup_frames", "64"),
-    "a2c": (),  # a rollout is n_envs x 5 frames already
+    "a2c": (),  # a rollout is n_envs x 5 frames already (Atari's: 16 copies)
     "ppo": (
         "--data.init_args.collect_steps",
         "8",
@@ -159,6 +335,15 @@ SHORT = {
         "--data.init_args.update_epochs",
         "1",
     ),
+}
+
+
+#: What else keeps an Atari pair's update to seconds: a replay of 1,000 transitions (the Zoo's 100,000, QR-DQN's
+#: 1,000,000, would allocate a frame ring of gigabytes), and A2C's rollout from 4 emulators, not 16.
+ATARI_SHORT = {
+    "dqn": ("--data.init_args.buffer_size", "1000"),
+    "qrdqn": ("--data.init_args.buffer_size", "1000"),
+    "a2c": ("--data.init_args.num_envs", "4", "--data.init_args.minibatch_size", "20"),
 }
 
 
@@ -191,7 +376,8 @@ def test_every_pair_the_command_maps_builds_and_trains(algo, env_id, tmp_path, c
     # The throughput report (the last callback) without its bare-update yardstick and its figures: seconds of timing
     # and drawing that check nothing here (tests/app/test_throughput.py checks both).
     report = ("--trainer.callbacks.init_args.bare_update_seconds", "0", "--trainer.callbacks.init_args.plots", "false")
-    cli = fit(tmp_path / "zoo.yaml", "--trainer.max_steps", "1", *SHORT[algo], *report)
+    atari = ATARI_SHORT.get(algo, ()) if env_id in ATARI_GAMES else ()
+    cli = fit(tmp_path / "zoo.yaml", "--trainer.max_steps", "1", *SHORT[algo], *atari, *report)
     assert cli.trainer.global_step == 1
     folder = tmp_path / "runs/gym_zoo/version_0"
     assert (folder / "checkpoints/last.ckpt").is_file()
@@ -200,13 +386,23 @@ def test_every_pair_the_command_maps_builds_and_trains(algo, env_id, tmp_path, c
 
 
 def test_the_coverage_figure_has_every_pair_this_file_trains():
-    assert len(mapped_pairs()) >= 79  # DQN 4, QR-DQN 4, PPO 13, A2C 10, SAC 9, TQC 9, CrossQ 10, TD3 10, DDPG 10
+    # DQN 4, QR-DQN 4, PPO 13, A2C 10, SAC 9, TQC 9, CrossQ 10, TD3 10, DDPG 10, and atari of DQN, QR-DQN, PPO and A2C
+    # (each on two games here)
+    assert len(mapped_pairs()) >= 79 + 4 * len(ATARI_GAMES)
 
 
 @pytest.mark.parametrize(
     ("args", "line"),
     [
-        (["--algo", "dqn", "--env", "atari"], "; policy CnnPolicy: only MlpPolicy entries are mapped (image: not yet)"),
+        (
+            ["--algo", "dqn", "--env", "atari"],
+            "--env atari: the Zoo's entry for every Atari game; name a game, e.g. BreakoutNoFrameskip-v4",
+        ),
+        (
+            ["--algo", "ppo", "--env", "CarRacing-v3"],
+            "policy CnnPolicy: only MlpPolicy entries, and CnnPolicy on an Atari game's frames (env_wrapper "
+            "AtariWrapper), are mapped",
+        ),
         (["--algo", "dqn", "--env", "Pong-v9"], "--env Pong-v9: not in the RL Zoo's hyperparams/dqn.yml"),
         (
             ["--algo", "a3c", "--env", "CartPole-v1"],
@@ -273,12 +469,18 @@ def test_the_coverage_counts_every_pair_and_maps_every_installed_dqn_entry(capsy
     from app.zoo import MAPPED, coverage, zoo_tables
 
     rows = {row["algo"]: row for row in coverage()}
-    assert set(rows) == set(zoo_tables()) and rows["dqn"]["installed"] == len(rows["dqn"]["mapped"]) == 4
+    # The Zoo's atari entry is one pair of each table that has it, installed (and mapped) where ale-py is.
+    atari = importlib.util.find_spec("ale_py") is not None
+    dqn_pairs = 4 + atari
+    assert set(rows) == set(zoo_tables()) and rows["dqn"]["installed"] == len(rows["dqn"]["mapped"]) == dqn_pairs
+    assert rows["dqn"]["pairs"] == 5 and rows["ppo_lstm"]["pairs"] == len(zoo_tables()["ppo_lstm"]) - 1  # no default
+    for algo in ("dqn", "qrdqn", "ppo", "a2c"):
+        assert ("atari" in rows[algo]["mapped"]) is atari
     assert {"CartPole-v1", "LunarLander-v3", "HalfCheetah-v4"} <= set(rows["ppo"]["mapped"])
     assert {"Pendulum-v1", "HalfCheetah-v4"} <= set(rows["sac"]["mapped"])
     assert {"Pendulum-v1", "HalfCheetah-v4", "Humanoid-v4"} <= set(rows["td3"]["mapped"])
     assert {"CartPole-v1", "LunarLander-v3", "Acrobot-v1", "HalfCheetah-v4"} <= set(rows["a2c"]["mapped"])
-    assert rows["qrdqn"]["installed"] == len(rows["qrdqn"]["mapped"]) == 4
+    assert rows["qrdqn"]["installed"] == len(rows["qrdqn"]["mapped"]) == dqn_pairs
     assert {"Pendulum-v1", "HalfCheetah-v4", "BipedalWalker-v3"} <= set(rows["ddpg"]["mapped"])
     assert {"Pendulum-v1", "Hopper-v4", "Humanoid-v4"} <= set(rows["tqc"]["mapped"])
     assert {"Pendulum-v1", "BipedalWalker-v3", "HalfCheetah-v4"} <= set(rows["crossq"]["mapped"])
@@ -288,7 +490,7 @@ def test_the_coverage_counts_every_pair_and_maps_every_installed_dqn_entry(capsy
     assert all(len(row["mapped"]) + len(row["refused"]) == row["installed"] for row in rows.values() if row["mapped"])
     assert rows["ppo"]["refused"]["Pendulum-v1"].startswith("cannot map ppo Pendulum-v1: sde_sample_freq: not mapped")
     result = app_in_process(capsys, "zoo", "--coverage")
-    assert result.returncode == 0 and "| dqn | 4 | 4 | 4 |" in result.stdout
+    assert result.returncode == 0 and f"| dqn | 5 | {dqn_pairs} | {dqn_pairs} |" in result.stdout
     listed = result.stdout.split("Installed pairs not mapped:\n")[1].splitlines()
     unmapped = sum(len(row["refused"]) + (algo not in MAPPED and row["installed"] > 0) for algo, row in rows.items())
     assert len(listed) == unmapped and f"- {rows['ppo']['refused']['Pendulum-v1']}" in listed

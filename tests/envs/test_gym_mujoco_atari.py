@@ -4,6 +4,8 @@ the Atari preprocessing named in a config, the game score reported whole and unc
 from __future__ import annotations
 
 import importlib.util
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -138,3 +140,18 @@ def test_a_halfcheetah_ppo_run_resumes_with_ckpt_path_last_and_its_reward_statis
     cli = fit(config, *args, "--trainer.max_steps", "32", "--ckpt_path", "last")
     assert cli.trainer.global_step == 32 and cli.trainer.log_dir == str(runs / "gym_halfcheetah_ppo/version_0")
     assert cli.model.reward_scaler.count.item() == 128  # the saved rollout's statistics, then one more rollout
+
+
+@needs_ale
+def test_an_atari_id_outside_the_ale_namespace_is_found_in_a_fresh_process():
+    """The RL Zoo's ids (``PongNoFrameskip-v4``) are registered by importing ale-py, as the ``ALE/`` ones are: a
+    process that has not imported it finds them, and an id registered nowhere is still one error with close matches."""
+    script = (
+        "from envs.gym.make import find_spec\n"
+        "print(find_spec('PongNoFrameskip-v4').entry_point)\n"
+        "try:\n    find_spec('PongNoFrameskip-v9')\nexcept ValueError as error:\n    print(error)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    found, refused = out.strip().splitlines()
+    assert found == "ale_py.env:AtariEnv"
+    assert refused.startswith("env_id 'PongNoFrameskip-v9' is not a registered Gymnasium id; did you mean")
