@@ -283,25 +283,49 @@ def hyperparams_folder() -> Path:
     return Path(next(iter(spec.submodule_search_locations))) / "hyperparams"
 
 
-def zoo_entry(algo: str, env_id: str) -> dict[str, Any]:
-    """The Zoo's hyperparameters for ``env_id`` in ``hyperparams/<algo>.yml`` of the installed ``rl_zoo3``: its own
-    entry, or for an Atari game it does not list, its ``atari`` entry (as the Zoo chooses: :func:`atari_game`)."""
+def zoo_table(algo: str) -> dict[str, Any]:
+    """``hyperparams/<algo>.yml`` of the installed ``rl_zoo3``: its entries by environment id."""
     import yaml
 
     table = hyperparams_folder() / f"{algo}.yml"
     if not table.is_file():
         raise ZooError(f"--algo {algo}: the RL Zoo has no hyperparams/{algo}.yml")
-    entries = yaml.safe_load(table.read_text())
+    return yaml.safe_load(table.read_text())
+
+
+def entry_id(table: dict[str, Any], algo: str, env_id: str) -> str:
+    """Which entry of ``algo``'s ``table`` is ``env_id``'s: its own; for an Atari game the table does not list, its
+    ``atari`` entry (as the Zoo chooses: :func:`atari_game`); for a registered id whose task the table lists in
+    another version only, the newest version it lists (``HalfCheetah-v5``: the Zoo's ``HalfCheetah-v4``, as tuned
+    before Gymnasium's v5). Anything else is one error line."""
+    import gymnasium
+    from gymnasium.envs.registration import parse_env_id
+
     if env_id == "atari":
         raise ZooError(f"--env atari: the Zoo's entry for every Atari game; name a game, e.g. {ATARI_EXAMPLE}")
-    if env_id not in entries and "atari" in entries and atari_game(env_id) is not None:
-        return dict(entries["atari"])
-    if env_id not in entries:
-        atari = ""
-        if "atari" in entries and importlib.util.find_spec("ale_py") is None:
-            atari = '; an Atari game needs ale-py: pip install -e ".[gym]"'
-        raise ZooError(f"--env {env_id}: not in the RL Zoo's hyperparams/{algo}.yml ({len(entries)} entries){atari}")
-    return dict(entries[env_id])
+    if env_id in table:
+        return env_id
+    if "atari" in table and atari_game(env_id) is not None:
+        return "atari"
+    namespace, name, _ = parse_env_id(env_id)
+    versions = {}
+    for listed in table:
+        with contextlib.suppress(gymnasium.error.Error):  # "atari", "default": no environment ids
+            listed_namespace, listed_name, version = parse_env_id(listed)
+            if (listed_namespace, listed_name) == (namespace, name) and version is not None:
+                versions[version] = listed
+    if versions and env_id in gymnasium.registry:
+        return versions[max(versions)]
+    atari = ""
+    if "atari" in table and importlib.util.find_spec("ale_py") is None:
+        atari = '; an Atari game needs ale-py: pip install -e ".[gym]"'
+    raise ZooError(f"--env {env_id}: not in the RL Zoo's hyperparams/{algo}.yml ({len(table)} entries){atari}")
+
+
+def zoo_entry(algo: str, env_id: str) -> dict[str, Any]:
+    """The Zoo's hyperparameters for ``env_id`` in ``hyperparams/<algo>.yml`` (:func:`entry_id` says which entry)."""
+    table = zoo_table(algo)
+    return dict(table[entry_id(table, algo, env_id)])
 
 
 def atari_game(env_id: str) -> Any:
@@ -1147,7 +1171,9 @@ def config_text(algo: str, env_id: str, out: Path, options: Options = Options())
     """The text of ``out``: the config of the Zoo's ``algo`` entry of ``env_id``, its run named ``gym_<stem>``."""
     if algo not in MAPPED:
         raise ZooError(f"{not_mapped(algo)} (this command maps {', '.join(MAPPED)})")
-    config = MAPPED[algo](zoo_entry(algo, env_id), env_id, f"gym_{out.stem}", options)
+    table = zoo_table(algo)
+    entry = entry_id(table, algo, env_id)
+    config = MAPPED[algo](dict(table[entry]), env_id, f"gym_{out.stem}", options)
     written_by = f"lightrl zoo --algo {algo} --env {env_id} --out {out}{options.flags()}"
     header = [
         f"# {env_id}, {display_name(algo)}: python -m app fit --config {out}",
@@ -1156,6 +1182,8 @@ def config_text(algo: str, env_id: str, out: Path, options: Options = Options())
         f"# {zoo_version()} ships them); the Zoo's names are in the comments, and docs/guide/zoo.md says how each",
         "# is mapped.",
     ]
+    if entry not in (env_id, "atari"):
+        header.append(f"# The Zoo tunes this task as {entry}: that entry's numbers, on {env_id}.")
     if atari_game(env_id) is not None:
         header.append(
             "# Stable-Baselines3's AtariWrapper is written as Gymnasium's wrappers; that page says what differs."

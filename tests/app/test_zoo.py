@@ -1,7 +1,7 @@
 """``lightrl zoo``: the RL Zoo's tuned DQN, PPO, SAC and TQC entries, read from the installed ``rl_zoo3``, written as
 configs that mean the same; the shipped DQN and PPO configs of CartPole and LunarLander, the Pendulum SAC config and
-the Breakout PPO config are its output, every pair it maps trains (the Zoo's ``atari`` entries on two games), and
-what cannot be mapped is one line naming each key."""
+the Breakout PPO and HalfCheetah configs are its output, every pair it maps trains (the Zoo's ``atari`` entries on two
+games), and what cannot be mapped is one line naming each key."""
 
 from __future__ import annotations
 
@@ -30,6 +30,8 @@ SHIPPED = {
     ("tqc", "Pendulum-v1"): "configs/gym/pendulum_tqc.yaml",
     ("crossq", "Pendulum-v1"): "configs/gym/pendulum_crossq.yaml",
     ("ppo", "ALE/Breakout-v5"): "configs/gym/breakout_ppo.yaml",
+    ("ppo", "HalfCheetah-v5"): "configs/gym/halfcheetah_ppo.yaml",  # the Zoo's HalfCheetah-v4 entry
+    ("sac", "HalfCheetah-v5"): "configs/gym/halfcheetah_sac.yaml",
 }
 #: The games each mapped ``atari`` entry is written and trained on: an id the Zoo names (NoFrameskip-v4) and one of
 #: ale-py's ALE/ namespace (its emulator set to the NoFrameskip one in env_kwargs).
@@ -141,6 +143,20 @@ def test_an_atari_game_takes_the_zoos_atari_entry_as_the_zoo_chooses():
         zoo_entry("dqn", "Taxi-v3")  # registered, not an Atari game
     with pytest.raises(ZooError, match="--env BreakoutNoFrameskip-v4: not in the RL Zoo's hyperparams/sac.yml"):
         zoo_entry("sac", "BreakoutNoFrameskip-v4")  # the SAC table has no atari entry
+
+
+def test_a_task_the_zoo_tunes_in_another_version_takes_that_versions_entry():
+    """Gymnasium's MuJoCo tasks are at v5 and the Zoo's tables at v4: a registered id whose task a table lists in
+    other versions only takes the newest of them, and the config says so; an unregistered version is one line."""
+    from app.zoo import entry_id, zoo_table
+
+    assert entry_id(zoo_table("sac"), "sac", "HalfCheetah-v5") == "HalfCheetah-v4"
+    assert zoo_entry("ppo", "Hopper-v5") == zoo_table("ppo")["Hopper-v4"]
+    text = config_text("sac", "HalfCheetah-v5", Path("hc.yaml"))
+    assert "# The Zoo tunes this task as HalfCheetah-v4: that entry's numbers, on HalfCheetah-v5." in text
+    assert yaml.safe_load(text)["data"]["init_args"]["env"]["init_args"]["env_id"] == "HalfCheetah-v5"
+    with pytest.raises(ZooError, match="--env HalfCheetah-v9: not in the RL Zoo's hyperparams/sac.yml"):
+        zoo_entry("sac", "HalfCheetah-v9")  # not registered: no version of it to map
 
 
 @pytest.mark.parametrize("game", ATARI_GAMES)

@@ -228,6 +228,7 @@ def test_an_unbounded_box_of_actions_is_an_unbounded_spec_that_ppos_normal_polic
             *(f"{FLAG}.env_id", "UnboundedActions-v0", "--data.init_args.collect_steps", "64"),
             *("--trainer.max_steps", "2", "--trainer.logger.init_args.save_dir", str(tmp_path / "runs")),
             *("--trainer.enable_progress_bar", "false"),
+            *("--model.init_args.compile", "false"),  # the actions' path, not the compiled update (its own tests)
         )
         assert cli.trainer.global_step == 2 and cli.model.distribution == "normal"
         assert not cli.model.clips_actions  # nothing to clip to
