@@ -148,16 +148,17 @@ def framework_free_update(model: Any, data: Any) -> Callable[[int], torch.Tensor
 
 
 class BareYardstick:
-    """The bare reference update of ``model`` on ``data``, timed in slices on one thread: :class:`ThroughputReport
+    """The bare reference update of ``model`` on ``data``, timed in slices: :class:`ThroughputReport
     <callbacks.throughput.ThroughputReport>` takes a slice beside each stretch of the training loop, so that the loop
     and its yardstick are timed at the same moments (this machine's speed drifts within a minute by more than the
     overheads they show).
 
-    One thread whatever the run uses: the yardstick must not depend on what else the other cores are doing (with two
-    threads, an update of the Snake MLP ran several times slower than on one while another process held the second
-    core). The update runs on copies of the networks, made at the first slice, on the data module's device, and under
-    a forked generator (SAC samples actions, PIRL draws collocation points): the run's own random draws and weights
-    are untouched. ``exists`` is False for an agent without a bare reference (behaviour cloning, recurrent PPO).
+    On the run's own torch threads, as an independent probe of the same arithmetic beside the run would be: a
+    Nature-CNN update takes about two thirds of its one-thread time on two, so a one-thread yardstick made a two-thread
+    loop look faster than its own arithmetic. The update runs on copies of the networks, made at the first slice, on
+    the data module's device, and under a forked generator (SAC samples actions, PIRL draws collocation points): the
+    run's own random draws and weights are untouched. ``exists`` is False for an agent without a bare reference
+    (behaviour cloning, recurrent PPO).
     """
 
     WARMUP_CALLS = 20  #: before the first slice (first allocations), or ``seconds``' worth if fewer
@@ -168,37 +169,34 @@ class BareYardstick:
         self.step: Callable[[int], Any] | None = None
         self.calls = 0  # calls timed so far: each slice goes on through the pre-drawn batches
         self.timed_seconds = 0.0  # the last slice's timed calls, without the first slice's batches and warm-up
+        self.threads = torch.get_num_threads()  # the torch threads of the last slice: the run's
 
     def slice_ms(self, seconds: float) -> float | None:
         """Milliseconds per bare update over about ``seconds`` (at least one call), or None without a reference."""
         device = torch.device(self.data.device)
         cuda = device.type == "cuda"
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
-            with torch.random.fork_rng(devices=[device] if cuda else []):
+        self.threads = torch.get_num_threads()
+        with torch.random.fork_rng(devices=[device] if cuda else []):
+            if self.step is None:
+                self.step = bare_update(self.model, self.data)
                 if self.step is None:
-                    self.step = bare_update(self.model, self.data)
-                    if self.step is None:
-                        return None
-                    start = time.perf_counter()
-                    for i in range(self.WARMUP_CALLS):
-                        self.step(i)
-                        if i >= 1 and time.perf_counter() - start > seconds:
-                            break
-                if cuda:  # GPU work is asynchronous: a slice ends when its kernels have
-                    torch.cuda.synchronize(device)
-                calls, start = 0, time.perf_counter()
-                while calls == 0 or time.perf_counter() - start < seconds:
-                    self.step(self.calls + calls)
-                    calls += 1
-                if cuda:
-                    torch.cuda.synchronize(device)
-                self.calls += calls
-                self.timed_seconds = time.perf_counter() - start
-                return 1e3 * self.timed_seconds / calls
-        finally:
-            torch.set_num_threads(threads)
+                    return None
+                start = time.perf_counter()
+                for i in range(self.WARMUP_CALLS):
+                    self.step(i)
+                    if i >= 1 and time.perf_counter() - start > seconds:
+                        break
+            if cuda:  # GPU work is asynchronous: a slice ends when its kernels have
+                torch.cuda.synchronize(device)
+            calls, start = 0, time.perf_counter()
+            while calls == 0 or time.perf_counter() - start < seconds:
+                self.step(self.calls + calls)
+                calls += 1
+            if cuda:
+                torch.cuda.synchronize(device)
+            self.calls += calls
+            self.timed_seconds = time.perf_counter() - start
+            return 1e3 * self.timed_seconds / calls
 
 
 def reference_for(model: Any) -> Callable[[Any, Any], Callable[[int], torch.Tensor]] | None:

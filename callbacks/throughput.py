@@ -75,16 +75,16 @@ class ThroughputReport(Callback):
         cuda_sync: synchronise the GPU at phase boundaries (sets ``datamodule.timer.cuda_sync``), so that
             asynchronous GPU work is charged to the phase that launched it. Off by default: each sync stalls the
             host, which is what the hot loop is built to avoid.
-        bare_update_seconds: seconds of each slice of the agent's bare reference update (its update arithmetic in
-            plain eager PyTorch, :mod:`callbacks.bare_updates`, on 1 thread): the yardstick that makes runs on
-            machines, or days, of different speed comparable, and the training loop's cost per update a ratio. After
-            the warm-up steps, a slice follows every ``bare_update_seconds / bare_update_share`` seconds of training
-            (25 s at the defaults), so that the loop and the yardstick are timed side by side as the machine's speed
-            drifts; the report's ratio is the median over these pairs of the stretch's time per update over its
-            slice's. The slices are left out of every other figure (the report's clock stops during them). A run
-            shorter than one stretch, with several ranks, or with asynchronous collection (its workers would go on
-            during a slice, and the updates after it would see more experiences) gets one slice at the end of fit of
-            at most ``bare_update_share`` of its wall time. 0 skips it.
+        bare_update_seconds: seconds of each slice of the agent's bare reference update (its update arithmetic in plain
+            eager PyTorch, :mod:`callbacks.bare_updates`, on the run's torch threads): the yardstick that makes runs on
+            machines, or days, of different speed comparable, and the training loop's cost per update a ratio. After the
+            warm-up steps, a slice follows every ``bare_update_seconds / bare_update_share`` seconds of training (25 s
+            at the defaults), so that the loop and the yardstick are timed side by side as the machine's speed drifts;
+            the report's ratio is the median over these pairs of the stretch's time per update over its slice's. The
+            slices are left out of every other figure (the report's clock stops during them). A run shorter than one
+            stretch, with several ranks, or with asynchronous collection (its workers would go on during a slice, and
+            the updates after it would see more experiences) gets one slice at the end of fit of at most
+            ``bare_update_share`` of its wall time. 0 skips it.
         bare_update_share: the share of the training time the slices take (a stretch is the last slice's timed
             calls over it; the first slice's one-off batches and warm-up come on top); what a run loses to its
             yardstick, and what other clocks (``max_time``, the evaluations' ``eval/time_s``) still count.
@@ -200,7 +200,7 @@ class ThroughputReport(Callback):
             resumed += f"{whole_run['frames']:,} frames in {whole_run['wall_s']:.1f} s"
         bare = self.report["bare_update"]
         versus_bare = (
-            f"; {bare['ratio']:.2f}x the bare update ({bare['ms']:.3f} ms on 1 thread here, now)"
+            f"; {bare['ratio']:.2f}x the bare update ({bare['ms']:.3f} ms on {_threads(bare)} here, now)"
             if bare and "ratio" in bare
             else ""
         )
@@ -270,7 +270,7 @@ class ThroughputReport(Callback):
         self._slice_took = self._yardstick.timed_seconds
         loop_ms = 1e3 * wall_s / updates
         pair = {"updates": updates, "seconds": wall_s, "loop_ms": loop_ms, "bare_ms": ms, "slice_seconds": seconds}
-        self._pairs.append({**pair, "beside_the_loop": beside})
+        self._pairs.append({**pair, "threads": self._yardstick.threads, "beside_the_loop": beside})
 
     def _bare_update(self, figures: dict) -> dict | None:
         """The bare update's time and the loop's time per update against it, over the pairs timed side by side (one
@@ -287,6 +287,7 @@ class ThroughputReport(Callback):
             "loop_ms_per_update": 1e3 * sum(p["seconds"] for p in self._pairs) / sum(p["updates"] for p in self._pairs),
             "ratio": statistics.median(ratios),
             "ratio_range": [min(ratios), max(ratios)],
+            "threads": self._pairs[-1]["threads"],  # torch's intra-op threads, the run's
             "slices": len(self._pairs),
             "seconds_paused": self._paused,  # the slices, with the first one's warm-up: out of the report's figures
             "pairs": self._pairs,
@@ -494,8 +495,15 @@ def _bare_lines(bare: dict | None, over: str) -> list[str]:
     )
     failed = f"; then its yardstick failed ({bare['error']})" if "error" in bare else ""
     return [
-        f"- bare update (the agent's update arithmetic in plain eager PyTorch, 1 thread, timed {beside}): "
+        f"- bare update (the agent's update arithmetic in plain eager PyTorch, {_threads(bare)}, timed {beside}): "
         f"{bare['ms']:.3f} ms (median); the training loop's wall time per update over the same stretches: "
         f"{bare['loop_ms_per_update']:.3f} ms; **{bare['ratio']:.2f}x** the bare update (median of the stretches' "
         f"ratios, range {low:.2f}-{high:.2f}){failed}"
     ]
+
+
+def _threads(bare: dict) -> str:
+    """ "1 thread", "2 threads": the torch threads the bare update ran on (the run's; reports from before they were
+    recorded ran it on one)."""
+    threads = bare.get("threads", 1)
+    return f"{threads} thread{'s' if threads != 1 else ''}"

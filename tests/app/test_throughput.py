@@ -257,7 +257,7 @@ def test_the_slices_stop_the_reports_clock_and_keep_to_their_share(tmp_path, clo
     # the 1 s stretch before it with its 1 ms, and after a 0.5 s slice the next stretch waits 0.5 / 0.1 = 5 s: none in
     # the 3 s left.
     class FakeYardstick:
-        exists, timed_seconds = True, 0.5
+        exists, timed_seconds, threads = True, 0.5, 1
 
         def __init__(self, model, data) -> None:
             pass
@@ -454,6 +454,103 @@ def test_the_yardstick_reads_what_an_independent_update_of_the_same_arithmetic_c
                 probe(calls)
                 calls += 1
             ratios.append(bare / ((time.thread_time() - start) / calls))
+    finally:
+        torch.set_num_threads(threads)
+    assert 0.9 <= statistics.median(ratios) <= 1.1, ratios
+
+
+def nature_cnn_probe(batch_size: int, actions: int, seed: int = 0):
+    """An independent bare update of a Nature-CNN DQN written here from its description: 4 stacked 84x84 uint8
+    frames laid out channels-last (as the agent's network lays them out) and scaled to [0, 1], Conv 32-8/4, 64-4/2,
+    64-3/1, Linear 512, Linear ``actions``; the plain DQN target (gamma 0.99), Huber loss, clip 10, fused Adam 1e-4."""
+    generator = torch.Generator().manual_seed(seed)
+
+    def cnn():
+        return torch.nn.Sequential(
+            torch.nn.Conv2d(4, 32, 8, stride=4),
+            torch.nn.ReLU(),
+            torch.nn.Conv2d(32, 64, 4, stride=2),
+            torch.nn.ReLU(),
+            torch.nn.Conv2d(64, 64, 3, stride=1),
+            torch.nn.ReLU(),
+            torch.nn.Flatten(),
+            torch.nn.Linear(3136, 512),
+            torch.nn.ReLU(),
+            torch.nn.Linear(512, actions),
+        )
+
+    online, target = cnn(), cnn().requires_grad_(False)
+    parameters = list(online.parameters())
+    adam = torch.optim.Adam(parameters, lr=1e-4, fused=True)
+
+    def frames():
+        stack = torch.randint(0, 256, (batch_size, 4, 84, 84), generator=generator, dtype=torch.uint8)
+        return stack.contiguous(memory_format=torch.channels_last)
+
+    batches = [
+        (frames(), torch.randint(0, actions, (batch_size,), generator=generator), frames(), torch.randn(batch_size))
+        for _ in range(4)
+    ]
+
+    def step(i: int) -> None:
+        observation, action, next_observation, reward = batches[i % len(batches)]
+        with torch.no_grad():
+            y = reward + 0.99 * target(next_observation.float() / 255).max(-1).values
+        q = online(observation.float() / 255).gather(-1, action.unsqueeze(-1)).squeeze(-1)
+        torch.nn.functional.smooth_l1_loss(q, y).backward()
+        torch.nn.utils.clip_grad_norm_(parameters, 10.0, foreach=True)
+        adam.step()
+        adam.zero_grad(set_to_none=True)
+
+    return step
+
+
+@pytest.mark.slow
+def test_the_yardstick_of_an_atari_dqn_reads_what_an_independent_cnn_update_costs_on_the_runs_threads(tmp_path):
+    # The RL Zoo's Pong DQN as `lightrl zoo` writes it (its Nature CNN reads channels-last bytes), against
+    # nature_cnn_probe in alternating slices: within 10 % on one thread. Each slice runs on the run's own torch threads
+    # (a CNN update takes about two thirds of its one-thread time on two: a yardstick on one thread read a two-thread
+    # loop as faster than its own arithmetic).
+    pytest.importorskip("ale_py")
+    from app.zoo import config_text
+
+    path = tmp_path / "pong_dqn.yaml"
+    path.write_text(config_text("dqn", "PongNoFrameskip-v4", path))
+    model, data = build([str(path)], ["--data.init_args.buffer_size", "1000"])
+    assert [tuple(layer.weight.shape) for layer in model.q_network.modules() if hasattr(layer, "weight")] == [
+        (32, 4, 8, 8),
+        (64, 32, 4, 4),
+        (64, 64, 3, 3),
+        (512, 3136),
+        (6, 512),
+    ]  # the arithmetic nature_cnn_probe writes out
+    assert (data.batch_size, model.hparams.double_dqn, model.optim.max_grad_norm) == (32, False, 10.0)
+    yardstick, probe = BareYardstick(model, data), nature_cnn_probe(data.batch_size, 6)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        yardstick.slice_ms(0.01)  # its first slice draws its batches and warms up
+        assert yardstick.threads == 2
+        seen = []
+        step = yardstick.step
+        yardstick.step = lambda i: (seen.append(torch.get_num_threads()), step(i))[1]
+        yardstick.slice_ms(0.01)
+        assert seen and set(seen) == {2}  # the slice ran on the run's threads, not one
+        yardstick.step = step
+        torch.set_num_threads(1)
+        for i in range(3):
+            probe(i)
+        ratios = []
+        for _ in range(5):  # each side's CPU time per update on this thread (as in the test above)
+            calls, start = yardstick.calls, time.thread_time()
+            yardstick.slice_ms(0.3)
+            bare = (time.thread_time() - start) / (yardstick.calls - calls)
+            calls, start, wall = 0, time.thread_time(), time.perf_counter()
+            while time.perf_counter() - wall < 0.3:
+                probe(calls)
+                calls += 1
+            ratios.append(bare / ((time.thread_time() - start) / calls))
+        assert yardstick.threads == 1
     finally:
         torch.set_num_threads(threads)
     assert 0.9 <= statistics.median(ratios) <= 1.1, ratios
