@@ -3,7 +3,7 @@ accessor, and two private hooks.
 
 - a ``Collector`` carries the last observations (and recurrent states) between calls in ``_carrier`` and counts in
   ``_frames`` and ``_iter``; its own ``state_dict`` holds neither the carrier nor the environments' state; its rounds
-  act with ``_wrapped_policy`` and merge its ``_policy_output_keys`` (:func:`longer_round` steps one as they do);
+  act with ``_wrapped_policy`` and merge its ``_policy_output_keys`` (:func:`round_on_carrier` steps one as they do);
 - a ``MultiStepTransform`` keeps each environment's last n steps in ``_buffer``;
 - a ``ParallelEnv`` signals "step done" through shared flags, ``_shm_done_flags``, which loading a state leaves up;
 - a replay buffer hands its sampler the generator to draw with as ``Sampler._rng``;
@@ -48,16 +48,16 @@ WRITTEN_AGAINST = "0.14.1"
 
 #: Every private name used here: (where it lives, the name, the function of this module that uses it).
 PRIVATE_API = (
-    ("torchrl.collectors.Collector", "_carrier", "collector_carrier, longer_round"),
+    ("torchrl.collectors.Collector", "_carrier", "collector_carrier, round_on_carrier"),
     ("torchrl.collectors.Collector", "_frames", "collector_counters, set_collector_counters"),
     ("torchrl.collectors.Collector", "_iter", "collector_counters, set_collector_counters"),
-    ("torchrl.collectors.Collector", "_wrapped_policy", "longer_round"),
-    ("torchrl.collectors.Collector", "_policy_output_keys", "longer_round"),
-    ("torchrl.collectors.Collector", "_cast_to_policy_device", "longer_round"),
-    ("torchrl.collectors.Collector", "_cast_to_env_device", "longer_round"),
-    ("torchrl.collectors.Collector", "_carrier_has_no_device", "longer_round"),
-    ("torchrl.collectors.Collector", "_compact_next_keys", "longer_round"),
-    ("torchrl.collectors.Collector", "_exclude_private_keys", "longer_round"),
+    ("torchrl.collectors.Collector", "_wrapped_policy", "round_on_carrier"),
+    ("torchrl.collectors.Collector", "_policy_output_keys", "round_on_carrier"),
+    ("torchrl.collectors.Collector", "_cast_to_policy_device", "round_on_carrier"),
+    ("torchrl.collectors.Collector", "_cast_to_env_device", "round_on_carrier"),
+    ("torchrl.collectors.Collector", "_carrier_has_no_device", "round_on_carrier"),
+    ("torchrl.collectors.Collector", "_compact_next_keys", "round_on_carrier"),
+    ("torchrl.collectors.Collector", "_exclude_private_keys", "round_on_carrier"),
     ("torchrl.envs.MultiStepTransform", "_buffer", "multistep_window, set_multistep_window"),
     ("torchrl.envs.ParallelEnv", "_shm_done_flags", "parallel_env_lower_done_flags"),
     ("torchrl.envs.ParallelEnv", "_workers", "parallel_env_processes"),
@@ -105,17 +105,18 @@ def set_collector_counters(collector: Collector, frames: int, iterations: int) -
     collector._frames, collector._iter = frames, iterations
 
 
-def longer_round(collector: Collector, steps: int) -> TensorDictBase | None:
+def round_on_carrier(collector: Collector, steps: int) -> TensorDictBase | None:
     """``steps`` steps of every environment of ``collector`` from where it stands, stepped as its own rounds step them,
-    in one batch ``[*environments, steps]``; its next round continues where they end. None where its rounds do more
-    than this (moving data between devices, a compiled policy, trajectory ids, random frames, a replay buffer of its
-    own...): then only its own rounds collect.
+    in one batch ``[*environments, steps]``; its next round continues where they end (its frame and round counters
+    do not move: nothing in this process reads them). None where its rounds do more than this (moving data between
+    devices, a compiled policy, trajectory ids, random frames, a replay buffer of its own...): then only its own
+    rounds collect.
 
     What a round of ``Collector.rollout`` does at each step, in the case this handles: the policy acts on the carrier
     (in place, or its outputs merged in) under the collector's exploration type, ``step_and_maybe_reset`` sets the
     step's ``"next"`` on it and gives the next carrier; the round is the steps stacked, private (``_``) entries
-    dropped. A round of ``steps`` steps costs one stack and one pass over its entries instead of ``steps`` of each,
-    and none of the collector's per-round bookkeeping.
+    dropped. It costs none of the collector's per-round bookkeeping (its preallocated output, the copy of it, the
+    post-processing pass), and a round of many steps one stack and one pass over its entries.
     """
     # Collector._carrier, _wrapped_policy, _policy_output_keys, _cast_to_policy_device, _cast_to_env_device,
     # _carrier_has_no_device, _compact_next_keys, _exclude_private_keys (private; torchrl 0.14.1): what

@@ -192,3 +192,51 @@ def test_a_warmup_in_long_rounds_plays_and_stores_what_its_rounds_do(num_envs, c
             assert set(ours.keys(True, True)) == set(theirs.keys(True, True))
             for key in theirs.keys(True, True):
                 assert torch.equal(ours[key], theirs[key]), key
+
+
+@pytest.mark.parametrize(
+    ("config", "flags"),
+    [
+        ("configs/gym/pendulum_sac.yaml", []),  # one copy; the actor samples from the global generator
+        ("configs/gym/cartpole_a2c.yaml", []),  # 8 copies x 5 steps of a categorical policy
+        ("configs/snake_ppo.yaml", ["--data.init_args.num_envs", "64"]),  # a batched tensor environment
+        pytest.param(  # agents, and the recurrent state and episode-start flags in the carrier
+            "configs/metta_ppo.yaml",
+            ["--data.init_args.collection", "InProcess", "--data.init_args.num_envs", "2"],
+            marks=pytest.mark.slow,
+        ),
+    ],
+)
+def test_rounds_stepped_on_the_carrier_are_the_collectors_own(config, flags, monkeypatch):
+    """Four rounds stepped on the collector's carrier, as every in-process round now is, against the same rounds from
+    TorchRL's Collector itself: the same batches, to the bit, and the environments and the generator where its rounds
+    leave them (a warm-up's longer rounds against these: the test above)."""
+    import datamodules.collection as collection
+    from compat.torchrl import collector_carrier, collector_counters
+
+    def rounds(on_carrier: bool):
+        if not on_carrier:
+            monkeypatch.setattr(collection, "round_on_carrier", lambda collector, steps: None)
+        torch.manual_seed(0)
+        model, data = build([str(ROOT / config)], flags)
+        data.use_env_transform(model.env_transform() if hasattr(model, "env_transform") else None)
+        data.setup("fit")
+        data.connect(model.policy(), None, model.batch_keys())
+        data._build_collector()
+        try:
+            batches = [data.collect() for _ in range(4)]
+            carrier = collector_carrier(data.collector).clone()
+            collector_rounds = collector_counters(data.collector)[1]
+        finally:
+            data.collection.teardown()
+            monkeypatch.undo()
+        return batches, carrier, data.frames, torch.get_rng_state(), collector_rounds
+
+    (ours, carrier, frames, generator, counted) = rounds(on_carrier=True)
+    (theirs, their_carrier, their_frames, their_generator, their_counted) = rounds(on_carrier=False)
+    assert their_counted - counted == 4  # which road each took: the collector counts the rounds it steps
+    for batch, expected in zip([*ours, carrier], [*theirs, their_carrier], strict=True):
+        assert set(batch.keys(True, True)) == set(expected.keys(True, True))
+        for key in expected.keys(True, True):
+            assert torch.equal(batch[key], expected[key]), key
+    assert frames == their_frames and torch.equal(generator, their_generator)
