@@ -3,7 +3,8 @@
 - ``TensorDict._new_unsafe`` builds a TensorDict from a dict of tensors without validating shapes or devices: an
   environment whose step output is right by construction skips that cost on every step; ``TensorDict._tensordict``
   (its top-level entries, a dict) and ``_set_str(..., validated=True)`` read and write one without the per-key checks
-  of the public ``items`` and ``set`` (the environments' step: ``compat/torchrl.py``, ``FastStepAndMaybeReset``);
+  of the public ``items`` and ``set`` (the environments' step: ``compat/torchrl.py``, ``FastStepAndMaybeReset``; a
+  round's steps stacked: :func:`stack_steps`);
 - tensordict keeps its interaction type (which TorchRL's exploration type is) in one process-wide holder,
   ``tensordict.nn.probabilistic._interaction_type``, an instance of ``tensordict.utils._ContextManager``, and every
   TorchRL loss sets it to "deterministic" for the length of its forward pass: a collection running in another thread
@@ -22,7 +23,7 @@ import threading
 from typing import Any
 
 import torch
-from tensordict import TensorDict
+from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import probabilistic
 from tensordict.utils import _ContextManager
 from torch.compiler import is_dynamo_compiling
@@ -34,7 +35,7 @@ WRITTEN_AGAINST = "0.14.3"
 #: Every private name used here: (where it lives, the name, the function of this module that uses it).
 PRIVATE_API = (
     ("tensordict.TensorDict", "_new_unsafe", "tensordict_unchecked"),
-    ("tensordict.TensorDict", "_tensordict", "top_level_entries"),
+    ("tensordict.TensorDict", "_tensordict", "top_level_entries, stack_steps"),
     ("tensordict.TensorDict", "_set_str", "set_unchecked"),
     ("tensordict.nn.probabilistic", "_interaction_type", "own_interaction_type"),
     ("tensordict.utils", "_ContextManager", "own_interaction_type"),
@@ -49,6 +50,41 @@ def tensordict_unchecked(
     """``TensorDict(source, batch_size, device)`` without its checks: the caller guarantees the shapes and devices."""
     # TensorDict._new_unsafe (private; tensordict 0.14.3).
     return TensorDict._new_unsafe(source, batch_size=batch_size, device=device)
+
+
+def stack_steps(steps: list[TensorDictBase]) -> TensorDictBase:
+    """``torch.stack(steps, dim=-1)``: a round's steps, entry by entry where every step is a plain ``TensorDict`` of
+    the same entries (nested ones too) on one device, without the generic stack's checks and key walks (a quarter
+    of its time for a CartPole round of 8 copies x 5 steps); anything else is ``torch.stack``'s."""
+    stacked = _stacked_entries(steps, steps[0].batch_dims)
+    return torch.stack(steps, dim=-1) if stacked is None else stacked
+
+
+def _stacked_entries(steps: list[Any], dim: int) -> TensorDict | None:
+    """``steps`` stacked at batch dimension ``dim`` (a nested tensordict's: its parent's), or None where a step is
+    not a plain ``TensorDict`` with the first one's batch size, device and entries."""
+    first = steps[0]
+    if any(type(step) is not TensorDict or step.batch_size != first.batch_size for step in steps):
+        return None
+    if any(step.device != first.device for step in steps):
+        return None
+    entries = [top_level_entries(step) for step in steps]
+    if any(len(step) != len(entries[0]) for step in entries):
+        return None
+    out = {}
+    for key, value in entries[0].items():
+        values = [step.get(key) for step in entries]
+        if isinstance(value, torch.Tensor) and all(isinstance(other, torch.Tensor) for other in values):
+            out[key] = torch.stack(values, dim)
+        elif None in values or isinstance(value, torch.Tensor):
+            return None
+        else:
+            nested = _stacked_entries(values, dim)
+            if nested is None:
+                return None
+            out[key] = nested
+    batch = torch.Size([*first.batch_size[:dim], len(steps), *first.batch_size[dim:]])
+    return tensordict_unchecked(out, batch, first.device)
 
 
 def top_level_entries(data: TensorDict) -> dict[str, Any]:

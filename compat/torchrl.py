@@ -39,7 +39,7 @@ from torchrl.envs.utils import set_exploration_type
 from torchrl.weight_update import SharedMemWeightSyncScheme
 from torchrl.weight_update._shared import SharedMemTransport
 
-from compat.tensordict import set_unchecked, tensordict_unchecked, top_level_entries
+from compat.tensordict import set_unchecked, stack_steps, tensordict_unchecked, top_level_entries
 
 DISTRIBUTION = "torchrl"
 #: The TorchRL version every function here was written against (tests/app/test_compat.py: same minor version, any
@@ -153,7 +153,7 @@ def round_on_carrier(collector: Collector, steps: int) -> TensorDictBase | None:
             steps_taken.append(carrier)
             carrier = following
     collector._carrier = carrier
-    batch = torch.stack(steps_taken, dim=-1)
+    batch = stack_steps(steps_taken)
     if collector._exclude_private_keys:
         private = [key for key in batch.keys(True) if any(part.startswith("_") for part in _key_parts(key))]
         batch = batch.exclude(*private) if private else batch

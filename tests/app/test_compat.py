@@ -471,3 +471,46 @@ def test_loading_a_parallel_envs_state_ends_at_a_workers_death_not_after_its_tim
     finally:
         with contextlib.suppress(RuntimeError):  # TorchRL's close reports the dead worker again
             env.close(raise_if_closed=False)
+
+
+def test_a_rounds_steps_stack_as_torch_stacks_them():
+    """compat.tensordict.stack_steps against ``torch.stack(steps, dim=-1)``: plain steps with a nested tensordict
+    (one with a batch dimension of its own) entry by entry, and the cases it hands to torch.stack (a non-tensor entry,
+    steps whose entries differ) with torch.stack's result."""
+    import torch
+    from tensordict import NonTensorData, TensorDict
+
+    from compat.tensordict import stack_steps
+
+    def step(i: int, **extra) -> TensorDict:
+        generator = torch.Generator().manual_seed(i)
+        return TensorDict(
+            {
+                "observation": torch.randn(4, 3, generator=generator),
+                "action": torch.randint(2, (4,), generator=generator),
+                "next": {"reward": torch.randn(4, 1, generator=generator), "done": torch.zeros(4, 1, dtype=torch.bool)},
+                "recurrent": TensorDict({"h": torch.randn(4, 2, 5, generator=generator)}, batch_size=[4, 2]),
+                **extra,
+            },
+            batch_size=[4],
+        )
+
+    def same(ours, theirs):
+        assert ours.batch_size == theirs.batch_size and type(ours) is type(theirs)
+        assert set(ours.keys(True, True)) == set(theirs.keys(True, True))
+        for key in theirs.keys(True, True, is_leaf=lambda cls: issubclass(cls, torch.Tensor)):
+            assert torch.equal(ours[key], theirs[key]), key
+        for key in theirs.keys(True):
+            if isinstance(theirs.get(key), TensorDict):
+                assert ours.get(key).batch_size == theirs.get(key).batch_size, key
+
+    steps = [step(i) for i in range(5)]
+    stacked = stack_steps(steps)
+    same(stacked, torch.stack(steps, dim=-1))
+    assert stacked.batch_size == (4, 5) and stacked.get("recurrent").batch_size == (4, 5, 2)
+    assert stacked["observation"].data_ptr() != steps[0]["observation"].data_ptr()  # copies, as torch.stack's
+    with_text = [step(i, note=NonTensorData("x", batch_size=[4])) for i in range(3)]
+    same(stack_steps(with_text), torch.stack(with_text, dim=-1))
+    uneven = [step(0), step(1, extra=torch.zeros(4))]
+    with pytest.raises(RuntimeError):  # torch.stack's own refusal of steps whose entries differ
+        stack_steps(uneven)
