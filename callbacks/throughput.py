@@ -69,8 +69,9 @@ class ThroughputReport(Callback):
         report_dir: folder for the report; default the trainer's ``log_dir`` (``default_root_dir`` without a logger).
         name: stem of the report's file names.
         log_every_n_steps: updates between logged rates.
-        skip_first_steps: training steps left out of the steady-state figures (collector start-up, compilation,
-            replay warm-up). The whole-run figures include them.
+        skip_first_steps: updates (Lightning's steps, as ``max_steps`` counts them) left out of the steady-state
+            figures (collector start-up, compilation, replay warm-up): the steady state starts at the end of the
+            training step that reaches them. The whole-run figures include them.
         plots: also draw the phase breakdown and the learning curve (matplotlib).
         cuda_sync: synchronise the GPU at phase boundaries (sets ``datamodule.timer.cuda_sync``), so that
             asynchronous GPU work is charged to the phase that launched it. Off by default: each sync stalls the
@@ -156,7 +157,8 @@ class ThroughputReport(Callback):
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any) -> None:
         self._steps += 1
         self._last_step_end = self._snapshot(trainer)
-        if self._steps == self.skip_first_steps:
+        # Counted in updates (Lightning's steps, as max_steps counts them): a training step may take several.
+        if self._steady is None and trainer.global_step - self._start["updates"] >= self.skip_first_steps:
             self._steady = self._last_step_end
         if self._steady is not None and self._beside:
             self._time_beside(trainer)
@@ -448,7 +450,7 @@ def to_markdown(report: dict[str, Any]) -> str:
         *_background_lines(report.get("background_phases_s")),
         *_bare_lines(report.get("bare_update"), "steady state" if steady else "this process"),
         "",
-        f"| | this process | steady state (after {report['skip_first_steps']} steps) | whole run |",
+        f"| | this process | steady state (after {report['skip_first_steps']} updates) | whole run |",
         "|---|---:|---:|---:|",
         *(f"| {label} | {show(this)} | {show(steady) if steady else 'n/a'} | {show(whole)} |" for label, show in rows),
         *_rank_lines(report.get("per_rank")),

@@ -11,6 +11,7 @@ bare arithmetic by ``benchmarks/update_cost.py`` (docs/results/snake.md, "The up
 from __future__ import annotations
 
 import re
+import time
 import types
 import warnings
 from collections.abc import Callable, Iterator
@@ -288,8 +289,14 @@ class RLModule(pl.LightningModule):
                 f"--trainer.precision {self.trainer.precision}: a gradient scaler is not supported by the model's "
                 "own update step; use bf16-mixed (same speed on GPUs with bf16 tensor cores, no scaler needed)"
             )
-        # The updates a Lightning step ends after: logging steps and those a step-scheduled ModelCheckpoint saves at.
-        self._step_ends = [self.trainer.log_every_n_steps, *checkpoint_step_intervals(self.trainer)]
+        # The updates a Lightning step ends after: logging steps (the trainer's, and a callback's own, as the
+        # throughput report's rates), and those a step-scheduled ModelCheckpoint saves at.
+        logging = [self.trainer.log_every_n_steps, *callback_intervals(self.trainer, "log_every_n_steps")]
+        self._step_ends = [*logging, *checkpoint_step_intervals(self.trainer)]
+        # The frame intervals callbacks act at (evaluations, checkpoints, videos), and whether a step may go on to
+        # rounds it collects itself (training_step).
+        self._frame_ends = callback_intervals(self.trainer, "every_n_frames")
+        self._rounds_join_steps = rounds_may_join_steps(self.trainer)
         # Lightning's wrapper keeps the step bookkeeping; the step itself runs the fused kernels on its optimizer.
         self._lightning_optimizer = self.optimizers()
         self._optimizer_step = FusedAdamStep(self._lightning_optimizer.optimizer, self.optim.max_grad_norm)
@@ -319,21 +326,27 @@ class RLModule(pl.LightningModule):
 
         One Lightning step also takes every further update the data module has batches ready for without collecting
         (``batches_ready``: the rest of a replay round, whose batches a collection earns together, or of a rollout's
-        minibatches): Lightning's own per-step work (its loop, hooks and logger connector; docs/history/snake.md, "The
-        update against its bare arithmetic: from the first figures to the current ones") is then paid once per
-        collection, not once per update. Such a step still ends at a logging step, at a step a
-        ``ModelCheckpoint(every_n_train_steps=N)`` saves at, and at ``max_steps``, and ``global_step`` counts updates.
+        minibatches), and then further rounds it collects itself, for up to :data:`STEP_SECONDS` (small rounds of one
+        update each, a frame of SAC's or a rollout of A2C's): Lightning's own per-step work (its loop, hooks, logger
+        connector and data fetcher; docs/history/snake.md, "The update against its bare arithmetic: from the first
+        figures to the current ones") is then paid once for them. Such a step still ends at a logging step, at a step
+        a ``ModelCheckpoint(every_n_train_steps=N)`` saves at, at ``max_steps``, after a round that reached a frame a
+        callback acts at (``every_n_frames``), and at a stop, so every callback sees what it would after one round a
+        step, and ``global_step`` counts updates.
         """
-        updates_before = self.global_step
-        # The step's first batches come through Lightning's iterator (which collects when nothing is ready); the rest
-        # are the data module's, already drawn.
-        batches = [next(dataloader_iter)[0] for _ in range(self.optim.accumulate_grad_batches)]
-        self.follow_frames()
+        updates_before, frames_before, started = self.global_step, self.datamodule.frames, time.perf_counter()
         while True:
-            loss = self._update_and_log(batches)
-            if not self._next_update_in_this_step():
+            # A round's first batches come through Lightning's iterator (which collects when nothing is ready); the
+            # rest of the round's are the data module's, already drawn.
+            batches = [next(dataloader_iter)[0] for _ in range(self.optim.accumulate_grad_batches)]
+            self.follow_frames()
+            while True:
+                loss = self._update_and_log(batches)
+                if not self._next_update_in_this_step():
+                    break
+                batches = [self.datamodule.next_ready_batch() for _ in range(self.optim.accumulate_grad_batches)]
+            if not self._next_round_in_this_step(frames_before, started):
                 break
-            batches = [self.datamodule.next_ready_batch() for _ in range(self.optim.accumulate_grad_batches)]
         # Lightning counts one "batch that stepped" per training_step and logs metrics at that count: keep it equal to
         # the update count (metrics.csv's step column, and the logging steps, in updates as before).
         count_batches_stepped(self.trainer, self.global_step - updates_before - 1)
@@ -350,6 +363,22 @@ class RLModule(pl.LightningModule):
         if trainer.max_steps >= 0 and update >= trainer.max_steps:
             return False
         return all(every <= 0 or update % every != 0 for every in self._step_ends)
+
+    def _next_round_in_this_step(self, frames_before: int, started: float) -> bool:
+        """Whether this step, having taken every update its rounds had ready, collects the next round too: on one
+        rank, with callbacks that all keep their schedules this way (:func:`rounds_may_join_steps`), within
+        :data:`STEP_SECONDS` of the step's start, at none of the step ends of :meth:`_next_update_in_this_step`, and
+        with no frame a callback acts at reached since the step began (``frames_before``)."""
+        if not self._rounds_join_steps or time.perf_counter() - started > STEP_SECONDS:
+            return False
+        update, trainer, frames = self.global_step, self.trainer, self.datamodule.frames
+        if trainer.should_stop or trainer.received_sigterm:
+            return False
+        if trainer.max_steps >= 0 and update >= trainer.max_steps:
+            return False
+        if any(every > 0 and update % every == 0 for every in self._step_ends):
+            return False
+        return all(frames // every == frames_before // every for every in self._frame_ends)
 
     def _update_and_log(self, batches: list[TensorDictBase]) -> torch.Tensor:
         """The agent's :meth:`update` on ``batches`` (timed), its finiteness check, and its metrics."""
@@ -488,6 +517,36 @@ class RLModule(pl.LightningModule):
         # The specs are rebuilt from the config on load; pickled spec objects would not load with weights_only.
         checkpoint.get("hyper_parameters", {}).pop("observation_spec", None)
         checkpoint.get("hyper_parameters", {}).pop("action_spec", None)
+
+
+#: How long a Lightning step goes on collecting rounds of its own (:meth:`Agent.training_step`): a small share of a
+#: second, so that the progress bar, ``max_time`` and a stop act about as soon as with one round a step.
+STEP_SECONDS = 0.05
+
+
+def callback_intervals(trainer: pl.Trainer, name: str) -> list[int]:
+    """The schedules ``name`` of the trainer's callbacks that keep one: ``every_n_frames`` (evaluations, videos,
+    ``FrameCheckpoint``), ``log_every_n_steps`` (the throughput report's rates)."""
+    intervals = (getattr(callback, name, None) for callback in trainer.callbacks)
+    return [every for every in intervals if isinstance(every, int) and every > 0]
+
+
+def rounds_may_join_steps(trainer: pl.Trainer) -> bool:
+    """Whether one Lightning step may take several rounds it collects: on one rank (DDP's ranks keep their steps in
+    step), and where every callback that acts at a step's end or start is one whose schedule such steps keep —
+    Lightning's own (steps, time) and this project's (``callbacks/``: frames, steps, time) — not a callback of
+    unknown schedule, which gets one round a step as before."""
+    if trainer.world_size > 1:
+        return False
+    for callback in trainer.callbacks:
+        hooks_steps = any(
+            getattr(type(callback), hook) is not getattr(pl.Callback, hook)
+            for hook in ("on_train_batch_end", "on_train_batch_start")
+        )
+        known = type(callback).__module__.split(".")[0] in ("lightning", "callbacks")
+        if hooks_steps and not known:
+            return False
+    return True
 
 
 def check_weights_fit(saved: dict[str, Any], own: dict[str, Any], strict: bool = True) -> None:

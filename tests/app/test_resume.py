@@ -286,6 +286,76 @@ def test_a_step_takes_every_update_a_collection_earns_and_logs_and_resumes_in_up
     assert all(row["train/epsilon"] for row in rows if row["train/loss"])
 
 
+class EveryStep(pl.Callback):
+    """A callback of this test file that acts at every step's end: a step then takes one round (a callback of
+    unknown schedule), and it sees the frames after each."""
+
+    def __init__(self) -> None:
+        self.frames: list[int] = []
+
+    def on_train_batch_end(self, trainer, pl_module, *args):
+        self.frames.append(trainer.datamodule.frames)
+
+
+@pytest.mark.slow
+def test_a_step_takes_several_one_update_rounds_and_the_run_is_the_one_of_one_round_a_step(tmp_path, monkeypatch):
+    """The shipped Pendulum SAC config (a round of one frame and one update) for 240 updates after a 60-frame
+    warm-up, evaluations every 50 frames, checkpoints every 70, metrics every 40 updates: in Lightning steps of
+    several rounds, and of one round each as before (``STEP_SECONDS`` below zero). The same weights, evaluations at
+    the same frames and updates with the same returns, checkpoints at the same updates, the same metrics rows, in a
+    fraction of the steps; with a callback of unknown schedule, one round a step again."""
+    import yaml
+
+    import modules.base
+
+    config = yaml.safe_load((ROOT / "configs/gym/pendulum_sac.yaml").read_text())
+    checkpoints, evaluation, throughput = config["trainer"]["callbacks"]
+    checkpoints["init_args"]["every_n_frames"] = 70
+    evaluation["init_args"].update(every_n_frames=50, episodes=2)
+    path = write_config(config, tmp_path / "pendulum_sac.yaml")
+
+    def run(name: str, step_seconds: float, *extra: str):
+        monkeypatch.setattr(modules.base, "STEP_SECONDS", step_seconds)
+        cli = fit(
+            path,
+            *("--trainer.max_steps", "240", "--data.init_args.warmup_frames", "60"),
+            *("--trainer.log_every_n_steps", "40", "--trainer.enable_progress_bar", "false"),
+            *("--trainer.logger.init_args.save_dir", str(tmp_path / name), *extra),
+        )
+        callbacks = {type(callback).__name__: callback for callback in cli.trainer.callbacks}
+        history = [
+            {key: value for key, value in point.items() if key != "time_s"}
+            for point in callbacks["PeriodicEvaluation"].history
+        ]
+        return {
+            "weights": {key: value.clone() for key, value in cli.model.state_dict().items()},
+            "evaluations": history,
+            "checkpoints": sorted(callbacks["FrameCheckpoint"]._written),
+            "rows": [
+                {key: value for key, value in row.items() if not key.startswith(("throughput/", "time/", "eval/time"))}
+                for row in metrics_rows(tmp_path / name / "gym_pendulum_sac/version_0")
+            ],
+            "steps": cli.trainer.fit_loop.epoch_loop.batch_progress.total.completed,
+            "cli": cli,
+        }
+
+    joined, alone = run("joined", 10.0), run("alone", -1.0)
+    for key in ("evaluations", "checkpoints", "rows"):
+        assert joined[key] == alone[key], key
+    for key, value in alone["weights"].items():
+        assert torch.equal(joined["weights"][key], value), key
+    # The warm-up's round ends at frame 60 with the first update, then a frame an update: at the start, after the
+    # rounds that reach each multiple of 50 frames, at the end (frame 299); checkpoints at frames 70, 140, 210, 280.
+    evaluated = [(point["frames"], point["updates"]) for point in alone["evaluations"]]
+    assert evaluated == [(0, 0), (60, 1), (100, 41), (150, 91), (200, 141), (250, 191), (299, 240)]
+    assert alone["checkpoints"] == [11, 81, 151, 221, 240]
+    assert alone["steps"] == 240 and joined["steps"] < 240 / 4
+    # A callback this project does not know: one round a step, each seen.
+    every_step = run("every_step", 10.0, "--trainer.callbacks+=tests.app.test_resume.EveryStep")
+    watcher = next(callback for callback in every_step["cli"].trainer.callbacks if isinstance(callback, EveryStep))
+    assert every_step["steps"] == 240 and watcher.frames == list(range(60, 300))
+
+
 @pytest.mark.slow
 def test_resume_from_a_mid_run_checkpoint_rewrites_the_lost_rows_exactly(tmp_path):
     # A run checkpointed every 256 frames, resumed from its checkpoint of update 50 (the step whose rollout passed 512

@@ -179,7 +179,7 @@ def test_phases_rates_and_report_files_from_a_driven_clock(tmp_path, clock, caps
     assert sum(value for key, value in window.items() if key.startswith("time/")) == approx(1.0)
 
     markdown = (tmp_path / "logs" / "throughput.md").read_text()
-    assert "| | this process | steady state (after 1 steps) | whole run |" in markdown
+    assert "| | this process | steady state (after 1 updates) | whole run |" in markdown
     assert f"| frames/s | {100 * world_size} | {180 * world_size} | {100 * world_size} |" in markdown
     assert "| update | 1.50 s (16.7 %) | 1.00 s (25.0 %) | 1.50 s (16.7 %) |" in markdown
     assert "| eval | 1.00 s (11.1 %) | 0.00 s (0.0 %) | 1.00 s (11.1 %) |" in markdown
@@ -572,6 +572,7 @@ def test_a_failing_bare_update_yardstick_leaves_the_run_and_its_report(tmp_path,
             "--trainer.max_steps", "12",
             "--trainer.callbacks+=callbacks.throughput.ThroughputReport",
             "--trainer.callbacks.skip_first_steps", "2",
+            "--trainer.callbacks.log_every_n_steps", "4",  # steps end at updates 4 and 8: a steady state after 2
         )  # fmt: skip
     assert cli.trainer.global_step == 12
     report = json.loads((tmp_path / "out" / "throughput.json").read_text())
