@@ -442,21 +442,27 @@ def test_the_yardstick_reads_what_an_independent_update_of_the_same_arithmetic_c
         for i in range(20):  # first allocations, as the yardstick's first slice does
             probe(i)
         yardstick.slice_ms(0.05)  # its first slice draws its batches and warms up
-        # Each side's CPU time per update (this thread's: on one torch thread it does all the arithmetic), so that a
-        # neighbour that takes the core now and then, as the suite's other worker does, costs neither side.
-        ratios = []
-        for _ in range(9):
-            calls, start = yardstick.calls, time.thread_time()
-            yardstick.slice_ms(0.1)
-            bare = (time.thread_time() - start) / (yardstick.calls - calls)
-            calls, start, wall = 0, time.thread_time(), time.perf_counter()
-            while time.perf_counter() - wall < 0.1:
-                probe(calls)
-                calls += 1
-            ratios.append(bare / ((time.thread_time() - start) / calls))
+        ratios = alternated_ratios(yardstick, probe, pairs=9, seconds=0.1)
     finally:
         torch.set_num_threads(threads)
     assert 0.9 <= statistics.median(ratios) <= 1.1, ratios
+
+
+def alternated_ratios(yardstick: BareYardstick, probe, pairs: int, seconds: float) -> list[float]:
+    """The yardstick's time per update over ``probe``'s, in ``pairs`` alternating slices of ``seconds`` each. Each
+    side's CPU time per update (this thread's: on one torch thread it does all the arithmetic), so that a neighbour
+    that takes the core now and then, as the suite's other worker does, costs neither side."""
+    ratios = []
+    for _ in range(pairs):
+        calls, start = yardstick.calls, time.thread_time()
+        yardstick.slice_ms(seconds)
+        bare = (time.thread_time() - start) / (yardstick.calls - calls)
+        calls, start, wall = 0, time.thread_time(), time.perf_counter()
+        while time.perf_counter() - wall < seconds:
+            probe(calls)
+            calls += 1
+        ratios.append(bare / ((time.thread_time() - start) / calls))
+    return ratios
 
 
 def nature_cnn_probe(batch_size: int, actions: int, seed: int = 0):
@@ -540,16 +546,7 @@ def test_the_yardstick_of_an_atari_dqn_reads_what_an_independent_cnn_update_cost
         torch.set_num_threads(1)
         for i in range(3):
             probe(i)
-        ratios = []
-        for _ in range(5):  # each side's CPU time per update on this thread (as in the test above)
-            calls, start = yardstick.calls, time.thread_time()
-            yardstick.slice_ms(0.3)
-            bare = (time.thread_time() - start) / (yardstick.calls - calls)
-            calls, start, wall = 0, time.thread_time(), time.perf_counter()
-            while time.perf_counter() - wall < 0.3:
-                probe(calls)
-                calls += 1
-            ratios.append(bare / ((time.thread_time() - start) / calls))
+        ratios = alternated_ratios(yardstick, probe, pairs=5, seconds=0.3)
         assert yardstick.threads == 1
     finally:
         torch.set_num_threads(threads)
