@@ -505,7 +505,7 @@ def _bare_lines(bare: dict | None, over: str) -> list[str]:
 
 
 def _threads(bare: dict) -> str:
-    """ "1 thread", "2 threads": the torch threads the bare update ran on (the run's; reports from before they were
-    recorded ran it on one)."""
+    """The torch threads the bare update ran on, as "1 thread" or "2 threads" (the run's; a report from before they
+    were recorded ran it on one)."""
     threads = bare.get("threads", 1)
     return f"{threads} thread{'s' if threads != 1 else ''}"

@@ -196,8 +196,8 @@ class Collection:
         ``collect_steps``, or with ``steps`` (for rounds no update waits on: the warm-up) a round of that many steps of
         every environment, where the strategy steps its environments from this process; the others collect their
         usual round. Those rounds are stepped on the collector's carrier (:func:`compat.torchrl.round_on_carrier`):
-        the same steps as its own rounds, to the bit, without its per-round bookkeeping, which cost about a seventh
-        of a CartPole A2C round of 8 copies x 5 steps (docs/results/gymnasium.md)."""
+        the same steps as its own rounds, to the bit, without its per-round bookkeeping, a noticeable share of a
+        round of a few small steps (docs/results/gymnasium.md measures it)."""
         try:
             if self.rounds_of_any_length:
                 batch = round_on_carrier(self.collector, steps or self._data.collect_steps)

@@ -519,7 +519,7 @@ class RLModule(pl.LightningModule):
         checkpoint.get("hyper_parameters", {}).pop("action_spec", None)
 
 
-#: How long a Lightning step goes on collecting rounds of its own (:meth:`Agent.training_step`): a small share of a
+#: How long a Lightning step goes on collecting rounds of its own (:meth:`RLModule.training_step`): a small share of a
 #: second, so that the progress bar, ``max_time`` and a stop act about as soon as with one round a step.
 STEP_SECONDS = 0.05
 
