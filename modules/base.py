@@ -352,32 +352,31 @@ class RLModule(pl.LightningModule):
         count_batches_stepped(self.trainer, self.global_step - updates_before - 1)
         return loss
 
-    def _next_update_in_this_step(self) -> bool:
-        """Whether the next update joins this Lightning step: its batches are ready without collecting, and this step
-        has not reached a logging step (Lightning writes the logged metrics at the end of the step), a step a
-        step-scheduled ``ModelCheckpoint`` saves at, or ``max_steps``, and no stop (SIGTERM included) is due."""
+    def _step_ends_here(self) -> bool:
+        """Whether this Lightning step ends after the update just taken: a stop is due (SIGTERM included), or it has
+        reached ``max_steps``, a logging step (Lightning writes the logged metrics at the end of the step) or a step a
+        step-scheduled ``ModelCheckpoint`` saves at."""
         update, trainer = self.global_step, self.trainer
-        ready = self.datamodule.batches_ready >= self.optim.accumulate_grad_batches
-        if not ready or trainer.should_stop or trainer.received_sigterm:  # SIGTERM: stop after this update
-            return False
+        if trainer.should_stop or trainer.received_sigterm:  # SIGTERM: stop after this update
+            return True
         if trainer.max_steps >= 0 and update >= trainer.max_steps:
-            return False
-        return all(every <= 0 or update % every != 0 for every in self._step_ends)
+            return True
+        return any(every > 0 and update % every == 0 for every in self._step_ends)
+
+    def _next_update_in_this_step(self) -> bool:
+        """Whether the next update joins this Lightning step: its batches are ready without collecting, and the step
+        does not end here (:meth:`_step_ends_here`)."""
+        ready = self.datamodule.batches_ready >= self.optim.accumulate_grad_batches
+        return ready and not self._step_ends_here()
 
     def _next_round_in_this_step(self, frames_before: int, started: float) -> bool:
         """Whether this step, having taken every update its rounds had ready, collects the next round too: on one
         rank, with callbacks that all keep their schedules this way (:func:`rounds_may_join_steps`), within
-        :data:`STEP_SECONDS` of the step's start, at none of the step ends of :meth:`_next_update_in_this_step`, and
-        with no frame a callback acts at reached since the step began (``frames_before``)."""
-        if not self._rounds_join_steps or time.perf_counter() - started > STEP_SECONDS:
+        :data:`STEP_SECONDS` of the step's start, where the step does not end (:meth:`_step_ends_here`), and with no
+        frame a callback acts at reached since the step began (``frames_before``)."""
+        if not self._rounds_join_steps or time.perf_counter() - started > STEP_SECONDS or self._step_ends_here():
             return False
-        update, trainer, frames = self.global_step, self.trainer, self.datamodule.frames
-        if trainer.should_stop or trainer.received_sigterm:
-            return False
-        if trainer.max_steps >= 0 and update >= trainer.max_steps:
-            return False
-        if any(every > 0 and update % every == 0 for every in self._step_ends):
-            return False
+        frames = self.datamodule.frames
         return all(frames // every == frames_before // every for every in self._frame_ends)
 
     def _update_and_log(self, batches: list[TensorDictBase]) -> torch.Tensor:
