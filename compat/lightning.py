@@ -108,6 +108,29 @@ def optimizer_step_with_hooks(optimizer: LightningOptimizer, step: Callable[[], 
     return result
 
 
+def backward_is_plain(trainer: pl.Trainer, module: pl.LightningModule) -> bool:
+    """Whether ``module.manual_backward(loss)`` would do no more than ``loss.backward()``: Lightning 2.6 runs around it
+    the strategy's ``pre_backward``/``post_backward`` (DDP's gradient all-reduce), the precision plugin's (scaling),
+    every callback's and the module's ``on_before_backward``/``on_after_backward`` hooks (each callback's under the
+    profiler) and the module's ``backward``: plain when the strategy is one device's, the precision full, the
+    profiler Lightning's pass-through and none of those hooks or ``backward`` overridden. Each hook call costs its
+    Python whether the hook does anything or not, twice per update on a loop of small ones."""
+    from lightning.pytorch.plugins.precision import Precision
+    from lightning.pytorch.profilers import PassThroughProfiler
+    from lightning.pytorch.strategies import SingleDeviceStrategy
+
+    hooks = ("on_before_backward", "on_after_backward")
+    if type(trainer.strategy) is not SingleDeviceStrategy or type(trainer.precision_plugin) is not Precision:
+        return False
+    if type(trainer.profiler) is not PassThroughProfiler:
+        return False
+    if type(module).backward is not pl.LightningModule.backward:
+        return False
+    if any(getattr(type(module), hook) is not getattr(pl.LightningModule, hook) for hook in hooks):
+        return False
+    return all(getattr(type(c), hook) is getattr(pl.Callback, hook) for c in trainer.callbacks for hook in hooks)
+
+
 def checkpoint_step_intervals(trainer: pl.Trainer) -> list[int]:
     """The ``every_n_train_steps`` of the trainer's ``ModelCheckpoint`` callbacks that save on a step schedule."""
     # ModelCheckpoint._every_n_train_steps (private; lightning 2.6.6): the interval given to its constructor.

@@ -75,7 +75,7 @@ def _stacked_entries(steps: list[Any], dim: int) -> TensorDict | None:
     for key, value in entries[0].items():
         values = [step.get(key) for step in entries]
         if isinstance(value, torch.Tensor) and all(isinstance(other, torch.Tensor) for other in values):
-            out[key] = torch.stack(values, dim)
+            out[key] = torch.stack(values, dim) if len(values) > 1 else value.unsqueeze(dim)  # a round of one step
         elif None in values or isinstance(value, torch.Tensor):
             return None
         else:
@@ -85,6 +85,24 @@ def _stacked_entries(steps: list[Any], dim: int) -> TensorDict | None:
             out[key] = nested
     batch = torch.Size([*first.batch_size[:dim], len(steps), *first.batch_size[dim:]])
     return tensordict_unchecked(out, batch, first.device)
+
+
+def tensor_leaves(data: Any, prefix: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], torch.Tensor]] | None:
+    """Every tensor of a plain ``TensorDict`` (nested ones too) with its key path, in the order of ``keys(True,
+    True)``, read from the entries' dicts without the key iterators' per-entry checks; None where any node is not a
+    plain ``TensorDict`` or holds something else than tensors and tensordicts."""
+    if type(data) is not TensorDict:
+        return None
+    out = []
+    for key, value in top_level_entries(data).items():
+        if isinstance(value, torch.Tensor):
+            out.append(((*prefix, key), value))
+            continue
+        nested = tensor_leaves(value, (*prefix, key))
+        if nested is None:
+            return None
+        out.extend(nested)
+    return out
 
 
 def top_level_entries(data: TensorDict) -> dict[str, Any]:

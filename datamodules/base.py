@@ -492,9 +492,18 @@ class RLDataModule(EnvSpecs, Evaluation, pl.LightningDataModule):
         """The next ready batch (see :attr:`batches_ready`)."""
         raise RuntimeError(f"{type(self).__name__} has no batches ready outside its training stream")
 
-    def _batches(self) -> Iterator[TensorDictBase]:
-        """Yield training batches forever; subclasses decide how collected frames turn into batches."""
+    def next_batch(self) -> TensorDictBase:
+        """The next training batch: a ready one, else the first of the next round's (collecting it). Subclasses decide
+        how collected frames turn into batches. The training stream serves these one by one; a model's step that
+        goes on to a further round takes its batches here directly (:meth:`modules.base.RLModule.training_step`),
+        past Lightning's fetcher and DataLoader, whose per-batch wrapping costs about as much as a round of one
+        frame's collection (docs/results/gymnasium.md, "Replay written and drawn entry by entry")."""
         raise NotImplementedError
+
+    def _batches(self) -> Iterator[TensorDictBase]:
+        """Yield training batches forever (:meth:`next_batch`)."""
+        while True:
+            yield self.next_batch()
 
     # ------------------------------------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict[str, Any]:

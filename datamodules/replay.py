@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 import warnings
-from collections.abc import Callable, Container, Iterator
+from collections.abc import Callable, Container
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,7 +23,7 @@ from checkpoints.files import (
     to_plain,
     write_folder_atomically,
 )
-from compat.torchrl import multistep_window, set_multistep_window
+from compat.torchrl import DirectReplay, multistep_window, set_multistep_window
 from datamodules.base import RLDataModule, check_positive, send
 from datamodules.delivery import Round
 from datamodules.frames import FRAME_IDS, FrameStackStore, ring_capacity
@@ -160,6 +160,7 @@ class ReplayDataModule(RLDataModule):
         # The buffer slots of the batches served since the last update (one per batch it accumulates), in order.
         self._served_indices: list[torch.Tensor] = []
         self.buffer: TensorDictReplayBuffer | None = None
+        self.direct_replay: DirectReplay | None = None  # the buffer's writes and uniform draws, entry by entry
         self.frame_store: FrameStackStore | None = None  # the buffer's transform, with store_frames_once
         self._buffer_beside: tuple[int, str] | None = None  # (update, folder) of the buffer just written beside
         self.update_credit = 0.0  # updates earned by collected frames and not yet taken
@@ -195,6 +196,7 @@ class ReplayDataModule(RLDataModule):
                 batch_size=self.batch_size,
                 transform=frames,
             )
+            self.direct_replay = DirectReplay(self.buffer)
 
     def memory_needs(self, device: torch.device) -> list[MemoryNeed]:
         """The replay buffer (``buffer_size`` transitions: both observations, the action, the reward and the flags;
@@ -251,11 +253,10 @@ class ReplayDataModule(RLDataModule):
         its wait for them); None when rounds are made in it."""
         return self.delivery.background_timer
 
-    def _batches(self) -> Iterator[TensorDictBase]:
-        while True:
-            if self.pending is None:
-                self.pending = self._take_round()
-            yield self.next_ready_batch()
+    def next_batch(self) -> TensorDictBase:
+        if self.pending is None:
+            self.pending = self._take_round()
+        return self.next_ready_batch()
 
     def next_ready_batch(self) -> TensorDictBase:
         """The next of the batches already drawn (``batches_ready`` > 0). The training stream serves them one by one;
@@ -320,7 +321,9 @@ class ReplayDataModule(RLDataModule):
         if self.prioritized:
             self.buffer.sampler.beta = self.importance_beta(self.trainer.global_step if self.trainer else 0)
         with timer.phase("sample"):
-            sample = self.buffer.sample(updates * self.batch_size)
+            sample = self.direct_replay.sample(updates * self.batch_size)
+            if sample is None:  # prioritized, a frame store's transform, the first draws
+                sample = self.buffer.sample(updates * self.batch_size)
             # one batch: without a split's pass over its entries
             return [sample] if updates == 1 else list(sample.split(self.batch_size))
 
@@ -366,7 +369,9 @@ class ReplayDataModule(RLDataModule):
             keep = keep.select(*self.batch_keys) if self.batch_keys else keep
         if self.frame_store is None:  # a frame store reads the stacks where they are and sends only what it keeps
             keep = send(keep, self.device)
-        self.buffer.extend(in_round_order(keep, self.collect_steps).reshape(-1))
+        keep = in_round_order(keep, self.collect_steps)
+        if not self.direct_replay.extend(keep):  # the first write allocates the storage: TorchRL's own
+            self.buffer.extend(keep.reshape(-1))
 
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -106,16 +106,15 @@ class RolloutDataModule(RLDataModule):
         self.samples += minibatch.numel()
         return minibatch
 
-    def _batches(self) -> Iterator[TensorDictBase]:
-        while True:
-            if self.rollout is None or self.cursor == self.minibatches_per_rollout:
-                self.rollout = self._units(self.collect())
-                with self.timer.phase("sample"):
-                    n = self.rollout.shape[0]
-                    device = self.rollout.device
-                    self.order = torch.cat([torch.randperm(n, device=device) for _ in range(self.update_epochs)])
-                self.cursor = 0
-            yield self.next_ready_batch()
+    def next_batch(self) -> TensorDictBase:
+        if self.rollout is None or self.cursor == self.minibatches_per_rollout:
+            self.rollout = self._units(self.collect())
+            with self.timer.phase("sample"):
+                n = self.rollout.shape[0]
+                device = self.rollout.device
+                self.order = torch.cat([torch.randperm(n, device=device) for _ in range(self.update_epochs)])
+            self.cursor = 0
+        return self.next_ready_batch()
 
     def _units(self, rollout: TensorDictBase) -> TensorDictBase:
         """The rollout ``[*envs, collect_steps]`` as what minibatches draw from: ``[frames]`` transitions, or

@@ -76,6 +76,9 @@ class DataSource(Protocol):
     def next_ready_batch(self) -> TensorDictBase:
         """The next of the :attr:`batches_ready`."""
 
+    def next_batch(self) -> TensorDictBase:
+        """The next training batch, collecting a round when none is ready (what the training stream serves)."""
+
     def after_update(self, priority: torch.Tensor | None = None) -> None:
         """The hand-back after each update: its per-sample TD errors (new priorities), and the weights pushed where
         the collector keeps its own copy."""

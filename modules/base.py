@@ -28,7 +28,12 @@ from torchrl.data import TensorSpec
 from torchrl.envs import Transform
 
 from checkpoints.files import CheckpointMismatch
-from compat.lightning import checkpoint_step_intervals, count_batches_stepped, optimizer_step_with_hooks
+from compat.lightning import (
+    backward_is_plain,
+    checkpoint_step_intervals,
+    count_batches_stepped,
+    optimizer_step_with_hooks,
+)
 from compat.tensordict import install_from_any_tensor_shortcut
 from compat.torch import foreach_lerp_, inductor_fallback_random, inductor_mode_options
 from datamodules.source import DataSource
@@ -297,6 +302,7 @@ class RLModule(pl.LightningModule):
         # rounds it collects itself (training_step).
         self._frame_ends = callback_intervals(self.trainer, "every_n_frames")
         self._rounds_join_steps = rounds_may_join_steps(self.trainer)
+        self._plain_backward = backward_is_plain(self.trainer, self)  # else through Lightning (loss_backward)
         # Lightning's wrapper keeps the step bookkeeping; the step itself runs the fused kernels on its optimizer.
         self._lightning_optimizer = self.optimizers()
         self._optimizer_step = FusedAdamStep(self._lightning_optimizer.optimizer, self.optim.max_grad_norm)
@@ -335,10 +341,13 @@ class RLModule(pl.LightningModule):
         step, and ``global_step`` counts updates.
         """
         updates_before, frames_before, started = self.global_step, self.datamodule.frames, time.perf_counter()
+        fetch = lambda: next(dataloader_iter)[0]  # noqa: E731
         while True:
-            # A round's first batches come through Lightning's iterator (which collects when nothing is ready); the
-            # rest of the round's are the data module's, already drawn.
-            batches = [next(dataloader_iter)[0] for _ in range(self.optim.accumulate_grad_batches)]
+            # The step's first batches come through Lightning's iterator (which starts the data module's stream and
+            # collects when nothing is ready), a further round's from the data module directly; the rest of a round's
+            # are the data module's, already drawn.
+            batches = [fetch() for _ in range(self.optim.accumulate_grad_batches)]
+            fetch = self.datamodule.next_batch
             self.follow_frames()
             while True:
                 loss = self._update_and_log(batches)
@@ -442,9 +451,10 @@ class RLModule(pl.LightningModule):
             losses = compute(batch, **(loss_inputs(batch) if loss_inputs is not None else {}))
             # Outside the compiled function, so that holding a term back never selects a stale compiled graph.
             loss = self.loss_sum(losses, held)
-            # Through Lightning, which prepares DDP's gradient all-reduce and runs the backward hooks of callbacks.
-            # (With DDP every accumulated backward all-reduces: correct, if not the cheapest.)
-            self.manual_backward(loss if len(batches) == 1 else loss / len(batches))
+            # Through Lightning where it does something around the backward (DDP's gradient all-reduce, a callback's
+            # backward hooks; with DDP every accumulated backward all-reduces: correct, if not the cheapest).
+            scaled = loss if len(batches) == 1 else loss / len(batches)
+            scaled.backward() if self._plain_backward else self.manual_backward(scaled)
             total = loss.detach() if total is None else total + loss.detach()
             td_errors.append(losses.get("td_error", None))
         priorities = None if td_errors[0] is None else td_errors[0] if len(batches) == 1 else torch.cat(td_errors)

@@ -40,7 +40,7 @@ from torchrl.objectives import CrossQLoss
 
 from modules.batch_renorm import BatchRenorm
 from modules.gaussian import tanh_gaussian_sample
-from modules.networks import CriticOptions, EvalModeActor, mlp, q_critic
+from modules.networks import CriticOptions, EvalModeActor, map_tree, mlp, parameter_tree, q_critic
 from modules.optim import OptimizerOptions
 from modules.sac import SAC, ActorOptions
 
@@ -198,6 +198,6 @@ class CrossQ(SAC):
         loss_qvalue = self.critic_terms(batch, alpha)
         observation = batch["observation"]
         new_action, log_prob = self.sample(observation, training=True)
-        critics = crossq.qvalue_network_params["module"].detach()
+        critics = map_tree(torch.Tensor.detach, parameter_tree(crossq.qvalue_network_params["module"]))
         q = critic.ensemble(critics, observation, new_action).amin(0)  # the actor's gradient only
         return self.soft_losses(loss_qvalue, log_prob, q, alpha)

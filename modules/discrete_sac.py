@@ -36,7 +36,7 @@ from torchrl.objectives import DiscreteSACLoss, SoftUpdate
 
 from datamodules.source import DataSource
 from modules.base import RLModule
-from modules.networks import ActorOptions, CriticOptions, ensemble_mlp, observation_mlp
+from modules.networks import ActorOptions, CriticOptions, ensemble_mlp, observation_mlp, parameter_tree
 from modules.optim import OptimizerOptions
 from modules.spaces import DISCRETE, check_action_space, check_flat_observation, observation_entry
 
@@ -190,8 +190,8 @@ class DiscreteSAC(RLModule):
         """Every critic's values of a batch ``[batch, ...]`` at once, ``[critics, batch, actions]``, from ``parameters``
         (the loss module's critics or their targets, stacked): :func:`~modules.networks.ensemble_mlp`."""
         flatten, network = self.qvalue.module  # observation_mlp: the flattening (and cast), then the MLP
-        layers = parameters["1"]
-        x = flatten(observation).expand(layers["0", "weight"].shape[0], -1, -1)
+        layers = parameter_tree(parameters)["1"]
+        x = flatten(observation).expand(layers["0"]["weight"].shape[0], -1, -1)
         return ensemble_mlp(network, layers, x)
 
     def update(self, batches: list) -> tuple[torch.Tensor, Any]:

@@ -13,10 +13,11 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
-from tensordict import TensorDictBase
+from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import TensorDictModule, TensorDictModuleBase
 from torch import nn
 
+from compat.tensordict import top_level_entries
 from compat.torch import is_batch_norm
 from envs.tokens import GLOBAL_LOCATION
 from modules.batch_renorm import BatchRenorm
@@ -171,22 +172,42 @@ class QNetwork(nn.Module):
         return self.ensemble_outputs(parameters, observation, action, training).squeeze(-1)
 
     def ensemble_outputs(
-        self, parameters: TensorDictBase, observation: torch.Tensor, action: torch.Tensor, training: bool = False
+        self, parameters: TensorDictBase | dict, observation: torch.Tensor, action: torch.Tensor, training: bool = False
     ) -> torch.Tensor:
         """:meth:`ensemble` with the outputs' dimension kept: ``[critics, batch, outputs]``."""
+        parameters = parameter_tree(parameters)
         scaled = (action - parameters["centre"].unsqueeze(-2)) / parameters["half_range"].unsqueeze(-2)
         x = torch.cat([observation.expand(scaled.shape[0], *observation.shape), scaled], -1)
         return ensemble_mlp(self.network, parameters["network"], x, training)
 
 
+def parameter_tree(parameters: TensorDictBase | dict) -> dict[str, Any]:
+    """``parameters`` (an ensemble's entries, each stacked over its members: a TorchRL loss module's
+    ``qvalue_network_params["module"]``) as nested plain dicts of the same tensors, which :func:`ensemble_mlp` reads
+    like the tensordict. Its forward reads a few dozen entries an update, each a tensordict lookup with its checks,
+    where a dict's costs next to nothing: a loop of small updates pays the difference twice over once the update's
+    arithmetic has left the CPU's caches (docs/results/gymnasium.md, "Replay written and drawn entry by entry")."""
+    if isinstance(parameters, dict):
+        return parameters
+    entries = top_level_entries(parameters) if type(parameters) is TensorDict else dict(parameters.items())
+    return {key: value if isinstance(value, torch.Tensor) else parameter_tree(value) for key, value in entries.items()}
+
+
+def map_tree(function: Callable[[torch.Tensor], torch.Tensor], tree: dict[str, Any]) -> dict[str, Any]:
+    """:func:`parameter_tree`'s ``tree`` with ``function`` applied to each tensor (``torch.Tensor.detach``: the
+    critics held fixed for the actor's loss, as ``TensorDict.detach`` holds them)."""
+    return {key: map_tree(function, x) if isinstance(x, dict) else function(x) for key, x in tree.items()}
+
+
 def ensemble_mlp(
-    network: nn.Sequential, parameters: TensorDictBase, x: torch.Tensor, training: bool = False
+    network: nn.Sequential, parameters: TensorDictBase | dict, x: torch.Tensor, training: bool = False
 ) -> torch.Tensor:
     """:func:`mlp` ``network`` run with an ensemble's weights at once: ``parameters`` holds its entries stacked over
-    the ensemble (a TorchRL loss module's ``qvalue_network_params``), ``x`` is ``[members, batch, features]``, and each
-    linear layer is one batched matmul over the members, what ``vmap`` of the network computes without its Python.
-    ``training``: batch renormalisation layers normalise with the batch's statistics and update their running ones
-    (CrossQ's critics); else with the running ones."""
+    the ensemble (a TorchRL loss module's ``qvalue_network_params``, or its :func:`parameter_tree`), ``x`` is
+    ``[members, batch, features]``, and each linear layer is one batched matmul over the members, what ``vmap`` of the
+    network computes without its Python. ``training``: batch renormalisation layers normalise with the batch's
+    statistics and update their running ones (CrossQ's critics); else with the running ones."""
+    parameters = parameter_tree(parameters)
     for index, layer in enumerate(network):
         entries = parameters[str(index)] if isinstance(layer, nn.Linear | BatchRenorm) else None
         if isinstance(layer, nn.Linear):

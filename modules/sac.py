@@ -40,7 +40,7 @@ from datamodules.source import DataSource
 from modules.actors import TanhNormalActor
 from modules.base import RLModule
 from modules.gaussian import tanh_gaussian_sample
-from modules.networks import CriticOptions, ScaledTanhPolicy, check_widths, mlp, q_critic
+from modules.networks import CriticOptions, ScaledTanhPolicy, check_widths, map_tree, mlp, parameter_tree, q_critic
 from modules.optim import OptimizerOptions
 from modules.spaces import BOX, check_action_space, check_bounded, check_flat_observation, model_name, observation_entry
 
@@ -417,7 +417,8 @@ class SAC(RLModule):
             target = following["reward"].squeeze(-1) + self.gamma * continues * next_value
         loss_qvalue = (critic.ensemble(critics, observation, action) - target).pow(2).sum(0).mean()
         new_action, log_prob = self.sample(observation)
-        q = critic.ensemble(critics.detach(), observation, new_action).amin(0)  # the actor's gradient only
+        held = map_tree(torch.Tensor.detach, parameter_tree(critics))  # the actor's gradient only
+        q = critic.ensemble(held, observation, new_action).amin(0)
         return self.soft_losses(loss_qvalue, log_prob, q, alpha)
 
     def soft_losses(

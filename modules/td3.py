@@ -33,7 +33,7 @@ from torchrl.objectives import TD3Loss
 from datamodules.source import DataSource
 from modules.base import RLModule
 from modules.exploration import BoxExploration
-from modules.networks import ActorOptions, CriticOptions, ScaledTanhPolicy, mlp, q_critic
+from modules.networks import ActorOptions, CriticOptions, ScaledTanhPolicy, map_tree, mlp, parameter_tree, q_critic
 from modules.optim import OptimizerOptions
 from modules.spaces import BOX, check_action_space, check_bounded, check_flat_observation, model_name, observation_entry
 
@@ -180,7 +180,7 @@ class TD3(RLModule):
         batched matmul a layer (:meth:`~modules.networks.QNetwork.ensemble`) where its forward spends most of a small
         update in ``vmap`` and TensorDict plumbing."""
         critics = self.loss_module.qvalue_network_params["module"]
-        first = critics.detach()[:1]  # Q₁ only, its parameters held fixed: the actor's gradient alone
+        first = map_tree(lambda entry: entry.detach()[:1], parameter_tree(critics))  # Q₁ only, held fixed
         q = self.qvalue.module.ensemble(first, batch["observation"], self.actor.module(batch["observation"]))
         losses = self.critic_loss(batch)
         losses["loss_actor"] = -q.mean()

@@ -29,7 +29,7 @@ from tensordict.nn import TensorDictModule
 from torchrl.data import TensorSpec
 from torchrl.objectives import TQCLoss
 
-from modules.networks import CriticOptions, q_critic
+from modules.networks import CriticOptions, map_tree, parameter_tree, q_critic
 from modules.optim import OptimizerOptions
 from modules.quantiles import quantile_huber
 from modules.sac import SAC, ActorOptions, BCTermOptions
@@ -113,5 +113,6 @@ class TQC(SAC):
         loss_qvalue = sum(quantile_huber(q, target).mean() for q in quantiles.unbind(0))
         new_action, log_prob = self.sample(observation)
         # The actor's gradient only: the mean of every critic's quantiles, the critics held fixed.
-        q = critic.ensemble_outputs(critics.detach(), observation, new_action).mean((0, -1))
+        held = map_tree(torch.Tensor.detach, parameter_tree(critics))  # the actor's gradient only
+        q = critic.ensemble_outputs(held, observation, new_action).mean((0, -1))
         return self.soft_losses(loss_qvalue, log_prob, q, alpha)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 
+import lightning.pytorch as pl
 import pytest
 import torch
 from tensordict import TensorDict
@@ -173,3 +174,39 @@ def test_validate_plays_greedy_episodes_from_a_checkpoint(tmp_path):
     # The chain's optimum is +1 in 5 steps; 200 updates are plenty to learn it.
     assert metrics["eval/return_mean"] == pytest.approx(1.0)
     assert metrics["eval/length_mean"] == pytest.approx(5.0)
+
+
+class BackwardWatcher(pl.Callback):
+    """A callback with backward hooks: each update's backward then goes through Lightning, which calls them."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, int]] = []
+
+    def on_before_backward(self, trainer, pl_module, loss):
+        self.calls.append(("before", trainer.global_step))
+
+    def on_after_backward(self, trainer, pl_module):
+        self.calls.append(("after", trainer.global_step))
+
+
+@pytest.mark.parametrize("agent", ["dqn", "ppo"])
+def test_a_backward_past_lightning_trains_as_lightnings_and_hooks_still_run(tmp_path, agent):
+    """Where Lightning would do nothing around the backward (one device, full precision, no backward hooks), the update
+    calls ``loss.backward()`` itself: the same weights after 30 updates as through ``manual_backward``; a callback
+    with backward hooks sends every backward through Lightning again, and its hooks see each update."""
+    from compat.lightning import backward_is_plain
+
+    def run(name: str, *extra: str):
+        config = write_config(chain_config(agent, tmp_path / name), tmp_path / f"{name}.yaml")
+        cli = fit(config, "--trainer.max_steps", "30", "--trainer.enable_progress_bar", "false", *extra)
+        return cli, {key: value.clone() for key, value in cli.model.state_dict().items()}
+
+    plain, plain_weights = run("plain")
+    assert backward_is_plain(plain.trainer, plain.model) and plain.model._plain_backward
+    hooked, hooked_weights = run("hooked", "--trainer.callbacks+=tests.agents.test_lightning_features.BackwardWatcher")
+    assert not hooked.model._plain_backward
+    watcher = next(callback for callback in hooked.trainer.callbacks if isinstance(callback, BackwardWatcher))
+    assert watcher.calls == [(when, update) for update in range(30) for when in ("before", "after")]
+    assert plain_weights.keys() == hooked_weights.keys()
+    for key, value in plain_weights.items():
+        assert torch.equal(hooked_weights[key], value), key

@@ -240,3 +240,83 @@ def test_rounds_stepped_on_the_carrier_are_the_collectors_own(config, flags, mon
         for key in expected.keys(True, True):
             assert torch.equal(batch[key], expected[key]), key
     assert frames == their_frames and torch.equal(generator, their_generator)
+
+
+@pytest.mark.parametrize(
+    ("config", "flags", "rounds"),
+    [
+        # one copy, a frame a round after a warm-up of 100 in one long round; 256 slots, so the writes wrap around
+        ("configs/gym/pendulum_sac.yaml", ["--data.init_args.buffer_size", "256"], 200),
+        # 8 copies x 32 steps, 64 updates a round drawn in one call; the warm-up's rounds permuted into round order
+        (
+            "configs/gym/cartpole_dqn.yaml",
+            ["--data.init_args.buffer_size", "1500", "--data.init_args.warmup_frames", "600"],
+            6,
+        ),
+    ],
+)
+def test_replay_written_and_drawn_entry_by_entry_is_torchrls_own(config, flags, rounds, monkeypatch):
+    """Rounds prepared with the replay buffer written and drawn entry by entry (``compat.torchrl.DirectReplay``), as
+    every uniform replay now is, against the same rounds through TorchRL's ``extend`` and ``sample``: the same
+    batches drawn, to the bit and in the same order of entries, the same buffer state (every slot, the writer's
+    cursor and count, the storage's length) and the generator where TorchRL's calls leave it."""
+    from compat.torchrl import DirectReplay
+
+    def prepared(direct: bool):
+        taken = {"extend": 0, "sample": 0}  # calls the direct path served
+        extend, sample = DirectReplay.extend, DirectReplay.sample
+
+        def counted_extend(self, batch):
+            written = extend(self, batch)
+            taken["extend"] += written
+            return written
+
+        def counted_sample(self, count):
+            drawn = sample(self, count)
+            taken["sample"] += drawn is not None
+            return drawn
+
+        monkeypatch.setattr(DirectReplay, "extend", counted_extend if direct else lambda self, batch: False)
+        monkeypatch.setattr(DirectReplay, "sample", counted_sample if direct else lambda self, count: None)
+        torch.manual_seed(0)
+        model, data = build([str(ROOT / config)], flags)
+        data.setup("fit")
+        data.connect(model.policy(), None, model.batch_keys())
+        data._build_collector()
+        try:
+            frames, credit, batches = 0, 0.0, []
+            for _ in range(rounds):
+                round_ = data.prepare_round(frames, credit, data.timer)
+                frames, credit = round_.frames, round_.credit - len(round_.batches)
+                batches += round_.batches
+            state = data.buffer.state_dict()
+        finally:
+            data.collection.teardown()
+            monkeypatch.undo()
+        return batches, state, torch.get_rng_state(), taken
+
+    ours, their = prepared(direct=True), prepared(direct=False)
+    assert ours[3]["extend"] >= rounds - 2 and ours[3]["sample"] >= rounds - 2  # the road each took
+    assert len(ours[0]) == len(their[0]) > 0
+    for batch, expected in zip(ours[0], their[0], strict=True):
+        assert list(batch.keys(True, True)) == list(expected.keys(True, True))
+        for key in expected.keys(True, True):
+            assert torch.equal(batch[key], expected[key]), key
+    assert_same_state(ours[1], their[1])
+    assert torch.equal(ours[2], their[2])
+
+
+def assert_same_state(ours, theirs, where="state"):
+    """Two state dicts equal entry by entry (tensors to the bit, tensordicts leaf by leaf)."""
+    if isinstance(theirs, dict):
+        assert isinstance(ours, dict) and ours.keys() == theirs.keys(), where
+        for key in theirs:
+            assert_same_state(ours[key], theirs[key], f"{where}.{key}")
+    elif isinstance(theirs, torch.Tensor):
+        assert torch.equal(ours, theirs), where
+    elif hasattr(theirs, "keys") and hasattr(theirs, "batch_size"):  # a tensordict
+        assert set(ours.keys(True, True)) == set(theirs.keys(True, True)), where
+        for key in theirs.keys(True, True):
+            assert torch.equal(ours[key], theirs[key]), f"{where}.{key}"
+    else:
+        assert ours == theirs, where
