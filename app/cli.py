@@ -191,6 +191,15 @@ class RLCLI(LightningCLI):
             "raise it on an idle many-core machine.",
         )
         parser.add_argument(
+            "--flush_denormal",
+            type=bool,
+            default=True,
+            help="treat float32 values below 1.2e-38 (subnormals) as zero on the CPU, as XLA and TensorFlow do: "
+            "arithmetic on them runs many times slower on x86, and Adam's running averages of a weight that stopped "
+            "learning decay through them (a third of a small SAC update's time, docs/results/gymnasium.md); false "
+            "keeps IEEE subnormals.",
+        )
+        parser.add_argument(
             "--memory_check",
             type=bool,
             default=True,
@@ -212,6 +221,8 @@ class RLCLI(LightningCLI):
         if threads < 1:
             self.parser.error(f"--threads must be >= 1, got {threads}")
         torch.set_num_threads(threads)
+        # Per thread, and inherited by the threads started after it (torch's intra-op pool, a prefetch thread).
+        torch.set_flush_denormal(bool(config.get("flush_denormal", True)))
         nodes = config["trainer"].get("num_nodes") or 1
         if nodes > 1 and not any(name in os.environ for name in RENDEZVOUS_VARIABLES):
             self.parser.error(

@@ -805,3 +805,17 @@ def test_the_installed_lightrl_command_lists_its_commands_and_trains_cartpole(tm
     run = tmp_path / "runs" / "gym_cartpole_ppo" / "version_0"
     checkpoint = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
     assert checkpoint["global_step"] == 40 and (run / "config.yaml").is_file() and (run / "metrics.csv").is_file()
+
+
+@pytest.mark.parametrize(("flags", "flushed"), [([], True), (["--flush_denormal", "false"], False)])
+def test_subnormal_floats_are_flushed_to_zero_unless_the_flag_keeps_them(flags, flushed):
+    """``--flush_denormal`` (default true) sets the CPU's flush-to-zero modes for the run: a float32 subnormal then
+    reads as zero in arithmetic; with ``false`` it keeps its value."""
+    from app.cli import build
+
+    subnormal = torch.tensor([1e-39])
+    try:
+        build([str(ROOT / "configs/gym/pendulum_sac.yaml")], flags)
+        assert ((subnormal * 1.0).item() == 0.0) == flushed
+    finally:
+        torch.set_flush_denormal(False)  # the test process's other tests run with IEEE subnormals
