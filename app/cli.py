@@ -196,8 +196,7 @@ class RLCLI(LightningCLI):
             default=True,
             help="treat float32 values below 1.2e-38 (subnormals) as zero on the CPU, as XLA and TensorFlow do: "
             "arithmetic on them runs many times slower on x86, and Adam's running averages of a weight that stopped "
-            "learning decay through them (a third of a small SAC update's time, docs/results/gymnasium.md); false "
-            "keeps IEEE subnormals.",
+            "learning decay through them (docs/guide/hardware.md); false keeps IEEE subnormals.",
         )
         parser.add_argument(
             "--memory_check",

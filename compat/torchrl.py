@@ -279,16 +279,15 @@ class DirectReplay:
     """``buffer.extend(batch)`` and ``buffer.sample(n)`` of a ``TensorDictReplayBuffer`` of uniform draws, entry by
     entry: the same slots written, the same counters moved and the same indices drawn from the same generator as
     TorchRL's own calls, for a fraction of their cost. Those calls go through a transform pass, the writer, the
-    storage's generic tensordict assignment and indexing, and the sample's metadata: about 170 µs to write one
-    transition of Pendulum's and 105 µs to draw 256, against about 25 and 30 here, on this project's 2-core CPU; a
-    loop of one frame and one update pays both every frame, at twice those costs once the update's arithmetic has
-    left the CPU's caches (docs/results/gymnasium.md, "Replay written and drawn entry by entry").
+    storage's generic tensordict assignment and indexing, and the sample's metadata, which a loop of one frame and
+    one update pays at every frame (docs/results/gymnasium.md, "Replay written and drawn entry by entry, and
+    subnormal floats flushed").
 
     It applies to the buffer :class:`~datamodules.replay.ReplayDataModule` builds for uniform replay (a
     ``LazyTensorStorage`` of one batch dimension, the round-robin writer, ``RandomSampler``, no transform, no
-    prefetch or pinned memory), once the storage holds its first batch: ``extend`` and ``sample`` return None
-    otherwise (a prioritized sampler, a frame store's transform, a storage not yet allocated, a batch whose entries
-    are not the storage's), and the caller takes TorchRL's own. tests/data/test_replay.py checks both against
+    prefetch or pinned memory), once the storage holds its first batch; elsewhere (a prioritized sampler, a frame
+    store's transform, a storage not yet allocated, a batch whose entries are not the storage's) ``extend`` returns
+    False and ``sample`` None, and the caller takes TorchRL's own. tests/data/test_replay.py checks both against
     TorchRL's calls, slot for slot and draw for draw.
     """
 

@@ -185,8 +185,8 @@ def parameter_tree(parameters: TensorDictBase | dict) -> dict[str, Any]:
     """``parameters`` (an ensemble's entries, each stacked over its members: a TorchRL loss module's
     ``qvalue_network_params["module"]``) as nested plain dicts of the same tensors, which :func:`ensemble_mlp` reads
     like the tensordict. Its forward reads a few dozen entries an update, each a tensordict lookup with its checks,
-    where a dict's costs next to nothing: a loop of small updates pays the difference twice over once the update's
-    arithmetic has left the CPU's caches (docs/results/gymnasium.md, "Replay written and drawn entry by entry")."""
+    where a dict's costs next to nothing (docs/results/gymnasium.md, "Replay written and drawn entry by entry, and
+    subnormal floats flushed")."""
     if isinstance(parameters, dict):
         return parameters
     entries = top_level_entries(parameters) if type(parameters) is TensorDict else dict(parameters.items())
