@@ -110,6 +110,10 @@ class RLModule(pl.LightningModule):
         check_finite_every: updates between checks that the loss is finite. Each check is one host sync on GPU.
     """
 
+    #: Whether the backward skips Lightning's calls around it (set at fit start, :func:`backward_is_plain`); an update
+    #: taken outside fit goes through Lightning.
+    _plain_backward = False
+
     def __init__(
         self,
         observation_spec: Any,
