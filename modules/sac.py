@@ -407,7 +407,8 @@ class SAC(RLModule):
         spends a third of a batch-256 update on a CPU in ``vmap`` and distribution objects (docs/history/gymnasium.md,
         "Against Stable-Baselines3: what changed before the runs of 10:51–18:32")."""
         sac, critic = self.loss_module, self.qvalue.module
-        critics, targets = sac.qvalue_network_params["module"], sac.target_qvalue_network_params["module"]
+        critics = parameter_tree(sac.qvalue_network_params["module"])  # read once, for both passes below
+        targets = sac.target_qvalue_network_params["module"]
         alpha = sac.log_alpha.detach().exp()
         observation, action, following = batch["observation"], batch["action"], batch["next"]
         with torch.no_grad():
@@ -417,7 +418,7 @@ class SAC(RLModule):
             target = following["reward"].squeeze(-1) + self.gamma * continues * next_value
         loss_qvalue = (critic.ensemble(critics, observation, action) - target).pow(2).sum(0).mean()
         new_action, log_prob = self.sample(observation)
-        held = map_tree(torch.Tensor.detach, parameter_tree(critics))  # the actor's gradient only
+        held = map_tree(torch.Tensor.detach, critics)  # the actor's gradient only
         q = critic.ensemble(held, observation, new_action).amin(0)
         return self.soft_losses(loss_qvalue, log_prob, q, alpha)
 

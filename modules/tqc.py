@@ -96,7 +96,7 @@ class TQC(SAC):
         critics; the actor's ``α·log π − mean quantile``; α's loss towards the target entropy. Every critic runs in one
         batched matmul a layer, as in :meth:`SAC.loss <modules.sac.SAC.loss>`."""
         loss_module, critic = self.loss_module, self.qvalue.module
-        critics = loss_module.qvalue_network_params["module"]
+        critics = parameter_tree(loss_module.qvalue_network_params["module"])  # read once, for both passes below
         targets = loss_module.target_qvalue_network_params["module"]
         alpha = loss_module.log_alpha.detach().exp()
         observation, action, following = batch["observation"], batch["action"], batch["next"]
@@ -113,6 +113,6 @@ class TQC(SAC):
         loss_qvalue = sum(quantile_huber(q, target).mean() for q in quantiles.unbind(0))
         new_action, log_prob = self.sample(observation)
         # The actor's gradient only: the mean of every critic's quantiles, the critics held fixed.
-        held = map_tree(torch.Tensor.detach, parameter_tree(critics))  # the actor's gradient only
+        held = map_tree(torch.Tensor.detach, critics)
         q = critic.ensemble_outputs(held, observation, new_action).mean((0, -1))
         return self.soft_losses(loss_qvalue, log_prob, q, alpha)
