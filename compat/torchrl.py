@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import sys
 import time
+from functools import partial
 from typing import Any
 
 import torch
@@ -40,7 +41,7 @@ from torchrl.collectors import Collector, MultiAsyncCollector
 from torchrl.collectors.weight_update import RayWeightUpdater
 from torchrl.data import RandomSampler, TensorDictReplayBuffer, TensorDictRoundRobinWriter, TensorStorage
 from torchrl.data.replay_buffers.storages.utils import _collate_id
-from torchrl.envs import ParallelEnv, Transform
+from torchrl.envs import Compose, EnvBase, ParallelEnv, Transform, TransformedEnv
 from torchrl.envs.utils import set_exploration_type
 from torchrl.weight_update import SharedMemWeightSyncScheme
 from torchrl.weight_update._shared import SharedMemTransport
@@ -93,8 +94,10 @@ PRIVATE_API = (
     ("torchrl.data.TensorDictReplayBuffer", "_sample_dependency", "DirectReplay"),
     ("torchrl.data.replay_buffers.storages.utils", "_collate_id", "DirectReplay"),
     ("torchrl.envs.EnvBase", "_step_proc_data", "StepOutputComplete, FastStepAndMaybeReset"),
-    ("torchrl.envs.EnvBase", "_step_mdp", "FastStepAndMaybeReset"),
+    ("torchrl.envs.EnvBase", "_step_mdp", "FastStepAndMaybeReset, next_step_input"),
     ("torchrl.envs.EnvBase", "_post_step_mdp_hooks", "FastStepAndMaybeReset"),
+    ("torchrl.envs.TransformedEnv", "_post_step_mdp_hooks", "FastTransformedEnv"),
+    ("torchrl.envs.Transform", "_post_step_mdp_hooks", "FastTransformedEnv"),
     ("torchrl.envs.utils", "_StepMDP", "FastStepAndMaybeReset"),
     ("torchrl.collectors.MultiAsyncCollector", "_get_from_queue", "WorkerTaggedAsyncCollector"),
     ("torchrl", "_utils", "install_dead_worker_check"),
@@ -423,6 +426,14 @@ class StepOutputComplete:
         return super()._step_proc_data(next_tensordict) if self.run_type_checks else next_tensordict  # type: ignore[misc]
 
 
+def next_step_input(env: EnvBase, tensordict: TensorDictBase) -> TensorDictBase:
+    """The input of ``env``'s next step after a ``step`` that gave ``tensordict``: what ``step_mdp`` keeps of it (the
+    observations and done flags of ``"next"``, the entries the step does not replace), without its reset."""
+    # EnvBase._step_mdp (private; torchrl 0.14.1): the _StepMDP of env's keys, built once and cached until the specs
+    # change; the public step_mdp function builds one per call, which costs more than a cheap task's whole step.
+    return env._step_mdp(tensordict)
+
+
 class FastStepAndMaybeReset:
     """Mixin, before ``EnvBase`` in an environment's bases: ``step_and_maybe_reset``, the call a collector makes at
     every step, with the same result as TorchRL's in a few dict operations instead of its per-key passes.
@@ -484,6 +495,33 @@ class FastStepAndMaybeReset:
             cached = (mdp, _flat_step_mdp_keys(mdp))
             self.__dict__["_plain_step_mdp"] = cached
         return cached[1]
+
+
+class FastTransformedEnv(FastStepAndMaybeReset, TransformedEnv):
+    """TorchRL's ``TransformedEnv`` whose ``step_and_maybe_reset`` takes :class:`FastStepAndMaybeReset`'s road when no
+    transform of its chain hooks into what follows ``step_mdp`` (an observation normaliser's, a recurrent state's
+    primer): TorchRL's ``TransformedEnv`` always reports its chain's hook, which calls every transform's, so the
+    plain case would never be seen. The transforms themselves run as TorchRL runs them (``_step`` and ``_reset``)."""
+
+    @property
+    def _post_step_mdp_hooks(self) -> Any:
+        # TransformedEnv._post_step_mdp_hooks (private; torchrl 0.14.1): a method, the chain's hooks then the base
+        # environment's; Transform._post_step_mdp_hooks passes the tensordicts through.
+        if _hooks_after_step_mdp(self.transform) or self.base_env._post_step_mdp_hooks is not None:
+            return partial(TransformedEnv._post_step_mdp_hooks, self)
+        return None
+
+
+def transformed(env: EnvBase, transform: Transform) -> TransformedEnv:
+    """``env`` under ``transform``, stepped by collectors on :class:`FastStepAndMaybeReset`'s road where it can be."""
+    return FastTransformedEnv(env, transform)
+
+
+def _hooks_after_step_mdp(transform: Transform) -> bool:
+    """Whether ``transform`` (a ``Compose``: any of its chain) overrides ``Transform._post_step_mdp_hooks``."""
+    if isinstance(transform, Compose):
+        return any(_hooks_after_step_mdp(each) for each in transform.transforms)
+    return type(transform)._post_step_mdp_hooks is not Transform._post_step_mdp_hooks
 
 
 def _flat_step_mdp_keys(mdp: Any) -> tuple[frozenset[str], tuple[str, ...]] | None:

@@ -38,7 +38,7 @@ from tensordict.nn import TensorDictModuleBase
 from torch.utils.data import DataLoader, IterableDataset
 from torchrl.collectors import Collector
 from torchrl.data import Composite, TensorSpec
-from torchrl.envs import EnvBase, Transform, TransformedEnv
+from torchrl.envs import EnvBase, Transform
 
 from checkpoints.files import (
     beside_base,
@@ -50,6 +50,7 @@ from checkpoints.files import (
     write_sums,
 )
 from compat.jsonargparse import lazy_instance
+from compat.torchrl import transformed
 from datamodules.collection import ACT_DTYPES, AutocastPolicy, Collection, InProcess
 from datamodules.episodes import EpisodeStatistics
 from datamodules.evaluation import Evaluation, EvaluationOptions, fixed_seed
@@ -373,7 +374,7 @@ class RLDataModule(EnvSpecs, Evaluation, pl.LightningDataModule):
         """``env`` with the model's env transform (a recurrent policy's state primer), if it has one."""
         if self.env_transform is None:
             return env
-        return TransformedEnv(env, self.env_transform.clone())
+        return transformed(env, self.env_transform.clone())
 
     def _build_collector(self) -> None:
         if self.policy is None:

@@ -17,7 +17,9 @@ import torch
 from tensordict import TensorDictBase
 from torchrl.collectors import RandomPolicy
 from torchrl.envs import EnvBase, TransformedEnv
-from torchrl.envs.utils import ExplorationType, set_exploration_type, step_mdp
+from torchrl.envs.utils import ExplorationType, set_exploration_type
+
+from compat.torchrl import next_step_input
 
 if TYPE_CHECKING:
     from envs.base import EnvDeclaration
@@ -52,6 +54,12 @@ def episode_statistics(values: torch.Tensor, prefix: str = "return") -> dict[str
         f"{prefix}_ci_low": low,
         f"{prefix}_ci_high": high,
     }
+
+
+def per_episode(value: torch.Tensor, episodes: int) -> torch.Tensor:
+    """A step's entry ``[episodes, ...]`` as one value per episode: itself, or the mean over an episode's agents."""
+    value = value.reshape(episodes, -1)
+    return value.squeeze(-1) if value.shape[-1] == 1 else value.mean(-1)
 
 
 @contextmanager
@@ -120,16 +128,21 @@ class Evaluation:
         episodes = env.batch_size[0]
         sums = {key: torch.zeros(episodes, device=env.device) for key in ("reward", *self.declared.episode_metric_keys)}
         length = torch.zeros(episodes, device=env.device)
-        running = torch.ones(episodes, dtype=torch.bool, device=env.device)
+        # 1 while an episode runs, 0 after its last step: a step adds each entry times it (exact: x·1 and x·0) in one
+        # fused kernel per entry, so that a loop of a cheap environment's steps is not mostly this bookkeeping.
+        running = torch.ones(episodes, device=env.device)
         td = env.reset()
         with set_exploration_type(ExplorationType.DETERMINISTIC):
-            while bool(running.any()):
+            while True:
                 td = env.step(policy(td))
+                following = td.get("next")
                 for key, total in sums.items():
-                    total += td["next", key].reshape(episodes, -1).mean(-1) * running
+                    total.addcmul_(per_episode(following.get(key), episodes), running)
                 length += running
-                running &= ~td["next", "done"].reshape(episodes, -1).all(-1)
-                td = step_mdp(td)
+                running.masked_fill_(following.get("done").reshape(episodes, -1).all(-1), 0.0)
+                if not bool(running.any()):
+                    break
+                td = next_step_input(env, td)
         returns = sums.pop("reward")
         self.last_episode_returns = returns.tolist()
         metrics = {**episode_statistics(returns), "length_mean": length.mean().item()}
@@ -190,7 +203,7 @@ class Evaluation:
                         frame(drawn.render(0))
                         if bool(td["next", "done"].all()):
                             break
-                        td = step_mdp(td)
+                        td = next_step_input(env, td)
             finally:
                 env.close()
             results.append({"return": total, "length": length, "frames": length + 1})

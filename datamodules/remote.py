@@ -22,9 +22,9 @@ from typing import Any
 
 import torch
 from tensordict import TensorDictBase
-from torchrl.envs import EnvBase, TransformedEnv
+from torchrl.envs import EnvBase
 
-from compat.torchrl import WORKER_KEY, RayPushedWeights
+from compat.torchrl import WORKER_KEY, RayPushedWeights, transformed
 from datamodules.collection import OPTION, AsynchronousDelivery, Collection, CollectionHost
 from datamodules.workers import CannotCollect, ResumableCollector, WorkerDied
 
@@ -255,7 +255,7 @@ def _ray_worker_env(env_class: type, transform: Any, **options: Any) -> EnvBase:
     its first environment), its standard error Ray's to keep (the actor may run on another machine)."""
     torch.manual_seed(options["seed"])
     env = env_class(**options)
-    return env if transform is None else TransformedEnv(env, transform.clone())
+    return env if transform is None else transformed(env, transform.clone())
 
 
 class AsyncRayCollectors(AsynchronousDelivery, RayCollectors):

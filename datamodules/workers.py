@@ -52,6 +52,7 @@ from compat.torchrl import (
     collector_counters,
     install_dead_worker_check,
     set_collector_counters,
+    transformed,
 )
 
 # How TorchRL's ParallelEnv and multi-process collectors name a worker process that died.
@@ -481,7 +482,7 @@ def _worker_env(log: Path, env_class: type, transform: Any, **options: Any) -> E
     _become_worker(log)
     torch.manual_seed(options["seed"])  # the worker's own exploration noise (the seed of its first environment)
     env = env_class(**options)
-    return env if transform is None else TransformedEnv(env, transform.clone())
+    return env if transform is None else transformed(env, transform.clone())
 
 
 def stateful_env(env: EnvBase) -> EnvBase:

@@ -29,6 +29,7 @@ from modules.networks import (
     BatchNormCNN,
     EvalModeActor,
     NetworkOptions,
+    TargetCopy,
     has_batch_norm,
     observation_network,
     orthogonal_init_,
@@ -161,6 +162,8 @@ class DQN(RLModule):
             # updates, a function of the restored global step rather than of a counter checkpoints would have to carry.
             self.target_updater = HardUpdate(self.loss_module, value_network_update_interval=0)
         self._exploring_policy = GreedyRowsEGreedy(self._acting_actor, self.egreedy)
+        #: the Q-network with the target parameters (``target_q_network()``), without swapping them in at each pass
+        self.target_q_network = TargetCopy(self.loss_module, self.q_network)
 
     def make_q_network(self, observation: TensorSpec, network: NetworkOptions, num_actions: int) -> nn.Module:
         """The Q-network ``network`` describes (subclasses change the architecture here)."""
@@ -237,8 +240,7 @@ class DQN(RLModule):
         with torch.no_grad():
             double = self.loss_module.double_dqn
             next_action = self.q_network(following["observation"]).argmax(-1, keepdim=True) if double else None
-            with self.loss_module.target_value_network_params.to_module(self.loss_module.value_network):
-                next_q = self.q_network(following["observation"])
+            next_q = self.target_q_network()(following["observation"])
             next_value = next_q.max(-1, keepdim=True).values if next_action is None else next_q.gather(-1, next_action)
             reward, gamma = following["reward"], self.loss_module.value_estimator.gamma
             steps = batch.get("steps_to_next_obs", None)

@@ -7,6 +7,7 @@ An agent reading one observation picks its network with the ``network`` option g
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -179,6 +180,48 @@ class QNetwork(nn.Module):
         scaled = (action - parameters["centre"].unsqueeze(-2)) / parameters["half_range"].unsqueeze(-2)
         x = torch.cat([observation.expand(scaled.shape[0], *observation.shape), scaled], -1)
         return ensemble_mlp(self.network, parameters["network"], x, training)
+
+
+class TargetCopy:
+    """A TorchRL loss module's target network as a module of its own: a copy of ``part`` (the Q-network, a submodule
+    of the loss's value network) whose parameters and buffers are the target parameters' tensors themselves, so that
+    the target updates (``HardUpdate``'s copy, ``SoftUpdate``'s average) and a loaded checkpoint, all in place, reach
+    it.
+
+    TorchRL's losses swap the target parameters into the value network for each target pass (``to_module``: a Python
+    walk over every parameter on the way in and again on the way out), a noticeable share of a small network's update.
+    Calling this gives the copy; it is made again when the target tensors are others (moved to another device or
+    dtype), and it follows ``part``'s training mode (BatchNorm moves the target's running statistics in training
+    mode, as it does under ``to_module``).
+    """
+
+    def __init__(self, loss_module: nn.Module, part: nn.Module) -> None:
+        self.loss_module, self.part = loss_module, part
+        name = next(name for name, module in loss_module.value_network.named_modules() if module is part)
+        self.prefix = tuple(name.split(".")) if name else ()  # where part's entries sit in the target parameters
+        self.copy: nn.Module | None = None
+        self.leaf: torch.Tensor | None = None  # one of the target tensors the copy holds: all are replaced together
+        self.refresh()
+
+    def __call__(self) -> nn.Module:
+        if not torch.compiler.is_compiling():  # a compiled loss guards on the copy it was traced with
+            self.refresh()
+        return self.copy
+
+    def refresh(self) -> None:
+        """Make the copy again if the target's tensors are others than those it holds; set its training mode."""
+        params = self.loss_module.target_value_network_params
+        params = params.get(self.prefix) if self.prefix else params
+        if self.copy is None or next(iter(params.values(True, True))) is not self.leaf:
+            self.copy = copy.deepcopy(self.part)
+            params.to_module(self.copy)  # not as a context: the copy keeps the target's tensors
+            self.leaf = next(iter(params.values(True, True)))
+        if self.copy.training != self.part.training:
+            self.copy.train(self.part.training)
+
+    def __deepcopy__(self, memo: dict) -> TargetCopy:
+        # A copied model's loss module is another: its copy is made from that one's target.
+        return TargetCopy(copy.deepcopy(self.loss_module, memo), copy.deepcopy(self.part, memo))
 
 
 def parameter_tree(parameters: TensorDictBase | dict) -> dict[str, Any]:

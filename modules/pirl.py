@@ -112,11 +112,6 @@ class PhysicsInformedDQN(DQN):
         self.double_dqn = double_dqn
         self.physics_loss = physics_loss
         self.physics: Any = None  # taken from the data module in setup
-        # The loss reads the target weights through TensorDict's to_module, which hands them back as Parameters the
-        # first time (TorchRL keeps plain tensors): one pass here, so that the compiled loss, which guards on their
-        # type, does not compile a second time at its second call.
-        with self.loss_module.target_value_network_params.to_module(self.loss_module.value_network):
-            pass
         # The collocation points' own generator (see loss_draws), seeded from the global one (seed_everything) and
         # carried by checkpoints.
         self.collocation_generator = torch.Generator().manual_seed(int(torch.randint(2**62, ())))

@@ -216,3 +216,50 @@ def test_acting_evaluates_the_network_on_the_greedy_rows_only_and_chooses_what_e
     assert torch.equal(action, reference)
     assert network_rows == int((~explore).sum())
     assert 0 < network_rows < 64 if 0 < eps < 1 else network_rows == (64 if eps == 0 else 0)
+
+
+@pytest.mark.parametrize("update", ["hard", "soft"])
+def test_the_target_q_network_is_the_target_parameters_through_updates_loads_copies_and_moves(update):
+    """The target pass runs a copy of the Q-network holding the target tensors themselves (TargetCopy), not the
+    target parameters swapped in for each pass: it must compute what the swap computes after every way the target
+    changes (its updater, a loaded checkpoint, a copy of the model, other tensors in the target's place)."""
+    model = DQN(**SPECS, network=NetworkOptions(hidden_sizes=(8,)), target=TargetOptions(update=update, tau=0.3))
+    observation = torch.randint(0, 2, (5, 2), dtype=torch.uint8)
+
+    def assert_target_pass(dqn: DQN) -> None:
+        params = dqn.loss_module.target_value_network_params
+        with torch.no_grad(), params.to_module(dqn.loss_module.value_network):
+            swapped = dqn.q_network(observation)
+        online = dqn.q_network(observation)
+        assert torch.equal(dqn.target_q_network()(observation), swapped)
+        assert not torch.equal(swapped, online)  # the target differs from the online network: the check can fail
+
+    def perturb(dqn: DQN) -> None:
+        with torch.no_grad():
+            for parameter in dqn.loss_module.value_network_params.values(True, True):
+                parameter.add_(torch.randn_like(parameter))
+
+    perturb(model)
+    assert_target_pass(model)
+    model.target_updater.step() if update == "hard" else model.soft_update()
+    perturb(model)
+    assert_target_pass(model)  # the updater wrote the target in place
+    saved = copy.deepcopy(model.state_dict())
+    model.target_updater.step() if update == "hard" else model.soft_update()
+    model.load_state_dict(saved)  # a checkpoint: copied in place
+    assert_target_pass(model)
+    copied = copy.deepcopy(model)
+    perturb(copied)
+    assert_target_pass(copied)
+    assert copied.target_q_network() is not model.target_q_network()
+    # Other tensors in their place (a load that assigns, say; a move keeps the tensors and changes their data, which
+    # the copy shares): the copy is made again.
+    target = model.loss_module.target_value_network_params
+    for key, value in list(target.items(True, True)):
+        target.set(key, value.clone())
+    perturb(model)
+    model.target_updater.step() if update == "hard" else model.soft_update()  # written into the new tensors
+    perturb(model)
+    assert_target_pass(model)
+    model.eval()
+    assert not model.target_q_network().training  # it follows the online network's mode

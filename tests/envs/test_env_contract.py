@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import torch
 from tensordict import TensorDictBase
-from torchrl.envs import EnvBase
+from torchrl.envs import EnvBase, Transform
 from torchrl.envs.utils import check_env_specs
 
 import envs
@@ -198,6 +198,61 @@ def test_the_fast_step_returns_what_torchrls_step_and_maybe_reset_returns(cls, m
         assert td_fast["collector"] is not stepped_fast["collector"]  # a sub-tensordict is copied, as TorchRL does
         steps.append(stepped_fast)
     assert_episodes_ended(cls, steps)  # the resets between steps are compared too
+    for each in (fast, reference):
+        each.close()
+
+
+class _HookAfterStepMdp(Transform):
+    """A transform that hooks into what follows ``step_mdp`` (as TorchRL's ``NextObservationDelta`` does), counting its
+    calls and changing nothing."""
+
+    calls = 0
+
+    def _post_step_mdp_hooks(self, tensordict: TensorDictBase, tensordict_: TensorDictBase) -> tuple:
+        type(self).calls += 1
+        return tensordict, tensordict_
+
+
+@pytest.mark.parametrize("hooked", [False, True], ids=["plain chain", "a transform hooks after step_mdp"])
+def test_a_transformed_environment_steps_as_torchrls_and_takes_the_fast_road_where_no_transform_hooks(
+    hooked, monkeypatch
+):
+    """The data modules build every transformed environment with compat.torchrl.transformed: the observation
+    normaliser's chain (a copy of the raw observation, the normalisation, the clip) on a real Gymnasium task, stepped
+    through resets, gives what TorchRL's TransformedEnv gives; a transform that hooks after step_mdp keeps TorchRL's
+    road, and its hook runs."""
+    from torchrl.envs import Compose, TransformedEnv
+
+    from compat.torchrl import transformed
+    from modules.normalization import ObservationNormalizer
+
+    gym_env = pytest.importorskip("envs.gym.env", reason="the gym extra is not installed")
+    normalizer = ObservationNormalizer((4,))
+    normalizer.update(torch.randn(64, 4, generator=torch.Generator().manual_seed(0)) * 3 + 1)  # not the identity
+    chain = [*normalizer.transforms(), *([_HookAfterStepMdp()] if hooked else [])]
+
+    def environment(make: Any) -> TransformedEnv:
+        base = gym_env.GymnasiumEnv(num_envs=3, env_id="CartPole-v1", seed=3)
+        return make(base, Compose(*[t.clone() for t in chain]))
+
+    fast, reference = environment(transformed), environment(TransformedEnv)
+    if not hooked:  # TorchRL's road is refused on `fast`
+        monkeypatch.setattr(fast, "_step_and_maybe_reset", lambda td: pytest.fail("the fast road was not taken"))
+    _HookAfterStepMdp.calls = 0
+    td_fast, td_reference = fast.reset(), reference.reset()
+    ended = False
+    for step, action in enumerate(random_actions(fast, steps=60)):
+        td_fast["action"], td_reference["action"] = action.clone(), action.clone()
+        stepped_fast, td_fast = fast.step_and_maybe_reset(td_fast)
+        stepped_reference, td_reference = EnvBase._step_and_maybe_reset(reference, td_reference)
+        for mine, theirs in ((stepped_fast, stepped_reference), (td_fast, td_reference)):
+            assert set(mine.keys(True, True)) == set(theirs.keys(True, True)), step
+            for key in theirs.keys(True, True):
+                assert torch.equal(mine[key], theirs[key]), (step, key)
+        ended |= bool(stepped_fast["next", "done"].any())
+    assert ended  # resets were crossed
+    assert not torch.equal(td_fast["observation"], td_fast["raw_observation"])  # normalised
+    assert _HookAfterStepMdp.calls == (2 * 60 if hooked else 0)  # both environments' hooks, at every step
     for each in (fast, reference):
         each.close()
 
