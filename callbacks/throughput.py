@@ -54,10 +54,11 @@ def program(argv0: str) -> str:
 class ThroughputReport(Callback):
     """Reads the phase timer, logs rates as it goes, and writes a JSON + Markdown report (and plots) at the end.
 
-    Logged every ``log_every_n_steps`` updates, over the steps since the last log: ``throughput/frames_per_s`` and
-    ``throughput/samples_per_s``, summed over ranks; ``throughput/updates_per_s`` and ``time/<phase>_frac`` per
-    phase, averaged over ranks. Lightning hands them to the logger on its own logging steps only, so keep this a
-    multiple of ``--trainer.log_every_n_steps``.
+    Logged on the trainer's logging steps (``--trainer.log_every_n_steps``), over the steps since the last log:
+    ``throughput/frames_per_s`` and ``throughput/samples_per_s``, summed over ranks; ``throughput/updates_per_s`` and
+    ``time/<phase>_frac`` per phase, averaged over ranks. Lightning hands logged values to the logger on its own
+    logging steps only, and each ``log`` call costs its Python whether written or not, so a rate is logged only where
+    it is written (and a training step that takes several updates ends only there).
 
     Written by rank zero at the end of fit: ``<report_dir>/<name>.json``, ``<name>.md`` and, with ``plots``,
     ``<name>_phases.png`` and ``learning_curve.png`` (from a :class:`PeriodicEvaluation` callback's history, with
@@ -68,7 +69,8 @@ class ThroughputReport(Callback):
     Args:
         report_dir: folder for the report; default the trainer's ``log_dir`` (``default_root_dir`` without a logger).
         name: stem of the report's file names.
-        log_every_n_steps: updates between logged rates.
+        log_every_n_steps: updates between logged rates; None: the trainer's ``log_every_n_steps`` (set another
+            only as a multiple of it: Lightning writes nothing in between).
         skip_first_steps: updates (Lightning's steps, as ``max_steps`` counts them) left out of the steady-state
             figures (collector start-up, compilation, replay warm-up): the steady state starts at the end of the
             training step that reaches them. The whole-run figures include them.
@@ -95,14 +97,14 @@ class ThroughputReport(Callback):
         self,
         report_dir: str | None = None,
         name: str = "throughput",
-        log_every_n_steps: int = 50,
+        log_every_n_steps: int | None = None,
         skip_first_steps: int = 10,
         plots: bool = True,
         cuda_sync: bool = False,
         bare_update_seconds: float = 0.25,
         bare_update_share: float = BARE_UPDATE_SHARE,
     ) -> None:
-        if log_every_n_steps < 1:
+        if log_every_n_steps is not None and log_every_n_steps < 1:
             raise ValueError(f"log_every_n_steps must be >= 1, got {log_every_n_steps}")
         if skip_first_steps < 0:
             raise ValueError(f"skip_first_steps must be >= 0, got {skip_first_steps}")
@@ -164,7 +166,8 @@ class ThroughputReport(Callback):
             self._time_beside(trainer)
         step = trainer.global_step
         # global_step, not a count of this fit's steps: it lines up with the trainer's own logging steps after a resume.
-        if step % self.log_every_n_steps == 0 and step != self._window["updates"]:
+        every = self.log_every_n_steps or trainer.log_every_n_steps
+        if step % every == 0 and step != self._window["updates"]:
             self._log_window(trainer, pl_module, rates(interval(self._window, self._last_step_end)))
             self._window = self._last_step_end
 

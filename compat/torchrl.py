@@ -97,6 +97,7 @@ PRIVATE_API = (
     ("torchrl.envs.EnvBase", "_step_mdp", "FastStepAndMaybeReset, next_step_input"),
     ("torchrl.envs.EnvBase", "_post_step_mdp_hooks", "FastStepAndMaybeReset"),
     ("torchrl.envs.TransformedEnv", "_post_step_mdp_hooks", "FastTransformedEnv"),
+    ("torchrl.envs.TransformedEnv", "_transform", "FastTransformedEnv"),
     ("torchrl.envs.Transform", "_post_step_mdp_hooks", "FastTransformedEnv"),
     ("torchrl.envs.utils", "_StepMDP", "FastStepAndMaybeReset"),
     ("torchrl.collectors.MultiAsyncCollector", "_get_from_queue", "WorkerTaggedAsyncCollector"),
@@ -501,7 +502,25 @@ class FastTransformedEnv(FastStepAndMaybeReset, TransformedEnv):
     """TorchRL's ``TransformedEnv`` whose ``step_and_maybe_reset`` takes :class:`FastStepAndMaybeReset`'s road when no
     transform of its chain hooks into what follows ``step_mdp`` (an observation normaliser's, a recurrent state's
     primer): TorchRL's ``TransformedEnv`` always reports its chain's hook, which calls every transform's, so the
-    plain case would never be seen. The transforms themselves run as TorchRL runs them (``_step`` and ``_reset``)."""
+    plain case would never be seen. The transforms themselves run as TorchRL runs them (``_step`` and ``_reset``).
+
+    Its base environment, its transform and a ``Compose``'s list of transforms are submodules, which attribute lookup
+    finds only after a miss, through ``nn.Module.__getattr__`` (and ``TransformedEnv.__getattr__`` before it): TorchRL
+    reads them about thirty times a step. Each is also kept in its owner's instance dictionary, where lookup finds it
+    first; assigning a module to the name again (``nn.Module.__setattr__``: a move to a device does) removes the copy,
+    so it cannot go stale, and the next step keeps the new one.
+    """
+
+    def step_and_maybe_reset(self, tensordict: TensorDictBase) -> tuple[TensorDictBase, TensorDictBase]:
+        if "_transform" not in self.__dict__:
+            self._keep_submodules_direct()
+        return super().step_and_maybe_reset(tensordict)
+
+    def _keep_submodules_direct(self) -> None:
+        # TransformedEnv._transform (private; torchrl 0.14.1): what its `transform` property returns.
+        self.__dict__["base_env"], self.__dict__["_transform"] = self.base_env, self.transform
+        if isinstance(self.transform, Compose):
+            self.transform.__dict__["transforms"] = self.transform.transforms
 
     @property
     def _post_step_mdp_hooks(self) -> Any:

@@ -17,7 +17,7 @@ from datamodules.evaluation import EvaluationOptions
 from datamodules.rollout import RolloutDataModule
 from envs.racing.env import RacingEnv
 from modules.networks import NetworkOptions
-from modules.normalization import RAW_OBSERVATION, ObservationNormalizer, RewardScaler
+from modules.normalization import RAW_OBSERVATION, ObservationNormalizer, RewardScaler, SharedObservationNorm
 from modules.ppo import PPO, NormalizationOptions
 from tests.agents.test_ppo_continuous import racing_ppo_config
 from tests.app_process import run_app_process
@@ -96,10 +96,47 @@ def test_every_environment_normalises_with_the_learners_statistics(tmp_path, mon
         count, mean = normalizer.count.clone(), normalizer.mean.clone()
         data.evaluate(model.greedy_policy(), 2)
         assert torch.equal(normalizer.count, count) and torch.equal(normalizer.mean, mean)
-        evaluation_norm = data._eval_env.transform[1]
+        evaluation_norm = next(t for t in data._eval_env.transform if isinstance(t, SharedObservationNorm))
         assert evaluation_norm.loc.data_ptr() == normalizer.norm.loc.data_ptr()  # the same tensor, not a copy
     finally:
         data.teardown("fit")
+
+
+def test_the_normalising_transform_is_torchrls_chain_of_three_in_one():
+    """SharedObservationNorm keeps the raw observation, normalises and clips in one transform: the entries, values and
+    specs of TorchRL's RenameTransform(create_copy=True), ObservationNorm and ClipTransform one after the other, on a
+    real Gymnasium task with bounded observations (ObservationNorm maps their bounds), stepped through resets."""
+    from torchrl.envs import ClipTransform, Compose, ObservationNorm, RenameTransform, TransformedEnv
+
+    gym_env = pytest.importorskip("envs.gym.env", reason="the gym extra is not installed")
+    normalizer = ObservationNormalizer((6,), clip=1.5)  # a clip the normalised values cross
+    normalizer.update(torch.randn(64, 6, generator=torch.Generator().manual_seed(0)) * 0.3)
+    loc, scale = normalizer.norm.loc, normalizer.norm.scale
+    chain = [
+        RenameTransform(["observation"], [RAW_OBSERVATION], create_copy=True),
+        ObservationNorm(loc=loc, scale=scale, in_keys=["observation"], standard_normal=True),
+        ClipTransform(in_keys=["observation"], low=-1.5, high=1.5),
+    ]
+    ours, theirs = (
+        TransformedEnv(gym_env.GymnasiumEnv(3, "Acrobot-v1", {"max_episode_steps": 15}, seed=3), Compose(*transforms))
+        for transforms in ([t.clone() for t in normalizer.transforms()], chain)
+    )
+    assert ours.observation_spec == theirs.observation_spec
+    assert ours.observation_spec["observation"] != ours.base_env.observation_spec["observation"]  # bounds mapped
+    td_ours, td_theirs = ours.reset(), theirs.reset()
+    clipped = ended = False
+    for step in range(40):
+        action = ours.action_spec.rand()
+        td_ours["action"], td_theirs["action"] = action, action.clone()
+        stepped_ours, td_ours = ours.step_and_maybe_reset(td_ours)
+        stepped_theirs, td_theirs = theirs.step_and_maybe_reset(td_theirs)
+        for mine, reference in ((stepped_ours, stepped_theirs), (td_ours, td_theirs)):
+            assert list(mine.keys(True, True)) == list(reference.keys(True, True)), step
+            for key in reference.keys(True, True):
+                assert torch.equal(mine[key], reference[key]), (step, key)
+        clipped |= bool((stepped_ours["next", "observation"].abs() == 1.5).any())
+        ended |= bool(stepped_ours["next", "done"].any())
+    assert clipped and ended  # the clip and the resets were crossed
 
 
 class RecordStatistics(pl.Callback):

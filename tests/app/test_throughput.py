@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import statistics
 import time
@@ -68,6 +69,7 @@ def make_trainer(tmp_path, world_size: int = 1, history: list[dict] | None = Non
     return SimpleNamespace(
         datamodule=FakeData(frames=5000),  # resumed: frames collected by an earlier fit must not count
         global_step=100,
+        log_every_n_steps=2,  # the rates a report logs by default: on the trainer's logging steps
         world_size=world_size,
         is_global_zero=True,
         log_dir=str(tmp_path / "logs"),
@@ -318,6 +320,36 @@ def test_real_fit_through_the_cli_writes_the_report(tmp_path):
     assert bare["loop_ms_per_update"] == pytest.approx(1e3 * steady["wall_s"] / steady["updates"])
     assert bare["ratio"] == pytest.approx(bare["loop_ms_per_update"] / bare["ms"]) == bare["ratio_range"][0]
     assert f"{bare['ratio']:.2f}x" in (tmp_path / "out" / "throughput.md").read_text()
+
+
+@pytest.mark.slow
+def test_rates_are_logged_on_the_trainers_logging_steps_only_by_default(tmp_path, monkeypatch):
+    """Lightning writes what is logged on its own logging steps only; a rate logged between them would cost its
+    Python for nothing (and end a training step that could take more updates): by default the report logs on those
+    steps, into the run's metrics.csv."""
+    calls = []
+    log_window = ThroughputReport._log_window
+    monkeypatch.setattr(
+        ThroughputReport,
+        "_log_window",
+        lambda self, trainer, *args: calls.append(trainer.global_step) or log_window(self, trainer, *args),
+    )
+    config = chain_config("dqn", tmp_path / "out")
+    config["trainer"]["logger"] = {
+        "class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": str(tmp_path), "name": "run"}
+    }  # fmt: skip
+    cli = fit(
+        write_config(config, tmp_path / "c.yaml"),
+        "--trainer.max_steps", "40",
+        "--trainer.log_every_n_steps", "8",
+        "--trainer.callbacks+=callbacks.throughput.ThroughputReport",
+        "--trainer.callbacks.bare_update_seconds", "0",
+    )  # fmt: skip
+    assert cli.trainer.global_step == 40
+    assert calls == [8, 16, 24, 32, 40]
+    with open(tmp_path / "run" / "version_0" / "metrics.csv") as file:
+        written = [int(row["step"]) for row in csv.DictReader(file) if row.get("throughput/frames_per_s")]
+    assert [step + 1 for step in written] == calls  # each logged rate was written (metrics.csv counts steps from 0)
 
 
 @pytest.mark.slow
