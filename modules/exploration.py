@@ -8,11 +8,15 @@ Lightning (nor an agent's file, which does): a worker that unpickles its policy 
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from tensordict import TensorDictBase
-from tensordict.nn import TensorDictModuleBase
+from tensordict.nn import TensorDictModule, TensorDictModuleBase
+from tensordict.utils import NestedKey
+from torch import nn
 from torchrl.envs.utils import ExplorationType, exploration_type
-from torchrl.modules import EGreedyModule
+from torchrl.modules import EGreedyModule, QValueActor, QValueModule
 
 
 class GreedyRowsEGreedy(TensorDictModuleBase):
@@ -33,20 +37,54 @@ class GreedyRowsEGreedy(TensorDictModuleBase):
         super().__init__()
         self.actor, self.egreedy = actor, egreedy
         self.in_keys, self.out_keys = list(actor.in_keys), [egreedy.action_key]
+        # The random actions' spec, expanded to each batch shape once (an expansion builds a spec object per call).
+        self._random_actions: dict[torch.Size, Any] = {}
+        # A QValueActor of a plain network and index actions: its greedy action is the argmax of the network's
+        # Q-values (QValueModule's "categorical" action), computed here on the tensor without its tensordict passes.
+        self._q_network = categorical_q_network(actor)
 
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
         eps = self.egreedy.eps
         if eps.device.type != "cpu" or exploration_type() not in (ExplorationType.RANDOM, None):
             return self.egreedy(self.actor(tensordict))
         explore = torch.rand(tensordict.shape, device=eps.device) < eps
-        action = self.egreedy.spec[self.egreedy.action_key].expand(tensordict.shape).rand()
+        random = self._random_actions.get(tensordict.shape)
+        if random is None:
+            random = self._random_actions[tensordict.shape] = self.egreedy.spec[self.egreedy.action_key].expand(
+                tensordict.shape
+            )
+        action = random.rand()
         if not explore.any():  # all greedy (most steps once ε is small): no rows to select
-            action = self.actor(tensordict.select(*self.in_keys)).get(self.egreedy.action_key)
+            action = self._greedy(tensordict, None)
         elif not explore.all():
             greedy = ~explore
-            action[greedy] = self.actor(tensordict.select(*self.in_keys)[greedy]).get(self.egreedy.action_key)
+            action[greedy] = self._greedy(tensordict, greedy)
         tensordict.set(self.egreedy.action_key, action)
         return tensordict
+
+    def _greedy(self, tensordict: TensorDictBase, rows: torch.Tensor | None) -> torch.Tensor:
+        """The actor's action on ``rows`` of ``tensordict`` (all of them with None)."""
+        if self._q_network is not None:
+            network, key = self._q_network
+            observation = tensordict.get(key)
+            return network(observation if rows is None else observation[rows]).argmax(-1)
+        inputs = tensordict.select(*self.in_keys)
+        return self.actor(inputs if rows is None else inputs[rows]).get(self.egreedy.action_key)
+
+
+def categorical_q_network(actor: TensorDictModuleBase) -> tuple[nn.Module, NestedKey] | None:
+    """``(network, observation key)`` of a ``QValueActor`` that runs one plain network on one entry and takes index
+    actions without a mask (its greedy action is then ``network(observation).argmax(-1)``, as ``QValueModule``
+    computes it); None for any other actor."""
+    if not isinstance(actor, QValueActor) or len(actor.module) != 2:
+        return None
+    values, chooser = actor.module
+    plain = type(values) is TensorDictModule and len(values.in_keys) == 1
+    if not plain or not isinstance(chooser, QValueModule):
+        return None
+    if chooser.action_space != "categorical" or chooser.action_mask_key is not None:
+        return None
+    return values.module, values.in_keys[0]
 
 
 class BoxExploration(TensorDictModuleBase):

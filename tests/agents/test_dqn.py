@@ -214,6 +214,7 @@ def test_acting_evaluates_the_network_on_the_greedy_rows_only_and_chooses_what_e
     torch.manual_seed(7)
     reference = TensorDictSequential(dqn._acting_actor, dqn.egreedy)(observations.clone())["action"]
     assert torch.equal(action, reference)
+    assert dqn._exploring_policy._q_network is not None  # the greedy rows went to the network without TorchRL's passes
     assert network_rows == int((~explore).sum())
     assert 0 < network_rows < 64 if 0 < eps < 1 else network_rows == (64 if eps == 0 else 0)
 
