@@ -16,6 +16,9 @@ accessor, and two private hooks.
 - ``EnvBase.step_and_maybe_reset`` goes through ``step``, ``_step_mdp`` (a cached ``_StepMDP``, whose key trees say
   what the next step's input keeps) and the optional ``_post_step_mdp_hooks``, native autoreset and compiled
   variants, which :class:`FastStepAndMaybeReset` reads to take a shorter road when none is in play;
+- ``TransformedEnv._step`` runs the chain's ``inv`` (``Transform._inv_call``), the base environment's ``_step``, its
+  ``_complete_done`` and the chain's ``Transform._step``: :class:`FastTransformedEnv` skips what does nothing when no
+  transform has an inverse;
 - a ``MultiAsyncCollector`` takes each worker's batch, and the worker's index, from its queue in ``_get_from_queue``;
 - a ``RayWeightUpdater`` counts each actor's batches since its last weights in ``_batches_since_weight_update`` and
   sends them in ``_sync_weights_with_worker`` (:class:`RayPushedWeights`);
@@ -99,6 +102,9 @@ PRIVATE_API = (
     ("torchrl.envs.TransformedEnv", "_post_step_mdp_hooks", "FastTransformedEnv"),
     ("torchrl.envs.TransformedEnv", "_transform", "FastTransformedEnv"),
     ("torchrl.envs.Transform", "_post_step_mdp_hooks", "FastTransformedEnv"),
+    ("torchrl.envs.EnvBase", "_complete_done", "FastTransformedEnv"),
+    ("torchrl.envs.Transform", "_inv_call", "FastTransformedEnv"),
+    ("torchrl.envs.Transform", "_step", "FastTransformedEnv"),
     ("torchrl.envs.utils", "_StepMDP", "FastStepAndMaybeReset"),
     ("torchrl.collectors.MultiAsyncCollector", "_get_from_queue", "WorkerTaggedAsyncCollector"),
     ("torchrl", "_utils", "install_dead_worker_check"),
@@ -504,6 +510,13 @@ class FastTransformedEnv(FastStepAndMaybeReset, TransformedEnv):
     primer): TorchRL's ``TransformedEnv`` always reports its chain's hook, which calls every transform's, so the
     plain case would never be seen. The transforms themselves run as TorchRL runs them (``_step`` and ``_reset``).
 
+    Its ``_step`` is TorchRL's without the passes that do nothing when no transform of the chain has an inverse and
+    each transforms only the step's output (``Transform._step``, ``_call`` on ``"next"``; the observation
+    normaliser's case): the input's shallow copy that the inverse transforms would write into, the chain's inverse
+    call, the partial-step bookkeeping (no ``"_step"`` entry) and, after an environment whose output is complete
+    (:class:`StepOutputComplete`), the completion of its done entries. The base environment's ``_step`` then sees the
+    input as it sees it without transforms.
+
     Its base environment, its transform and a ``Compose``'s list of transforms are submodules, which attribute lookup
     finds only after a miss, through ``nn.Module.__getattr__`` (and ``TransformedEnv.__getattr__`` before it): TorchRL
     reads them about thirty times a step. Each is also kept in its owner's instance dictionary, where lookup finds it
@@ -515,6 +528,19 @@ class FastTransformedEnv(FastStepAndMaybeReset, TransformedEnv):
         if "_transform" not in self.__dict__:
             self._keep_submodules_direct()
         return super().step_and_maybe_reset(tensordict)
+
+    def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
+        if type(tensordict) is not TensorDict or not _outputs_only(self.transform):
+            return super()._step(tensordict)
+        entries = top_level_entries(tensordict)
+        if "next" in entries or "_step" in entries:  # a preset output, a partial step: TorchRL's handling
+            return super()._step(tensordict)
+        base = self.base_env
+        next_tensordict = base._step(tensordict)
+        # EnvBase._complete_done (private; torchrl 0.14.1): what TransformedEnv._step does after the base's _step.
+        if not isinstance(base, StepOutputComplete) or base.run_type_checks:
+            base._complete_done(base.full_done_spec, next_tensordict)
+        return self.transform._step(tensordict, next_tensordict)
 
     def _keep_submodules_direct(self) -> None:
         # TransformedEnv._transform (private; torchrl 0.14.1): what its `transform` property returns.
@@ -541,6 +567,22 @@ def _hooks_after_step_mdp(transform: Transform) -> bool:
     if isinstance(transform, Compose):
         return any(_hooks_after_step_mdp(each) for each in transform.transforms)
     return type(transform)._post_step_mdp_hooks is not Transform._post_step_mdp_hooks
+
+
+def _outputs_only(transform: Transform) -> bool:
+    """Whether ``transform`` (a ``Compose``: each of its chain) has no inverse and transforms only a step's output:
+    TorchRL's own ``inv``, ``_inv_call`` and ``_step``, and no inverse keys."""
+    if isinstance(transform, Compose):
+        return all(_outputs_only(each) for each in transform.transforms)
+    kind = type(transform)
+    # Transform._inv_call, Transform._step (private; torchrl 0.14.1): what a transform overrides to act on a step's
+    # input and to read it.
+    return (
+        kind.inv is Transform.inv
+        and kind._inv_call is Transform._inv_call
+        and kind._step is Transform._step
+        and not transform.in_keys_inv
+    )
 
 
 def _flat_step_mdp_keys(mdp: Any) -> tuple[frozenset[str], tuple[str, ...]] | None:

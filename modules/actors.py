@@ -12,6 +12,7 @@ for a ``Categorical``, :class:`NormalActor` for TorchRL's ``IndependentNormal``,
 
 from __future__ import annotations
 
+import copy
 import math
 from typing import Any
 
@@ -46,10 +47,23 @@ class DirectActor(ProbabilisticActor):
         # Kept as a plain list (the modules are registered where they are): None when any is not a plain module.
         self._plain_writers = writers if all(type(writer) is TensorDictModule for writer in writers) else None
 
-    def act(self, parameters: list[torch.Tensor], sample: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        """The action (a sample, or the deterministic action) and its log-probability, from the distribution's
-        parameters (the sampler's ``in_keys``, in order). Each subclass writes out its own distribution's."""
+    def act(
+        self, parameters: list[torch.Tensor], sample: bool, log_prob: bool = True
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The action (a sample, or the deterministic action) and its log-probability (None without ``log_prob``),
+        from the distribution's parameters (the sampler's ``in_keys``, in order). Each subclass writes out its own
+        distribution's."""
         raise NotImplementedError(f"{type(self).__name__} must define act() for its distribution")
+
+    def without_log_prob(self) -> DirectActor:
+        """This actor writing the distribution's parameters and the action, not the log-probability: for a caller that
+        reads only the action (an evaluation, a video), whose deterministic action then costs no normalisation of the
+        distribution. It shares this actor's modules (a shallow copy: it acts with the weights as they are when it
+        acts); under an interaction type :meth:`act` does not handle it is ``ProbabilisticActor.forward``, as this
+        actor is."""
+        actor = copy.copy(self)
+        actor._writes_log_prob = False
+        return actor
 
     def forward(
         self, tensordict: TensorDictBase, tensordict_out: TensorDictBase | None = None, **kwargs: Any
@@ -69,7 +83,7 @@ class DirectActor(ProbabilisticActor):
                 for writer in self.module[:-1]:
                     tensordict = writer(tensordict)
         parameters = [tensordict.get(key) for key in self._parameter_keys]
-        action, log_prob = self.act(parameters, sample=mode is ExplorationType.RANDOM)
+        action, log_prob = self.act(parameters, mode is ExplorationType.RANDOM, self._writes_log_prob)
         tensordict.set(self._action_key, action)
         if self._writes_log_prob:
             tensordict.set(self._log_prob_key, log_prob)
@@ -87,15 +101,20 @@ def flattened(modules: list[TensorDictModuleBase]) -> list[TensorDictModuleBase]
 class CategoricalActor(DirectActor):
     """A policy sampling discrete actions from the ``logits`` its module writes, recording each action's
     log-probability: under ``RANDOM`` as ``Categorical.sample`` does (``torch.multinomial`` of the same
-    probabilities), under ``DETERMINISTIC`` and ``MODE`` ``Categorical.mode``."""
+    probabilities), under ``DETERMINISTIC`` and ``MODE`` ``Categorical.mode`` (without the log-probability, the
+    logits' argmax: the same action but where rounding makes two probabilities equal)."""
 
     def __init__(self, logits: TensorDictModuleBase, action_spec: TensorSpec) -> None:
         super().__init__(
             logits, in_keys=["logits"], spec=action_spec, distribution_class=torch.distributions.Categorical
         )
 
-    def act(self, parameters: list[torch.Tensor], sample: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    def act(
+        self, parameters: list[torch.Tensor], sample: bool, log_prob: bool = True
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         (logits,) = parameters
+        if not sample and not log_prob:
+            return logits.argmax(-1), None
         log_probs = logits - logits.logsumexp(-1, keepdim=True)  # Categorical's normalised logits ...
         probs = log_probs.softmax(-1)  # ... and its probabilities
         if sample:
@@ -113,9 +132,13 @@ class NormalActor(DirectActor):
     def __init__(self, module: TensorDictModuleBase, action_spec: TensorSpec) -> None:
         super().__init__(module, in_keys=["loc", "scale"], spec=action_spec, distribution_class=IndependentNormal)
 
-    def act(self, parameters: list[torch.Tensor], sample: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    def act(
+        self, parameters: list[torch.Tensor], sample: bool, log_prob: bool = True
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         loc, scale = torch.broadcast_tensors(*parameters)
         action = loc + torch.empty_like(loc).normal_() * scale if sample else loc
+        if not log_prob:
+            return action, None
         # Normal.log_prob, summed over the action's dimensions as Independent sums it.
         log_density = -((action - loc) ** 2) / (2 * scale**2) - scale.log() - math.log(math.sqrt(2 * math.pi))
         return action, log_density.sum(-1)
@@ -155,7 +178,7 @@ class TanhNormalActor(DirectActor):
         self._affine = bool((high != 1.0).any() or (low != -1.0).any())
         self._box: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
-    def act(self, parameters: list[torch.Tensor], sample: bool) -> tuple[torch.Tensor, None]:
+    def act(self, parameters: list[torch.Tensor], sample: bool, log_prob: bool = False) -> tuple[torch.Tensor, None]:
         loc, scale = torch.broadcast_tensors(*parameters)
         pre_tanh = loc + torch.empty_like(loc).normal_() * scale if sample else loc
         action = pre_tanh.tanh()

@@ -29,8 +29,9 @@ from torchrl.envs import Compose, Transform
 from torchrl.modules import ValueOperator
 from torchrl.objectives import ClipPPOLoss
 from torchrl.objectives.value import GAE
+from torchrl.objectives.value.functional import generalized_advantage_estimate
 
-from modules.actors import CategoricalActor
+from modules.actors import CategoricalActor, DirectActor
 from modules.base import RLModule
 from modules.gaussian import DISTRIBUTIONS, SCALES, ClipAction, DeterministicAction, gaussian_actor, gaussian_outputs
 from modules.networks import (
@@ -286,7 +287,8 @@ class PPO(RLModule):
         self.clips_actions = self.box_actions and distribution == "normal" and bounds is not None
         self.critic = ValueOperator(self.critic_network, in_keys=["observation"])
         self.loss_module = self.make_loss_module(loss)
-        # GAE on the values postprocess computes (rollout_values): no value network of its own.
+        # GAE on the values postprocess computes (rollout_values): no value network of its own. Its gamma and lambda
+        # (in every checkpoint) are what advantages() computes with.
         self.advantage = GAE(gamma=gamma, lmbda=gae_lambda, value_network=None, average_gae=False)
 
     def make_loss_module(self, options: PPOLossOptions) -> ClipPPOLoss:
@@ -298,8 +300,8 @@ class PPO(RLModule):
 
     def greedy_policy(self) -> TensorDictModuleBase:
         # Under ExplorationType.DETERMINISTIC (set by evaluation and export) the actor takes the distribution's mode
-        # (a Gaussian's mean, squashed for tanh_normal).
-        return self.actor
+        # (a Gaussian's mean, squashed for tanh_normal); an evaluation reads the action only.
+        return self.actor.without_log_prob() if isinstance(self.actor, DirectActor) else self.actor
 
     def export_network(self) -> nn.Module:
         """Raw observation → the actor's logits (their argmax is the greedy action), or a Gaussian policy's
@@ -336,9 +338,28 @@ class PPO(RLModule):
         value, next_value = rollout_values(self.critic_network, rollout)
         rollout.set("state_value", value)
         rollout.set(("next", "state_value"), next_value)
-        self.advantage(rollout)
+        self.advantages(rollout)
         if self.observation_normalizer is not None:
             self.observation_normalizer.update(rollout[RAW_OBSERVATION])
+
+    def advantages(self, rollout: TensorDictBase) -> None:
+        """What TorchRL's ``GAE`` module (``self.advantage``) writes, ``advantage`` and ``value_target``, from the
+        rollout's values, computed as it computes them (its functional, on its gamma and lambda) without its per-call
+        key handling, which costs a short rollout's GAE as much as its arithmetic (tests/agents/test_ppo.py)."""
+        gae, after = self.advantage, rollout["next"]
+        done = after["done"]
+        advantage, value_target = generalized_advantage_estimate(
+            gae.gamma,
+            gae.lmbda,
+            rollout["state_value"],
+            after["state_value"],
+            after["reward"],
+            done=done,
+            terminated=after.get("terminated", done),
+            time_dim=rollout.batch_dims - 1,
+        )
+        rollout.set(gae.tensor_keys.advantage, advantage)
+        rollout.set(gae.tensor_keys.value_target, value_target)
 
     def schedule(self, rollout: TensorDictBase) -> None:
         """What changes with the frames before ``rollout``'s updates: the clip, with ``clip_decay_frames``."""

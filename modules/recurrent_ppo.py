@@ -145,8 +145,9 @@ class RecurrentPPO(RLModule):
         return TensorDictSequential(self.actor, self.critic)
 
     def greedy_policy(self) -> TensorDictModuleBase:
-        # Under ExplorationType.DETERMINISTIC (evaluation) the actor takes the distribution's mode.
-        return self.actor
+        # Under ExplorationType.DETERMINISTIC (evaluation) the actor takes the distribution's mode; an evaluation
+        # reads the action only.
+        return self.actor.without_log_prob()
 
     def env_transform(self) -> Transform:
         """``is_init`` at every episode start, and the LSTM state in every reset (zeros) and step of the env."""

@@ -121,3 +121,28 @@ def test_the_tanh_normal_actor_has_no_mode_as_torchrls_has_none():
 def test_the_tanh_normal_stays_torchrls_probabilistic_actor():
     actor = gaussian_actor(torch.nn.Linear(4, 2), Bounded(-1.0, 1.0, (2,)), "tanh_normal", "state_independent")
     assert type(actor) is ProbabilisticActor
+
+
+@pytest.mark.parametrize("kind", ["categorical", "normal"])
+@pytest.mark.parametrize("mode", MODES)
+def test_an_actor_without_its_log_probability_acts_as_the_actor_and_follows_its_weights(kind, mode):
+    # What evaluations act with (PPO's greedy policy): the same entries as the actor's, bit for bit, but the
+    # log-probability, from the same random numbers; the actor itself still writes it; a change of the actor's weights
+    # after the copy was taken is acted with.
+    torch.manual_seed(0)
+    if kind == "categorical":
+        actor = CategoricalActor(
+            TensorDictModule(torch.nn.Linear(4, 5), in_keys=["observation"], out_keys=["logits"]), Categorical(5)
+        )
+    else:
+        actor = gaussian_actor(torch.nn.Linear(4, 6), Unbounded(shape=(3,)), "normal", "state_dependent")
+    greedy = actor.without_log_prob()
+    with torch.no_grad():
+        for parameter in actor.parameters():
+            parameter.mul_(-2.0)  # after the copy: the copy acts with these
+    observation = 3 * torch.randn(64, 4)
+    ours, torchrls = both_forwards(greedy, observation, mode)
+    full, _ = both_forwards(actor, observation, mode)
+    assert "action_log_prob" not in ours and "action_log_prob" in full
+    assert_same_outputs(ours, full.exclude("action_log_prob"))
+    assert_same_outputs(ours, torchrls.exclude("action_log_prob"))  # TorchRL's actor on the same modules

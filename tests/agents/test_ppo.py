@@ -83,6 +83,9 @@ def test_gae_on_shared_values_matches_torchrls_gae_calling_the_critic_twice(task
     assert sum(rows) == done.numel() + done.shape[0] + int(done[:, :-1].sum())  # not 2 * numel
     for key in ("state_value", ("next", "state_value"), "advantage", "value_target"):
         assert torch.allclose(rollout[key], reference[key], atol=1e-5, rtol=1e-5), key
+    exact = ppo.advantage(rollout.exclude("advantage", "value_target"))  # TorchRL's GAE module on the same values
+    for key in ("advantage", "value_target"):
+        assert torch.equal(rollout[key], exact[key]), key
     env.close()
 
 

@@ -213,14 +213,27 @@ class _HookAfterStepMdp(Transform):
         return tensordict, tensordict_
 
 
-@pytest.mark.parametrize("hooked", [False, True], ids=["plain chain", "a transform hooks after step_mdp"])
+class _Inverse(Transform):
+    """A transform with an inverse (as TorchRL's action transforms have), counting its calls and changing nothing."""
+
+    calls = 0
+
+    def _inv_call(self, tensordict: TensorDictBase) -> TensorDictBase:
+        type(self).calls += 1
+        return tensordict
+
+
+@pytest.mark.parametrize(
+    "extra", [None, "hook", "inverse"], ids=["plain chain", "a transform hooks after step_mdp", "an inverse transform"]
+)
 def test_a_transformed_environment_steps_as_torchrls_and_takes_the_fast_road_where_no_transform_hooks(
-    hooked, monkeypatch
+    extra, monkeypatch
 ):
     """The data modules build every transformed environment with compat.torchrl.transformed: the observation
-    normaliser's chain (a copy of the raw observation, the normalisation, the clip) on a real Gymnasium task, stepped
-    through resets, gives what TorchRL's TransformedEnv gives; a transform that hooks after step_mdp keeps TorchRL's
-    road, and its hook runs."""
+    normaliser's chain on a real Gymnasium task, stepped through resets, gives what TorchRL's TransformedEnv gives,
+    through the short step_and_maybe_reset and the short _step (no inverse pass); a transform that hooks after
+    step_mdp keeps TorchRL's step_and_maybe_reset, and its hook runs; a transform with an inverse keeps TorchRL's
+    _step, and its inverse runs."""
     from torchrl.envs import Compose, TransformedEnv
 
     from compat.torchrl import transformed
@@ -229,7 +242,8 @@ def test_a_transformed_environment_steps_as_torchrls_and_takes_the_fast_road_whe
     gym_env = pytest.importorskip("envs.gym.env", reason="the gym extra is not installed")
     normalizer = ObservationNormalizer((4,))
     normalizer.update(torch.randn(64, 4, generator=torch.Generator().manual_seed(0)) * 3 + 1)  # not the identity
-    chain = [*normalizer.transforms(), *([_HookAfterStepMdp()] if hooked else [])]
+    hooked = extra == "hook"
+    chain = [*normalizer.transforms(), *{None: [], "hook": [_HookAfterStepMdp()], "inverse": [_Inverse()]}[extra]]
 
     def environment(make: Any) -> TransformedEnv:
         base = gym_env.GymnasiumEnv(num_envs=3, env_id="CartPole-v1", seed=3)
@@ -238,7 +252,9 @@ def test_a_transformed_environment_steps_as_torchrls_and_takes_the_fast_road_whe
     fast, reference = environment(transformed), environment(TransformedEnv)
     if not hooked:  # TorchRL's road is refused on `fast`
         monkeypatch.setattr(fast, "_step_and_maybe_reset", lambda td: pytest.fail("the fast road was not taken"))
-    _HookAfterStepMdp.calls = 0
+    if extra is None:  # and TorchRL's _step, which runs the chain's inverse
+        monkeypatch.setattr(fast.transform, "inv", lambda td: pytest.fail("the short _step was not taken"))
+    _HookAfterStepMdp.calls = _Inverse.calls = 0
     td_fast, td_reference = fast.reset(), reference.reset()
     ended = False
     for step, action in enumerate(random_actions(fast, steps=60)):
@@ -253,6 +269,7 @@ def test_a_transformed_environment_steps_as_torchrls_and_takes_the_fast_road_whe
     assert ended  # resets were crossed
     assert not torch.equal(td_fast["observation"], td_fast["raw_observation"])  # normalised
     assert _HookAfterStepMdp.calls == (2 * 60 if hooked else 0)  # both environments' hooks, at every step
+    assert _Inverse.calls == (2 * 60 if extra == "inverse" else 0)  # both environments' inverses, at every step
     for each in (fast, reference):
         each.close()
 
