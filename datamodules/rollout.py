@@ -74,6 +74,10 @@ class RolloutDataModule(RLDataModule):
         self.rollout: TensorDictBase | None = None  # the current rollout: [frames], or [segments, bptt] (_units)
         self.order: torch.Tensor | None = None  # row order for this rollout's minibatches, all epochs concatenated
         self.cursor = 0  # minibatches already served from this rollout
+        # The current epoch's minibatches, cut from one gather of the rollout in that epoch's order: one indexing pass
+        # per entry an epoch, not one per minibatch (a small update's per-minibatch indexing cost a few % of a PPO
+        # run). Made from ``rollout`` and ``order`` when first needed, so it is not part of the state.
+        self._epoch: tuple[int, tuple[TensorDictBase, ...]] | None = None
 
     def memory_needs(self, device: torch.device) -> list[MemoryNeed]:
         """The rollout kept for its epochs (one observation per step, the action, the reward, the flags and the
@@ -81,7 +85,10 @@ class RolloutDataModule(RLDataModule):
         per_frame = transition_bytes(self.observation_spec, self.action_spec, observations=1) + 4 * 4
         flag = f"data.num_envs {self.num_envs} x data.collect_steps {self.collect_steps}"
         rollout = MemoryNeed("the rollout", flag, self.frames_per_batch * per_frame, device)
-        return [rollout, *super().memory_needs(device)]
+        needs = [rollout, *super().memory_needs(device)]
+        if self.minibatches_per_rollout > self.update_epochs:  # an epoch's rows in their shuffled order, beside it
+            needs.append(MemoryNeed("an epoch's shuffled rollout", flag, self.frames_per_batch * per_frame, device))
+        return needs
 
     @property
     def updates_per_rollout(self) -> int:
@@ -97,18 +104,23 @@ class RolloutDataModule(RLDataModule):
         """The next minibatch of the current rollout (``batches_ready`` > 0)."""
         with self.timer.phase("sample"):
             per_minibatch = self.minibatch_size // max(self.bptt, 1)
-            start = self.cursor * per_minibatch
-            if per_minibatch == self.rollout.shape[0]:  # the whole rollout: its rows in any order give the same loss
+            rows = self.rollout.shape[0]
+            if per_minibatch == rows:  # the whole rollout: its rows in any order give the same loss
                 minibatch = self.rollout.copy()
             else:
-                minibatch = self.rollout[self.order[start : start + per_minibatch]]
+                epoch, index = divmod(self.cursor * per_minibatch, rows)
+                if self._epoch is None or self._epoch[0] != epoch:
+                    self._epoch = None  # the last epoch's rows go before this one's are gathered
+                    shuffled = self.rollout[self.order[epoch * rows : (epoch + 1) * rows]]
+                    self._epoch = (epoch, shuffled.split(per_minibatch))
+                minibatch = self._epoch[1][index // per_minibatch]
         self.cursor += 1
         self.samples += minibatch.numel()
         return minibatch
 
     def next_batch(self) -> TensorDictBase:
         if self.rollout is None or self.cursor == self.minibatches_per_rollout:
-            self.rollout = self._units(self.collect())
+            self.rollout, self._epoch = self._units(self.collect()), None
             with self.timer.phase("sample"):
                 n = self.rollout.shape[0]
                 device = self.rollout.device
@@ -137,4 +149,5 @@ class RolloutDataModule(RLDataModule):
         self.rollout = from_plain(state_dict["rollout"], batch_dims=2 if self.bptt else 1, device=self.device)
         self.order = state_dict["order"]
         self.cursor = state_dict["cursor"]
+        self._epoch = None
         super()._load_state(state_dict)

@@ -117,6 +117,16 @@ def test_rollout_minibatches_cover_each_frame_once_per_epoch(tmp_path):
     for epoch in order:  # each epoch is a permutation of the 32 frames
         assert torch.equal(epoch.sort().values, torch.arange(32))
     assert data.cursor == 1 and data.frames == 32
+    # The rest of the rollout's minibatches, cut from one gather per epoch: the rows the order names, in its order.
+    for k in range(1, data.minibatches_per_rollout):
+        minibatch = data.next_ready_batch()
+        expected = data.rollout[data.order[8 * k : 8 * (k + 1)]]
+        assert set(minibatch.keys(True, True)) == set(expected.keys(True, True))
+        for key in expected.keys(True, True):
+            assert torch.equal(minibatch[key], expected[key]), (k, key)
+    assert data.batches_ready == 0
+    needs = [need.what for need in data.memory_needs(data.device)]
+    assert "the rollout" in needs and "an epoch's shuffled rollout" in needs
 
 
 def test_a_minibatch_of_the_whole_rollout_is_the_rollout_at_every_epoch(tmp_path):
