@@ -10,6 +10,7 @@ bare arithmetic by ``benchmarks/update_cost.py`` (docs/results/snake.md, "The up
 
 from __future__ import annotations
 
+import math
 import re
 import time
 import types
@@ -404,7 +405,9 @@ class RLModule(pl.LightningModule):
     def check_finite(self, loss: torch.Tensor, update: int) -> None:
         """Stop training on a loss that is not finite (every ``check_finite_every`` updates: each check is one host
         sync on a GPU)."""
-        if update % self.check_finite_every == 0 and not torch.isfinite(loss):
+        # One host read of the loss (a sync on a GPU, as any check there): a few kernels of `torch.isfinite` cost a
+        # small update's loop more than the read.
+        if update % self.check_finite_every == 0 and not math.isfinite(loss.item()):
             raise FloatingPointError(
                 f"the training loss is {loss.item()} at update {update} ({self.datamodule.frames} frames): training "
                 "stopped, and no checkpoint was written since, so the last checkpoint holds the last good weights"
