@@ -471,16 +471,26 @@ def run_lightrl(task: Task, seed: int, args: argparse.Namespace, folder: Path) -
                         "return": float(row["eval/return_mean"]),
                     }
                 )
-    # Where the time went: the throughput report's share of wall time per phase, and the update against its bare
-    # arithmetic (callbacks/throughput.py).
-    report = json.loads((folder / "lightrl" / "version_0" / "throughput.json").read_text())
-    bare = report.get("bare_update") or {}
     return {
         "curve": curve,
         "random_return": random_return,
         "process_seconds": process_seconds,
+        **throughput_figures(folder),
+    }
+
+
+def throughput_figures(folder: Path) -> dict[str, Any]:
+    """Where a lightrl run's time went, from its throughput report (callbacks/throughput.py): the share of wall time
+    per phase over the whole process, the same and the frames per second over the steady state (after the report's
+    first updates: a compilation and other one-off work in them left out), and the loop against its bare update."""
+    report = json.loads((folder / "lightrl" / "version_0" / "throughput.json").read_text())
+    bare = report.get("bare_update") or {}
+    steady = report.get("steady_state") or {}
+    return {
         "phases": report["this_process"]["fraction"],
-        "update_vs_bare": bare.get("ratio"),  # the loop's wall time per update over the bare update
+        "steady_phases": steady.get("fraction"),
+        "steady_frames_per_s": steady.get("frames_per_s"),
+        "update_vs_bare": bare.get("ratio"),  # the loop's wall time per update (steady state) over the bare update
     }
 
 
@@ -718,15 +728,21 @@ def summarise(results: dict[str, Any]) -> str:
                 for phase in phases[0]
                 if statistics.median(run[phase] for run in phases) >= 0.005
             )
-            # The throughput report's ratio is the whole loop's wall time per update over the bare update; the update
-            # step's own is that times the update's share of the wall time (the same process's figures).
+            # The throughput report's ratio is the loop's wall time per update over the bare update, in the steady
+            # state; the update step's own is that times the update's share of the steady state's wall time.
             timed = [run for run in runs["lightrl"] if run.get("update_vs_bare")]
             bare = ""
             if timed:
                 loop = statistics.median(run["update_vs_bare"] for run in timed)
-                step = statistics.median(run["update_vs_bare"] * run["phases"].get("update", 0.0) for run in timed)
+                step = statistics.median(
+                    run["update_vs_bare"] * (run.get("steady_phases") or run["phases"]).get("update", 0.0)
+                    for run in timed
+                )
                 bare = f"; its training loop took {loop:.2f}× its bare update per update, "
                 bare += f"the update step alone about {step:.2f}×"
+            steady = [run["steady_frames_per_s"] for run in runs["lightrl"] if run.get("steady_frames_per_s")]
+            if steady:
+                bare += f"; in its steady state (its first updates left out) {spread(steady)} frames/s"
             notes.append(f"- {task.env_id} ({task_name}): lightrl's wall time (median over seeds): {shares}{bare}.")
         randoms = [run["random_return"] for run in runs.get("lightrl", []) if run.get("random_return") is not None]
         if task.threshold is None and randoms:
@@ -807,7 +823,13 @@ def main(argv: list[str] | None = None) -> None:
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     if args.report_only:
-        write_report(json.loads((out / "peers.json").read_text()), out)
+        results = json.loads((out / "peers.json").read_text())
+        for task_name, runs in results["tasks"].items():  # the figures of the throughput reports still on disk
+            for run in runs.get("lightrl", []):
+                folder = out / folder_name(task_name) / "lightrl" / f"seed{run['seed']}"
+                if (folder / "lightrl" / "version_0" / "throughput.json").exists():
+                    run.update(throughput_figures(folder))
+        write_report(results, out)
         return
     # Looked up, not imported: importing it here would print its notes about the old gym package for nothing.
     if "sb3" in args.frameworks and importlib.util.find_spec("stable_baselines3") is None:

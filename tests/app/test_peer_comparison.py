@@ -48,6 +48,16 @@ def test_the_report_gives_each_frameworks_time_to_the_threshold_their_ratio_and_
     loop = "its training loop took 1.60× its bare update per update, the update step alone about 0.96×"
     assert f"collect 30 %, update 60 %, eval 10 %; {loop}" in report
     assert "checkpoint" not in report  # under half a percent: left out
+    # With the steady state's figures (a compilation in the first updates left out): the update step's share is the
+    # steady state's, and its frames per second are given beside the whole run's.
+    for run, rate in zip(results["tasks"]["cartpole_ppo"]["lightrl"], (900.0, 1100.0), strict=True):
+        run.update(steady_phases={"collect": 0.5, "update": 0.5}, steady_frames_per_s=rate)
+    steady = (
+        "the update step alone about 0.80×; in its steady state (its first updates left out) 1,000 (900–1,100) frames/s"
+    )
+    assert steady in peers.summarise(results)
+    for run in results["tasks"]["cartpole_ppo"]["lightrl"]:
+        del run["steady_phases"], run["steady_frames_per_s"]
 
     # With a third SB3 seed at 50 s the median is 60 s (the missed run the slowest), and the note says who missed.
     results["tasks"]["cartpole_ppo"]["sb3"].append({"curve": curve((5000, 50.0, 490.0))})
@@ -173,6 +183,14 @@ def test_a_zoo_pair_runs_both_frameworks_and_reports_them(tmp_path, monkeypatch)
     runs = json.loads((out / "peers.json").read_text())["tasks"]["ppo:CartPole-v1:none"]
     assert all(run["curve"][-1]["seconds"] >= 1 for name in ("lightrl", "sb3") for run in runs[name])
     assert not list(scratch.glob("SB3-*"))  # SB3's logger folder is the run's, not a new one in /tmp per run
+    # lightrl's steady-state rate comes from its throughput report, and a report rewritten from peers.json (of a run
+    # made before the comparison read it) reads it again from the run's folder.
+    assert runs["lightrl"][0]["steady_frames_per_s"] > 0
+    results = json.loads((out / "peers.json").read_text())
+    del results["tasks"]["ppo:CartPole-v1:none"]["lightrl"][0]["steady_frames_per_s"]
+    (out / "peers.json").write_text(json.dumps(results))
+    peers.main(["--report-only", "--out", str(out)])
+    assert "in its steady state (its first updates left out)" in (out / "peers.md").read_text()
 
 
 @pytest.mark.parametrize(
