@@ -333,11 +333,15 @@ class WorkerWatch(threading.Thread):
         self.death: tuple[int, int | None] | None = None
         self.ended: list[int] = []  # the indices of the workers that had ended when the death was seen
         self._known = set(worker_pids())  # started before this watch (other strategies'): not watched
+        self._candidates: set[int] = set()  # looking like workers at the last look, not yet watched
         self._stopping = threading.Event()
 
     def run(self) -> None:
         while not self._stopping.wait(self.poll_s):
-            self.workers += self._new_workers()
+            alive = set(worker_pids())
+            # A watched process still running but no longer a worker's (it has run another program) was not a worker.
+            self.workers = [pid for pid in self.workers if pid in alive or not _running(pid)]
+            self.workers += self._confirmed_workers(alive)
             ended = [(index, *_exit_code(pid)) for index, pid in enumerate(self.workers)]
             ended = [(index, code) for index, done, code in ended if done]
             if ended and not self._stopping.is_set():
@@ -375,8 +379,18 @@ class WorkerWatch(threading.Thread):
                 return
             time.sleep(self.poll_s / 4)
 
-    def _new_workers(self) -> list[int]:
-        return sorted(set(worker_pids()) - self._known - set(self.workers))
+    def _new_workers(self, alive: set[int] | None = None) -> list[int]:
+        return sorted((set(worker_pids()) if alive is None else alive) - self._known - set(self.workers))
+
+    def _confirmed_workers(self, alive: set[int]) -> list[int]:
+        """The new workers among ``alive`` seen at the last look too: a process the server starts for another purpose
+        (a module it imports running a program) keeps the server's command line from its fork to its ``exec``, a
+        moment a busy machine lengthens, and a look inside that moment took it for worker 0 and its end for a death
+        (one still running after its ``exec`` is let go in :meth:`run`). A worker that dies before its second look is
+        named from its process object (:meth:`settle`, :func:`first_ended`)."""
+        new = set(self._new_workers(alive))
+        confirmed, self._candidates = sorted(new & self._candidates), new - self._candidates
+        return confirmed
 
     def stop(self) -> None:
         """Stop watching (before the workers are shut down on purpose)."""

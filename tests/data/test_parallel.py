@@ -467,6 +467,22 @@ def test_a_process_the_forkserver_starts_while_importing_is_no_worker(tmp_path):
     assert done.stdout.split() == ["True", "None"], done.stdout + done.stderr
 
 
+@pytest.mark.slow
+def test_a_process_the_forkserver_forks_and_that_runs_a_program_later_is_no_worker(tmp_path):
+    # Between its fork and its exec a process keeps the server's command line: a busy machine made that moment span a
+    # look of the watch, which took the process for worker 0 and its end for a death. Here the moment spans several.
+    (tmp_path / "starts_a_helper.py").write_text(
+        "import os, sys, time\n"
+        "if os.fork() == 0:\n"
+        "    time.sleep(0.3)\n"
+        "    os.execv(sys.executable, [sys.executable, '-c', 'import time; time.sleep(1)'])\n"
+    )
+    (tmp_path / "run.py").write_text(HELPER_IN_THE_SERVER)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(tmp_path)])}
+    done = subprocess.run([sys.executable, "run.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=99)
+    assert done.stdout.split() == ["True", "None"], done.stdout + done.stderr
+
+
 def test_of_workers_that_ended_together_the_error_names_the_one_killed_not_one_that_exited_cleanly():
     # Forkserver workers' codes are unknown to the watch: when it first sees two ended at once (the killed one and a
     # survivor that TorchRL's shutdown let exit cleanly), the error reads their codes and names the killed one,
