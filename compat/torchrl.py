@@ -103,6 +103,12 @@ PRIVATE_API = (
     ("torchrl.envs.TransformedEnv", "_transform", "FastTransformedEnv"),
     ("torchrl.envs.Transform", "_post_step_mdp_hooks", "FastTransformedEnv"),
     ("torchrl.envs.EnvBase", "_complete_done", "FastTransformedEnv"),
+    ("torchrl.envs.EnvBase", "_simple_done", "FastTransformedEnv"),
+    ("torchrl.envs.EnvBase", "_reset_check_done", "FastTransformedEnv"),
+    ("torchrl.envs.EnvBase", "_supports_set_state", "FastTransformedEnv"),
+    ("torchrl.envs.Transform", "_reset_env_preprocess", "FastTransformedEnv"),
+    ("torchrl.envs.Transform", "_reset", "FastTransformedEnv"),
+    ("torchrl.envs.EnvBase", "_reset", "FastTransformedEnv"),
     ("torchrl.envs.Transform", "_inv_call", "FastTransformedEnv"),
     ("torchrl.envs.Transform", "_step", "FastTransformedEnv"),
     ("torchrl.envs.utils", "_StepMDP", "FastStepAndMaybeReset"),
@@ -542,6 +548,58 @@ class FastTransformedEnv(FastStepAndMaybeReset, TransformedEnv):
             base._complete_done(base.full_done_spec, next_tensordict)
         return self.transform._step(tensordict, next_tensordict)
 
+    def maybe_reset(self, tensordict: TensorDictBase) -> TensorDictBase:
+        """TorchRL's ``maybe_reset`` (``EnvBase.maybe_reset``, ``reset(select_reset_only=True)``,
+        ``TransformedEnv._reset`` and ``_update_during_reset``), the same calls into the base environment and the chain
+        and the same merge, without the generic passes around them (the spec and key walks, the tensordict-wide masked
+        merge): in a task with short episodes and a normalised observation, a reset cost several steps.
+
+        The plain case: a ``TensorDict`` of tensors on the environment's device and batch, one top-level ``"done"``
+        group (the ``"_reset"`` key alone), no state entries and no ``set_state`` support. The finished rows are reset
+        through the chain as TorchRL's ``_reset`` does; in the merge a row that reset takes the reset's entries and
+        zeros for what the reset does not give (the policy's outputs), and the other rows keep theirs, as TorchRL's
+        ``where(..., pad=0)`` leaves them. Any other case is TorchRL's own."""
+        if not self._plain_reset(tensordict):
+            return super().maybe_reset(tensordict)
+        done = top_level_entries(tensordict)["done"]
+        if not bool(done.any()):
+            return tensordict
+        request = tensordict_unchecked({"_reset": done.clone()}, tensordict.batch_size, tensordict.device)
+        # TransformedEnv._reset (torchrl 0.14.1), with no state entries to select; Transform._reset_env_preprocess,
+        # Transform._reset and EnvBase._complete_done (private): what it calls.
+        request = self.transform._reset_env_preprocess(request)
+        base = self.base_env
+        reset = base._reset(request)
+        if not isinstance(base, StepOutputComplete) or base.run_type_checks:
+            base._complete_done(base.full_done_spec, reset)
+        reset = self.transform._reset(request, reset)
+        # EnvBase._reset_check_done (private): TorchRL's check that the rows it reset are not done.
+        self._reset_check_done(request, reset)
+        return _merged_after_reset(tensordict, reset, request.get("_reset"))
+
+    def _plain_reset(self, tensordict: TensorDictBase) -> bool:
+        """Whether :meth:`maybe_reset`'s plain case holds (its docstring)."""
+        if type(tensordict) is not TensorDict or tensordict.device != self.device:
+            return False
+        if tensordict.batch_size != self.batch_size:
+            return False
+        # EnvBase._step_mdp (private): rebuilt when the specs change, so it keys the cached answer about them.
+        mdp = self._step_mdp
+        cached = self.__dict__.get("_plain_reset_specs")
+        if cached is None or cached[0] is not mdp:
+            # EnvBase._simple_done (private; torchrl 0.14.1): one "done" group with "done" and "terminated".
+            plain = (
+                self._simple_done
+                and list(self.reset_keys) == ["_reset"]
+                and not list(self.state_spec.keys(True, True))
+                and not self._supports_set_state
+            )
+            cached = (mdp, plain)
+            self.__dict__["_plain_reset_specs"] = cached
+        if not cached[1]:
+            return False
+        return all(isinstance(value, torch.Tensor) for value in top_level_entries(tensordict).values())
+
     def _keep_submodules_direct(self) -> None:
         # TransformedEnv._transform (private; torchrl 0.14.1): what its `transform` property returns.
         self.__dict__["base_env"], self.__dict__["_transform"] = self.base_env, self.transform
@@ -567,6 +625,37 @@ def _hooks_after_step_mdp(transform: Transform) -> bool:
     if isinstance(transform, Compose):
         return any(_hooks_after_step_mdp(each) for each in transform.transforms)
     return type(transform)._post_step_mdp_hooks is not Transform._post_step_mdp_hooks
+
+
+def _merged_after_reset(tensordict: TensorDict, reset: TensorDictBase, flags: torch.Tensor) -> TensorDict:
+    """``tensordict`` with ``reset``'s rows where ``flags`` is set, as TorchRL's ``_update_during_reset`` merges one
+    top-level reset (``where(~flags, other=reset, pad=0)``): an entry of both takes the reset's value in the flagged
+    rows, an entry of one only is zero in the rows the other would give; new tensors, the old ones untouched (they
+    are also the last step's ``"next"`` entries)."""
+    fresh = {key: value for key, value in top_level_entries(reset).items() if key != "_reset"}
+    if bool(flags.all()):
+        tensordict.update(fresh)
+        return tensordict
+    flags = flags.reshape(tensordict.batch_size)
+    keep = ~flags
+    own = top_level_entries(tensordict)
+    for key in [*own, *(key for key in fresh if key not in own)]:
+        mine, theirs = own.get(key), fresh.get(key)
+        if mine is None:
+            value = torch.where(
+                _right(flags, theirs), theirs, torch.zeros((), dtype=theirs.dtype, device=theirs.device)
+            )
+        elif theirs is None:
+            value = torch.where(_right(keep, mine), mine, torch.zeros((), dtype=mine.dtype, device=mine.device))
+        else:
+            value = torch.where(_right(keep, mine), mine, theirs)
+        set_unchecked(tensordict, key, value)
+    return tensordict
+
+
+def _right(mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``mask`` (batch-shaped) with trailing dimensions of size 1, to broadcast over ``like``'s."""
+    return mask.reshape(*mask.shape, *(1,) * (like.ndim - mask.ndim))
 
 
 def _outputs_only(transform: Transform) -> bool:

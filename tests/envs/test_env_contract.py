@@ -256,9 +256,13 @@ def test_a_transformed_environment_steps_as_torchrls_and_takes_the_fast_road_whe
         monkeypatch.setattr(fast.transform, "inv", lambda td: pytest.fail("the short _step was not taken"))
     _HookAfterStepMdp.calls = _Inverse.calls = 0
     td_fast, td_reference = fast.reset(), reference.reset()
+    # and TorchRL's reset road (maybe_reset through reset), whichever step_and_maybe_reset calls it
+    monkeypatch.setattr(fast, "_reset_proc_data", lambda *args: pytest.fail("the short maybe_reset was not taken"))
     ended = False
     for step, action in enumerate(random_actions(fast, steps=60)):
-        td_fast["action"], td_reference["action"] = action.clone(), action.clone()
+        logits = torch.randn(3, 2)  # a policy's outputs: carried to the next step, zeroed in the rows that reset
+        for td in (td_fast, td_reference):
+            td["action"], td["logits"] = action.clone(), logits.clone()
         stepped_fast, td_fast = fast.step_and_maybe_reset(td_fast)
         stepped_reference, td_reference = EnvBase._step_and_maybe_reset(reference, td_reference)
         for mine, theirs in ((stepped_fast, stepped_reference), (td_fast, td_reference)):
@@ -272,6 +276,37 @@ def test_a_transformed_environment_steps_as_torchrls_and_takes_the_fast_road_whe
     assert _Inverse.calls == (2 * 60 if extra == "inverse" else 0)  # both environments' inverses, at every step
     for each in (fast, reference):
         each.close()
+
+
+@pytest.mark.parametrize("rows", [[True, False, True], [True, True, True]], ids=["some rows", "every row"])
+def test_the_short_merge_after_a_reset_is_torchrls(rows):
+    """compat.torchrl's merge of a reset into the next step's input gives what TorchRL's _update_during_reset gives:
+    the reset's entries in the rows that reset, zeros there for entries the reset lacks, a reset-only entry zero in
+    the other rows, the input's own tensors left as they were."""
+    from tensordict import TensorDict
+    from torchrl.envs.utils import _update_during_reset
+
+    from compat.torchrl import _merged_after_reset
+
+    flags = torch.tensor(rows).unsqueeze(-1)
+    inputs = TensorDict(
+        {"observation": torch.randn(3, 4), "done": flags.clone(), "logits": torch.randn(3, 2)}, batch_size=[3]
+    )
+    reset = TensorDict(
+        {"observation": torch.randn(3, 4), "done": torch.zeros(3, 1, dtype=torch.bool), "step_count": torch.ones(3, 1)},
+        batch_size=[3],
+    )
+    before, own_observation = inputs.clone(), inputs["observation"]
+    theirs = _update_during_reset(reset.clone(), inputs.clone().set("_reset", flags.clone()), ["_reset"])
+    mine = _merged_after_reset(inputs, reset.clone(), flags.clone())
+    entries = {"observation", "done", "logits", "step_count"}
+    assert set(mine.keys()) == set(theirs.keys()) == entries
+    for key in entries:
+        assert torch.equal(mine[key], theirs[key]), key
+    assert torch.equal(own_observation, before["observation"])  # new tensors: the last step's "next" is untouched
+    if not all(rows):
+        assert torch.equal(mine["logits"][1], before["logits"][1]) and not mine["logits"][0].any()
+        assert mine["step_count"][1].item() == 0
 
 
 def test_the_fast_step_leaves_a_preset_next_to_torchrl():
