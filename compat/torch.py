@@ -12,6 +12,7 @@ Imports only torch: :mod:`export.loader` (which needs only torch) uses it.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -30,6 +31,7 @@ PRIVATE_API = (
     ("torch", "_fused_adam_", "fused_adam_step_"),
     ("torch", "_foreach_lerp_", "foreach_lerp_"),
     ("torch._inductor.config", "fallback_random", "inductor_fallback_random"),
+    ("torch._inductor.cpu_vec_isa", "valid_vec_isa_list", "probe_cpu_vector_isa_early"),
     ("torch._inductor", "list_mode_options", "inductor_mode_options"),
     ("torch._inductor", "aoti_compile_and_package", "aoti_compile_and_package"),
     ("torch._inductor", "aoti_load_package", "aoti_load_package"),
@@ -89,6 +91,30 @@ def inductor_fallback_random() -> None:
     """Make compiled code draw random numbers from the global generator as eager code does (process-wide)."""
     # torch._inductor.config.fallback_random (private; torch 2.13.0).
     torch._inductor.config.fallback_random = True
+
+
+_VECTOR_ISA_PROBE: threading.Thread | None = None
+
+
+def probe_cpu_vector_isa_early() -> None:
+    """Start Inductor's once-a-process check of the vector instruction sets its C++ code for this CPU may use, in a
+    background thread, so that the first call of a compiled function finds the answer there.
+
+    Inductor makes the check at the first compilation of a process, its compiled graphs' cache hits included: for
+    each candidate set it builds a probe library and loads it in a child Python, and the update waits (about a
+    second of a small PPO update's first call on a 2-core machine, docs/results/gymnasium.md). Started while the
+    model is built, the children run as the environments are built and the first rollout collected. The answer is
+    Inductor's own function's, kept for the process (a call in the main thread before the thread is done makes the
+    same check once more), so the compiled code is the same."""
+    global _VECTOR_ISA_PROBE
+    if _VECTOR_ISA_PROBE is not None:
+        return
+    # Imported here, in the calling thread: the thread itself only runs the probes (child processes it waits for).
+    # torch._inductor.cpu_vec_isa.valid_vec_isa_list (private; torch 2.13.0): the cached list of usable sets.
+    from torch._inductor import codecache, cpp_builder, cpu_vec_isa  # noqa: F401 (the probe's own imports)
+
+    _VECTOR_ISA_PROBE = threading.Thread(target=cpu_vec_isa.valid_vec_isa_list, name="vector-isa-probe", daemon=True)
+    _VECTOR_ISA_PROBE.start()
 
 
 def inductor_mode_options(mode: str) -> dict[str, Any]:

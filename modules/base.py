@@ -36,7 +36,7 @@ from compat.lightning import (
     optimizer_step_with_hooks,
 )
 from compat.tensordict import install_from_any_tensor_shortcut
-from compat.torch import foreach_lerp_, inductor_fallback_random, inductor_mode_options
+from compat.torch import foreach_lerp_, inductor_fallback_random, inductor_mode_options, probe_cpu_vector_isa_early
 from datamodules.source import DataSource
 from modules.optim import FusedAdamStep, OptimizerOptions
 
@@ -134,6 +134,8 @@ class RLModule(pl.LightningModule):
         self.action_spec = action_spec
         self.optim = optimizer
         self.compile_mode = compile
+        if compile and not torch.cuda.is_available():  # the compiled update will run on this CPU
+            probe_cpu_vector_isa_early()
         self.check_finite_every = check_finite_every
         self._compiled_loss: Callable[[TensorDictBase], TensorDictBase] | None = None  # set in on_fit_start
         self._graphed_update: CudaGraphModule | None = None  # compile: cudagraph on a CUDA device

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 
 import lightning.pytorch as pl
 import pytest
@@ -71,6 +73,34 @@ def test_compiled_and_eager_losses_agree_on_the_same_batch(cls):
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the probe starts where the update compiles for the CPU")
+def test_a_compiled_model_checks_the_cpus_vector_instructions_before_its_first_compilation():
+    """Building a model with compile on starts Inductor's once-a-process probe of the CPU's vector instruction sets in
+    a background thread (compat.torch.probe_cpu_vector_isa_early), so that the first compiled update does not wait
+    for it; an eager model starts nothing. In a fresh process: this one's probe may have run already."""
+    script = """
+import threading
+from torch._inductor import cpu_vec_isa
+import compat.torch
+from modules.dqn import DQN
+from tests.agents.test_dqn import SPECS
+DQN(**SPECS)
+assert compat.torch._VECTOR_ISA_PROBE is None
+DQN(**SPECS, compile=True)
+probe = compat.torch._VECTOR_ISA_PROBE
+assert isinstance(probe, threading.Thread) and probe.name == "vector-isa-probe"
+probe.join(timeout=300)
+assert not probe.is_alive()
+assert cpu_vec_isa.valid_vec_isa_list.cache_info().currsize == 1  # Inductor's own answer, kept for the process
+DQN(**SPECS, compile=True)
+assert compat.torch._VECTOR_ISA_PROBE is probe  # once a process
+print("probed", [str(isa) for isa in cpu_vec_isa.valid_vec_isa_list()])
+"""
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "probed" in done.stdout
+
+
 def test_each_model_compiles_its_own_loss_in_a_process_of_several():
     # The compiled loss drops Dynamo's guards on the model, and Dynamo caches compiled code per function: models in
     # one process (a notebook, a test, a search) must not replay another's graph, whose constants (gamma) and
