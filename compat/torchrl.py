@@ -559,11 +559,14 @@ class FastTransformedEnv(FastStepAndMaybeReset, TransformedEnv):
         through the chain as TorchRL's ``_reset`` does; in the merge a row that reset takes the reset's entries and
         zeros for what the reset does not give (the policy's outputs), and the other rows keep theirs, as TorchRL's
         ``where(..., pad=0)`` leaves them. Any other case is TorchRL's own."""
-        if not self._plain_reset(tensordict):
+        entries = top_level_entries(tensordict) if self._plain_reset(tensordict) else {}
+        done = entries.get("done")
+        if done is None:
             return super().maybe_reset(tensordict)
-        done = top_level_entries(tensordict)["done"]
-        if not bool(done.any()):
+        if not bool(done.any()):  # most steps: checked before the per-entry test below
             return tensordict
+        if not all(isinstance(value, torch.Tensor) for value in entries.values()):  # a sub-tensordict: TorchRL's merge
+            return super().maybe_reset(tensordict)
         request = tensordict_unchecked({"_reset": done.clone()}, tensordict.batch_size, tensordict.device)
         # TransformedEnv._reset (torchrl 0.14.1), with no state entries to select; Transform._reset_env_preprocess,
         # Transform._reset and EnvBase._complete_done (private): what it calls.
@@ -578,7 +581,8 @@ class FastTransformedEnv(FastStepAndMaybeReset, TransformedEnv):
         return _merged_after_reset(tensordict, reset, request.get("_reset"))
 
     def _plain_reset(self, tensordict: TensorDictBase) -> bool:
-        """Whether :meth:`maybe_reset`'s plain case holds (its docstring)."""
+        """Whether the environment and ``tensordict``'s form allow :meth:`maybe_reset`'s plain case (its docstring;
+        the entries are checked to be tensors there, at a step that resets)."""
         if type(tensordict) is not TensorDict or tensordict.device != self.device:
             return False
         if tensordict.batch_size != self.batch_size:
@@ -596,9 +600,7 @@ class FastTransformedEnv(FastStepAndMaybeReset, TransformedEnv):
             )
             cached = (mdp, plain)
             self.__dict__["_plain_reset_specs"] = cached
-        if not cached[1]:
-            return False
-        return all(isinstance(value, torch.Tensor) for value in top_level_entries(tensordict).values())
+        return cached[1]
 
     def _keep_submodules_direct(self) -> None:
         # TransformedEnv._transform (private; torchrl 0.14.1): what its `transform` property returns.

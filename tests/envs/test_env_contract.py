@@ -278,6 +278,51 @@ def test_a_transformed_environment_steps_as_torchrls_and_takes_the_fast_road_whe
         each.close()
 
 
+class _NestedObservation(Transform):
+    """A transform that adds a nested observation entry, at steps and resets."""
+
+    def _call(self, tensordict: TensorDictBase) -> TensorDictBase:
+        return tensordict.set(("extra", "x"), tensordict.get("observation")[..., :1] * 2)
+
+    def _reset(self, tensordict: TensorDictBase, tensordict_reset: TensorDictBase) -> TensorDictBase:
+        return self._call(tensordict_reset)
+
+    def transform_observation_spec(self, observation_spec: Any) -> Any:
+        from torchrl.data import Composite, Unbounded
+
+        shape = observation_spec.shape
+        observation_spec["extra"] = Composite(x=Unbounded(shape=(*shape, 1)), shape=shape)
+        return observation_spec
+
+
+def test_a_transformed_environment_with_a_nested_entry_resets_as_torchrls():
+    """A carried sub-tensordict is merged by TorchRL's own reset (the short merge takes tensors only), with the same
+    result through resets."""
+    from torchrl.envs import Compose, TransformedEnv
+
+    from compat.torchrl import transformed
+
+    gym_env = pytest.importorskip("envs.gym.env", reason="the gym extra is not installed")
+
+    def environment(make: Any) -> TransformedEnv:
+        return make(gym_env.GymnasiumEnv(num_envs=3, env_id="CartPole-v1", seed=3), Compose(_NestedObservation()))
+
+    fast, reference = environment(transformed), environment(TransformedEnv)
+    td_fast, td_reference = fast.reset(), reference.reset()
+    ended = False
+    for step, action in enumerate(random_actions(fast, steps=60)):
+        td_fast["action"], td_reference["action"] = action.clone(), action.clone()
+        stepped_fast, td_fast = fast.step_and_maybe_reset(td_fast)
+        _, td_reference = EnvBase._step_and_maybe_reset(reference, td_reference)
+        assert set(td_fast.keys(True, True)) == set(td_reference.keys(True, True)), step
+        for key in td_reference.keys(True, True):
+            assert torch.equal(td_fast[key], td_reference[key]), (step, key)
+        ended |= bool(stepped_fast["next", "done"].any())
+    assert ended and ("extra", "x") in td_fast.keys(True, True)
+    for each in (fast, reference):
+        each.close()
+
+
 @pytest.mark.parametrize("rows", [[True, False, True], [True, True, True]], ids=["some rows", "every row"])
 def test_the_short_merge_after_a_reset_is_torchrls(rows):
     """compat.torchrl's merge of a reset into the next step's input gives what TorchRL's _update_during_reset gives:
