@@ -16,7 +16,8 @@ loading (``BatchedEnv.exact_state`` False), and asynchronous workers (which star
 afresh instead.
 
 The work is a fixed number of whole-batch tensor operations per batch, on the batch's device; the figures reach the
-host only at :meth:`report`, on logging steps.
+host only at :meth:`report`, on logging steps. On the CPU, where reading a flag costs nothing, a batch in which no
+episode ends (most rounds of a few steps) only carries the running sums on, to the same bits.
 """
 
 from __future__ import annotations
@@ -82,6 +83,12 @@ class EpisodeStatistics:
             if worker is not None:
                 first = int(worker.reshape(-1)[0]) * done.shape[0]
                 rows = slice(first, first + done.shape[0])
+            if done.device.type == "cpu" and not bool(done.any()):
+                # No episode ends in the batch (most rounds of a few steps): the running sums go on, as the general
+                # road's last column computes them, in two operations where it takes a score of them (a host read
+                # here costs nothing; on an accelerator it would wait for the batch, so that road stays whole-batch).
+                self.running[rows] += values.cumsum(1)[:, -1]
+                return
             self.running[rows], ended = _episode_sums(self.running[rows], values, done)
             sums, marked = ended.sum(0), []
             for column, marker in self._over:  # a marked metric's sum counts only its marked episodes

@@ -33,6 +33,7 @@ from collections.abc import Sequence
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
+import numpy as np
 import torch
 from tensordict import TensorDictBase
 from torch import nn
@@ -80,17 +81,37 @@ class ObservationNormalizer(nn.Module):
 def merge_moments(count: torch.Tensor, mean: torch.Tensor, var: torch.Tensor, x: torch.Tensor) -> None:
     """Merge the samples ``x`` (``[samples, *mean.shape]``; with DDP every rank's) into the running ``count``,
     ``mean`` and ``var`` (float64 buffers), in place."""
-    x = x.to(torch.float64)
-    n = reduce(torch.tensor(float(x.shape[0]), dtype=torch.float64, device=x.device))
-    batch_mean = reduce(x.sum(0)) / n
-    batch_var = reduce((x - batch_mean).pow(2).sum(0)) / n
+    if on_host(x, count):
+        # NumPy views of the same buffers (:func:`on_host`): the merge's twenty-odd operations on arrays of a few
+        # numbers each, every one several times cheaper than a torch op's dispatch and allocation.
+        count, mean, var, x = count.numpy(), mean.numpy(), var.numpy(), x.numpy().astype(np.float64)
+        n = np.float64(x.shape[0])
+        batch_mean = x.sum(0) / n
+        batch_var = ((x - batch_mean) ** 2).sum(0) / n
+    else:
+        x = x.to(torch.float64)
+        n = reduce(torch.tensor(float(x.shape[0]), dtype=torch.float64, device=x.device))
+        batch_mean = reduce(x.sum(0)) / n
+        batch_var = reduce(((x - batch_mean) ** 2).sum(0)) / n
     # Chan, Golub and LeVeque's parallel update: the merged mean, and the merged sum of squared deviations.
     total = count + n
     delta = batch_mean - mean
-    squares = var * count + batch_var * n + delta.pow(2) * count * n / total
+    squares = var * count + batch_var * n + delta**2 * count * n / total
     mean += delta * n / total
-    var.copy_(squares / total)
-    count.copy_(total)
+    var[...] = squares / total
+    count[...] = total
+
+
+def on_host(*tensors: torch.Tensor) -> bool:
+    """Whether the statistics' arithmetic on ``tensors`` runs in NumPy, on views of the same memory: on the CPU, in a
+    process of its own (a DDP run sums every rank's figures with torch's collectives). Once per rollout the
+    statistics take a few dozen operations on arrays of a few numbers (an observation's size, a rollout's rewards),
+    where a torch op's dispatch and allocation cost several times NumPy's: a noticeable share of a cheap task's
+    rollout (docs/results/gymnasium.md, "The rollout's statistics in NumPy"). The same expressions as torch's, so
+    the same numbers up to the order of a sum's terms."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return False
+    return all(tensor.device.type == "cpu" and not tensor.requires_grad for tensor in tensors)
 
 
 class RewardScaler(nn.Module):
@@ -129,15 +150,24 @@ class RewardScaler(nn.Module):
             if self.returns.numel():
                 raise ValueError(f"RewardScaler: rollouts of {copies} copies after rollouts of {self.returns.numel()}")
             self.returns = torch.zeros(copies, dtype=torch.float64, device=reward.device)
-        r, d = reward.reshape(copies, steps).to(torch.float64), done.reshape(copies, steps)
+        r, going_on = reward.reshape(copies, steps).to(torch.float64), ~done.reshape(copies, steps)
         discounted = torch.empty_like(r)
+        host = on_host(reward, self.returns)
+        # On the host the same expressions run on NumPy views of the same memory (on_host).
+        views = (r.numpy(), going_on.numpy(), self.returns.numpy(), discounted.numpy()) if host else None
+        rewards, live, returns, out = views or (r, going_on, self.returns, discounted)
         for t in range(steps):  # the running return of each copy, reset after its episode's last step
-            self.returns.mul_(self.gamma).add_(r[:, t])
-            discounted[:, t] = self.returns
-            self.returns.masked_fill_(d[:, t], 0.0)
+            returns *= self.gamma
+            returns += rewards[:, t]
+            out[:, t] = returns
+            returns *= live[:, t]
         merge_moments(self.count, self.mean, self.var, discounted.reshape(-1))
-        scaled = (r / torch.sqrt(self.var + self.epsilon)).clamp(-self.clip, self.clip)
-        reward.copy_(scaled.reshape(reward.shape).to(reward.dtype))
+        if host:
+            scaled = np.clip(rewards / np.sqrt(self.var.numpy() + self.epsilon), -self.clip, self.clip)
+            reward.numpy()[...] = scaled.reshape(reward.shape)
+        else:
+            scaled = (r / torch.sqrt(self.var + self.epsilon)).clamp(-self.clip, self.clip)
+            reward.copy_(scaled.reshape(reward.shape).to(reward.dtype))
 
 
 def _size_returns_as_saved(scaler: RewardScaler, state_dict: dict, prefix: str, *args: Any) -> None:

@@ -242,3 +242,45 @@ def test_rewards_are_scaled_by_the_std_of_the_discounted_return_carried_across_r
     restored = RewardScaler(gamma=0.5)
     restored.load_state_dict(scaler.state_dict())
     assert torch.equal(restored.returns, scaler.returns) and restored.var.item() == scaler.var.item()
+
+
+def test_the_statistics_on_the_host_are_torchs_to_the_bit_where_they_meet_the_learner(monkeypatch):
+    """On the CPU the statistics' arithmetic runs in NumPy on views of the learner's buffers (modules/normalization.py,
+    ``on_host``); elsewhere (an accelerator, DDP) in torch. Over rollouts with episode ends, both give the same
+    scaled rewards and the same float32 loc and scale that the environments normalise with, to the bit, and float64
+    statistics equal up to the order of a sum's terms; the buffers are updated in place (a clone's transform shares
+    them)."""
+    from modules import normalization
+
+    def run(host: bool) -> tuple[list[torch.Tensor], RewardScaler, ObservationNormalizer]:
+        monkeypatch.setattr(normalization, "on_host", lambda *tensors: host)
+        generator = torch.Generator().manual_seed(3)
+        scaler, normalizer = RewardScaler(gamma=0.99), ObservationNormalizer((3,))
+        loc, scale = normalizer.norm.loc, normalizer.norm.scale
+        scaled = []
+        for _ in range(50):
+            reward = torch.randn(16, 5, 1, generator=generator) * 20 + 3
+            done = torch.rand(16, 5, 1, generator=generator) < 0.1
+            scaler.scale_(reward, done)
+            normalizer.update(torch.randn(16, 5, 3, generator=generator) * 4 - 1)
+            scaled.append(reward)
+            assert normalizer.norm.loc is loc and normalizer.norm.scale is scale  # in place
+        return scaled, scaler, normalizer
+
+    (host_rewards, host_scaler, host_norm), (torch_rewards, torch_scaler, torch_norm) = run(True), run(False)
+    for ours, theirs in zip(host_rewards, torch_rewards, strict=True):
+        assert torch.equal(ours, theirs)
+    assert torch.equal(host_norm.norm.loc, torch_norm.norm.loc)
+    assert torch.equal(host_norm.norm.scale, torch_norm.norm.scale)
+    assert torch.equal(host_scaler.returns, torch_scaler.returns)
+    for ours, theirs in ((host_scaler, torch_scaler), (host_norm, torch_norm)):
+        for name in ("count", "mean", "var"):
+            assert torch.allclose(getattr(ours, name), getattr(theirs, name), rtol=1e-12, atol=0), name
+
+
+def test_the_statistics_run_in_torch_on_an_accelerator_or_with_ddp():
+    from modules.normalization import on_host
+
+    assert on_host(torch.zeros(2), torch.zeros(()))
+    assert not on_host(torch.zeros(2, device="meta"))
+    assert not on_host(torch.zeros(2, requires_grad=True))

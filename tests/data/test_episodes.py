@@ -180,3 +180,34 @@ def test_one_step_rounds_take_the_short_road_to_the_same_sums_to_the_bit():
     long_running, long_ended = episodes._episode_sums(*general)
     for ours, theirs in ((short[0], long_running), (short[1], long_ended.reshape(64, 2, 4)[:, 0])):
         assert torch.equal(ours.view(torch.int32), theirs.view(torch.int32))  # bitwise, NaN and -0.0 included
+
+
+@pytest.mark.parametrize("steps", [1, 4])
+def test_a_batch_where_no_episode_ends_takes_the_short_road_to_the_same_sums_to_the_bit(steps):
+    """On the CPU a batch in which no episode ends only carries the running sums on (two operations): the same bits
+    as the whole-batch road (which a batch on an accelerator takes whatever its flags), and so the same sums for the
+    episodes that end in the batches after it."""
+    from datamodules import episodes
+
+    generator = torch.Generator().manual_seed(2)
+    batches = []
+    for ends in (False, False, True, False):
+        done = (torch.rand(8, steps, 1, generator=generator) < 0.4) & ends
+        next_ = {"reward": torch.randn(8, steps, 1, generator=generator) * 7, "done": done}
+        next_["laps"] = torch.rand(8, steps, 1, generator=generator)
+        batches.append(TensorDict({"next": next_}, batch_size=(8, steps)))
+    assert batches[2]["next", "done"].any()
+
+    stats = EpisodeStatistics(("laps",), {}, rows=8, agents_per_env=1)
+    running, pending = torch.zeros(8, 3), torch.zeros(4)
+    for batch in batches:
+        stats.observe(batch)
+        # The whole-batch road, by hand: every batch through _episode_sums.
+        done = batch["next", "done"].reshape(8, steps)
+        columns = [batch["next", key].reshape(8, steps) for key in ("reward", "laps")]
+        values = torch.stack([columns[0], torch.ones(8, steps), columns[1]], dim=-1)
+        running, ended = episodes._episode_sums(running, values, done)
+        pending += torch.cat([done.sum().float().reshape(1), ended.sum(0)])
+        for ours, theirs in ((stats.running, running), (stats.pending, pending)):
+            assert torch.equal(ours.view(torch.int32), theirs.view(torch.int32))  # bitwise
+    assert stats.pending[0] == batches[2]["next", "done"].sum()  # the episodes that ended, counted once
