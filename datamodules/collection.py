@@ -277,6 +277,8 @@ class Collection:
         except Exception as error:
             self.check_workers_alive(error, data.frames)
             raise
+        if self._watch is not None:
+            self._watch.number([process.pid for process in self._processes()])
 
     #: whether the strategy starts worker processes
     uses_workers = False

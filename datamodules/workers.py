@@ -322,6 +322,11 @@ class WorkerWatch(threading.Thread):
     end is seen in ``/proc``, and its exit code is read later, in the learner's thread, from its ``multiprocessing``
     process object (reading it here would race TorchRL's own reads of the same pipe).
 
+    Once the workers have started, :meth:`number` gives their pids by index from their process objects; from then on
+    those are the processes watched, whatever a look at the server's children shows: a worker that is ending has no
+    command line left before it becomes a zombie, and a look in that moment lost it (the error then named the worker
+    that TorchRL stopped after it).
+
     Call :meth:`stop` before shutting the workers down normally (their exits are not deaths).
     """
 
@@ -334,15 +339,24 @@ class WorkerWatch(threading.Thread):
         self.ended: list[int] = []  # the indices of the workers that had ended when the death was seen
         self._known = set(worker_pids())  # started before this watch (other strategies'): not watched
         self._candidates: set[int] = set()  # looking like workers at the last look, not yet watched
+        self._numbered = False  # whether the workers are known by their process objects (:meth:`number`)
+        self._lock = threading.Lock()  # a look and a numbering are not interleaved
         self._stopping = threading.Event()
+
+    def number(self, pids: Sequence[int]) -> None:
+        """Watch the worker processes ``pids`` (by index, from their process objects) and no others from now on: a
+        process the server starts later is not a worker, and a worker a look does not find is still one. Nothing
+        changes while a pid is not known (a worker not started yet)."""
+        if pids and None not in pids:
+            with self._lock:
+                self.workers, self._numbered = list(pids), True
 
     def run(self) -> None:
         while not self._stopping.wait(self.poll_s):
-            alive = set(worker_pids())
-            # A watched process still running but no longer a worker's (it has run another program) was not a worker.
-            self.workers = [pid for pid in self.workers if pid in alive or not _running(pid)]
-            self.workers += self._confirmed_workers(alive)
-            ended = [(index, *_exit_code(pid)) for index, pid in enumerate(self.workers)]
+            with self._lock:
+                if not self._numbered:
+                    self._find_workers()
+                ended = [(index, *_exit_code(pid)) for index, pid in enumerate(self.workers)]
             ended = [(index, code) for index, done, code in ended if done]
             if ended and not self._stopping.is_set():
                 # TorchRL may have seen the death first: it collected that worker (its code unknown here) and
@@ -352,6 +366,13 @@ class WorkerWatch(threading.Thread):
                 self.death, self.ended = ended[0], [index for index, _ in ended]
                 self._kill_others(self.workers[self.death[0]])
                 return
+
+    def _find_workers(self) -> None:
+        """Before :meth:`number`: the workers as they appear among the server's children, numbered in that order."""
+        # A watched process running another program was not a worker (a process that is ending, its command line
+        # gone, still is one).
+        self.workers = [pid for pid in self.workers if not _runs_another_program(pid)]
+        self.workers += self._confirmed_workers(set(worker_pids()))
 
     @property
     def ended_together(self) -> bool:
@@ -415,6 +436,13 @@ def worker_pids(pid: int | None = None) -> list[int]:
         elif b"multiprocessing.forkserver" in command:
             found += [fork for fork in _children(child) if _command_line(fork) == command]
     return found
+
+
+def _runs_another_program(pid: int) -> bool:
+    """Whether process ``pid`` runs and its command line is not a worker's (nor the forkserver's, which its forks keep
+    until they run another program). One that has ended, or is ending, has none."""
+    command = _command_line(pid)
+    return bool(command) and b"spawn_main" not in command and b"multiprocessing.forkserver" not in command
 
 
 def _children(pid: int) -> list[int]:

@@ -457,7 +457,7 @@ def probe_update(batch_size: int, seed: int = 0):
 
 @pytest.mark.slow
 def test_the_yardstick_reads_what_an_independent_update_of_the_same_arithmetic_costs():
-    # The built-in yardstick of the Snake reference setting (batch 128) against probe_update, alternated slice by slice
+    # The built-in yardstick of the Snake reference setting (batch 128) against probe_update, alternated call by call
     # on one thread so that the machine's drift falls on both alike: within 10 %.
     model, data = build(
         [str(ROOT / "configs" / name) for name in ("snake_dqn.yaml", "bench/dqn_reference_ratio.yaml")], []
@@ -474,26 +474,27 @@ def test_the_yardstick_reads_what_an_independent_update_of_the_same_arithmetic_c
         for i in range(20):  # first allocations, as the yardstick's first slice does
             probe(i)
         yardstick.slice_ms(0.05)  # its first slice draws its batches and warms up
-        ratios = alternated_ratios(yardstick, probe, pairs=9, seconds=0.1)
+        ratios = alternated_ratios(yardstick, probe, pairs=101)
     finally:
         torch.set_num_threads(threads)
     assert 0.9 <= statistics.median(ratios) <= 1.1, ratios
 
 
-def alternated_ratios(yardstick: BareYardstick, probe, pairs: int, seconds: float) -> list[float]:
-    """The yardstick's time per update over ``probe``'s, in ``pairs`` alternating slices of ``seconds`` each. Each
-    side's CPU time per update (this thread's: on one torch thread it does all the arithmetic), so that a neighbour
-    that takes the core now and then, as the suite's other worker does, costs neither side."""
+def alternated_ratios(yardstick: BareYardstick, probe, pairs: int) -> list[float]:
+    """The yardstick's time for one update over ``probe``'s, ``pairs`` times, one call of each in turn (the yardstick's
+    as a slice of one call). Each side's CPU time (this thread's: on one torch thread it does all the arithmetic), so
+    that a neighbour that takes the core now and then, as the suite's other worker does, costs neither side; and one
+    call each in turn, so that a neighbour that slows this core's arithmetic (sharing its caches) meets both sides of a
+    pair alike: slices of a few tenths of a second each read a median 1.18 beside a busy neighbour."""
     ratios = []
-    for _ in range(pairs):
+    for i in range(pairs):
         calls, start = yardstick.calls, time.thread_time()
-        yardstick.slice_ms(seconds)
-        bare = (time.thread_time() - start) / (yardstick.calls - calls)
-        calls, start, wall = 0, time.thread_time(), time.perf_counter()
-        while time.perf_counter() - wall < seconds:
-            probe(calls)
-            calls += 1
-        ratios.append(bare / ((time.thread_time() - start) / calls))
+        yardstick.slice_ms(0.0)
+        bare = time.thread_time() - start
+        assert yardstick.calls == calls + 1
+        start = time.thread_time()
+        probe(i)
+        ratios.append(bare / (time.thread_time() - start))
     return ratios
 
 
@@ -546,9 +547,9 @@ def nature_cnn_probe(batch_size: int, actions: int, seed: int = 0):
 @pytest.mark.slow
 def test_the_yardstick_of_an_atari_dqn_reads_what_an_independent_cnn_update_costs_on_the_runs_threads(tmp_path):
     # The RL Zoo's Pong DQN as `lightrl zoo` writes it (its Nature CNN reads channels-last bytes), against
-    # nature_cnn_probe in alternating slices: within 10 % on one thread. Each slice runs on the run's own torch threads
-    # (a CNN update takes about two thirds of its one-thread time on two: a yardstick on one thread read a two-thread
-    # loop as faster than its own arithmetic).
+    # nature_cnn_probe, alternated call by call: within 10 % on one thread. Each slice runs on the run's own torch
+    # threads (a CNN update takes about two thirds of its one-thread time on two: a yardstick on one thread read a
+    # two-thread loop as faster than its own arithmetic).
     pytest.importorskip("ale_py")
     from app.zoo import config_text
 
@@ -578,7 +579,7 @@ def test_the_yardstick_of_an_atari_dqn_reads_what_an_independent_cnn_update_cost
         torch.set_num_threads(1)
         for i in range(3):
             probe(i)
-        ratios = alternated_ratios(yardstick, probe, pairs=5, seconds=0.3)
+        ratios = alternated_ratios(yardstick, probe, pairs=31)
         assert yardstick.threads == 1
     finally:
         torch.set_num_threads(threads)

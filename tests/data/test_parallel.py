@@ -23,6 +23,7 @@ from torchrl.collectors import MultiAsyncCollector
 from torchrl.envs import GymEnv
 from torchrl.modules import QValueActor
 
+import datamodules.workers
 from app.cli import main
 from datamodules.collection import AsyncCollectorWorkers, CollectorWorkers, _Feeder
 from datamodules.episodes import EpisodeStatistics
@@ -434,6 +435,47 @@ def test_the_watch_names_the_worker_killed_first_and_stops_the_others(start_meth
     assert str(early).endswith(
         "training stopped before its first checkpoint, so there is nothing to continue: start it again"
     )
+
+
+@pytest.mark.parametrize("numbered", [False, True], ids=["found among the children", "numbered by the learner"])
+def test_a_worker_that_a_look_does_not_find_is_still_watched(numbered, monkeypatch):
+    # A worker that is ending has no command line left before it becomes a zombie, so a look at the children in that
+    # moment does not find it: the watch let it go, then saw the worker that TorchRL stopped after it end, and the error
+    # named that one (worker 0 for a killed worker 1). Here every look misses worker 1 while it still runs; then it is
+    # killed. Numbered (as the learner numbers its workers once they have started), a process started after is no
+    # worker, and its end no death.
+    context = multiprocessing.get_context("spawn")
+    watch = WorkerWatch(poll_s=0.02)
+    watch.start()
+    workers = [context.Process(target=time.sleep, args=(60,)) for _ in range(2)]
+    later = context.Process(target=time.sleep, args=(0.1,))
+    try:
+        for worker in workers:
+            worker.start()
+        pids = [worker.pid for worker in workers]
+        deadline = time.monotonic() + 30
+        while watch.workers != pids and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert watch.workers == pids
+        if numbered:
+            watch.number(pids)
+            later.start()
+            later.join(timeout=30)
+        every = datamodules.workers.worker_pids
+
+        def without_worker_1(pid: int | None = None) -> list[int]:
+            return [found for found in every(pid) if found != pids[1]]
+
+        monkeypatch.setattr(datamodules.workers, "worker_pids", without_worker_1)
+        time.sleep(0.3)  # looks that miss worker 1
+        assert watch.workers == pids and watch.death is None
+        os.kill(pids[1], signal.SIGKILL)
+        watch.join(timeout=10)
+    finally:
+        for worker in workers:
+            worker.kill()
+            worker.join(timeout=10)
+    assert watch.death == (1, -signal.SIGKILL) and not watch.ended_together
 
 
 #: A forkserver whose preload starts a process of its own, as glfw does when TorchRL imports MuJoCo: the helper ends
