@@ -6,6 +6,7 @@
     python benchmarks/update_cost.py --agent pirl --compile true  # PIRL on the vehicle, batch 1,024
     python benchmarks/update_cost.py --agent sac --compile true   # racing SAC, batch 256
     python benchmarks/update_cost.py --agent dqn --compile true --arithmetic  # the update step alone, no loop
+    python benchmarks/update_cost.py --floor configs/gym/cartpole_dqn.yaml   # what no loop of a Gymnasium task avoids
 
 One process measures, side by side:
 
@@ -29,6 +30,14 @@ The DQN runs at the reference's setting (``configs/bench/dqn_reference_ratio.yam
 (its compiled loss, backward, fused Adam and soft target update;
 :func:`callbacks.bare_updates.framework_free_update`), to tell what the update step costs from what the loop around it
 costs. Writes ``update_arithmetic_<agent>_compile-<c>.json``.
+
+``--floor CONFIG`` runs no fit either: for a Gymnasium config, it alternates the bare update with what any training
+loop of that config pays per update besides it, whatever the framework: the environment's own steps (Gymnasium's,
+built as the config builds them, ``num_envs`` copies stepped in turn, episodes restarting as they end) and the acting
+policy's call on their observations (the agent's, on a TensorDict, as a collection calls it; ε-greedy at its final ε),
+``frames_per_update / num_envs`` of each per update. Their
+sum over the bare update is the least loop ÷ bare the config can show: the loop's own costs (the step's bookkeeping,
+the buffer's writes and draws, the hooks) are the rest of a fit's ratio. Writes ``loop_floor_<config>.json``.
 """
 
 from __future__ import annotations
@@ -44,7 +53,11 @@ from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 
+import numpy as np
 import torch
+from tensordict import TensorDict
+from torchrl.envs.utils import ExplorationType, set_exploration_type
+from torchrl.modules import EGreedyModule
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -52,6 +65,8 @@ sys.path.insert(0, str(ROOT))
 from app.cli import build, main  # noqa: E402
 from callbacks.bare_updates import bare_update, framework_free_update  # noqa: E402
 from callbacks.throughput import ThroughputReport  # noqa: E402
+from envs.gym.env import GymnasiumEnv  # noqa: E402
+from envs.gym.make import make_env, resolve_wrappers  # noqa: E402
 
 CONFIGS = {
     "dqn": ["configs/snake_dqn.yaml", "configs/bench/throughput.yaml", "configs/bench/dqn_reference_ratio.yaml"],
@@ -153,6 +168,78 @@ def arithmetic(agent: str, compile_: str, threads: int, rounds: int, seconds: fl
     }
 
 
+def floor(config: str, threads: int, rounds: int, seconds: float) -> dict:
+    """The bare update of ``config`` against its environment's own steps and its acting policy's calls per update,
+    alternating ``rounds`` slices of ``seconds`` each (see the module's docstring, ``--floor``)."""
+    model, data = build([config], ["--threads", str(threads)])
+    if data.declared.env_class is not GymnasiumEnv:
+        raise SystemExit(f"--floor {config}: a Gymnasium config is needed (its environment: {data.declared.env_class})")
+    options = data.declared.options
+    wrappers = resolve_wrappers(options.get("wrappers"))
+    seeds = [data.rank_seed + copy for copy in range(data.num_envs)]  # copy i plays stream seed + i
+    envs = [make_env(options["env_id"], dict(options.get("env_kwargs") or {}), wrappers)[0] for _ in seeds]
+    torch.set_num_threads(threads)
+    policy, epsilon = model.policy(), None
+    for module in policy.modules():  # the policy as it acts once its ε has annealed (ε 1 acts without the network)
+        if isinstance(module, EGreedyModule):
+            epsilon = float(module.eps.fill_(module.eps_end))
+    observations = [env.reset(seed=seed)[0] for env, seed in zip(envs, seeds, strict=True)]
+    actions = []
+    for env, seed in zip(envs, seeds, strict=True):
+        env.action_space.seed(seed)
+        actions.append([env.action_space.sample() for _ in range(1024)])
+
+    def environment(i: int) -> None:  # one step of every copy
+        for copy, env in enumerate(envs):
+            observations[copy], _, terminated, truncated, _ = env.step(actions[copy][i % 1024])
+            if terminated or truncated:
+                observations[copy] = env.reset()[0]
+
+    def acting(i: int) -> None:  # one call on every copy's observation
+        seen = torch.as_tensor(np.stack(observations), dtype=torch.float32)
+        with torch.no_grad(), set_exploration_type(ExplorationType.RANDOM):
+            policy(TensorDict({"observation": seen}, batch_size=[len(envs)]))
+
+    parts = {"bare": bare_update(model, data), "environment": environment, "acting": acting}
+    # A batch step of the copies is num_envs frames: frames_per_update / num_envs of them per update.
+    steps = data.frames_per_update / len(envs)
+    per_update = {"bare": 1.0, "environment": steps, "acting": steps}
+    times: dict[str, list[float]] = {name: [] for name in parts}
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        for part in parts.values():
+            for i in range(50):  # first allocations
+                part(i)
+        for _ in range(rounds):
+            for name, part in parts.items():
+                calls, start = 0, time.perf_counter()
+                while time.perf_counter() - start < seconds:
+                    part(calls)
+                    calls += 1
+                times[name].append(1e3 * (time.perf_counter() - start) / calls * per_update[name])
+    for env in envs:
+        env.close()
+    floors = [
+        (bare + environment + acting) / bare
+        for bare, environment, acting in zip(times["bare"], times["environment"], times["acting"], strict=True)
+    ]
+    return {
+        "date": datetime.now().astimezone().isoformat(timespec="seconds"),
+        "command": ["python", "benchmarks/update_cost.py", *sys.argv[1:]],
+        "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(), "torch_threads": threads},
+        "torch": torch.__version__,
+        "config": str(path.relative_to(ROOT)) if (path := Path(config).resolve()).is_relative_to(ROOT) else config,
+        "env_id": options["env_id"],
+        "num_envs": len(envs),
+        "frames_per_update": data.frames_per_update,
+        "epsilon": epsilon,  # the ε-greedy policy's ε (None: no ε-greedy)
+        "ms_per_update": {name: statistics.median(values) for name, values in times.items()},
+        "floor": statistics.median(floors),
+        "floor_range": [min(floors), max(floors)],
+        "rounds": times,
+    }
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--agent", choices=sorted(CONFIGS), default="dqn")
@@ -168,7 +255,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="no fit: time the agent's own update step outside Lightning and the data path against the bare update "
         "(DQN, PIRL and SAC), alternating --rounds slices of --bare-seconds each",
     )
-    parser.add_argument("--rounds", type=int, default=7, help="with --arithmetic: alternations of the two loops")
+    parser.add_argument(
+        "--floor",
+        metavar="CONFIG",
+        help="no fit: a Gymnasium config's bare update against its environment's steps and its acting policy's calls "
+        "per update, alternating --rounds slices of --bare-seconds each",
+    )
+    parser.add_argument("--rounds", type=int, default=7, help="with --arithmetic or --floor: alternations of the loops")
     parser.add_argument(
         "fit",
         nargs=argparse.REMAINDER,
@@ -182,6 +275,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--segment-seconds and --bare-seconds must be > 0")
     if args.threads < 1:
         parser.error(f"--threads must be >= 1, got {args.threads}")
+    if args.floor is not None and not Path(args.floor).is_file():
+        parser.error(f"--floor {args.floor}: no such config file")
     if args.arithmetic and args.agent == "ppo":
         parser.error("--arithmetic times the replay agents' update (--agent dqn, pirl or sac)")
     if args.rounds < 1:
@@ -192,6 +287,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 if __name__ == "__main__":
     args = parse_args()
     out = Path(args.out)
+    if args.floor is not None:
+        result = floor(args.floor, args.threads, args.rounds, args.bare_seconds)
+        path = out / f"loop_floor_{Path(args.floor).stem}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result, indent=2) + "\n")
+        ms = result["ms_per_update"]
+        print(
+            f"loop floor ({result['env_id']}, {args.threads} thread(s)): per update, bare {ms['bare']:.3f} ms, the "
+            f"environment's {result['frames_per_update']:g} frame(s) {ms['environment']:.3f} ms, the acting policy "
+            f"{ms['acting']:.3f} ms (medians of {args.rounds} alternating slices): floor {result['floor']:.2f}x the "
+            f"bare update (range {result['floor_range'][0]:.2f}-{result['floor_range'][1]:.2f}) -> {path}"
+        )
+        raise SystemExit(0)
     if args.arithmetic:
         result = arithmetic(args.agent, args.compile, args.threads, args.rounds, args.bare_seconds)
         path = out / f"update_arithmetic_{args.agent}_compile-{args.compile}.json"

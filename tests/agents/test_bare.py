@@ -132,6 +132,25 @@ def test_update_cost_reads_the_runs_own_yardstick_its_stretches_and_its_phases(t
     assert sum(phases.values()) == pytest.approx(1e3 * steady["wall_s"] / steady["updates"])
 
 
+def test_update_cost_floor_mode_times_the_environments_steps_and_the_acting_policy_per_update():
+    # --floor on a shipped Gymnasium config of several copies: each round's environment and acting times are per batch
+    # step scaled to the frames of one update (4 frames over 8 copies: half a batch step), the floor their sum over
+    # the bare update. The acting policy acts with its network (ε at its end, not the 1 it starts from).
+    update_cost = benchmark_module("update_cost")
+    result = update_cost.floor(str(ROOT / "configs/gym/cartpole_dqn.yaml"), threads=1, rounds=3, seconds=0.02)
+    assert (result["env_id"], result["num_envs"], result["frames_per_update"]) == ("CartPole-v1", 8, 4)
+    assert result["epsilon"] == pytest.approx(0.04)  # the config's eps_end
+    rounds = result["rounds"]
+    assert [len(rounds[name]) for name in ("bare", "environment", "acting")] == [3, 3, 3]
+    floors = [(b + e + a) / b for b, e, a in zip(rounds["bare"], rounds["environment"], rounds["acting"], strict=True)]
+    assert result["floor"] == pytest.approx(sorted(floors)[1]) and result["floor_range"] == [min(floors), max(floors)]
+    assert all(value > 0 for values in rounds.values() for value in values) and result["floor"] > 1
+    with pytest.raises(SystemExit, match="a Gymnasium config is needed"):
+        update_cost.floor(str(ROOT / "configs/snake_dqn.yaml"), threads=1, rounds=1, seconds=0.01)
+    with pytest.raises(SystemExit):
+        update_cost.parse_args(["--floor", "no/such/config.yaml"])
+
+
 def test_update_cost_arithmetic_mode_alternates_the_two_update_steps():
     update_cost = benchmark_module("update_cost")
     result = update_cost.arithmetic("dqn", "false", threads=1, rounds=3, seconds=0.02)
