@@ -49,9 +49,10 @@ import platform
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -135,24 +136,35 @@ def run(
     }
 
 
+def alternated_ms(
+    parts: dict[str, Callable[[int], Any]], rounds: int, seconds: float, scale: dict[str, float] | None = None
+) -> dict[str, list[float]]:
+    """Milliseconds per call of each of ``parts`` (times ``scale[name]``, default 1), in ``rounds`` rounds of a slice
+    of ``seconds`` of each in turn, after 50 calls each (compilation, first allocations); under a forked generator
+    seeded 0 (PIRL draws collocation points, a policy samples)."""
+    times: dict[str, list[float]] = {name: [] for name in parts}
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        for part in parts.values():
+            for i in range(50):
+                part(i)
+        for _ in range(rounds):
+            for name, part in parts.items():
+                calls, start = 0, time.perf_counter()
+                while time.perf_counter() - start < seconds:
+                    part(calls)
+                    calls += 1
+                times[name].append(1e3 * (time.perf_counter() - start) / calls * (scale or {}).get(name, 1.0))
+    return times
+
+
 def arithmetic(agent: str, compile_: str, threads: int, rounds: int, seconds: float) -> dict:
     """The agent's own update outside any loop (:func:`callbacks.bare_updates.framework_free_update`) against the bare
     update, alternating ``rounds`` times ``seconds`` of each: what the update step costs before the loop around it."""
     model, data = build([str(ROOT / path) for path in CONFIGS[agent]], ["--model.init_args.compile", compile_])
     torch.set_num_threads(threads)
     steps = {"bare": bare_update(model, data), "update": framework_free_update(model, data)}
-    times: dict[str, list[float]] = {name: [] for name in steps}
-    with torch.random.fork_rng(devices=[]):  # PIRL draws collocation points
-        for step in steps.values():
-            for i in range(50):  # compilation, first allocations
-                step(i)
-        for _ in range(rounds):
-            for name, step in steps.items():
-                calls, start = 0, time.perf_counter()
-                while time.perf_counter() - start < seconds:
-                    step(calls)
-                    calls += 1
-                times[name].append(1e3 * (time.perf_counter() - start) / calls)
+    times = alternated_ms(steps, rounds, seconds)
     ratios = [update / bare for update, bare in zip(times["update"], times["bare"], strict=True)]
     return {
         "date": datetime.now().astimezone().isoformat(timespec="seconds"),
@@ -204,19 +216,7 @@ def floor(config: str, threads: int, rounds: int, seconds: float) -> dict:
     # A batch step of the copies is num_envs frames: frames_per_update / num_envs of them per update.
     steps = data.frames_per_update / len(envs)
     per_update = {"bare": 1.0, "environment": steps, "acting": steps}
-    times: dict[str, list[float]] = {name: [] for name in parts}
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        for part in parts.values():
-            for i in range(50):  # first allocations
-                part(i)
-        for _ in range(rounds):
-            for name, part in parts.items():
-                calls, start = 0, time.perf_counter()
-                while time.perf_counter() - start < seconds:
-                    part(calls)
-                    calls += 1
-                times[name].append(1e3 * (time.perf_counter() - start) / calls * per_update[name])
+    times = alternated_ms(parts, rounds, seconds, per_update)
     for env in envs:
         env.close()
     floors = [
@@ -238,6 +238,13 @@ def floor(config: str, threads: int, rounds: int, seconds: float) -> dict:
         "floor_range": [min(floors), max(floors)],
         "rounds": times,
     }
+
+
+def written(result: dict, path: Path) -> Path:
+    """``result`` as JSON at ``path`` (its folder made)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    return path
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -289,9 +296,7 @@ if __name__ == "__main__":
     out = Path(args.out)
     if args.floor is not None:
         result = floor(args.floor, args.threads, args.rounds, args.bare_seconds)
-        path = out / f"loop_floor_{Path(args.floor).stem}.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(result, indent=2) + "\n")
+        path = written(result, out / f"loop_floor_{Path(args.floor).stem}.json")
         ms = result["ms_per_update"]
         print(
             f"loop floor ({result['env_id']}, {args.threads} thread(s)): per update, bare {ms['bare']:.3f} ms, the "
@@ -302,9 +307,7 @@ if __name__ == "__main__":
         raise SystemExit(0)
     if args.arithmetic:
         result = arithmetic(args.agent, args.compile, args.threads, args.rounds, args.bare_seconds)
-        path = out / f"update_arithmetic_{args.agent}_compile-{args.compile}.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(result, indent=2) + "\n")
+        path = written(result, out / f"update_arithmetic_{args.agent}_compile-{args.compile}.json")
         ms = result["ms_per_update"]
         print(
             f"update arithmetic ({args.agent}, compile {args.compile}, {args.threads} thread(s)): the agent's update "
@@ -318,9 +321,7 @@ if __name__ == "__main__":
     seconds = args.segment_seconds, args.bare_seconds
     result = run(configs, name, args.compile, args.updates, args.threads, *seconds, out, args.fit)
     result["agent"] = args.agent
-    path = out / f"update_cost_{args.agent}_compile-{args.compile}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=2) + "\n")
+    path = written(result, out / f"update_cost_{args.agent}_compile-{args.compile}.json")
     fit, bare = result["fit"], result["bare_ms_per_update"]
     print(
         f"update cost ({args.agent}, compile {args.compile}, {args.threads} thread(s)): fit {fit['ms_per_update']:.3f} "
