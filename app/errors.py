@@ -22,12 +22,15 @@ from __future__ import annotations
 import argparse
 import ast
 import collections.abc
+import contextlib
 import dataclasses
 import difflib
 import functools
 import inspect
 import logging
 import multiprocessing
+import multiprocessing.synchronize
+import multiprocessing.util
 import os
 import pydoc
 import re
@@ -588,7 +591,20 @@ def exit_now(line: str) -> NoReturn:
     for child in multiprocessing.active_children():
         child.kill()
         child.join(timeout=EXIT_GRACE_S)
+    _release_named_semaphores()
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(1)
+
+
+def _release_named_semaphores() -> None:
+    """Unlink the named semaphores this process made for its workers' queues and locks, as its normal exit would
+    (``os._exit`` skips that): ``multiprocessing``'s resource tracker would otherwise unlink them itself and print a
+    warning about "leaked semaphore objects" after the error line."""
+    # multiprocessing.util._finalizer_registry (private; CPython 3.11): the Finalize callbacks an exit runs, among them
+    # each named semaphore's SemLock._cleanup (sem_unlink, then the tracker told). Calling one runs it once.
+    for finalizer in list(multiprocessing.util._finalizer_registry.values()):
+        if getattr(finalizer, "_callback", None) is multiprocessing.synchronize.SemLock._cleanup:
+            with contextlib.suppress(OSError):  # already unlinked
+                finalizer()
