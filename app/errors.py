@@ -605,6 +605,6 @@ def _release_named_semaphores() -> None:
     # multiprocessing.util._finalizer_registry (private; CPython 3.11): the Finalize callbacks an exit runs, among them
     # each named semaphore's SemLock._cleanup (sem_unlink, then the tracker told). Calling one runs it once.
     for finalizer in list(multiprocessing.util._finalizer_registry.values()):
-        if getattr(finalizer, "_callback", None) is multiprocessing.synchronize.SemLock._cleanup:
+        if finalizer._callback is multiprocessing.synchronize.SemLock._cleanup:
             with contextlib.suppress(OSError):  # already unlinked
                 finalizer()

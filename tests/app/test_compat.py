@@ -52,6 +52,7 @@ EXTENSION_HOOKS = {
 OTHER_LIBRARIES = {
     "_env": "nes_py's NESEnv (Mario's emulators): whether the emulator is still open",
     "_asdict": "a namedtuple's fields (envpool's task config): public by the namedtuple contract",
+    "_callback": "a multiprocessing.util.Finalize's callback (CPython 3.11): which exit finalizers unlink semaphores",
 }
 
 
