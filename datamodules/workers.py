@@ -431,18 +431,23 @@ def worker_pids(pid: int | None = None) -> list[int]:
     found = []
     for child in _children(os.getpid() if pid is None else pid):
         command = _command_line(child)
-        if b"spawn_main" in command:
+        if _SPAWNED in command:
             found.append(child)
-        elif b"multiprocessing.forkserver" in command:
+        elif _FORKSERVER in command:
             found += [fork for fork in _children(child) if _command_line(fork) == command]
     return found
+
+
+#: What the command line of a spawned worker, and of the forkserver (and its forks until they run another program),
+#: holds.
+_SPAWNED, _FORKSERVER = b"spawn_main", b"multiprocessing.forkserver"
 
 
 def _runs_another_program(pid: int) -> bool:
     """Whether process ``pid`` runs and its command line is not a worker's (nor the forkserver's, which its forks keep
     until they run another program). One that has ended, or is ending, has none."""
     command = _command_line(pid)
-    return bool(command) and b"spawn_main" not in command and b"multiprocessing.forkserver" not in command
+    return bool(command) and _SPAWNED not in command and _FORKSERVER not in command
 
 
 def _children(pid: int) -> list[int]:
