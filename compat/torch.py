@@ -36,6 +36,10 @@ PRIVATE_API = (
     ("torch._inductor", "aoti_compile_and_package", "aoti_compile_and_package"),
     ("torch._inductor", "aoti_load_package", "aoti_load_package"),
     ("torch.nn.modules.batchnorm", "_BatchNorm", "is_batch_norm"),
+    ("torch.nn.modules.module", "_global_forward_hooks", "forward_hooks_set"),
+    ("torch.nn.modules.module", "_global_forward_pre_hooks", "forward_hooks_set"),
+    ("torch.nn.Module", "_forward_hooks", "forward_hooks_set"),
+    ("torch.nn.Module", "_forward_pre_hooks", "forward_hooks_set"),
 )
 
 
@@ -139,3 +143,14 @@ def is_batch_norm(module: nn.Module) -> bool:
     """Whether ``module`` is a BatchNorm layer of any dimension (lazy and synchronized ones included)."""
     # torch.nn.modules.batchnorm._BatchNorm (private; torch 2.13.0): their common base.
     return isinstance(module, nn.modules.batchnorm._BatchNorm)
+
+
+def forward_hooks_set(modules: list[nn.Module]) -> bool:
+    """Whether a forward hook would run in a call of ``modules``: one of their own, or a global one
+    (``nn.modules.module.register_module_forward_hook`` and its pre-hook)."""
+    # torch.nn.modules.module._global_forward_hooks, _global_forward_pre_hooks; Module._forward_hooks,
+    # _forward_pre_hooks (private; torch 2.13): what Module._call_impl checks before taking its short road.
+    module = nn.modules.module
+    if module._global_forward_hooks or module._global_forward_pre_hooks:
+        return True
+    return any(each._forward_hooks or each._forward_pre_hooks for each in modules)

@@ -18,6 +18,8 @@ from torch import nn
 from torchrl.envs.utils import ExplorationType, exploration_type
 from torchrl.modules import EGreedyModule, QValueActor, QValueModule
 
+from modules.networks import PlainForward
+
 
 class GreedyRowsEGreedy(TensorDictModuleBase):
     """ε-greedy acting that runs the Q-network only for the rows that act greedily.
@@ -84,7 +86,7 @@ def categorical_q_network(actor: TensorDictModuleBase) -> tuple[nn.Module, Neste
         return None
     if chooser.action_space != "categorical" or chooser.action_mask_key is not None:
         return None
-    return values.module, values.in_keys[0]
+    return PlainForward.of(values.module) or values.module, values.in_keys[0]
 
 
 class BoxExploration(TensorDictModuleBase):

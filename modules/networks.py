@@ -19,7 +19,7 @@ from tensordict.nn import TensorDictModule, TensorDictModuleBase
 from torch import nn
 
 from compat.tensordict import top_level_entries
-from compat.torch import is_batch_norm
+from compat.torch import forward_hooks_set, is_batch_norm
 from envs.tokens import GLOBAL_LOCATION
 from modules.batch_renorm import BatchRenorm
 from modules.spaces import SpaceError
@@ -34,6 +34,66 @@ class FlattenObservation(nn.Module):
 
     def forward(self, observation: torch.Tensor) -> torch.Tensor:
         return observation.flatten(-self.num_dims).float()
+
+
+class PlainForward:
+    """A network's forward as a chain of its layers' own functions, where it is ``Sequential`` blocks of
+    ``FlattenObservation``, ``Linear``, ``ReLU`` and ``Tanh`` (:meth:`of`: None for any other network).
+
+    The same operations on the same tensors as ``network(x)`` (each layer's weights are read at every call, so
+    optimizer steps, loaded checkpoints and moves to a device reach it; a forward hook, the network's own or a global
+    one, sends the call through the modules, which run it), without ``nn.Module``'s call machinery at each of the
+    eight or so modules of a small MLP: for the acting policy of a one-copy loop, which runs it once a frame on one
+    row, that machinery cost about as much as the arithmetic (docs/results/gymnasium.md, "The acting network called
+    layer by layer")."""
+
+    def __init__(self, network: nn.Module, layers: list[nn.Module]) -> None:
+        self.network, self.modules = network, list(network.modules())
+        self.steps = [(_PLAIN_LAYERS[type(layer)], layer) for layer in layers]
+
+    @classmethod
+    def of(cls, network: nn.Module) -> PlainForward | None:
+        layers: list[nn.Module] = []
+
+        def walk(module: nn.Module) -> bool:
+            if type(module) is nn.Sequential:
+                return all(walk(child) for child in module)
+            layers.append(module)
+            return type(module) in _PLAIN_LAYERS
+
+        return cls(network, layers) if walk(network) else None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if forward_hooks_set(self.modules):
+            return self.network(x)
+        for step, layer in self.steps:
+            x = step(layer, x)
+        return x
+
+
+def _linear(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    return nn.functional.linear(x, layer.weight, layer.bias)
+
+
+def _relu(layer: nn.ReLU, x: torch.Tensor) -> torch.Tensor:
+    return torch.relu_(x) if layer.inplace else torch.relu(x)
+
+
+def _tanh(layer: nn.Tanh, x: torch.Tensor) -> torch.Tensor:
+    return torch.tanh(x)
+
+
+def _flatten(layer: FlattenObservation, x: torch.Tensor) -> torch.Tensor:
+    return layer.forward(x)
+
+
+# Module-level functions, so that a policy holding a PlainForward pickles (to a collector worker).
+_PLAIN_LAYERS: dict[type, Callable[[Any, torch.Tensor], torch.Tensor]] = {
+    nn.Linear: _linear,
+    nn.ReLU: _relu,
+    nn.Tanh: _tanh,
+    FlattenObservation: _flatten,
+}
 
 
 def mlp(

@@ -264,3 +264,48 @@ def test_the_target_q_network_is_the_target_parameters_through_updates_loads_cop
     assert_target_pass(model)
     model.eval()
     assert not model.target_q_network().training  # it follows the online network's mode
+
+
+@pytest.mark.parametrize("activation", ["relu", "tanh"])
+def test_the_acting_network_called_layer_by_layer_computes_what_its_modules_compute(activation):
+    """The ε-greedy policy's greedy rows run the Q-network through PlainForward (its layers' functions, without the
+    modules' call machinery): the same Q-values to the bit, after an optimizer step and a loaded state too (the
+    weights are read at each call); a hook sends the call through the modules, and the policy still pickles."""
+    import pickle
+
+    from modules.networks import PlainForward
+
+    dqn = DQN(**SPECS, network=NetworkOptions(hidden_sizes=(16, 16), activation=activation))
+    plain = dqn._exploring_policy._q_network[0]
+    assert isinstance(plain, PlainForward)
+    observation = torch.randint(0, 2, (5, 2), dtype=torch.uint8)
+    with torch.no_grad():
+        assert torch.equal(plain(observation), dqn.q_network(observation))
+        before = plain(observation).clone()
+        saved = copy.deepcopy(dqn.q_network.state_dict())
+        for parameter in dqn.q_network.parameters():
+            parameter.add_(torch.randn_like(parameter))  # an optimizer's step: in place
+        assert not torch.equal(plain(observation), before)
+        assert torch.equal(plain(observation), dqn.q_network(observation))
+        dqn.q_network.load_state_dict(saved)
+        assert torch.equal(plain(observation), before)
+    calls = []
+    handle = dqn.q_network.register_forward_hook(lambda module, args, out: calls.append(out.shape))
+    plain(observation)
+    handle.remove()
+    assert calls == [torch.Size([5, 2])]  # the hook ran: the call went through the modules
+    plain(observation)
+    assert len(calls) == 1
+    restored = pickle.loads(pickle.dumps(dqn._exploring_policy))  # what a collector worker receives
+    with torch.no_grad():
+        assert torch.equal(restored._q_network[0](observation), before)
+
+
+def test_a_network_of_other_layers_is_called_through_its_modules():
+    from torch import nn
+
+    from modules.networks import FlattenObservation, PlainForward
+
+    assert PlainForward.of(nn.Sequential(FlattenObservation((2,)), nn.Linear(2, 3), nn.ReLU())) is not None
+    assert PlainForward.of(nn.Sequential(nn.Linear(2, 3), nn.LayerNorm(3))) is None
+    assert PlainForward.of(nn.Sequential(nn.Linear(2, 3), nn.Sequential(nn.BatchNorm1d(3)))) is None

@@ -387,8 +387,9 @@ def test_every_private_name_compat_relies_on_still_exists(module):
             missing.append(f"{owner} (for {name}) is gone: re-check {module.__name__}.{uses}")
         elif not hasattr(found, name) and not (
             isinstance(found, type)
-            and any(
+            and any(  # an instance attribute: assigned in the class's code, or declared in its annotations
                 re.search(rf"self\.{re.escape(name)}\s*(?::[^=\n]+)?=(?!=)", _class_source(cls))
+                or name in cls.__dict__.get("__annotations__", {})
                 for cls in inspect.getmro(found)
                 if _is_dependency(cls.__module__)
             )
