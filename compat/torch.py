@@ -29,6 +29,7 @@ PRIVATE_API = (
     ("torch", "_foreach_mul_", "clip_grads_by_global_norm_"),
     ("torch", "_foreach_add_", "fused_adam_step_"),
     ("torch", "_fused_adam_", "fused_adam_step_"),
+    ("torch", "_foreach_copy_", "foreach_copy_"),
     ("torch", "_foreach_lerp_", "foreach_lerp_"),
     ("torch._inductor.config", "fallback_random", "inductor_fallback_random"),
     ("torch._inductor.cpu_vec_isa", "valid_vec_isa_list", "probe_cpu_vector_isa_early"),
@@ -83,6 +84,12 @@ def fused_adam_step_(
         amsgrad=False,
         maximize=False,
     )
+
+
+def foreach_copy_(targets: list[torch.Tensor], sources: list[torch.Tensor]) -> None:
+    """``target ← source`` for every pair, in place, as one multi-tensor kernel."""
+    # torch._foreach_copy_ (private; torch 2.13.0).
+    torch._foreach_copy_(targets, sources)
 
 
 def foreach_lerp_(targets: list[torch.Tensor], sources: list[torch.Tensor], weight: float) -> None:

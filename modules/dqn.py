@@ -281,7 +281,7 @@ class DQN(RLModule):
         if self.target.update == "soft":
             self.soft_update()
         elif self.global_step % self.target.interval == 0:
-            self.target_updater.step()
+            self.hard_update()  # what self.target_updater (TorchRL's HardUpdate) does
 
     def extra_metrics(self) -> dict[str, torch.Tensor | float]:
         return {"train/epsilon": self.egreedy.eps}

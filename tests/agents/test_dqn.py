@@ -309,3 +309,39 @@ def test_a_network_of_other_layers_is_called_through_its_modules():
     assert PlainForward.of(nn.Sequential(FlattenObservation((2,)), nn.Linear(2, 3), nn.ReLU())) is not None
     assert PlainForward.of(nn.Sequential(nn.Linear(2, 3), nn.LayerNorm(3))) is None
     assert PlainForward.of(nn.Sequential(nn.Linear(2, 3), nn.Sequential(nn.BatchNorm1d(3)))) is None
+
+
+@pytest.mark.parametrize("kind", ["mlp", "batch_norm_cnn"])
+def test_the_fused_hard_update_copies_what_torchrls_hard_update_copies(kind):
+    """DQN's hard target update is one fused copy (RLModule.hard_update) of what TorchRL's HardUpdate.step copies: the
+    online network's parameters into the target's (BatchNorm's statistics stay the target's own); and it reaches the
+    target again after a loaded checkpoint (the copied tensors are the target's own)."""
+    image = kind == "batch_norm_cnn"
+    observation = Bounded(0, 255, (4, 36, 36), dtype=torch.uint8) if image else Unbounded((6,))
+    network = NetworkOptions(kind=kind) if image else NetworkOptions(hidden_sizes=(16,))
+    ours = DQN(Composite(observation=observation), Categorical(5), network=network)
+    with torch.no_grad():  # every online entry apart from the target's, BatchNorm's statistics too
+        for value in ours.loss_module.value_network_params.values(True, True):
+            value.add_(torch.randn_like(value) if value.is_floating_point() else 1)
+    theirs = copy.deepcopy(ours)  # the fused copy runs on this one: TorchRL's updater on the model it was built for
+    target = theirs.loss_module.target_value_network_params
+    before = target.clone()
+    theirs.hard_update()
+    ours.target_updater.step()
+    expected = ours.loss_module.target_value_network_params
+    online = ours.loss_module.value_network_params
+    copied = 0
+    for key in expected.keys(True, True):
+        assert torch.equal(target.get(key), expected.get(key)), key
+        copied += not torch.equal(target.get(key), before.get(key))
+    assert copied == sum(1 for value in online.values(True, True) if value.requires_grad)  # the parameters changed
+    if image:  # and the statistics, which TorchRL's copy leaves, did not: the check tells the two apart
+        assert copied < len(list(expected.keys(True, True)))
+    theirs.load_state_dict(copy.deepcopy(ours.state_dict()))  # a checkpoint: copied in place
+    with torch.no_grad():
+        for value in theirs.loss_module.value_network_params.values(True, True):
+            value.add_(0.5 if value.is_floating_point() else 1)
+    theirs.hard_update()  # the copy reaches the target after a load: the same tensors, written in place
+    for key, value in theirs.loss_module.value_network_params.items(True, True):
+        if value.requires_grad:
+            assert torch.equal(target.get(key), value), key
