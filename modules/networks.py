@@ -45,7 +45,7 @@ class PlainForward:
     one, sends the call through the modules, which run it), without ``nn.Module``'s call machinery at each of the
     eight or so modules of a small MLP: for the acting policy of a one-copy loop, which runs it once a frame on one
     row, that machinery cost about as much as the arithmetic (docs/results/gymnasium.md, "The acting network called
-    layer by layer")."""
+    layer by layer, and the target's copy fused")."""
 
     def __init__(self, network: nn.Module, layers: list[nn.Module]) -> None:
         self.network, self.modules = network, list(network.modules())
