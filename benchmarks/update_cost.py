@@ -6,6 +6,7 @@
     python benchmarks/update_cost.py --agent pirl --compile true  # PIRL on the vehicle, batch 1,024
     python benchmarks/update_cost.py --agent sac --compile true   # racing SAC, batch 256
     python benchmarks/update_cost.py --agent dqn --compile true --arithmetic  # the update step alone, no loop
+    python benchmarks/update_cost.py --arithmetic --config configs/gym/lunarlander_dqn.yaml --compile true  # a config
     python benchmarks/update_cost.py --floor configs/gym/cartpole_dqn.yaml   # what no loop of a Gymnasium task avoids
 
 One process measures, side by side:
@@ -158,10 +159,11 @@ def alternated_ms(
     return times
 
 
-def arithmetic(agent: str, compile_: str, threads: int, rounds: int, seconds: float) -> dict:
+def arithmetic(configs: list[str], label: str, compile_: str, threads: int, rounds: int, seconds: float) -> dict:
     """The agent's own update outside any loop (:func:`callbacks.bare_updates.framework_free_update`) against the bare
-    update, alternating ``rounds`` times ``seconds`` of each: what the update step costs before the loop around it."""
-    model, data = build([str(ROOT / path) for path in CONFIGS[agent]], ["--model.init_args.compile", compile_])
+    update, alternating ``rounds`` times ``seconds`` of each: what the update step costs before the loop around it.
+    ``configs``: the agent's (``--agent``) or a replay config's (``--config``), named ``label`` in the result."""
+    model, data = build(configs, ["--model.init_args.compile", compile_])
     torch.set_num_threads(threads)
     steps = {"bare": bare_update(model, data), "update": framework_free_update(model, data)}
     times = alternated_ms(steps, rounds, seconds)
@@ -171,7 +173,7 @@ def arithmetic(agent: str, compile_: str, threads: int, rounds: int, seconds: fl
         "command": ["python", "benchmarks/update_cost.py", *sys.argv[1:]],
         "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(), "torch_threads": threads},
         "torch": torch.__version__,
-        "agent": agent,
+        "agent": label,
         "compile": compile_,
         "ms_per_update": {name: statistics.median(values) for name, values in times.items()},
         "ratio": statistics.median(ratios),
@@ -263,6 +265,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "(DQN, PIRL and SAC), alternating --rounds slices of --bare-seconds each",
     )
     parser.add_argument(
+        "--config",
+        metavar="CONFIG",
+        help="with --arithmetic: a replay agent's config (DQN, QR-DQN, SAC, ...; a Gymnasium one too) in place of "
+        "--agent's",
+    )
+    parser.add_argument(
         "--floor",
         metavar="CONFIG",
         help="no fit: a Gymnasium config's bare update against its environment's steps and its acting policy's calls "
@@ -284,8 +292,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"--threads must be >= 1, got {args.threads}")
     if args.floor is not None and not Path(args.floor).is_file():
         parser.error(f"--floor {args.floor}: no such config file")
-    if args.arithmetic and args.agent == "ppo":
-        parser.error("--arithmetic times the replay agents' update (--agent dqn, pirl or sac)")
+    if args.arithmetic and args.config is None and args.agent == "ppo":
+        parser.error("--arithmetic times the replay agents' update (--agent dqn, pirl or sac, or --config)")
+    if args.config is not None and not args.arithmetic:
+        parser.error("--config goes with --arithmetic (a fit's configs are --agent's)")
+    if args.config is not None and not Path(args.config).is_file():
+        parser.error(f"--config {args.config}: no such config file")
     if args.rounds < 1:
         parser.error(f"--rounds must be >= 1, got {args.rounds}")
     return args
@@ -306,11 +318,13 @@ if __name__ == "__main__":
         )
         raise SystemExit(0)
     if args.arithmetic:
-        result = arithmetic(args.agent, args.compile, args.threads, args.rounds, args.bare_seconds)
-        path = written(result, out / f"update_arithmetic_{args.agent}_compile-{args.compile}.json")
+        label = args.agent if args.config is None else Path(args.config).stem
+        configs = [str(ROOT / path) for path in CONFIGS[args.agent]] if args.config is None else [args.config]
+        result = arithmetic(configs, label, args.compile, args.threads, args.rounds, args.bare_seconds)
+        path = written(result, out / f"update_arithmetic_{label}_compile-{args.compile}.json")
         ms = result["ms_per_update"]
         print(
-            f"update arithmetic ({args.agent}, compile {args.compile}, {args.threads} thread(s)): the agent's update "
+            f"update arithmetic ({label}, compile {args.compile}, {args.threads} thread(s)): the agent's update "
             f"step {ms['update']:.3f} ms vs bare {ms['bare']:.3f} ms (medians of {args.rounds} alternating slices): "
             f"ratio {result['ratio']:.2f} (range {result['ratio_range'][0]:.2f}-{result['ratio_range'][1]:.2f}) "
             f"-> {path}"

@@ -393,9 +393,10 @@ class DirectReplay:
             storage._bump_mutation_revision()
         return True
 
-    def sample(self, count: int) -> TensorDictBase | None:
+    def sample(self, count: int, parts: int = 1) -> list[TensorDictBase] | None:
         """``buffer.sample(count)``: ``count`` transitions drawn uniformly with the storage's generator, with their
-        ``"index"``; None where this path does not apply."""
+        ``"index"``, as ``parts`` batches of ``count // parts`` in the order drawn (what ``split`` of the one sample
+        gives, without its pass over the entries); None where this path does not apply."""
         buffer = self.buffer
         # TensorDictReplayBuffer._sample_dependency (private; torchrl 0.14.1): a pending write a sample must wait for.
         if not self._plan() or getattr(buffer, "_sample_dependency", None) is not None:
@@ -408,7 +409,14 @@ class DirectReplay:
             index = torch.randint(0, storage._len, (count,), generator=storage._rng, device=storage.device)
             # The stored "index" entry holds each slot's number: the drawn indices themselves, which TorchRL sets again.
             drawn = [(path, index if stored is None else stored[index]) for path, stored in self._drawn]
-        return _nested(drawn, torch.Size([count]), self._planned.device)
+        size, device = count // parts, self._planned.device
+        if parts == 1:
+            return [_nested(drawn, torch.Size([size]), device)]
+        split = [(path, value.split(size)) for path, value in drawn]
+        return [
+            _nested([(path, pieces[part]) for path, pieces in split], torch.Size([size]), device)
+            for part in range(parts)
+        ]
 
 
 def _nested(leaves: list[tuple[tuple[str, ...], torch.Tensor]], batch_size: torch.Size, device: Any) -> TensorDict:

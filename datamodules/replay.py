@@ -321,10 +321,11 @@ class ReplayDataModule(RLDataModule):
         if self.prioritized:
             self.buffer.sampler.beta = self.importance_beta(self.trainer.global_step if self.trainer else 0)
         with timer.phase("sample"):
-            sample = self.direct_replay.sample(updates * self.batch_size)
-            if sample is None:  # prioritized, a frame store's transform, the first draws
-                sample = self.buffer.sample(updates * self.batch_size)
-            # one batch: without a split's pass over its entries
+            batches = self.direct_replay.sample(updates * self.batch_size, parts=updates)
+            if batches is not None:
+                return batches
+            # prioritized, a frame store's transform, the first draws: TorchRL's own (one batch: without a split)
+            sample = self.buffer.sample(updates * self.batch_size)
             return [sample] if updates == 1 else list(sample.split(self.batch_size))
 
     def stored(self) -> int:

@@ -10,7 +10,9 @@ bare arithmetic by ``benchmarks/update_cost.py`` (docs/results/snake.md, "The up
 
 from __future__ import annotations
 
+import functools
 import math
+import operator
 import re
 import time
 import types
@@ -309,7 +311,8 @@ class RLModule(pl.LightningModule):
             )
         # The updates a Lightning step ends after: logging steps (the trainer's, and a callback's own, as the
         # throughput report's rates), and those a step-scheduled ModelCheckpoint saves at.
-        logging = [self.trainer.log_every_n_steps, *callback_intervals(self.trainer, "log_every_n_steps")]
+        self._log_every = self.trainer.log_every_n_steps  # read once an update by log_update
+        logging = [self._log_every, *callback_intervals(self.trainer, "log_every_n_steps")]
         self._step_ends = [*logging, *checkpoint_step_intervals(self.trainer)]
         # The frame intervals callbacks act at (evaluations, checkpoints, videos), and whether a step may go on to
         # rounds it collects itself (training_step).
@@ -425,7 +428,7 @@ class RLModule(pl.LightningModule):
         """The update's loss terms, :meth:`extra_metrics` and the data module's monitor, on logging steps only."""
         # Lightning writes metrics every `log_every_n_steps` steps, but each self.log call costs its Python overhead
         # whether written or not: on a loop of thousands of small updates a second, log only what is written.
-        if (update + 1) % self.trainer.log_every_n_steps != 0:
+        if (update + 1) % self._log_every != 0:
             return
         metrics = {f"train/{key}": value.detach() for key, value in losses.items() if value.numel() == 1}
         metrics.pop("train/loss", None)
@@ -442,7 +445,10 @@ class RLModule(pl.LightningModule):
     @staticmethod
     def loss_sum(losses: TensorDictBase, held: frozenset[str] = frozenset()) -> torch.Tensor:
         """The training loss: the sum of the ``loss_*`` terms, but those ``held`` back (computed, not trained on)."""
-        return sum(value for key, value in losses.items() if key.startswith("loss") and key not in held)
+        # Summed from the first term, not from 0 as `sum` starts: `0 + loss` is one more kernel and one more node for
+        # the backward to walk, on every update (a single term, DQN's, is then the loss itself, to the bit).
+        terms = [value for key, value in losses.items() if key.startswith("loss") and key not in held]
+        return functools.reduce(operator.add, terms)
 
     def loss_backward(
         self,

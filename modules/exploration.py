@@ -8,16 +8,19 @@ Lightning (nor an agent's file, which does): a worker that unpickles its policy 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
-from tensordict import TensorDictBase
+from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import TensorDictModule, TensorDictModuleBase
 from tensordict.utils import NestedKey
 from torch import nn
+from torchrl.data import Categorical, TensorSpec
 from torchrl.envs.utils import ExplorationType, exploration_type
 from torchrl.modules import EGreedyModule, QValueActor, QValueModule
 
+from compat.tensordict import set_unchecked
 from modules.networks import PlainForward
 
 
@@ -52,16 +55,22 @@ class GreedyRowsEGreedy(TensorDictModuleBase):
         explore = torch.rand(tensordict.shape, device=eps.device) < eps
         random = self._random_actions.get(tensordict.shape)
         if random is None:
-            random = self._random_actions[tensordict.shape] = self.egreedy.spec[self.egreedy.action_key].expand(
-                tensordict.shape
+            random = self._random_actions[tensordict.shape] = random_actions(
+                self.egreedy.spec[self.egreedy.action_key].expand(tensordict.shape)
             )
-        action = random.rand()
+        action = random()
         if not explore.any():  # all greedy (most steps once ε is small): no rows to select
             action = self._greedy(tensordict, None)
         elif not explore.all():
             greedy = ~explore
             action[greedy] = self._greedy(tensordict, greedy)
-        tensordict.set(self.egreedy.action_key, action)
+        key, device = self.egreedy.action_key, tensordict.device
+        # The action has the tensordict's rows; its device is checked here, its key must be a string: set's own checks
+        # are spared on the one-copy loops, which act once a frame.
+        if type(tensordict) is TensorDict and isinstance(key, str) and (device is None or device == action.device):
+            set_unchecked(tensordict, key, action)
+        else:
+            tensordict.set(key, action)
         return tensordict
 
     def _greedy(self, tensordict: TensorDictBase, rows: torch.Tensor | None) -> torch.Tensor:
@@ -72,6 +81,16 @@ class GreedyRowsEGreedy(TensorDictModuleBase):
             return network(observation if rows is None else observation[rows]).argmax(-1)
         inputs = tensordict.select(*self.in_keys)
         return self.actor(inputs if rows is None else inputs[rows]).get(self.egreedy.action_key)
+
+
+def random_actions(spec: TensorSpec) -> Callable[[], torch.Tensor]:
+    """What draws ``spec.rand()``: for index actions without a mask, the same ``torch.randint`` call it makes (the same
+    numbers from the same generator) without its per-call shape and cardinality checks, once a frame on a one-copy
+    loop; any other spec's own ``rand``."""
+    if type(spec) is Categorical and spec.mask is None and spec.space.n > 0:
+        n, shape, device, dtype = spec.space.n, spec.shape, spec.device, spec.dtype
+        return lambda: torch.randint(0, n, shape, device=device, dtype=dtype)
+    return spec.rand
 
 
 def categorical_q_network(actor: TensorDictModuleBase) -> tuple[nn.Module, NestedKey] | None:

@@ -153,10 +153,21 @@ def test_update_cost_floor_mode_times_the_environments_steps_and_the_acting_poli
 
 def test_update_cost_arithmetic_mode_alternates_the_two_update_steps():
     update_cost = benchmark_module("update_cost")
-    result = update_cost.arithmetic("dqn", "false", threads=1, rounds=3, seconds=0.02)
+    snake = [str(ROOT / path) for path in update_cost.CONFIGS["dqn"]]
+    result = update_cost.arithmetic(snake, "dqn", "false", threads=1, rounds=3, seconds=0.02)
     assert [len(result["rounds"][name]) for name in ("bare", "update")] == [3, 3]
     ratios = [u / b for u, b in zip(result["rounds"]["update"], result["rounds"]["bare"], strict=True)]
     assert result["ratio"] == pytest.approx(sorted(ratios)[1])
     assert result["ratio_range"] == [min(ratios), max(ratios)]
     with pytest.raises(SystemExit):
         update_cost.parse_args(["--agent", "ppo", "--arithmetic"])
+    # --config: any replay config's update (a Gymnasium QR-DQN here), only with --arithmetic, an existing file
+    config = str(ROOT / "configs/gym/cartpole_qrdqn.yaml")
+    args = update_cost.parse_args(["--arithmetic", "--config", config])
+    assert args.config == config and args.arithmetic
+    result = update_cost.arithmetic([config], "cartpole_qrdqn", "false", threads=1, rounds=2, seconds=0.02)
+    assert result["agent"] == "cartpole_qrdqn"
+    assert [len(result["rounds"][name]) for name in ("bare", "update")] == [2, 2]
+    for flags in (["--config", config], ["--arithmetic", "--config", "no/such/config.yaml"]):
+        with pytest.raises(SystemExit):
+            update_cost.parse_args(flags)

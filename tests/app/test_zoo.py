@@ -65,7 +65,8 @@ def test_the_rules_follow_the_zoos_numbers():
     """CartPole: a round of 256 frames of the Zoo's one environment and 128 updates of 64, taken as 64 of 128 (the
     same samples per frame), so the target copy that the Zoo makes every 10 frames while collecting happens once a
     round; --copies 8 steps the round as 8 copies of 32 steps; MountainCar: 16 frames and 8 updates, copied every 600
-    frames = 300 updates; --exact-updates keeps the Zoo's 128 of 64."""
+    frames = 300 updates; --exact-updates keeps the Zoo's 128 of 64. A run of more than 50,000 updates (MountainCar's
+    59,500) compiles its update; CartPole's 12,250 do not."""
     cartpole = yaml.safe_load("\n".join(_lines(map_dqn(zoo_entry("dqn", "CartPole-v1"), "CartPole-v1", "r"))))
     data, model = cartpole["data"]["init_args"], cartpole["model"]["init_args"]
     assert (data["num_envs"], data["collect_steps"], data["frames_per_update"], data["batch_size"]) == (1, 256, 4, 128)
@@ -73,7 +74,7 @@ def test_the_rules_follow_the_zoos_numbers():
     copied_data = yaml.safe_load("\n".join(_lines(copied)))["data"]["init_args"]
     assert (copied_data["num_envs"], copied_data["collect_steps"], copied_data["frames_per_update"]) == (8, 32, 4)
     assert model["target"]["interval"] == 64 and model["exploration"]["eps_frames"] == 8000
-    assert cartpole["trainer"]["max_steps"] == (50_000 - 1_000) // 4
+    assert cartpole["trainer"]["max_steps"] == (50_000 - 1_000) // 4 and "compile" not in model
     exact_config = map_dqn(zoo_entry("dqn", "CartPole-v1"), "CartPole-v1", "r", Options(exact_updates=True))
     exact = yaml.safe_load("\n".join(_lines(exact_config)))
     assert (exact["data"]["init_args"]["frames_per_update"], exact["data"]["init_args"]["batch_size"]) == (2, 64)
@@ -82,6 +83,7 @@ def test_the_rules_follow_the_zoos_numbers():
     data, model = car["data"]["init_args"], car["model"]["init_args"]
     assert (data["num_envs"], data["collect_steps"], data["frames_per_update"], data["batch_size"]) == (1, 16, 2, 128)
     assert model["target"]["interval"] == 300 and model["gamma"] == 0.98
+    assert car["trainer"]["max_steps"] == (120_000 - 1_000) // 2 and model["compile"] is True
 
 
 def test_copies_must_divide_an_off_policy_round_and_are_refused_for_rollouts(tmp_path, capsys, monkeypatch):
@@ -366,7 +368,8 @@ ATARI_SHORT = {
 #: The pairs whose config compiles its update (runs of more than 50,000 updates) that train compiled here, one per
 #: algorithm; the other such pairs train eagerly. Each pair's loss has its own shapes, so each is a compilation of its
 #: own: 4-6 s of a cold compiler a pair, 17 pairs on 2026-11-30. That the compiled loss is the eager one, agent by
-#: agent, is tests/agents/test_lightning_features.py's.
+#: agent, is tests/agents/test_lightning_features.py's; a written DQN config trains compiled in tests/app/test_pins.py
+#: (configs/gym/lunarlander_dqn.yaml, this command's output).
 COMPILED = {("ppo", "LunarLander-v3"), ("a2c", "HalfCheetah-v4")}
 
 

@@ -271,13 +271,13 @@ def test_replay_written_and_drawn_entry_by_entry_is_torchrls_own(config, flags, 
             taken["extend"] += written
             return written
 
-        def counted_sample(self, count):
-            drawn = sample(self, count)
+        def counted_sample(self, count, parts=1):
+            drawn = sample(self, count, parts)
             taken["sample"] += drawn is not None
             return drawn
 
         monkeypatch.setattr(DirectReplay, "extend", counted_extend if direct else lambda self, batch: False)
-        monkeypatch.setattr(DirectReplay, "sample", counted_sample if direct else lambda self, count: None)
+        monkeypatch.setattr(DirectReplay, "sample", counted_sample if direct else lambda self, count, parts=1: None)
         torch.manual_seed(0)
         model, data = build([str(ROOT / config)], flags)
         data.setup("fit")
@@ -300,6 +300,7 @@ def test_replay_written_and_drawn_entry_by_entry_is_torchrls_own(config, flags, 
     assert len(ours[0]) == len(their[0]) > 0
     for batch, expected in zip(ours[0], their[0], strict=True):
         assert list(batch.keys(True, True)) == list(expected.keys(True, True))
+        assert batch.batch_size == expected.batch_size and batch["next"].batch_size == expected["next"].batch_size
         for key in expected.keys(True, True):
             assert torch.equal(batch[key], expected[key]), key
     assert_same_state(ours[1], their[1])
