@@ -221,11 +221,13 @@ class RLModule(pl.LightningModule):
             # beside a prefetch thread and alone, for slightly longer compilation (docs/history/snake.md, "The update
             # against its bare arithmetic: what changed before the current figures of 2026-11-25").
             options["cpp_wrapper"] = True
-        # Every update sees the same batch shape, so the graph is static, as Dynamo compiles a first call by default.
-        # Not `dynamic=False`, which would compile the same graph but sets and restores two of Dynamo's settings around
-        # every call, about 2 % of a small update's time (docs/results/gymnasium.md, "Compiled updates called
-        # without Dynamo's per-call settings"); a batch of another shape would recompile, as a dynamic graph.
-        return torch.compile(own_code(function), options=options)
+        # dynamic=False: every update sees the same batch shape, and its graph is static whatever else this process
+        # compiled. Without it Dynamo's automatic dynamic shapes key what they saw by the function's file, line and
+        # name, so a model compiled after another model's loss of another batch size would compile a dynamic graph,
+        # whose numbers differ from a fresh process's in the last bits (a resumed run would not log what the
+        # uninterrupted one did). It sets and restores two of Dynamo's settings around each call, about 1 % of a small
+        # update (docs/results/gymnasium.md, "Compiled updates: dynamic=False kept").
+        return torch.compile(own_code(function), options=options, dynamic=False)
 
     def compiled_loss(self) -> Callable[[TensorDictBase], TensorDictBase]:
         """What an update computes its loss with: :meth:`loss`, compiled with ``compile`` (an agent that compiles

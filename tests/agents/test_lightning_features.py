@@ -128,6 +128,23 @@ def test_each_model_compiles_its_own_loss_in_a_process_of_several():
 
 
 @pytest.mark.slow
+def test_a_model_compiles_a_static_graph_whatever_another_model_compiled_before():
+    # Dynamo's automatic dynamic shapes remember the batch sizes a function saw by its file, line and name, across
+    # models: without dynamic=False a model compiled after another model's loss of another batch size would compile a
+    # dynamic graph, whose numbers are not a fresh process's to the bit (an exact resume compares them). This model's
+    # graph must be static: a third batch size recompiles.
+    from tests.agents.test_dqn import SPECS
+
+    for size in (8, 16):
+        torch.manual_seed(0)
+        model = DQN(**SPECS, network=NetworkOptions(hidden_sizes=(16,)), compile=True)
+        loss = model.compiled(model.loss)
+        loss(loss_batch(size))
+    with torch.compiler.set_stance("fail_on_recompile"), pytest.raises(RuntimeError, match="recompil"):
+        loss(loss_batch(24))
+
+
+@pytest.mark.slow
 def test_compiled_update_trains_to_the_same_weights_as_eager(tmp_path):
     # The whole update compiled (loss with its backward, clip + fused Adam step, soft target update): after 40 updates
     # and the collection between them, the weights are those of the eager run up to float rounding.
