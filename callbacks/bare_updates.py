@@ -126,7 +126,10 @@ def framework_free_update(model: Any, data: Any) -> Callable[[int], torch.Tensor
     # compiled heads), and PIRL's loss inputs.
     loss = model.compiled_loss()
     loss_inputs = getattr(model, "loss_draws", lambda batch: {})
-    optimizer = make_optimizer(model.trainable_parameters(), model)
+    # The optimizer a fit builds, with its parameter groups (an actor-critic's two): TD3's and CrossQ's updates
+    # without the actor then step the critics' group alone, as in a fit, not Adam's own step over a group that lacks
+    # some of its gradients.
+    optimizer = model.configure_optimizers()
     optimizer_step = FusedAdamStep(optimizer, model.optim.max_grad_norm)
     batches = [as_replay_sample(batch) for batch in batch_pool(data, data.batch_size)]
     updates_actor = getattr(model, "updates_actor", lambda update: True)
