@@ -37,8 +37,12 @@ loop of that config pays per update besides it, whatever the framework: the envi
 built as the config builds them, ``num_envs`` copies stepped in turn, episodes restarting as they end) and the acting
 policy's call on their observations (the agent's, on a TensorDict, as a collection calls it; ε-greedy at its final ε),
 ``frames_per_update / num_envs`` of each per update. Their
-sum over the bare update is the least loop ÷ bare the config can show: the loop's own costs (the step's bookkeeping,
-the buffer's writes and draws, the hooks) are the rest of a fit's ratio. Writes ``loop_floor_<config>.json``.
+sum over the bare update is the least loop ÷ bare the config can show with each piece warm. A fourth slice runs the
+same pieces in the loop's rhythm (a round's batch steps, each acting then stepping, then the updates the round earns,
+in turn): its time per update over the bare update is the floor **in rounds**, what any loop that collects in the
+updates' thread pays once each piece runs right after the others have taken the CPU's caches. The loop's own costs
+(the step's bookkeeping, the buffer's writes and draws, the hooks) are the rest of a fit's ratio. Writes
+``loop_floor_<config>.json``.
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from datetime import datetime
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -138,16 +143,20 @@ def run(
 
 
 def alternated_ms(
-    parts: dict[str, Callable[[int], Any]], rounds: int, seconds: float, scale: dict[str, float] | None = None
+    parts: dict[str, Callable[[int], Any]],
+    rounds: int,
+    seconds: float,
+    scale: dict[str, float] | None = None,
+    warmup: dict[str, int] | None = None,
 ) -> dict[str, list[float]]:
     """Milliseconds per call of each of ``parts`` (times ``scale[name]``, default 1), in ``rounds`` rounds of a slice
-    of ``seconds`` of each in turn, after 50 calls each (compilation, first allocations); under a forked generator
-    seeded 0 (PIRL draws collocation points, a policy samples)."""
+    of ``seconds`` of each in turn, after ``warmup[name]`` calls each (default 50: compilation, first allocations);
+    under a forked generator seeded 0 (PIRL draws collocation points, a policy samples)."""
     times: dict[str, list[float]] = {name: [] for name in parts}
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
-        for part in parts.values():
-            for i in range(50):
+        for name, part in parts.items():
+            for i in range((warmup or {}).get(name, 50)):
                 part(i)
         for _ in range(rounds):
             for name, part in parts.items():
@@ -214,17 +223,32 @@ def floor(config: str, threads: int, rounds: int, seconds: float) -> dict:
         with torch.no_grad(), set_exploration_type(ExplorationType.RANDOM):
             policy(TensorDict({"observation": seen}, batch_size=[len(envs)]))
 
-    parts = {"bare": bare_update(model, data), "environment": environment, "acting": acting}
+    bare = bare_update(model, data)
+    # A loop's rhythm: a round of collect_steps batch steps earns frames_per_batch / frames_per_update updates; a
+    # cycle is the fewest whole rounds that earn whole updates.
+    earned = (data.frames_per_batch / Fraction(data.frames_per_update)).limit_denominator(64)
+    cycle_rounds, cycle_updates = earned.denominator, earned.numerator
+
+    def in_rounds(i: int) -> None:  # each step's acting and environment, then the updates they earn, in turn
+        for step in range(cycle_rounds * data.collect_steps):
+            acting(i * cycle_rounds * data.collect_steps + step)
+            environment(i * cycle_rounds * data.collect_steps + step)
+        for update in range(cycle_updates):
+            bare(i * cycle_updates + update)
+
+    parts = {"bare": bare, "environment": environment, "acting": acting, "in_rounds": in_rounds}
     # A batch step of the copies is num_envs frames: frames_per_update / num_envs of them per update.
     steps = data.frames_per_update / len(envs)
-    per_update = {"bare": 1.0, "environment": steps, "acting": steps}
-    times = alternated_ms(parts, rounds, seconds, per_update)
+    per_update = {"bare": 1.0, "environment": steps, "acting": steps, "in_rounds": 1 / cycle_updates}
+    # in_rounds is made of the parts warmed up before it: one call of it.
+    times = alternated_ms(parts, rounds, seconds, per_update, warmup={"in_rounds": 1})
     for env in envs:
         env.close()
     floors = [
         (bare + environment + acting) / bare
         for bare, environment, acting in zip(times["bare"], times["environment"], times["acting"], strict=True)
     ]
+    in_rounds_floors = [cost / bare for cost, bare in zip(times["in_rounds"], times["bare"], strict=True)]
     return {
         "date": datetime.now().astimezone().isoformat(timespec="seconds"),
         "command": ["python", "benchmarks/update_cost.py", *sys.argv[1:]],
@@ -234,10 +258,13 @@ def floor(config: str, threads: int, rounds: int, seconds: float) -> dict:
         "env_id": options["env_id"],
         "num_envs": len(envs),
         "frames_per_update": data.frames_per_update,
+        "cycle": {"batch_steps": cycle_rounds * data.collect_steps, "updates": cycle_updates},
         "epsilon": epsilon,  # the ε-greedy policy's ε (None: no ε-greedy)
         "ms_per_update": {name: statistics.median(values) for name, values in times.items()},
         "floor": statistics.median(floors),
         "floor_range": [min(floors), max(floors)],
+        "floor_in_rounds": statistics.median(in_rounds_floors),
+        "floor_in_rounds_range": [min(in_rounds_floors), max(in_rounds_floors)],
         "rounds": times,
     }
 
@@ -314,7 +341,10 @@ if __name__ == "__main__":
             f"loop floor ({result['env_id']}, {args.threads} thread(s)): per update, bare {ms['bare']:.3f} ms, the "
             f"environment's {result['frames_per_update']:g} frame(s) {ms['environment']:.3f} ms, the acting policy "
             f"{ms['acting']:.3f} ms (medians of {args.rounds} alternating slices): floor {result['floor']:.2f}x the "
-            f"bare update (range {result['floor_range'][0]:.2f}-{result['floor_range'][1]:.2f}) -> {path}"
+            f"bare update (range {result['floor_range'][0]:.2f}-{result['floor_range'][1]:.2f}); in rounds "
+            f"({result['cycle']['batch_steps']} batch step(s), then {result['cycle']['updates']} update(s)) "
+            f"{ms['in_rounds']:.3f} ms an update: {result['floor_in_rounds']:.2f}x (range "
+            f"{result['floor_in_rounds_range'][0]:.2f}-{result['floor_in_rounds_range'][1]:.2f}) -> {path}"
         )
         raise SystemExit(0)
     if args.arithmetic:

@@ -141,10 +141,14 @@ def test_update_cost_floor_mode_times_the_environments_steps_and_the_acting_poli
     assert (result["env_id"], result["num_envs"], result["frames_per_update"]) == ("CartPole-v1", 8, 4)
     assert result["epsilon"] == pytest.approx(0.04)  # the config's eps_end
     rounds = result["rounds"]
-    assert [len(rounds[name]) for name in ("bare", "environment", "acting")] == [3, 3, 3]
+    assert [len(rounds[name]) for name in ("bare", "environment", "acting", "in_rounds")] == [3, 3, 3, 3]
     floors = [(b + e + a) / b for b, e, a in zip(rounds["bare"], rounds["environment"], rounds["acting"], strict=True)]
     assert result["floor"] == pytest.approx(sorted(floors)[1]) and result["floor_range"] == [min(floors), max(floors)]
     assert all(value > 0 for values in rounds.values() for value in values) and result["floor"] > 1
+    # In rounds as the loop runs them: a round of the config's 32 batch steps of 8 copies (256 frames) earns 64 updates.
+    assert result["cycle"] == {"batch_steps": 32, "updates": 64}
+    in_rounds = [cost / bare for cost, bare in zip(rounds["in_rounds"], rounds["bare"], strict=True)]
+    assert result["floor_in_rounds"] == pytest.approx(sorted(in_rounds)[1]) and result["floor_in_rounds"] > 1
     with pytest.raises(SystemExit, match="a Gymnasium config is needed"):
         update_cost.floor(str(ROOT / "configs/snake_dqn.yaml"), threads=1, rounds=1, seconds=0.01)
     with pytest.raises(SystemExit):
