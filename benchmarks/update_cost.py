@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import statistics
@@ -225,8 +226,9 @@ def floor(config: str, threads: int, rounds: int, seconds: float) -> dict:
 
     bare = bare_update(model, data)
     # A loop's rhythm: a round of collect_steps batch steps earns frames_per_batch / frames_per_update updates; a
-    # cycle is the fewest whole rounds that earn whole updates.
-    earned = (data.frames_per_batch / Fraction(data.frames_per_update)).limit_denominator(64)
+    # cycle is the fewest whole rounds that earn whole updates (frames_per_update as written: 0.1 is a tenth).
+    exact = data.frames_per_batch / Fraction(str(data.frames_per_update))
+    earned = exact.limit_denominator(1000) or Fraction(1, math.ceil(1 / exact))  # or: an update in over 1,000 rounds
     cycle_rounds, cycle_updates = earned.denominator, earned.numerator
 
     def in_rounds(i: int) -> None:  # each step's acting and environment, then the updates they earn, in turn
