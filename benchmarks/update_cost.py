@@ -229,12 +229,12 @@ def floor(config: str, threads: int, rounds: int, seconds: float) -> dict:
     # cycle is the fewest whole rounds that earn whole updates (frames_per_update as written: 0.1 is a tenth).
     exact = data.frames_per_batch / Fraction(str(data.frames_per_update))
     earned = exact.limit_denominator(1000) or Fraction(1, math.ceil(1 / exact))  # or: an update in over 1,000 rounds
-    cycle_rounds, cycle_updates = earned.denominator, earned.numerator
+    cycle_steps, cycle_updates = earned.denominator * data.collect_steps, earned.numerator
 
     def in_rounds(i: int) -> None:  # each step's acting and environment, then the updates they earn, in turn
-        for step in range(cycle_rounds * data.collect_steps):
-            acting(i * cycle_rounds * data.collect_steps + step)
-            environment(i * cycle_rounds * data.collect_steps + step)
+        for step in range(i * cycle_steps, (i + 1) * cycle_steps):
+            acting(step)
+            environment(step)
         for update in range(cycle_updates):
             bare(i * cycle_updates + update)
 
@@ -260,7 +260,7 @@ def floor(config: str, threads: int, rounds: int, seconds: float) -> dict:
         "env_id": options["env_id"],
         "num_envs": len(envs),
         "frames_per_update": data.frames_per_update,
-        "cycle": {"batch_steps": cycle_rounds * data.collect_steps, "updates": cycle_updates},
+        "cycle": {"batch_steps": cycle_steps, "updates": cycle_updates},
         "epsilon": epsilon,  # the ε-greedy policy's ε (None: no ε-greedy)
         "ms_per_update": {name: statistics.median(values) for name, values in times.items()},
         "floor": statistics.median(floors),
