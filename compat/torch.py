@@ -41,6 +41,8 @@ PRIVATE_API = (
     ("torch.nn.modules.module", "_global_forward_pre_hooks", "forward_hooks_set"),
     ("torch.nn.Module", "_forward_hooks", "forward_hooks_set"),
     ("torch.nn.Module", "_forward_pre_hooks", "forward_hooks_set"),
+    ("torch.nn.Module", "_parameters", "own_parameters"),
+    ("torch.nn.Module", "_buffers", "own_buffers"),
 )
 
 
@@ -161,3 +163,17 @@ def forward_hooks_set(modules: list[nn.Module]) -> bool:
     if module._global_forward_hooks or module._global_forward_pre_hooks:
         return True
     return any(each._forward_hooks or each._forward_pre_hooks for each in modules)
+
+
+def own_parameters(module: nn.Module) -> dict[str, nn.Parameter | None]:
+    """``module``'s own parameters by name: the dict where ``module.weight`` is found, read directly. The attribute
+    takes ``nn.Module.__getattr__``'s slow road (after the instance's dict and the class miss), which a layer called
+    once a frame on one row (a one-copy loop's acting network) pays twice a layer."""
+    # Module._parameters (private; torch 2.13.0): what Module.__getattr__ looks a parameter up in.
+    return module._parameters
+
+
+def own_buffers(module: nn.Module) -> dict[str, torch.Tensor | None]:
+    """``module``'s own buffers by name, read directly (:func:`own_parameters` says why)."""
+    # Module._buffers (private; torch 2.13.0): what Module.__getattr__ looks a buffer up in.
+    return module._buffers

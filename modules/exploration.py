@@ -21,6 +21,7 @@ from torchrl.envs.utils import ExplorationType, exploration_type
 from torchrl.modules import EGreedyModule, QValueActor, QValueModule
 
 from compat.tensordict import set_unchecked
+from compat.torch import own_buffers
 from modules.networks import PlainForward
 
 
@@ -49,17 +50,23 @@ class GreedyRowsEGreedy(TensorDictModuleBase):
         self._q_network = categorical_q_network(actor)
 
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
-        eps = self.egreedy.eps
-        if eps.device.type != "cpu" or exploration_type() not in (ExplorationType.RANDOM, None):
+        eps = own_buffers(self.egreedy)["eps"]  # not egreedy.eps: nn.Module.__getattr__'s slow road, twice
+        device, shape = eps.device, tensordict.shape
+        if device.type != "cpu" or exploration_type() not in (ExplorationType.RANDOM, None):
             return self.egreedy(self.actor(tensordict))
-        explore = torch.rand(tensordict.shape, device=eps.device) < eps
-        random = self._random_actions.get(tensordict.shape)
+        draw = torch.rand(shape, device=device)
+        random = self._random_actions.get(shape)
         if random is None:
-            random = self._random_actions[tensordict.shape] = random_actions(
-                self.egreedy.spec[self.egreedy.action_key].expand(tensordict.shape)
+            random = self._random_actions[shape] = random_actions(
+                self.egreedy.spec[self.egreedy.action_key].expand(shape)
             )
         action = random()
-        if not explore.any():  # all greedy (most steps once ε is small): no rows to select
+        if shape.numel() == 1:
+            # One row (a one-copy loop, once a frame): the draw and ε read and compared on the host (the same float32
+            # numbers, compared exactly), where the tensors' road takes a comparison and a reduction.
+            if draw.item() >= eps.item():
+                action = self._greedy(tensordict, None)
+        elif not (explore := draw < eps).any():  # all greedy (most steps once ε is small): no rows to select
             action = self._greedy(tensordict, None)
         elif not explore.all():
             greedy = ~explore

@@ -19,7 +19,7 @@ from tensordict.nn import TensorDictModule, TensorDictModuleBase
 from torch import nn
 
 from compat.tensordict import top_level_entries
-from compat.torch import forward_hooks_set, is_batch_norm
+from compat.torch import forward_hooks_set, is_batch_norm, own_parameters
 from envs.tokens import GLOBAL_LOCATION
 from modules.batch_renorm import BatchRenorm
 from modules.spaces import SpaceError
@@ -72,7 +72,8 @@ class PlainForward:
 
 
 def _linear(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    return nn.functional.linear(x, layer.weight, layer.bias)
+    parameters = own_parameters(layer)  # not layer.weight: nn.Module.__getattr__'s slow road, twice a layer
+    return nn.functional.linear(x, parameters["weight"], parameters["bias"])
 
 
 def _relu(layer: nn.ReLU, x: torch.Tensor) -> torch.Tensor:
@@ -84,7 +85,8 @@ def _tanh(layer: nn.Tanh, x: torch.Tensor) -> torch.Tensor:
 
 
 def _flatten(layer: FlattenObservation, x: torch.Tensor) -> torch.Tensor:
-    return layer.forward(x)
+    # A flat float32 observation is its own flattening (flatten and float would return the tensor itself).
+    return x if layer.num_dims == 1 and x.dtype is torch.float32 else layer.forward(x)
 
 
 # Module-level functions, so that a policy holding a PlainForward pickles (to a collector worker).

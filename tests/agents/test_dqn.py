@@ -219,6 +219,25 @@ def test_acting_evaluates_the_network_on_the_greedy_rows_only_and_chooses_what_e
     assert 0 < network_rows < 64 if 0 < eps < 1 else network_rows == (64 if eps == 0 else 0)
 
 
+@pytest.mark.parametrize("eps", [0.0, 0.3, 1.0])
+def test_one_row_acting_chooses_what_egreedy_chooses_frame_after_frame(eps):
+    """A one-copy loop acts on one row a frame, and there the policy compares its draw with ε on the host: frame after
+    frame from one generator state, the actions of TorchRL's EGreedyModule after the actor."""
+    dqn = DQN(**SPECS, network=NetworkOptions(hidden_sizes=(8,)))
+    dqn.egreedy.eps.fill_(eps)
+    frames = torch.randint(0, 2, (300, 1, 2), dtype=torch.uint8)
+
+    def act(policy) -> torch.Tensor:
+        torch.manual_seed(7)
+        return torch.cat([policy(TensorDict({"observation": frame}, batch_size=[1]))["action"] for frame in frames])
+
+    ours = act(dqn.policy())
+    assert torch.equal(ours, act(TensorDictSequential(dqn._acting_actor, dqn.egreedy)))
+    greedy = dqn.q_network(frames.squeeze(1)).argmax(-1)
+    explored = int((ours != greedy).sum())  # of two actions, a random one differs from the greedy one half the time
+    assert explored == 0 if eps == 0 else 0.25 * eps * len(frames) < explored < 0.75 * eps * len(frames)
+
+
 @pytest.mark.parametrize("update", ["hard", "soft"])
 def test_the_target_q_network_is_the_target_parameters_through_updates_loads_copies_and_moves(update):
     """The target pass runs a copy of the Q-network holding the target tensors themselves (TargetCopy), not the
@@ -281,6 +300,8 @@ def test_the_acting_network_called_layer_by_layer_computes_what_its_modules_comp
     observation = torch.randint(0, 2, (5, 2), dtype=torch.uint8)
     with torch.no_grad():
         assert torch.equal(plain(observation), dqn.q_network(observation))
+        flat = torch.randn(5, 2)  # a flat float32 observation passes its flattening as it is
+        assert torch.equal(plain(flat), dqn.q_network(flat))
         before = plain(observation).clone()
         saved = copy.deepcopy(dqn.q_network.state_dict())
         for parameter in dqn.q_network.parameters():
