@@ -40,9 +40,11 @@ policy's call on their observations (the agent's, on a TensorDict, as a collecti
 sum over the bare update is the least loop ÷ bare the config can show with each piece warm. A fourth slice runs the
 same pieces in the loop's rhythm (a round's batch steps, each acting then stepping, then the updates the round earns,
 in turn): its time per update over the bare update is the floor **in rounds**, what any loop that collects in the
-updates' thread pays once each piece runs right after the others have taken the CPU's caches. The loop's own costs
-(the step's bookkeeping, the buffer's writes and draws, the hooks) are the rest of a fit's ratio. Writes
-``loop_floor_<config>.json``.
+updates' thread pays once each piece runs right after the others have taken the CPU's caches. A fifth and sixth
+slice time the agent's own update step alone and in those rounds (``framework_free_update``, compiled where the
+config compiles it): a fit whose update is compiled runs below the bare update's cost, so the floor it is to be read
+against is this one, and a fit's loop ÷ bare less it is the loop's own costs (the step's bookkeeping, the buffer's
+writes and draws, the hooks). Writes ``loop_floor_<config>.json``.
 """
 
 from __future__ import annotations
@@ -224,26 +226,37 @@ def floor(config: str, threads: int, rounds: int, seconds: float) -> dict:
         with torch.no_grad(), set_exploration_type(ExplorationType.RANDOM):
             policy(TensorDict({"observation": seen}, batch_size=[len(envs)]))
 
-    bare = bare_update(model, data)
+    bare, update = bare_update(model, data), framework_free_update(model, data)
     # A loop's rhythm: a round of collect_steps batch steps earns frames_per_batch / frames_per_update updates; a
     # cycle is the fewest whole rounds that earn whole updates (frames_per_update as written: 0.1 is a tenth).
     exact = data.frames_per_batch / Fraction(str(data.frames_per_update))
     earned = exact.limit_denominator(1000) or Fraction(1, math.ceil(1 / exact))  # or: an update in over 1,000 rounds
     cycle_steps, cycle_updates = earned.denominator * data.collect_steps, earned.numerator
 
-    def in_rounds(i: int) -> None:  # each step's acting and environment, then the updates they earn, in turn
-        for step in range(i * cycle_steps, (i + 1) * cycle_steps):
-            acting(step)
-            environment(step)
-        for update in range(cycle_updates):
-            bare(i * cycle_updates + update)
+    def in_rounds_of(step_of_update: Callable[[int], Any]) -> Callable[[int], None]:
+        def in_rounds(i: int) -> None:  # each step's acting and environment, then the updates they earn, in turn
+            for step in range(i * cycle_steps, (i + 1) * cycle_steps):
+                acting(step)
+                environment(step)
+            for earned in range(cycle_updates):
+                step_of_update(i * cycle_updates + earned)
 
-    parts = {"bare": bare, "environment": environment, "acting": acting, "in_rounds": in_rounds}
+        return in_rounds
+
+    parts = {
+        "bare": bare,
+        "update": update,
+        "environment": environment,
+        "acting": acting,
+        "in_rounds": in_rounds_of(bare),
+        "in_rounds_update": in_rounds_of(update),
+    }
     # A batch step of the copies is num_envs frames: frames_per_update / num_envs of them per update.
     steps = data.frames_per_update / len(envs)
-    per_update = {"bare": 1.0, "environment": steps, "acting": steps, "in_rounds": 1 / cycle_updates}
-    # in_rounds is made of the parts warmed up before it: one call of it.
-    times = alternated_ms(parts, rounds, seconds, per_update, warmup={"in_rounds": 1})
+    per_update = {"environment": steps, "acting": steps, "in_rounds": 1 / cycle_updates}
+    per_update["in_rounds_update"] = per_update["in_rounds"]
+    # The rounds are made of the parts warmed up before them (the update's compilation included): one call each.
+    times = alternated_ms(parts, rounds, seconds, per_update, warmup={"in_rounds": 1, "in_rounds_update": 1})
     for env in envs:
         env.close()
     floors = [
@@ -251,6 +264,8 @@ def floor(config: str, threads: int, rounds: int, seconds: float) -> dict:
         for bare, environment, acting in zip(times["bare"], times["environment"], times["acting"], strict=True)
     ]
     in_rounds_floors = [cost / bare for cost, bare in zip(times["in_rounds"], times["bare"], strict=True)]
+    own_updates = [cost / bare for cost, bare in zip(times["update"], times["bare"], strict=True)]
+    own_floors = [cost / bare for cost, bare in zip(times["in_rounds_update"], times["bare"], strict=True)]
     return {
         "date": datetime.now().astimezone().isoformat(timespec="seconds"),
         "command": ["python", "benchmarks/update_cost.py", *sys.argv[1:]],
@@ -262,11 +277,16 @@ def floor(config: str, threads: int, rounds: int, seconds: float) -> dict:
         "frames_per_update": data.frames_per_update,
         "cycle": {"batch_steps": cycle_steps, "updates": cycle_updates},
         "epsilon": epsilon,  # the ε-greedy policy's ε (None: no ε-greedy)
+        "compile": model.compile_mode,  # the agent's update step as the config sets it (compiled or eager)
         "ms_per_update": {name: statistics.median(values) for name, values in times.items()},
         "floor": statistics.median(floors),
         "floor_range": [min(floors), max(floors)],
         "floor_in_rounds": statistics.median(in_rounds_floors),
         "floor_in_rounds_range": [min(in_rounds_floors), max(in_rounds_floors)],
+        "update": statistics.median(own_updates),
+        "update_range": [min(own_updates), max(own_updates)],
+        "floor_in_rounds_update": statistics.median(own_floors),
+        "floor_in_rounds_update_range": [min(own_floors), max(own_floors)],
         "rounds": times,
     }
 
@@ -296,8 +316,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--config",
         metavar="CONFIG",
+        action="append",
         help="with --arithmetic: a replay agent's config (DQN, QR-DQN, SAC, ...; a Gymnasium one too) in place of "
-        "--agent's",
+        "--agent's; repeat it to compose configs as the app does, later files overriding earlier ones (a preset on "
+        "a shipped config: --config configs/mario_ddqn.yaml --config configs/bench/mario_cpu.yaml)",
     )
     parser.add_argument(
         "--floor",
@@ -325,8 +347,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--arithmetic times the replay agents' update (--agent dqn, pirl or sac, or --config)")
     if args.config is not None and not args.arithmetic:
         parser.error("--config goes with --arithmetic (a fit's configs are --agent's)")
-    if args.config is not None and not Path(args.config).is_file():
-        parser.error(f"--config {args.config}: no such config file")
+    for config in args.config or []:
+        if not Path(config).is_file():
+            parser.error(f"--config {config}: no such config file")
     if args.rounds < 1:
         parser.error(f"--rounds must be >= 1, got {args.rounds}")
     return args
@@ -346,12 +369,15 @@ if __name__ == "__main__":
             f"bare update (range {result['floor_range'][0]:.2f}-{result['floor_range'][1]:.2f}); in rounds "
             f"({result['cycle']['batch_steps']} batch step(s), then {result['cycle']['updates']} update(s)) "
             f"{ms['in_rounds']:.3f} ms an update: {result['floor_in_rounds']:.2f}x (range "
-            f"{result['floor_in_rounds_range'][0]:.2f}-{result['floor_in_rounds_range'][1]:.2f}) -> {path}"
+            f"{result['floor_in_rounds_range'][0]:.2f}-{result['floor_in_rounds_range'][1]:.2f}); with the agent's "
+            f"own update step (compile {result['compile']}, {result['update']:.2f}x the bare update alone) in rounds: "
+            f"{result['floor_in_rounds_update']:.2f}x (range {result['floor_in_rounds_update_range'][0]:.2f}-"
+            f"{result['floor_in_rounds_update_range'][1]:.2f}) -> {path}"
         )
         raise SystemExit(0)
     if args.arithmetic:
-        label = args.agent if args.config is None else Path(args.config).stem
-        configs = [str(ROOT / path) for path in CONFIGS[args.agent]] if args.config is None else [args.config]
+        label = args.agent if args.config is None else "+".join(Path(config).stem for config in args.config)
+        configs = [str(ROOT / path) for path in CONFIGS[args.agent]] if args.config is None else args.config
         result = arithmetic(configs, label, args.compile, args.threads, args.rounds, args.bare_seconds)
         path = written(result, out / f"update_arithmetic_{label}_compile-{args.compile}.json")
         ms = result["ms_per_update"]

@@ -141,7 +141,8 @@ def test_update_cost_floor_mode_times_the_environments_steps_and_the_acting_poli
     assert (result["env_id"], result["num_envs"], result["frames_per_update"]) == ("CartPole-v1", 8, 4)
     assert result["epsilon"] == pytest.approx(0.04)  # the config's eps_end
     rounds = result["rounds"]
-    assert [len(rounds[name]) for name in ("bare", "environment", "acting", "in_rounds")] == [3, 3, 3, 3]
+    parts = ("bare", "update", "environment", "acting", "in_rounds", "in_rounds_update")
+    assert [len(rounds[name]) for name in parts] == [3] * len(parts)
     floors = [(b + e + a) / b for b, e, a in zip(rounds["bare"], rounds["environment"], rounds["acting"], strict=True)]
     assert result["floor"] == pytest.approx(sorted(floors)[1]) and result["floor_range"] == [min(floors), max(floors)]
     assert all(value > 0 for values in rounds.values() for value in values) and result["floor"] > 1
@@ -149,6 +150,14 @@ def test_update_cost_floor_mode_times_the_environments_steps_and_the_acting_poli
     assert result["cycle"] == {"batch_steps": 32, "updates": 64}
     in_rounds = [cost / bare for cost, bare in zip(rounds["in_rounds"], rounds["bare"], strict=True)]
     assert result["floor_in_rounds"] == pytest.approx(sorted(in_rounds)[1])
+    # The same rounds with the agent's own update step in place of the bare one (the config's: eager here), the floor
+    # a fit of this config can read: its loop ÷ bare less this is the loop's own work.
+    assert result["compile"] is False
+    own = [cost / bare for cost, bare in zip(rounds["in_rounds_update"], rounds["bare"], strict=True)]
+    assert result["floor_in_rounds_update"] == pytest.approx(sorted(own)[1])
+    assert result["floor_in_rounds_update_range"] == [min(own), max(own)]
+    updates = [cost / bare for cost, bare in zip(rounds["update"], rounds["bare"], strict=True)]
+    assert result["update"] == pytest.approx(sorted(updates)[1])
     with pytest.raises(SystemExit, match="a Gymnasium config is needed"):
         update_cost.floor(str(ROOT / "configs/snake_dqn.yaml"), threads=1, rounds=1, seconds=0.01)
     with pytest.raises(SystemExit):
@@ -168,7 +177,10 @@ def test_update_cost_arithmetic_mode_alternates_the_two_update_steps():
     # --config: any replay config's update (a Gymnasium QR-DQN here), only with --arithmetic, an existing file
     config = str(ROOT / "configs/gym/cartpole_qrdqn.yaml")
     args = update_cost.parse_args(["--arithmetic", "--config", config])
-    assert args.config == config and args.arithmetic
+    assert args.config == [config] and args.arithmetic
+    # repeated, the configs compose in order (a preset on a shipped config), as the app composes them
+    preset = str(ROOT / "configs/bench/throughput.yaml")
+    assert update_cost.parse_args(["--arithmetic", "--config", config, "--config", preset]).config == [config, preset]
     result = update_cost.arithmetic([config], "cartpole_qrdqn", "false", threads=1, rounds=2, seconds=0.02)
     assert result["agent"] == "cartpole_qrdqn"
     assert [len(result["rounds"][name]) for name in ("bare", "update")] == [2, 2]
