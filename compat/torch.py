@@ -115,7 +115,7 @@ def probe_cpu_vector_isa_early() -> None:
 
     Inductor makes the check at the first compilation of a process, its compiled graphs' cache hits included: for
     each candidate set it builds a probe library and loads it in a child Python, and the update waits (about a
-    second of a small PPO update's first call on a 2-core machine, docs/results/gymnasium.md). Started while the
+    second of a small PPO update's first call on a 2-core machine, docs/history/gymnasium.md). Started while the
     model is built, the children run as the environments are built and the first rollout collected. The answer is
     Inductor's own function's, kept for the process (a call in the main thread before the thread is done makes the
     same check once more), so the compiled code is the same."""

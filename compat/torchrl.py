@@ -296,7 +296,7 @@ class DirectReplay:
     entry: the same slots written, the same counters moved and the same indices drawn from the same generator as
     TorchRL's own calls, for a fraction of their cost. Those calls go through a transform pass, the writer, the
     storage's generic tensordict assignment and indexing, and the sample's metadata, which a loop of one frame and
-    one update pays at every frame (docs/results/gymnasium.md, "Replay written and drawn entry by entry, and
+    one update pays at every frame (docs/history/gymnasium.md, "Replay written and drawn entry by entry, and
     subnormal floats flushed").
 
     It applies to the buffer :class:`~datamodules.replay.ReplayDataModule` builds for uniform replay (a

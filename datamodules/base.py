@@ -498,7 +498,7 @@ class RLDataModule(EnvSpecs, Evaluation, pl.LightningDataModule):
         how collected frames turn into batches. The training stream serves these one by one; a model's step that
         goes on to a further round takes its batches here directly (:meth:`modules.base.RLModule.training_step`),
         past Lightning's fetcher and DataLoader, whose per-batch wrapping costs about as much as a round of one
-        frame's collection (docs/results/gymnasium.md, "Replay written and drawn entry by entry, and subnormal
+        frame's collection (docs/history/gymnasium.md, "Replay written and drawn entry by entry, and subnormal
         floats flushed")."""
         raise NotImplementedError
 

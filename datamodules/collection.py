@@ -197,7 +197,8 @@ class Collection:
         every environment, where the strategy steps its environments from this process; the others collect their
         usual round. Those rounds are stepped on the collector's carrier (:func:`compat.torchrl.round_on_carrier`):
         the same steps as its own rounds, to the bit, without its per-round bookkeeping, a noticeable share of a
-        round of a few small steps (docs/results/gymnasium.md measures it)."""
+        round of a few small steps (docs/history/gymnasium.md, "Rounds on the collector's carrier, and a Lightning step
+        over several rounds", measures it)."""
         try:
             if self.rounds_of_any_length:
                 batch = round_on_carrier(self.collector, steps or self._data.collect_steps)

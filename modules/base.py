@@ -226,7 +226,7 @@ class RLModule(pl.LightningModule):
         # name, so a model compiled after another model's loss of another batch size would compile a dynamic graph,
         # whose numbers differ from a fresh process's in the last bits (a resumed run would not log what the
         # uninterrupted one did). It sets and restores two of Dynamo's settings around each call, about 1 % of a small
-        # update (docs/results/gymnasium.md, "Compiled updates: dynamic=False kept").
+        # update (docs/history/gymnasium.md, "Compiled updates: dynamic=False kept").
         return torch.compile(own_code(function), options=options, dynamic=False)
 
     def compiled_loss(self) -> Callable[[TensorDictBase], TensorDictBase]:
@@ -531,7 +531,7 @@ class RLModule(pl.LightningModule):
         """The :attr:`target_networks`' target parameters set to the online ones: TorchRL's ``HardUpdate.step``, which
         copies the trainable parameters (not BatchNorm's statistics), as one fused copy. Its walk over the parameters'
         tensordicts took about a millisecond a copy, which a target copied every few dozen updates spreads over each
-        of them (docs/results/gymnasium.md, "The acting network called layer by layer, and the target's copy
+        of them (docs/history/gymnasium.md, "The acting network called layer by layer, and the target's copy
         fused")."""
         pairs = getattr(self, "_hard_pairs", None)
         if pairs is None:  # built on first use, after the model has reached its device

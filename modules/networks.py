@@ -44,7 +44,7 @@ class PlainForward:
     optimizer steps, loaded checkpoints and moves to a device reach it; a forward hook, the network's own or a global
     one, sends the call through the modules, which run it), without ``nn.Module``'s call machinery at each of the
     eight or so modules of a small MLP: for the acting policy of a one-copy loop, which runs it once a frame on one
-    row, that machinery cost about as much as the arithmetic (docs/results/gymnasium.md, "The acting network called
+    row, that machinery cost about as much as the arithmetic (docs/history/gymnasium.md, "The acting network called
     layer by layer, and the target's copy fused")."""
 
     def __init__(self, network: nn.Module, layers: list[nn.Module]) -> None:
@@ -290,7 +290,7 @@ def parameter_tree(parameters: TensorDictBase | dict) -> dict[str, Any]:
     """``parameters`` (an ensemble's entries, each stacked over its members: a TorchRL loss module's
     ``qvalue_network_params["module"]``) as nested plain dicts of the same tensors, which :func:`ensemble_mlp` reads
     like the tensordict. Its forward reads a few dozen entries an update, each a tensordict lookup with its checks,
-    where a dict's costs next to nothing (docs/results/gymnasium.md, "Replay written and drawn entry by entry, and
+    where a dict's costs next to nothing (docs/history/gymnasium.md, "Replay written and drawn entry by entry, and
     subnormal floats flushed")."""
     if isinstance(parameters, dict):
         return parameters

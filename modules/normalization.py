@@ -107,7 +107,7 @@ def on_host(*tensors: torch.Tensor) -> bool:
     process of its own (a DDP run sums every rank's figures with torch's collectives). Once per rollout the
     statistics take a few dozen operations on arrays of a few numbers (an observation's size, a rollout's rewards),
     where a torch op's dispatch and allocation cost several times NumPy's: a noticeable share of a cheap task's
-    rollout (docs/results/gymnasium.md, "The rollout's statistics in NumPy"). The same expressions as torch's, so
+    rollout (docs/history/gymnasium.md, "The rollout's statistics in NumPy"). The same expressions as torch's, so
     the same numbers up to the order of a sum's terms."""
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return False
