@@ -159,7 +159,9 @@ def round_on_carrier(collector: Collector, steps: int) -> TensorDictBase | None:
     (in place, or its outputs merged in) under the collector's exploration type, ``step_and_maybe_reset`` sets the
     step's ``"next"`` on it and gives the next carrier; the round is the steps stacked, private (``_``) entries
     dropped. It costs none of the collector's per-round bookkeeping (its preallocated output, the copy of it, the
-    post-processing pass), and a round of many steps one stack and one pass over its entries.
+    post-processing pass), and a round of many steps one stack and one pass over its entries. An environment with a
+    ``step_round`` method (the Gymnasium family's: ``envs/gym/copies.py``) steps the round itself, writing each step
+    into the round's arrays: the same batch and carrier, or None, and then the steps are taken here.
     """
     # Collector._carrier, _wrapped_policy, _policy_output_keys, _cast_to_policy_device, _cast_to_env_device,
     # _carrier_has_no_device, _compact_next_keys, _exclude_private_keys (private; torchrl 0.14.1): what
@@ -184,19 +186,23 @@ def round_on_carrier(collector: Collector, steps: int) -> TensorDictBase | None:
     ):
         return None
     policy, env, carrier = collector._wrapped_policy, collector.env, collector._carrier
-    steps_taken = []
+    # An environment that writes a round as it steps gives the same round (envs/gym/copies.py, CopyBatchEnv.step_round).
+    step_round = getattr(type(env), "step_round", None)
     with torch.no_grad(), set_exploration_type(collector.exploration_type):
-        for _ in range(steps):
-            acted = policy(carrier)
-            if acted is not carrier:
-                carrier.update(acted, keys_to_update=collector._policy_output_keys)
-            stepped, following = env.step_and_maybe_reset(carrier)
-            if stepped is not carrier:
-                carrier.set("next", stepped.get("next"))
-            steps_taken.append(carrier)
-            carrier = following
-    collector._carrier = carrier
-    batch = stack_steps(steps_taken)
+        stepped = None if step_round is None else step_round(env, policy, carrier, steps, collector._policy_output_keys)
+        if stepped is None:
+            steps_taken = []
+            for _ in range(steps):
+                acted = policy(carrier)
+                if acted is not carrier:
+                    carrier.update(acted, keys_to_update=collector._policy_output_keys)
+                step, following = env.step_and_maybe_reset(carrier)
+                if step is not carrier:
+                    carrier.set("next", step.get("next"))
+                steps_taken.append(carrier)
+                carrier = following
+            stepped = stack_steps(steps_taken), carrier
+    batch, collector._carrier = stepped
     if collector._exclude_private_keys:
         private = _private_keys(batch)
         batch = batch.exclude(*private) if private else batch
@@ -408,7 +414,7 @@ class DirectReplay:
                 raise RuntimeError("Cannot sample from an empty storage.")
             index = torch.randint(0, storage._len, (count,), generator=storage._rng, device=storage.device)
             # The stored "index" entry holds each slot's number: the drawn indices themselves, which TorchRL sets again.
-            drawn = [(path, index if stored is None else stored[index]) for path, stored in self._drawn]
+            drawn = [(path, index if stored is None else stored.index_select(0, index)) for path, stored in self._drawn]
         size, device = count // parts, self._planned.device
         if parts == 1:
             return [_nested(drawn, torch.Size([size]), device)]

@@ -2,9 +2,10 @@
 
 :class:`CopyBatchEnv` holds each copy's current observation, done flags, running episode return and length, seed
 stream and episode counter; it turns them into the TorchRL entries (:meth:`CopyBatchEnv._output`), restarts the
-finished copies for the collectors (:meth:`CopyBatchEnv.maybe_reset`, through the engine's ``_restart``) and saves
-what can be restored. The engines, each in its module: ``env.py`` (Python ``gymnasium.make`` copies stepped in a
-loop, any registered id and Gymnasium wrappers) and ``envpool_env.py`` (envpool's C++ implementations, stepped by
+finished copies for the collectors (:meth:`CopyBatchEnv.maybe_reset`, through the engine's ``_restart``), writes a
+collector's whole round as the copies step (:meth:`CopyBatchEnv.step_round`) and saves what can be restored. The
+engines, each in its module, step the copies (``_advance``): ``env.py`` (Python ``gymnasium.make`` copies stepped in
+a loop, any registered id and Gymnasium wrappers) and ``envpool_env.py`` (envpool's C++ implementations, stepped by
 its thread pool).
 
 **Specs.** A ``Box`` observation is float32 ``observation`` (uint8 images stay uint8, bounded by the space); a
@@ -30,6 +31,7 @@ observations (``exact_state = False``).
 from __future__ import annotations
 
 from abc import abstractmethod
+from collections.abc import Callable
 from typing import Any
 
 import gymnasium
@@ -37,10 +39,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from tensordict import TensorDictBase
+from tensordict.utils import NestedKey
 from torchrl.data import Bounded, Categorical, Composite, TensorSpec, Unbounded
 
 from checkpoints.files import CheckpointMismatch
-from compat.tensordict import tensordict_unchecked
+from compat.tensordict import set_unchecked, tensordict_unchecked, top_level_entries
 from compat.torchrl import StepOutputComplete
 from envs.base import BatchedEnv
 
@@ -51,8 +54,9 @@ class CopyBatchEnv(StepOutputComplete, BatchedEnv):
     """``num_envs`` copies of one task, their latest results in NumPy arrays (the module docstring has the rules).
 
     A subclass builds its copies, calls :meth:`_init_copies` with their spaces, and defines ``_restart(envs)`` (start
-    the next episode of the copies ``envs`` and write their first observations), ``_step`` and ``_reset``; a step
-    writes ``_obs``, ``_terminated``, ``_truncated``, ``_return`` and ``_length`` and returns :meth:`_output`.
+    the next episode of the copies ``envs`` and write their first observations), ``_advance(actions)`` (step the
+    copies: write ``_obs``, ``_terminated``, ``_truncated``, ``_return`` and ``_length``; the shared ``_step`` and
+    :meth:`step_round` call it) and ``_reset``.
     """
 
     episode_metric_keys = ("episode_return", "episode_length")
@@ -117,7 +121,7 @@ class CopyBatchEnv(StepOutputComplete, BatchedEnv):
         else:
             observation = torch.from_numpy(self._obs.copy())
         terminated, truncated = self._terminated[:, None].copy(), self._truncated[:, None].copy()
-        observed = {
+        observed = {  # in the order of _observed_keys
             "observation": observation,
             "terminated": torch.from_numpy(terminated),
             "truncated": torch.from_numpy(truncated),
@@ -127,32 +131,146 @@ class CopyBatchEnv(StepOutputComplete, BatchedEnv):
             observed = {key: value.to(self.device) for key, value in observed.items()}
         return observed
 
-    def _output(
-        self,
-        reward: np.ndarray | None = None,
-        episode_return: np.ndarray | None = None,
-        length: np.ndarray | None = None,
-    ) -> TensorDictBase:
-        """:meth:`_observed` and the step's entries: its reward and the metrics of the episodes it ended."""
+    #: the entries of :meth:`_observed`, in its order
+    _observed_keys = ("observation", "terminated", "truncated", "done")
+
+    def _metrics(self, ended: np.ndarray | None) -> dict[str, np.ndarray]:
+        """A step's episode metrics, ``[n, 1]`` float32 each: 0 but for the copies ``ended`` (indices; None: none)
+        whose episode ended at the step."""
         n = self.batch_size[0]
-        zero = np.zeros((n, 1), dtype=np.float32)
-        out = {
-            "episode_return": torch.from_numpy(zero if episode_return is None else episode_return[:, None]),
-            "episode_length": torch.from_numpy(zero.copy() if length is None else length[:, None]),
-        }
+        episode_return, length = np.zeros((n, 1), dtype=np.float32), np.zeros((n, 1), dtype=np.float32)
+        if ended is not None:
+            episode_return[ended, 0], length[ended, 0] = self._return[ended], self._length[ended]
+        metrics = {"episode_return": episode_return, "episode_length": length}
         if "games" in self.episode_metric_keys:  # 1 where a game ended (its length is positive)
-            out["games"] = torch.from_numpy(zero.copy() if length is None else (length[:, None] > 0).astype(np.float32))
+            metrics["games"] = (length > 0).astype(np.float32)
+        return metrics
+
+    def _output(self, reward: np.ndarray | None = None, ended: np.ndarray | None = None) -> TensorDictBase:
+        """:meth:`_observed` and the step's entries: its reward and the metrics of the episodes ``ended`` at it."""
+        out = {key: torch.from_numpy(value) for key, value in self._metrics(ended).items()}
         if reward is not None:
             out["reward"] = torch.from_numpy(reward[:, None])
         if self.device != _CPU:
             out = {key: value.to(self.device) for key, value in out.items()}
         return tensordict_unchecked({**self._observed(), **out}, self.batch_size, self.device)
 
-    def _episode_ends(self, ended: np.ndarray, reward: np.ndarray) -> TensorDictBase:
-        """The step's output when the copies ``ended`` (indices) finished an episode, their metrics filled."""
-        episode_return, length = np.zeros_like(reward), np.zeros_like(reward)
-        episode_return[ended], length[ended] = self._return[ended], self._length[ended]
-        return self._output(reward, episode_return, length)
+    @abstractmethod
+    def _advance(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """Step the copies that are not done with their ``actions`` (the engine's own way), writing their observations,
+        flags, returns and lengths: the step's reward (0 for a copy not stepped) and the indices of the copies whose
+        episode ended at it (None: none)."""
+
+    def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
+        reward, ended = self._advance(self._actions(tensordict))
+        return self._output(reward, ended)
+
+    def step_round(
+        self,
+        policy: Callable[[TensorDictBase], TensorDictBase],
+        carrier: TensorDictBase,
+        steps: int,
+        policy_keys: list[NestedKey],
+    ) -> tuple[TensorDictBase, TensorDictBase] | None:
+        """``steps`` steps of every copy from ``carrier`` (a collector's input: the copies' observations, done flags
+        and metrics), ``policy`` acting on it before each (its outputs ``policy_keys`` merged in where it returns
+        another tensordict): the round ``[n, steps]`` and the following carrier, as the steps of
+        :meth:`step_and_maybe_reset` give them, stacked (to the bit); None where this does not apply and the caller
+        steps them so (a carrier holding tensordicts, a device other than the CPU, type checks on, what
+        ``step_and_maybe_reset`` itself hands to TorchRL).
+
+        The copies' results are written into the round's arrays as they step, and the policy acts on the carrier
+        itself, only what changed replaced (the observation; the metrics after an episode's end): no tensordict is
+        built per step, nor stacked at the end, a noticeable share of a small update's cost on a one-copy loop
+        (docs/results/gymnasium.md, "The one-copy round written as it steps"). What the carrier holds between steps
+        is what :meth:`step_and_maybe_reset` gives: the step's observation (the next episode's first where a copy
+        finished), done flags all false (the finished copies restarted), the step's metrics.
+        """
+        keys = self._plain_step_keys(carrier)
+        if keys is None or self.device != _CPU or self.run_type_checks:
+            return None
+        dropped, from_next = keys
+        state = (*self._observed_keys, *self.episode_metric_keys)
+        entries = top_level_entries(carrier)
+        if set(from_next) != set(state) or not set(state) <= entries.keys():
+            return None
+        if not all(isinstance(value, torch.Tensor) for value in entries.values()):
+            return None
+        n = self.batch_size[0]
+        first = {key: entries[key].numpy() for key in state}
+        before = {key: np.empty((n, steps, *value.shape[1:]), value.dtype) for key, value in first.items()}
+        after = {key: np.zeros(array.shape, array.dtype) for key, array in before.items()}  # metrics: 0 but at ends
+        for key, value in first.items():
+            before[key][:, 0] = value
+        reward = np.empty((n, steps, 1), dtype=np.float32)
+        observations, flags = after["observation"], [after[key][..., 0] for key in ("terminated", "truncated", "done")]
+        restarted = {}  # step: the observations after it, where a copy restarted
+        acted: dict[str, list[Any]] | None = None  # the other entries (the policy's), step by step
+        metrics_shown = True  # whether the carrier may hold metrics of episodes that ended (the round's input may)
+        for t in range(steps):
+            output = policy(carrier)
+            if output is not carrier:
+                carrier.update(output, keys_to_update=policy_keys)
+            if acted is None:
+                acted = {key: [] for key in entries if key not in state}
+            if len(entries) != len(acted) + len(state):
+                raise RuntimeError(f"the policy's entries changed within a round: {sorted(entries.keys() - state)}")
+            for key, values in acted.items():
+                values.append(entries[key])
+            reward[:, t, 0], ended = self._advance(self._actions(carrier))
+            self._observation_into(observations[:, t])
+            terminated, truncated, done = (flag[:, t] for flag in flags)
+            terminated[:], truncated[:] = self._terminated, self._truncated
+            np.logical_or(terminated, truncated, out=done)
+            if ended is not None:
+                for key, value in self._metrics(ended).items():
+                    after[key][:, t] = value
+            seen = torch.from_numpy(observations[:, t])
+            if done.any():  # as maybe_reset: the finished copies restart, their observation replaced, flags cleared
+                self._restart(np.flatnonzero(done).tolist())
+                restarted[t] = np.empty_like(observations[:, t])
+                self._observation_into(restarted[t])
+                seen = torch.from_numpy(restarted[t])
+            set_unchecked(carrier, "observation", seen)
+            if t == 0:
+                for key in ("terminated", "truncated", "done"):
+                    set_unchecked(carrier, key, torch.zeros(n, 1, dtype=torch.bool))
+            if ended is not None or metrics_shown:
+                for key in self.episode_metric_keys:
+                    set_unchecked(carrier, key, torch.from_numpy(after[key][:, t]))
+                metrics_shown = ended is not None
+        # The entries before each step after the first: those after the step before it (flags cleared, where a copy
+        # restarted its observation).
+        for key in state:
+            before[key][:, 1:] = after[key][:, :-1]
+        for key in ("terminated", "truncated", "done"):
+            before[key][:, 1:] = False
+        for t, observation in restarted.items():
+            if t + 1 < steps:
+                before["observation"][:, t + 1] = observation
+        shape = torch.Size([n, steps])
+        outputs = {key: torch.from_numpy(after[key]) for key in state}
+        outputs["reward"] = torch.from_numpy(reward)
+        # In the carrier's order (the policy's new entries after the others, as at its first step), as a stack keeps it.
+        batch = {key: torch.stack(acted[key], 1) if key in acted else torch.from_numpy(before[key]) for key in entries}
+        batch["next"] = tensordict_unchecked(outputs, shape, self.device)
+        # The following carrier: its own tensors (not views of the round), its entries in step_and_maybe_reset's order.
+        last = self._observed()
+        last.update((key, torch.from_numpy(after[key][:, -1].copy())) for key in self.episode_metric_keys)
+        following = {key: value for key, value in entries.items() if key not in dropped}
+        following.update((key, last[key]) for key in from_next)
+        return (
+            tensordict_unchecked(batch, shape, self.device),
+            tensordict_unchecked(following, carrier.batch_size, self.device),
+        )
+
+    def _observation_into(self, out: np.ndarray) -> None:
+        """Write every copy's current observation (its one-hot row, for a ``Discrete`` space) into ``out``."""
+        if self._one_hot:
+            out[:] = 0
+            out[np.arange(len(out)), self._obs - self._observation_space.start] = 1
+        else:
+            out[:] = self._obs
 
     def maybe_reset(self, tensordict: TensorDictBase) -> TensorDictBase:
         """Restart the finished copies (those whose ``done`` this environment's last step returned: its own flags,

@@ -163,12 +163,11 @@ class GymnasiumEnv(CopyBatchEnv):
         return self._output()
 
     # ----------------------------------------------------------------------------------------------- step
-    def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
+    def _advance(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
         if not self._ready:
             raise RuntimeError("GymnasiumEnv: reset the environment before stepping it")
-        # NumPy scalars and rows, not Python ints: Gymnasium's Discrete.contains checks a Python int against the
-        # dtype's limits at every step, at several times the cost of its check of a NumPy integer.
-        actions = self._actions(tensordict)
+        if len(self._steps) == 1:
+            return self._advance_one(actions)
         finished = self._terminated | self._truncated
         # A finished copy is not stepped: it stays at its last step, done, with no reward, until it is reset. When all
         # run (nearly always), whole-array writes: NumPy's writes through index lists cost more.
@@ -177,7 +176,7 @@ class GymnasiumEnv(CopyBatchEnv):
         results = [step(a) for step, a in zip(steps, actions[live], strict=True)]
         reward = np.zeros(self.batch_size[0], dtype=np.float32)
         if not results:
-            return self._output(reward)
+            return reward, None
         observations, rewards, terminated, truncated, infos = zip(*results, strict=True)
         self._obs[live], reward[live] = observations, rewards
         self._terminated[live], self._truncated[live] = terminated, truncated
@@ -187,12 +186,31 @@ class GymnasiumEnv(CopyBatchEnv):
         if self.episodic_life:
             self._lose_lives(live, infos)
         if True not in terminated and True not in truncated and not self._life_lost.any():
-            return self._output(reward)
+            return reward, None
         ended = np.flatnonzero((self._terminated | self._truncated) & ~finished & ~self._life_lost)
         if self._statistics is not None:  # the return before the wrappers, whichever layer ended the episode
             for i in ended.tolist():
                 self._return[i] = self._statistics[i].episode_returns
-        return self._episode_ends(ended, reward)
+        return reward, ended
+
+    def _advance_one(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """:meth:`_advance` of a single copy, on its scalars: a one-copy loop steps once a frame, and NumPy's per-call
+        costs on arrays of one row (the masks, reductions and writes through tuples above) come to a noticeable share
+        of a cheap task's step (docs/results/gymnasium.md, "The one-copy round written as it steps")."""
+        reward = np.zeros(1, dtype=np.float32)
+        if self._terminated[0] or self._truncated[0]:
+            return reward, None  # finished: not stepped until it is reset
+        observation, reward[0], terminated, truncated, info = self._steps[0](actions[0])
+        self._obs[0], self._terminated[0], self._truncated[0] = observation, terminated, truncated
+        self._return[0] += reward[0]
+        self._length[0] += 1
+        if self.episodic_life:
+            self._lose_lives([0], (info,))
+        if not (terminated or truncated) or self._life_lost[0]:
+            return reward, None
+        if self._statistics is not None:  # the return before the wrappers, whichever layer ended the episode
+            self._return[0] = self._statistics[0].episode_returns
+        return reward, np.zeros(1, dtype=np.intp)  # copy 0's episode ended
 
     def _lose_lives(self, live: list[int] | slice, infos: tuple[dict, ...]) -> None:
         """``episodic_life``: end the agent's episode of each stepped copy whose lives fell and whose game goes on."""

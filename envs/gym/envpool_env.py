@@ -219,16 +219,15 @@ class EnvpoolEnv(CopyBatchEnv):
         self._next_episode[games] += 1
 
     # ----------------------------------------------------------------------------------------------- step
-    def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
+    def _advance(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
         if not self._started.all():
             raise RuntimeError("EnvpoolEnv: reset the environment before stepping it")
-        actions = self._actions(tensordict)
         finished = self._terminated | self._truncated
         # A finished copy is not stepped (envpool would restart it): it stays at its last step, done, with no reward.
         live = np.flatnonzero(~finished)
         reward = np.zeros(self.batch_size[0], dtype=np.float32)
         if not len(live):
-            return self._output(reward)
+            return reward, None
         if finished.any():
             observations, rewards, terminated, truncated, info = self._pool.step(actions[live], live)
         else:
@@ -244,13 +243,13 @@ class EnvpoolEnv(CopyBatchEnv):
                 self._fire(lost, reward)
         done = self._terminated[live] | self._truncated[live]
         if not done.any():
-            return self._output(reward)
+            return reward, None
         if self.episodic_life and self._reports_game_over:  # a lost life ends the agent's episode, not the game
             game_over = self._truncated[live] | info["terminated"].astype(bool)
             self._life_lost[live] = self._terminated[live] & ~game_over
         else:
             game_over = done
-        return self._episode_ends(live[done & game_over], reward)
+        return reward, live[done & game_over]
 
     def _fire(self, ids: np.ndarray, reward: np.ndarray) -> None:
         """After a lost life, press FIRE then action 2 on copies ``ids`` (Gymnasium's ``FireReset`` in the other

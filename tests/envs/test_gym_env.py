@@ -132,6 +132,46 @@ def test_a_batch_plays_gymnasiums_own_episodes_for_the_same_seeds():
     env.close()
 
 
+@pytest.mark.parametrize(
+    "options",
+    [
+        # the return before the wrappers; a wrapper's time limit truncating; terminations by the task
+        {
+            "env_id": "CartPole-v1",
+            "wrappers": [
+                {"class_path": "TimeLimit", "init_args": {"max_episode_steps": 15}},
+                {"class_path": "ClipReward", "init_args": {"max_reward": 0.5}},
+            ],
+        },
+        {"env_id": "FrozenLake-v1"},  # one-hot observations, episodes of a few steps
+        pytest.param(  # lost lives that end the agent's episode and not the game, games over
+            yaml.safe_load((ROOT / "configs/gym/breakout_ppo.yaml").read_text())["data"]["init_args"]["env"][
+                "init_args"
+            ],
+            marks=[pytest.mark.slow, pytest.mark.skipif(importlib.util.find_spec("ale_py") is None, reason="ale_py")],
+            id="breakout lives",
+        ),
+    ],
+    ids=["cartpole wrapped", "frozenlake", "breakout lives"],
+)
+def test_one_copy_steps_as_the_first_copy_of_a_batch(options):
+    """A single copy takes its own road through the step (``GymnasiumEnv._advance_one``, NumPy scalars): what it plays
+    is what copy 0 of a batch of two plays from the same seed under the same actions, every entry to the bit."""
+    alone, batch = GymnasiumEnv(num_envs=1, seed=5, **options), GymnasiumEnv(num_envs=2, seed=5, **options)
+    actions = random_actions(batch, 600 if "Breakout" in options["env_id"] else 150)
+    ones, twos = play(alone, [action[:1] for action in actions]), play(batch, actions)
+    ended = 0
+    for one, two in zip(ones, twos, strict=True):
+        for key in two.keys(True, True):
+            assert torch.equal(one[key], two[key][:1]), key
+        ended += int(one["next", "done"].sum())
+    assert ended >= 5  # episodes end (and lives are lost): each end's road is compared too
+    if "Breakout" in options["env_id"]:
+        lost = sum(int((one["next", "done"] & one["next", "games"].eq(0)).sum()) for one in ones)
+        assert lost >= 2  # lives lost with the game going on
+    alone.close(), batch.close()
+
+
 @needs_box2d
 def test_the_same_seed_repeats_the_episodes_and_another_seed_does_not():
     actions = random_actions(GymnasiumEnv(num_envs=3, env_id="LunarLander-v3"), 60)
