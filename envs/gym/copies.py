@@ -37,7 +37,6 @@ from typing import Any
 import gymnasium
 import numpy as np
 import torch
-import torch.nn.functional as F
 from tensordict import TensorDictBase
 from tensordict.utils import NestedKey
 from torchrl.data import Bounded, Categorical, Composite, TensorSpec, Unbounded
@@ -115,11 +114,7 @@ class CopyBatchEnv(StepOutputComplete, BatchedEnv):
     def _observed(self) -> dict[str, torch.Tensor]:
         """Every copy's current observation and done flags, as tensors on the environment's device (copies: the
         arrays move on)."""
-        if self._one_hot:
-            space = self._observation_space
-            observation = F.one_hot(torch.from_numpy(self._obs - space.start), int(space.n)).float()
-        else:
-            observation = torch.from_numpy(self._obs.copy())
+        observation = torch.from_numpy(self._observation())
         terminated, truncated = self._terminated[:, None].copy(), self._truncated[:, None].copy()
         observed = {  # in the order of _observed_keys
             "observation": observation,
@@ -218,7 +213,7 @@ class CopyBatchEnv(StepOutputComplete, BatchedEnv):
             for key, values in acted.items():
                 values.append(entries[key])
             reward[:, t, 0], ended = self._advance(self._actions(carrier))
-            self._observation_into(observations[:, t])
+            observations[:, t] = self._observation()
             terminated, truncated, done = (flag[:, t] for flag in flags)
             terminated[:], truncated[:] = self._terminated, self._truncated
             np.logical_or(terminated, truncated, out=done)
@@ -228,8 +223,7 @@ class CopyBatchEnv(StepOutputComplete, BatchedEnv):
             seen = torch.from_numpy(observations[:, t])
             if done.any():  # as maybe_reset: the finished copies restart, their observation replaced, flags cleared
                 self._restart(np.flatnonzero(done).tolist())
-                restarted[t] = np.empty_like(observations[:, t])
-                self._observation_into(restarted[t])
+                restarted[t] = self._observation()
                 seen = torch.from_numpy(restarted[t])
             set_unchecked(carrier, "observation", seen)
             if t == 0:
@@ -264,13 +258,14 @@ class CopyBatchEnv(StepOutputComplete, BatchedEnv):
             tensordict_unchecked(following, carrier.batch_size, self.device),
         )
 
-    def _observation_into(self, out: np.ndarray) -> None:
-        """Write every copy's current observation (its one-hot row, for a ``Discrete`` space) into ``out``."""
-        if self._one_hot:
-            out[:] = 0
-            out[np.arange(len(out)), self._obs - self._observation_space.start] = 1
-        else:
-            out[:] = self._obs
+    def _observation(self) -> np.ndarray:
+        """Every copy's current observation, a new array: the engine's rows, or for a ``Discrete`` space each copy's
+        one-hot row."""
+        if not self._one_hot:
+            return self._obs.copy()
+        rows = np.zeros((len(self._obs), int(self._observation_space.n)), dtype=np.float32)
+        rows[np.arange(len(self._obs)), self._obs - self._observation_space.start] = 1
+        return rows
 
     def maybe_reset(self, tensordict: TensorDictBase) -> TensorDictBase:
         """Restart the finished copies (those whose ``done`` this environment's last step returned: its own flags,
